@@ -1,0 +1,3 @@
+"""edge-runtime: vision-language inspection on edge devices."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,158 @@
+"""The `edge-runtime` command line. User mistakes end in one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import __version__
+from .config import Config, config_schema, load_config
+from .errors import EdgeRuntimeError
+
+if TYPE_CHECKING:
+    from .bundle import Bundle
+    from .inspector import Inspector
+
+log = logging.getLogger("edge_runtime")
+
+EXIT_USER_ERROR = 2
+EXIT_INTERNAL = 1
+
+
+def setup_logging(level: str) -> None:
+    # Under systemd (JOURNAL_STREAM set) journald stamps the time itself.
+    fmt = "%(levelname)s %(name)s: %(message)s"
+    if not os.environ.get("JOURNAL_STREAM"):
+        fmt = "%(asctime)s " + fmt
+    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+
+
+def resolve_bundle(config: Config, model_dir: str | None) -> Bundle:
+    """--model, then config model.path, then the demo bundle (built on first use)."""
+    from .bundle import ensure_demo_bundle, load_bundle
+
+    path = model_dir or config.model.path
+    if path:
+        return load_bundle(path, verify_checksums=config.model.verify_checksums)
+    return ensure_demo_bundle(config.data_dir)
+
+
+def open_inspector(config: Config, model_dir: str | None) -> Inspector:
+    from .inspector import Inspector  # imports llama_cpp before numpy (see language.py)
+
+    return Inspector(resolve_bundle(config, model_dir), config.model, config.device_id)
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+def cmd_infer(args: argparse.Namespace, config: Config) -> int:
+    from .vision import read_image_file
+
+    # Read the image before loading the model: a wrong path fails fast.
+    frame = read_image_file(args.image, config.images.max_pixels, config.images.min_side)
+    if args.no_warmup:
+        config.model.warmup = False
+    inspector = open_inspector(config, args.model)
+    try:
+        result = inspector.inspect(frame, camera="cli", prompt=args.prompt)
+    finally:
+        inspector.close()
+    print(json.dumps(result.to_dict(), indent=2 if args.pretty else None, ensure_ascii=False))
+    return 0
+
+
+def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.demo import build_demo_bundle
+
+    from .bundle import demo_bundle_dir, load_bundle
+
+    out = Path(args.dir) if args.dir else demo_bundle_dir(config.data_dir)
+    bundle = load_bundle(build_demo_bundle(out, quant=args.quant))
+    print(json.dumps(bundle.describe()))
+    return 0
+
+
+def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
+    from .bundle import load_bundle
+
+    bundle = load_bundle(args.dir)
+    print(json.dumps({"ok": True, **bundle.describe()}))
+    return 0
+
+
+def cmd_config_validate(args: argparse.Namespace, config: Config) -> int:
+    print(f"{args.file}: ok")
+    return 0
+
+
+def cmd_config_schema(args: argparse.Namespace, config: Config) -> int:
+    print(json.dumps(config_schema(), indent=2))
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edge-runtime", description=__doc__)
+    p.add_argument("--version", action="version", version=f"edge-runtime {__version__}")
+    p.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: built-in defaults)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log level")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    infer = sub.add_parser("infer", help="inspect one image and print the Result JSON")
+    infer.add_argument("image", help="JPEG, PNG, BMP, TIFF or WebP file")
+    infer.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
+    infer.add_argument("--prompt", help="inspection question (default: the bundle's)")
+    infer.add_argument("--pretty", action="store_true", help="indent the JSON")
+    infer.add_argument("--no-warmup", action="store_true", help="skip the warm-up inspection")
+    infer.set_defaults(func=cmd_infer)
+
+    models = sub.add_parser("models", help="build and check model bundles")
+    msub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    demo = msub.add_parser("demo", help="build the tiny demo bundle (deterministic, seconds)")
+    demo.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/demo)")
+    demo.add_argument("--quant", choices=["Q8_0", "Q4_0", "F16"], default="Q8_0")
+    demo.set_defaults(func=cmd_models_demo)
+    verify = msub.add_parser("verify", help="check a bundle: manifest, files, checksums, widths")
+    verify.add_argument("dir")
+    verify.set_defaults(func=cmd_models_verify)
+
+    cfg = sub.add_parser("config", help="check the configuration")
+    csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    validate = csub.add_parser("validate", help="validate a config file")
+    validate.add_argument("file")
+    validate.set_defaults(func=cmd_config_validate, config_from="file")
+    schema = csub.add_parser("schema", help="print the config's JSON schema")
+    schema.set_defaults(func=cmd_config_schema)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace, Config], int] = args.func
+    try:
+        config_path = getattr(args, getattr(args, "config_from", ""), None) or args.config
+        config = load_config(config_path)
+        setup_logging(args.log_level or config.log_level)
+        return func(args, config)
+    except EdgeRuntimeError as exc:
+        print(f"edge-runtime: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - last line of defence: one line, not a traceback
+        if log.isEnabledFor(logging.DEBUG):
+            log.exception("internal error")
+        print(f"edge-runtime: internal error: {type(exc).__name__}: {exc} "
+              "(run with --log-level debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""The YAML configuration: pydantic models, `${ENV}` substitution, errors that name key and line.
+
+A missing file means defaults that run on a fresh machine (the demo bundle, CPU, loopback API).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    path: Path | None = Field(
+        None, description="Model bundle folder. Empty: the demo bundle, built on first use.")
+    threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, le=256,
+        description="CPU threads for llama.cpp and ONNX Runtime (default: all cores).")
+    context_size: int = Field(2048, ge=256, le=131072, description="llama.cpp context (tokens).")
+    batch_size: int = Field(512, ge=32, le=8192, description="llama.cpp batch size (tokens per decode).")
+    gpu_layers: int = Field(0, ge=-1, description="Layers offloaded to the GPU; -1 offloads all.")
+    providers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROVIDERS),
+        description="ONNX Runtime execution providers in order of preference; missing ones are skipped.")
+    prompt: str | None = Field(None, description="Inspection question; empty uses the bundle's default.")
+    max_tokens: int | None = Field(None, ge=1, le=8192,
+                                   description="Verdict token limit; empty uses the bundle's.")
+    reuse_prefix_cache: bool = Field(
+        True, description="Keep the KV cache of the fixed prompt prefix between inspections.")
+    verify_checksums: bool = Field(True, description="Check the bundle's sha256 sums at load.")
+    warmup: bool = Field(True, description="Run one inspection at load so the first real one is fast.")
+
+
+class ImageLimits(_Section):
+    max_pixels: int = Field(50_000_000, ge=1, description="Refuse images declaring more pixels.")
+    min_side: int = Field(16, ge=1, description="Refuse images with a side shorter than this.")
+
+
+class Config(_Section):
+    device_id: str = Field(default_factory=socket.gethostname,
+                           description="Name of this device in results, topics and metrics.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    data_dir: Path = Field(
+        default_factory=lambda: default_data_dir(),
+        description="Where the journal and the demo bundle live.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The vision-language model.")
+    images: ImageLimits = Field(default_factory=ImageLimits, description="Limits on input images.")
+
+    @field_validator("device_id")
+    @classmethod
+    def _topic_safe(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v):
+            raise ValueError("use 1-64 letters, digits, '_', '.' or '-' (it is part of MQTT topics)")
+        return v
+
+
+def default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(os.environ.get("EDGE_RUNTIME_DATA") or platformdirs.user_data_dir("edge-runtime"))
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _substitute(text: str, where: str) -> str:
+    """Replace ${VAR} and ${VAR:-default}; a missing variable without default is an error."""
+    def repl(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        value = os.environ.get(name)
+        if value is None:
+            cred = _systemd_credential(name)
+            value = cred if cred is not None else default
+        if value is None:
+            raise ConfigError(f"{where}: environment variable {name} is not set (and has no :-default)")
+        return value
+    return _ENV.sub(repl, text)
+
+
+def _systemd_credential(name: str) -> str | None:
+    """systemd's LoadCredential= files are read like environment variables of the same name."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    path = Path(directory) / name
+    return path.read_text().rstrip("\n") if path.is_file() else None
+
+
+def _to_python(node: yaml.Node, source: str) -> Any:
+    """Compose-tree -> Python values, substituting ${ENV} in string scalars."""
+    if isinstance(node, yaml.MappingNode):
+        return {_to_python(k, source): _to_python(v, source) for k, v in node.value}
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(v, source) for v in node.value]
+    value = _LOADER.construct_object(node, deep=True)
+    if isinstance(value, str) and "${" in value:
+        value = _substitute(value, f"{source}:{node.start_mark.line + 1}")
+        # A substituted scalar is re-read so `port: ${PORT}` becomes an int.
+        parsed = yaml.safe_load(value) if value else value
+        value = parsed if isinstance(parsed, (int, float, bool)) else value
+    return value
+
+
+_LOADER = yaml.SafeLoader("")
+
+
+def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the node at a pydantic error location, or of its nearest parent."""
+    node: yaml.Node | None = root
+    line = None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == key), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    if root is None:
+        return Config()
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections (key: value)")
+    data = _to_python(root, source)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        line = _line_of(root, loc)
+        where = f"{source}:{line}" if line else source
+        msg = "unknown key (not part of the configuration)" if err["type"] == "extra_forbidden" else err["msg"]
+        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        raise ConfigError(f"{where}: {key}: {msg}{more}") from None
+
+
+def load_config(path: Path | str | None) -> Config:
+    """Read a config file; None gives the defaults."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    return parse_config(text, str(path))
+
+
+def config_schema() -> dict[str, Any]:
+    return Config.model_json_schema()

@@ -1,0 +1,141 @@
+"""Image -> Result: preprocess (OpenCV), encode (ONNX Runtime), generate (llama.cpp), timings.
+
+The work is split in two halves so a caller can overlap them: `encode()` (preprocess + vision,
+thread-safe) and `generate()` (the language model, one at a time under a lock).
+"""
+
+from __future__ import annotations
+
+from .language import Generation, LanguageModel, Sampling  # noqa: I001 - llama_cpp before numpy
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jsonschema import Draft202012Validator
+
+from .bundle import Bundle
+from .config import ModelConfig
+from .errors import InferenceError
+from .grammar import schema_to_grammar
+from .result import FrameInfo, Result
+from .vision import Preprocessor, VisionEncoder
+
+log = logging.getLogger(__name__)
+_IMAGE = "\x00image\x00"
+
+
+@dataclass
+class Encoded:
+    """The output of the first half: image embeddings plus what the Result needs of the frame."""
+
+    embeds: np.ndarray  # [N, D]
+    width: int
+    height: int
+    preprocess_ms: float
+    encode_ms: float
+
+
+class Inspector:
+    """One loaded bundle serving every camera and API request."""
+
+    def __init__(self, bundle: Bundle, settings: ModelConfig, device_id: str) -> None:
+        self.bundle = bundle
+        self.settings = settings
+        self.device_id = device_id
+        m = bundle.manifest
+        self.preprocessor = Preprocessor(m.preprocess)
+        self.vision = VisionEncoder(bundle.vision_path, m.vision.input, m.vision.output,
+                                    settings.providers, settings.threads)
+        try:
+            self.language = LanguageModel(
+                bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
+                settings.batch_size, settings.reuse_prefix_cache)
+        except BaseException:
+            self.vision.close()
+            raise
+        self.default_prompt = settings.prompt or m.prompt.default
+        self.max_tokens = settings.max_tokens or m.generation.max_tokens
+        self.grammar = schema_to_grammar(m.verdict_schema)
+        self.validator = Draft202012Validator(m.verdict_schema)
+        self._lock = threading.Lock()
+        self.ready = False
+        if settings.warmup:
+            self.warm_up()
+        self.ready = True
+
+    @property
+    def model_name(self) -> str:
+        return self.bundle.name
+
+    def warm_up(self) -> None:
+        """One full inspection of a grey frame: allocates buffers, fills the prefix cache."""
+        t0 = time.perf_counter()
+        m = self.bundle.manifest.preprocess
+        self.inspect(np.full((m.height, m.width, 3), 127, np.uint8), camera="warmup")
+        log.info("inspector: warmed up in %.0f ms", (time.perf_counter() - t0) * 1000)
+
+    def encode(self, frame: np.ndarray) -> Encoded:
+        t0 = time.perf_counter()
+        pixels = self.preprocessor(frame)
+        t1 = time.perf_counter()
+        embeds = self.vision.encode(pixels)[0]
+        t2 = time.perf_counter()
+        return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000)
+
+    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int]]:
+        """Token ids before and after the image for this question."""
+        p = self.bundle.manifest.prompt
+        text = p.template.format(system=p.system, image=_IMAGE, prompt=prompt)
+        before, after = text.split(_IMAGE)
+        return self.language.tokenize(before), self.language.tokenize(after)
+
+    def generate(self, prefix: list[int], embeds: np.ndarray | None, suffix: list[int],
+                 grammar: str | None, max_tokens: int, sampling: Sampling = Sampling(),
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        with self._lock:
+            return self.language.generate(prefix, embeds, suffix, grammar, max_tokens, sampling, on_text)
+
+    def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
+                seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,
+                encoded: Encoded | None = None) -> Result:
+        """Run the whole pipeline on one BGR frame and return a schema-valid Result."""
+        enc = encoded or self.encode(frame)
+        t0 = time.perf_counter()
+        question = prompt or self.default_prompt
+        prefix, suffix = self.prompt_parts(question)
+        gen = self.generate(prefix, enc.embeds, suffix, self.grammar, self.max_tokens)
+        verdict = self.parse_verdict(gen)
+        total = capture_ms + enc.preprocess_ms + enc.encode_ms + (time.perf_counter() - t0) * 1000
+        timings = {
+            "capture": round(capture_ms, 3), "preprocess": round(enc.preprocess_ms, 3),
+            "encode": round(enc.encode_ms, 3), "prefill": round(gen.prefill_ms, 3),
+            "decode": round(gen.decode_ms, 3), "total": round(total, 3),
+        }
+        return Result(device=self.device_id, camera=camera, frame=FrameInfo(seq, enc.width, enc.height),
+                      verdict=verdict, text=gen.text, model=self.model_name, timings_ms=timings,
+                      prompt=question, governor=governor)
+
+    def parse_verdict(self, gen: Generation) -> dict[str, Any]:
+        if gen.finish_reason == "length":
+            raise InferenceError(f"the model used all {self.max_tokens} tokens before finishing the "
+                                 "verdict; raise model.max_tokens")
+        try:
+            verdict = json.loads(gen.text)
+        except json.JSONDecodeError as exc:
+            raise InferenceError(f"the model's output is not valid JSON ({exc.msg})") from None
+        errors = sorted(self.validator.iter_errors(verdict), key=str)
+        if errors:
+            raise InferenceError(f"the verdict does not match the bundle's schema: {errors[0].message}")
+        return dict(verdict)
+
+    def close(self) -> None:
+        self.ready = False
+        with self._lock:
+            self.language.close()
+        self.vision.close()

@@ -1,0 +1,301 @@
+"""The llama.cpp language model: text + image embeddings in, grammar-constrained text out.
+
+Image embeddings enter through a `llama_batch` whose `embd` field is filled, at the positions
+right after the prompt prefix. The KV cache of the prefix (system text and everything before the
+image) is kept between calls and reused when the next prompt starts the same way.
+"""
+
+from __future__ import annotations
+
+# llama_cpp must be imported before numpy-using modules in the GPU path (see FACTS.md).
+import llama_cpp  # isort: skip
+
+import ctypes
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import BundleError, InferenceError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy when temperature is 0 (inspection verdicts); sampled otherwise (chat requests)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: int
+    prompt_tokens: int
+    prefill_ms: float
+    decode_ms: float
+    finish_reason: str  # "stop" or "length"
+    prefix_reused: int  # prompt tokens whose KV cache was reused
+
+
+class LanguageModel:
+    """Owns the llama.cpp model, context and batches; `close()` frees them. Not thread-safe."""
+
+    def __init__(self, path: Path, context_size: int, threads: int, gpu_layers: int,
+                 batch_size: int = 512, reuse_prefix: bool = True) -> None:
+        try:
+            self._llm: llama_cpp.Llama | None = llama_cpp.Llama(
+                model_path=str(path), n_ctx=context_size, n_batch=batch_size, n_ubatch=batch_size,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, verbose=False,
+            )
+        except ValueError as exc:  # llama-cpp-python's only signal is "Failed to load model"
+            raise BundleError(f"{path} could not be loaded by llama.cpp ({exc}); "
+                              "run with log level debug to see llama.cpp's reason") from None
+        self.n_ctx = context_size
+        self.n_batch = batch_size
+        self.n_embd = self._llm.n_embd()
+        self.reuse_prefix = reuse_prefix
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
+        self._tokens = llama_cpp.llama_batch_init(batch_size, 0, 1)
+        self._embeds = llama_cpp.llama_batch_init(batch_size, self.n_embd, 1)
+        self._cached_prefix: list[int] = []
+
+    @property
+    def llm(self) -> llama_cpp.Llama:
+        if self._llm is None:
+            raise RuntimeError("language model is closed")
+        return self._llm
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def generate(
+        self, prefix: list[int], image_embeds: np.ndarray | None, suffix: list[int],
+        grammar: str | None, max_tokens: int, sampling: Sampling = Sampling(),
+        on_text: Callable[[str], None] | None = None,
+    ) -> Generation:
+        """Prefill prefix + image embeddings + suffix, then generate until end or max_tokens."""
+        n_image = 0 if image_embeds is None else int(image_embeds.shape[0])
+        prompt_tokens = len(prefix) + n_image + len(suffix)
+        if prompt_tokens + max_tokens > self.n_ctx:
+            raise InferenceError(f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+                                 f"exceeds the context size {self.n_ctx}")
+        if image_embeds is not None and image_embeds.shape[1] != self.n_embd:
+            raise InferenceError(f"image embeddings are {image_embeds.shape[1]} wide, the language "
+                                 f"model expects {self.n_embd}")
+        if not suffix and image_embeds is None:
+            if not prefix:
+                raise InferenceError("the prompt is empty")
+            prefix, suffix = prefix[:-1], prefix[-1:]  # the last prompt token must yield logits
+        ctx = self.llm.ctx
+        t0 = time.perf_counter()
+        reused = self._prefill_prefix(prefix)
+        pos = len(prefix)
+        if image_embeds is not None:
+            pos = self._decode_embeds(image_embeds, pos, want_last_logits=not suffix)
+        pos = self._decode_tokens(suffix, pos, want_last_logits=True)
+        prefill_ms = (time.perf_counter() - t0) * 1000
+
+        picker = _TokenPicker(self, grammar, sampling)
+        out: list[bytes] = []
+        finish = "length"
+        t1 = time.perf_counter()
+        try:
+            for _ in range(max_tokens):
+                token, piece = picker.next_token()
+                if token < 0:
+                    finish = "stop"
+                    break
+                out.append(piece)
+                if on_text is not None:
+                    delta = picker.text_so_far_delta()
+                    if delta:
+                        on_text(delta)
+                pos = self._decode_tokens([token], pos, want_last_logits=True)
+        finally:
+            picker.close()
+        decode_ms = (time.perf_counter() - t1) * 1000
+        return Generation(
+            text=b"".join(out).decode("utf-8", errors="replace"), tokens=len(out),
+            prompt_tokens=prompt_tokens, prefill_ms=prefill_ms, decode_ms=decode_ms,
+            finish_reason=finish, prefix_reused=reused,
+        )
+
+    def _prefill_prefix(self, prefix: list[int]) -> int:
+        """Reuse the cached prefix KV when the prompt starts the same way; return tokens reused."""
+        memory = llama_cpp.llama_get_memory(self.llm.ctx)
+        if self.reuse_prefix and prefix and prefix == self._cached_prefix:
+            # Drop everything after the prefix: the previous image, its question and answer.
+            if llama_cpp.llama_memory_seq_rm(memory, 0, len(prefix), -1):
+                return len(prefix)
+        llama_cpp.llama_memory_clear(memory, True)
+        self._cached_prefix = []
+        self._decode_tokens(prefix, 0, want_last_logits=False)
+        self._cached_prefix = list(prefix)
+        return 0
+
+    def _decode_tokens(self, tokens: list[int], pos: int, want_last_logits: bool) -> int:
+        batch = self._tokens
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = pos + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 0
+            is_last_chunk = start + self.n_batch >= len(tokens)
+            if want_last_logits and is_last_chunk:
+                batch.logits[len(chunk) - 1] = 1
+            self._decode(batch)
+            pos += len(chunk)
+        return pos
+
+    def _decode_embeds(self, embeds: np.ndarray, pos: int, want_last_logits: bool) -> int:
+        batch = self._embeds
+        embeds = np.ascontiguousarray(embeds, dtype=np.float32)
+        row_bytes = self.n_embd * ctypes.sizeof(ctypes.c_float)
+        for start in range(0, embeds.shape[0], self.n_batch):
+            chunk = embeds[start:start + self.n_batch]
+            batch.n_tokens = chunk.shape[0]
+            ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.shape[0] * row_bytes)
+            for i in range(chunk.shape[0]):
+                batch.pos[i] = pos + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 0
+            if want_last_logits and start + self.n_batch >= embeds.shape[0]:
+                batch.logits[chunk.shape[0] - 1] = 1
+            self._decode(batch)
+            pos += chunk.shape[0]
+        return pos
+
+    def _decode(self, batch: llama_cpp.llama_batch) -> None:
+        rc = llama_cpp.llama_decode(self.llm.ctx, batch)
+        if rc != 0:
+            self._cached_prefix = []
+            raise InferenceError(f"llama_decode failed with code {rc}")
+
+    def _piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def close(self) -> None:
+        if self._llm is None:
+            return
+        llama_cpp.llama_batch_free(self._tokens)
+        llama_cpp.llama_batch_free(self._embeds)
+        self._llm.close()
+        self._llm = None
+
+
+_NEG_INF = np.float32(-np.inf)
+
+
+class _TokenPicker:
+    """Chooses each next token: grammar first, then greedy or temperature sampling.
+
+    llama.cpp's grammar decodes UTF-8 leniently (it accepts bytes like 0xF8 and overlong forms),
+    so a byte-level vocabulary could otherwise emit bytes that strict JSON parsers reject; every
+    candidate is checked to keep the output a valid UTF-8 prefix.
+    """
+
+    def __init__(self, lm: LanguageModel, grammar: str | None, sampling: Sampling) -> None:
+        self.lm = lm
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(lm._vocab)
+        self.grammar = None
+        if grammar:
+            self.grammar = llama_cpp.llama_sampler_init_grammar(lm._vocab, grammar.encode(), b"root")
+            if not self.grammar:
+                raise InferenceError("the JSON schema could not be turned into a llama.cpp grammar")
+        self.cand = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
+        self.cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self.pending = b""  # bytes of an unfinished UTF-8 character
+        self.emitted = b""
+        self._reported = 0
+
+    def next_token(self) -> tuple[int, bytes]:
+        """(token, its bytes), or (-1, b"") at end of generation."""
+        ptr = llama_cpp.llama_get_logits_ith(self.lm.llm.ctx, -1)
+        self.cand["logit"] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        self.cand["p"] = 0.0
+        if self.grammar is not None:
+            arr = llama_cpp.llama_token_data_array(
+                self.cand.ctypes.data_as(llama_cpp.llama_token_data_p), self.n_vocab, -1, False)
+            llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(arr))
+        scores = self.cand["logit"].copy()
+        while True:
+            token = self._choose(scores)
+            if token < 0:
+                return -1, b""
+            if llama_cpp.llama_vocab_is_eog(self.lm._vocab, token):
+                if self.pending:  # never stop inside a character
+                    scores[token] = _NEG_INF
+                    continue
+                return -1, b""
+            piece = self.lm._piece(token)
+            ok, pending = _utf8_prefix(self.pending + piece)
+            if not ok or (not piece and self.grammar is not None):
+                scores[token] = _NEG_INF
+                continue
+            self.pending = pending
+            self.emitted += piece
+            if self.grammar is not None:
+                llama_cpp.llama_sampler_accept(self.grammar, token)
+            return token, piece
+
+    def _choose(self, scores: np.ndarray) -> int:
+        best = int(np.argmax(scores))
+        if not np.isfinite(scores[best]):
+            return -1  # nothing allowed: treat as the end
+        if self.sampling.temperature <= 0:
+            return best
+        finite = np.isfinite(scores)
+        z = (scores[finite] - scores[best]) / self.sampling.temperature
+        probs = np.exp(z)
+        probs /= probs.sum()
+        ids = np.flatnonzero(finite)
+        if self.sampling.top_p < 1.0:
+            order = np.argsort(-probs)
+            keep = order[: int(np.searchsorted(np.cumsum(probs[order]), self.sampling.top_p)) + 1]
+            ids, probs = ids[keep], probs[keep] / probs[keep].sum()
+        return int(self.rng.choice(ids, p=probs))
+
+    def text_so_far_delta(self) -> str:
+        """Complete characters emitted since the last call (for streaming)."""
+        complete = self.emitted[: len(self.emitted) - len(self.pending)]
+        delta = complete[self._reported:]
+        self._reported = len(complete)
+        return delta.decode("utf-8")
+
+    def close(self) -> None:
+        if self.grammar is not None:
+            llama_cpp.llama_sampler_free(self.grammar)
+            self.grammar = None
+
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def _utf8_prefix(data: bytes) -> tuple[bool, bytes]:
+    """Is `data` valid UTF-8 up to a possibly unfinished last character? Returns (ok, unfinished)."""
+    try:
+        data.decode("utf-8")
+        return True, b""
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data" and exc.end == len(data):
+            return True, data[exc.start:]
+        return False, b""

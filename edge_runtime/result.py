@@ -1,0 +1,57 @@
+"""The Result of one inspection: the JSON every consumer (journal, MQTT, REST) receives."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+STAGES = ("capture", "preprocess", "encode", "prefill", "decode", "total")
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-30T06:10:00.123Z."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class FrameInfo:
+    seq: int
+    width: int
+    height: int
+
+
+@dataclass
+class Result:
+    """One verdict. `id` is unique so at-least-once consumers can de-duplicate."""
+
+    device: str
+    camera: str
+    frame: FrameInfo
+    verdict: dict[str, Any]
+    text: str
+    model: str
+    timings_ms: dict[str, float]
+    prompt: str
+    governor: dict[str, Any] | None = None
+    energy_j: float | None = None
+    id: str = field(default_factory=new_id)
+    ts: str = field(default_factory=utc_now)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Result:
+        data = dict(data)
+        data["frame"] = FrameInfo(**data["frame"])
+        return cls(**data)
