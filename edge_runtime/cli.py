@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - last line of defence: one line, not a traceback
+    except Exception as exc:
         if log.isEnabledFor(logging.DEBUG):
             log.exception("internal error")
         print(f"edge-runtime: internal error: {type(exc).__name__}: {exc} "

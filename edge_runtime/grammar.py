@@ -23,7 +23,7 @@ _MAX_ENUMERATED = 1000
 _FRACTION_DIGITS = 4
 
 
-class _StrictConverter(SchemaConverter):  # type: ignore[misc]
+class _StrictConverter(SchemaConverter):
     def visit(self, schema: dict[str, Any], name: str) -> str:
         bounded = _bounded_numeric_rule(schema)
         if bounded is not None:

@@ -6,8 +6,6 @@ thread-safe) and `generate()` (the language model, one at a time under a lock).
 
 from __future__ import annotations
 
-from .language import Generation, LanguageModel, Sampling  # noqa: I001 - llama_cpp before numpy
-
 import json
 import logging
 import threading
@@ -23,6 +21,7 @@ from .bundle import Bundle
 from .config import ModelConfig
 from .errors import InferenceError
 from .grammar import schema_to_grammar
+from .language import GREEDY, Generation, LanguageModel, Sampling
 from .result import FrameInfo, Result
 from .vision import Preprocessor, VisionEncoder
 
@@ -96,7 +95,7 @@ class Inspector:
         return self.language.tokenize(before), self.language.tokenize(after)
 
     def generate(self, prefix: list[int], embeds: np.ndarray | None, suffix: list[int],
-                 grammar: str | None, max_tokens: int, sampling: Sampling = Sampling(),
+                 grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,
                  on_text: Callable[[str], None] | None = None) -> Generation:
         with self._lock:
             return self.language.generate(prefix, embeds, suffix, grammar, max_tokens, sampling, on_text)

@@ -33,6 +33,9 @@ class Sampling:
     seed: int = 0
 
 
+GREEDY = Sampling()
+
+
 @dataclass
 class Generation:
     text: str
@@ -77,7 +80,7 @@ class LanguageModel:
 
     def generate(
         self, prefix: list[int], image_embeds: np.ndarray | None, suffix: list[int],
-        grammar: str | None, max_tokens: int, sampling: Sampling = Sampling(),
+        grammar: str | None, max_tokens: int, sampling: Sampling | None = None,
         on_text: Callable[[str], None] | None = None,
     ) -> Generation:
         """Prefill prefix + image embeddings + suffix, then generate until end or max_tokens."""
@@ -93,7 +96,6 @@ class LanguageModel:
             if not prefix:
                 raise InferenceError("the prompt is empty")
             prefix, suffix = prefix[:-1], prefix[-1:]  # the last prompt token must yield logits
-        ctx = self.llm.ctx
         t0 = time.perf_counter()
         reused = self._prefill_prefix(prefix)
         pos = len(prefix)
@@ -102,7 +104,7 @@ class LanguageModel:
         pos = self._decode_tokens(suffix, pos, want_last_logits=True)
         prefill_ms = (time.perf_counter() - t0) * 1000
 
-        picker = _TokenPicker(self, grammar, sampling)
+        picker = _TokenPicker(self, grammar, sampling or GREEDY)
         out: list[bytes] = []
         finish = "length"
         t1 = time.perf_counter()

@@ -30,7 +30,7 @@ def write_sample_video(path: Path, frames: int = 120, fps: int = 10, width: int 
                        height: int = 240) -> Path:
     """Parts sliding across the frame, every third one scratched: visible change for on_change."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (width, height))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (width, height))
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write {path}")
     try:

@@ -117,7 +117,7 @@ class Preprocessor:
         nw, nh = max(1, round(fw * ratio)), max(1, round(fh * ratio))
         resized = cv2.resize(frame, (nw, nh), interpolation=self.interpolation)
         # Pad with the mean colour so padding normalises to zero.
-        fill = tuple(int(round(m * 255)) for m in reversed(self.spec.mean))
+        fill = tuple(round(m * 255) for m in reversed(self.spec.mean))
         top, left = (h - nh) // 2, (w - nw) // 2
         return cv2.copyMakeBorder(resized, top, h - nh - top, left, w - nw - left,
                                   cv2.BORDER_CONSTANT, value=fill)

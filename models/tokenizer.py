@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from itertools import pairwise
 
 # Special tokens of the ChatML-style template the demo bundle uses; `<image>`…`</image>` wrap the
 # image embeddings in the prompt, as most VLMs mark their image block.
@@ -51,7 +52,7 @@ def train_bpe(corpus: str, n_merges: int) -> Tokenizer:
     while len(merges) < n_merges:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, count in words.items():
-            for pair in zip(word, word[1:]):
+            for pair in pairwise(word):
                 pairs[pair] += count
         if not pairs:
             break

@@ -1,0 +1,47 @@
+# Two commands do everything on a fresh machine:
+#   make demo   environment + demo bundle + the daemon on a generated sample video
+#   make test   everything the suite needs (system packages included), then lint, types and tests
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Debian packages the tests talk to for real (broker, browser, RTSP server).
+SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium
+
+.PHONY: venv demo test lint typecheck system-deps clean bench
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# llama-cpp-python builds from source (~10 min on 2 cores, cached by pip afterwards).
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+demo: venv
+	$(BIN)/edge-runtime run --demo
+
+lint: venv
+	$(BIN)/ruff check edge_runtime models tests benchmarks
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: venv system-deps lint typecheck
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/edge-runtime bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,45 @@
+"""Shared fixtures: the real demo bundle and a real inspector (ONNX Runtime + llama.cpp)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from edge_runtime_models.demo import build_demo_bundle
+
+import edge_runtime.language  # noqa: F401 - llama_cpp before numpy (see FACTS.md)
+from edge_runtime.bundle import Bundle, load_bundle
+from edge_runtime.config import Config
+from edge_runtime.inspector import Inspector
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo_bundle(tmp_path_factory.mktemp("bundle") / "demo")
+
+
+@pytest.fixture(scope="session")
+def demo_bundle(demo_dir: Path) -> Bundle:
+    return load_bundle(demo_dir)
+
+
+@pytest.fixture
+def bundle_copy(demo_dir: Path, tmp_path: Path) -> Path:
+    """A private copy a test may damage."""
+    return Path(shutil.copytree(demo_dir, tmp_path / "bundle"))
+
+
+@pytest.fixture(scope="session")
+def config() -> Config:
+    cfg = Config(device_id="test-device")
+    cfg.model.threads = 2
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def inspector(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
+    ins = Inspector(demo_bundle, config.model, config.device_id)
+    yield ins
+    ins.close()

@@ -1,0 +1,69 @@
+"""The real pipeline on the demo bundle: ONNX Runtime encoder + llama.cpp decoder."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+from images import synthetic_frames
+
+from edge_runtime.bundle import Bundle
+from edge_runtime.config import Config
+from edge_runtime.inspector import Inspector
+from edge_runtime.result import STAGES
+
+
+def test_every_verdict_is_strict_json_valid_against_the_schema(inspector: Inspector,
+                                                               demo_bundle: Bundle) -> None:
+    frames = synthetic_frames(60)
+    for i, frame in enumerate(frames):
+        result = inspector.inspect(frame, camera="t", seq=i)
+        parsed = json.loads(result.text, strict=True)
+        jsonschema.validate(parsed, demo_bundle.manifest.verdict_schema)
+        assert parsed == result.verdict
+        assert result.frame.width == frame.shape[1] and result.frame.height == frame.shape[0]
+
+
+def test_result_has_the_design_fields_and_stage_timings(inspector: Inspector) -> None:
+    result = inspector.inspect(synthetic_frames(1)[0], camera="cam1", seq=7).to_dict()
+    assert {"id", "device", "camera", "ts", "frame", "verdict", "text", "model", "timings_ms",
+            "governor"} <= result.keys()
+    assert result["device"] == "test-device" and result["camera"] == "cam1"
+    assert result["frame"]["seq"] == 7 and result["ts"].endswith("Z")
+    assert set(result["timings_ms"]) == set(STAGES)
+    t = result["timings_ms"]
+    assert t["total"] >= t["preprocess"] + t["encode"] + t["prefill"] + t["decode"] - 0.01
+
+
+def test_same_image_gives_the_same_verdict(inspector: Inspector) -> None:
+    frame = synthetic_frames(3, seed=5)[2]
+    first, second = inspector.inspect(frame), inspector.inspect(frame)
+    assert first.text == second.text and first.id != second.id
+
+
+def test_different_images_give_different_embeddings(inspector: Inspector) -> None:
+    a, b = synthetic_frames(2, seed=9)
+    ea, eb = inspector.encode(a).embeds, inspector.encode(b).embeds
+    assert ea.shape == eb.shape == (49, 128)
+    assert not np.allclose(ea, eb, atol=1e-3)
+
+
+def test_prefix_cache_reuse_gives_the_same_verdicts(demo_bundle: Bundle, config: Config,
+                                                    inspector: Inspector) -> None:
+    settings = config.model.model_copy(update={"reuse_prefix_cache": False, "warmup": False})
+    fresh = Inspector(demo_bundle, settings, config.device_id)
+    try:
+        for frame in synthetic_frames(6, seed=11):
+            assert inspector.inspect(frame).text == fresh.inspect(frame).text
+    finally:
+        fresh.close()
+    prefix, _ = inspector.prompt_parts(inspector.default_prompt)
+    gen = inspector.generate(prefix, inspector.encode(synthetic_frames(1)[0]).embeds, [],
+                             inspector.grammar, 200)
+    assert gen.prefix_reused == len(prefix)
+
+
+def test_a_custom_prompt_is_recorded(inspector: Inspector) -> None:
+    result = inspector.inspect(synthetic_frames(1)[0], prompt="Is the weld seam continuous?")
+    assert result.prompt == "Is the weld seam continuous?"
