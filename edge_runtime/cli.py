@@ -67,6 +67,32 @@ def cmd_infer(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def demo_config(config: Config) -> Config:
+    """The demo: the demo bundle and a generated sample video as camera `demo`."""
+    from .config import CameraConfig, TriggerConfig
+    from .samples import write_sample_video
+
+    video = config.data_dir / "samples" / "demo.avi"
+    if not video.is_file():
+        write_sample_video(video)
+    if not config.cameras:
+        config.cameras = [CameraConfig(name="demo", source=str(video), fps=10,
+                                       trigger=TriggerConfig(mode="interval", interval_s=1.0))]
+    return config
+
+
+def cmd_run(args: argparse.Namespace, config: Config) -> int:
+    from .app import Daemon
+
+    if args.demo:
+        config = demo_config(config)
+    elif not config.cameras:
+        log.warning("no cameras configured: only API requests will be inspected")
+    daemon = Daemon(config, model_dir=args.model, config_path=Path(args.config) if args.config else None)
+    daemon.run_forever()
+    return 0
+
+
 def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.demo import build_demo_bundle
 
@@ -104,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: built-in defaults)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log level")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the inspection daemon")
+    run.add_argument("--demo", action="store_true", help="demo bundle + generated sample video camera")
+    run.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
+    run.set_defaults(func=cmd_run)
 
     infer = sub.add_parser("infer", help="inspect one image and print the Result JSON")
     infer.add_argument("image", help="JPEG, PNG, BMP, TIFF or WebP file")

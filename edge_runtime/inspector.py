@@ -6,6 +6,11 @@ thread-safe) and `generate()` (the language model, one at a time under a lock).
 
 from __future__ import annotations
 
+# llama_cpp must load before numpy/OpenCV for the CUDA build (FACTS.md).
+from . import language  # noqa: F401
+
+# isort: split
+
 import json
 import logging
 import threading

@@ -1,0 +1,279 @@
+"""Wiring only: builds every component from the config, starts and stops them in order.
+
+This is the one module that knows the concrete classes. Signals: SIGTERM/SIGINT stop (the
+inspection in progress finishes and is journaled), SIGHUP reloads the config file.
+"""
+
+from __future__ import annotations
+
+# llama_cpp must load before numpy/OpenCV for the CUDA build (FACTS.md).
+from . import language  # noqa: F401
+
+# isort: split
+
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from . import __version__, systemd
+from .bundle import Bundle, ensure_demo_bundle, load_bundle
+from .capture import Camera
+from .config import CameraConfig, Config, load_config
+from .errors import EdgeRuntimeError
+from .inspector import Inspector
+from .journal import Journal
+from .result import Result
+from .scheduler import (
+    CameraSchedule,
+    Gate,
+    InspectionQueue,
+    InspectionRequest,
+    InspectionWorker,
+    OpenGate,
+    ScheduleStats,
+)
+
+log = logging.getLogger(__name__)
+
+
+class UnknownCamera(EdgeRuntimeError):
+    """No camera of that name is configured."""
+
+
+class CameraRig:
+    """A running camera and its trigger loop."""
+
+    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate) -> None:
+        self.cfg = cfg
+        self.camera = Camera(cfg)
+        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate)
+        self._jpeg: tuple[int, bytes] | None = None
+
+    def start(self) -> None:
+        self.camera.start()
+        self.schedule.start()
+
+    def stop(self) -> None:
+        self.schedule.stop()
+        self.camera.stop()
+
+    def latest_jpeg(self, quality: int) -> bytes | None:
+        """The newest frame as JPEG, encoded lazily and cached per frame."""
+        frame = self.camera.slot.peek()
+        if frame is None:
+            return None
+        if self._jpeg is None or self._jpeg[0] != frame.seq:
+            ok, buf = cv2.imencode(".jpg", frame.image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+            if not ok:
+                return None
+            self._jpeg = (frame.seq, buf.tobytes())
+        return self._jpeg[1]
+
+
+class Daemon:
+    """The running device: model, journal, cameras, schedules and the inspection worker."""
+
+    def __init__(self, config: Config, model_dir: str | None = None, config_path: Path | None = None) -> None:
+        self.config = config
+        self.model_dir = model_dir
+        self.config_path = config_path
+        self.started = time.time()
+        self.gate: Gate = OpenGate()
+        self.inspections = InspectionQueue(config.inspection.queue_size)
+        self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days)
+        self.inspector: Inspector | None = None
+        self.rigs: dict[str, CameraRig] = {}
+        self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
+                                       self._stats_for)
+        self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+
+    def set_gate(self, gate: Gate) -> None:
+        """Install the governor's gate; call before start()."""
+        self.gate = gate
+        self.worker.gate = gate
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self.inspector = self._load_inspector(self.config)
+        self.worker.start()
+        for cfg in self.config.cameras:
+            self._start_camera(cfg)
+        for service in self.services:
+            service.start()
+        log.info("daemon: ready in %.1f s (model %s, %d cameras)", time.perf_counter() - t0,
+                 self.inspector.model_name, len(self.rigs))
+        systemd.notify("READY=1\nSTATUS=inspecting")
+
+    def stop(self) -> None:
+        systemd.notify("STOPPING=1")
+        log.info("daemon: stopping")
+        for rig in list(self.rigs.values()):
+            rig.stop()
+        self.rigs.clear()
+        self.worker.stop()  # finishes and journals the inspection in progress
+        for service in reversed(self.services):
+            try:
+                service.stop()
+            except Exception:
+                log.exception("daemon: stopping %s failed", type(service).__name__)
+        if self.inspector is not None:
+            self.inspector.close()
+            self.inspector = None
+        self.journal.close()
+        log.info("daemon: stopped")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        """Start, then serve until SIGTERM/SIGINT; SIGHUP reloads the config."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        self.start()
+        watchdog = systemd.watchdog_interval()
+        try:
+            while not self._stop.wait(min(watchdog or 1.0, 1.0)):
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self.reload()
+                if watchdog and self.alive():
+                    systemd.notify("WATCHDOG=1")
+        finally:
+            self.stop()
+
+    def alive(self) -> bool:
+        """The pipeline really works: the worker turns and no inspection has hung."""
+        return self.inspector is not None and self.worker.alive(max_busy_s=60.0)
+
+    # ---- reload ------------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Re-read the config file: cameras change in place; the model reloads only if it changed."""
+        if self.config_path is None:
+            log.info("daemon: reload requested but no config file was given; nothing to do")
+            return
+        systemd.notify("RELOADING=1")
+        try:
+            new = load_config(self.config_path)
+        except EdgeRuntimeError as exc:
+            log.error("daemon: reload refused, keeping the running config: %s", exc)
+            systemd.notify("READY=1")
+            return
+        if new.model != self.config.model or new.device_id != self.config.device_id:
+            log.info("daemon: model settings changed; loading the new model")
+            try:
+                fresh = self._load_inspector(new)
+            except EdgeRuntimeError as exc:
+                log.error("daemon: new model failed to load, keeping the old one: %s", exc)
+                new = new.model_copy(update={"model": self.config.model, "device_id": self.config.device_id})
+            else:
+                old, self.inspector = self.inspector, fresh
+                if old is not None:
+                    old.close()  # waits for the inspection in progress (inspector lock)
+        old_cams = {c.name: c for c in self.config.cameras}
+        new_cams = {c.name: c for c in new.cameras}
+        for name, cfg in old_cams.items():
+            if new_cams.get(name) != cfg and name in self.rigs:
+                self.rigs.pop(name).stop()
+                log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
+        self.config = new
+        for name, cfg in new_cams.items():
+            if name not in self.rigs:
+                self._start_camera(cfg)
+        log.info("daemon: config reloaded (%d cameras)", len(self.rigs))
+        systemd.notify("READY=1")
+
+    # ---- inspection entry points ---------------------------------------------------------------
+
+    def trigger(self, camera: str, prompt: str | None = None) -> Future[Result]:
+        """Inspect a camera's newest frame now (any trigger mode). Raises QueueFull or UnknownCamera."""
+        rig = self.rigs.get(camera)
+        if rig is None:
+            raise UnknownCamera(f"no camera named {camera!r}")
+        frame = rig.camera.slot.peek()
+        if frame is None:
+            raise EdgeRuntimeError(f"camera {camera!r} has no frame yet (state: {rig.camera.state.value})")
+        return self.inspections.submit(InspectionRequest(
+            frame.image, camera, prompt or rig.cfg.prompt, frame.seq, frame.capture_ms, "trigger"))
+
+    def submit_image(self, image: np.ndarray, prompt: str | None = None, camera: str = "api",
+                     journal: bool = False) -> Future[Result]:
+        """Inspect an uploaded image through the shared queue. Raises QueueFull."""
+        return self.inspections.submit(InspectionRequest(image, camera, prompt, journal=journal))
+
+    def latest_jpeg(self, camera: str) -> bytes | None:
+        rig = self.rigs.get(camera)
+        if rig is None:
+            raise UnknownCamera(f"no camera named {camera!r}")
+        return rig.latest_jpeg(self.config.inspection.jpeg_quality)
+
+    # ---- status ------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        cameras = []
+        for rig in self.rigs.values():
+            cam = rig.camera.status()
+            s = rig.schedule.stats
+            cameras.append({
+                "name": cam.name, "kind": cam.kind, "source": cam.source, "state": cam.state,
+                "last_error": cam.last_error, "fps": cam.fps, "trigger": rig.cfg.trigger.mode,
+                "frames": {**cam.stats, "inspected": s.inspected, "skipped_unchanged": s.skipped_unchanged,
+                           "skipped_busy": s.skipped_busy, "skipped_paused": s.skipped_paused,
+                           "errors": s.errors},
+                "last_result": s.last_result,
+            })
+        inspector = self.inspector
+        return {
+            "device": self.config.device_id,
+            "version": __version__,
+            "uptime_s": round(time.time() - self.started, 1),
+            "ready": bool(inspector and inspector.ready),
+            "model": inspector.bundle.describe() if inspector else None,
+            "cameras": cameras,
+            "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
+                           "inspected": self.worker.inspected, "errors": self.worker.errors},
+            "journal": self.journal.counts(),
+            "governor": self.gate.decision().state,
+        }
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _current_inspector(self) -> Inspector:
+        if self.inspector is None:
+            raise EdgeRuntimeError("the model is not loaded")
+        return self.inspector
+
+    def _stats_for(self, camera: str) -> ScheduleStats | None:
+        rig = self.rigs.get(camera)
+        return rig.schedule.stats if rig else None
+
+    def _start_camera(self, cfg: CameraConfig) -> None:
+        if not cfg.enabled:
+            log.info("daemon: camera %s is disabled", cfg.name)
+            return
+        rig = CameraRig(cfg, self.inspections, self.gate)
+        self.rigs[cfg.name] = rig
+        rig.start()
+        log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)
+
+    def _load_inspector(self, config: Config) -> Inspector:
+        bundle = self._resolve_bundle(config)
+        return Inspector(bundle, config.model, config.device_id)
+
+    def _resolve_bundle(self, config: Config) -> Bundle:
+        path = self.model_dir or config.model.path
+        if path:
+            return load_bundle(path, verify_checksums=config.model.verify_checksums)
+        return ensure_demo_bundle(config.data_dir)

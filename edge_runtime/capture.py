@@ -1,0 +1,321 @@
+"""Camera capture through OpenCV: one thread per camera into a latest-frame slot.
+
+Capture never waits for inference. Each camera reads as fast as its source delivers, keeps only the
+newest frame, and counts every frame that was replaced before anyone took it. A source that fails
+or ends is reopened with exponential backoff; its state and last error are visible to the daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from .config import CameraConfig
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+
+
+class CameraState(str, Enum):
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    RECONNECTING = "reconnecting"
+    FAILED = "failed"
+    ENDED = "ended"  # a file source without looping has delivered everything
+    STOPPED = "stopped"
+
+
+@dataclass
+class Frame:
+    image: np.ndarray  # BGR, after the region of interest
+    seq: int
+    captured_at: float  # time.time() of the read
+    capture_ms: float
+
+
+@dataclass
+class CameraStats:
+    captured: int = 0
+    dropped: int = 0  # replaced in the slot before it was taken for inspection
+    read_errors: int = 0
+    reconnects: int = 0
+
+
+class LatestFrame:
+    """A one-frame slot: the newest frame wins; an overwritten, never-taken frame is a drop."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._frame: Frame | None = None
+        self._taken = True
+        self.dropped = 0
+
+    def put(self, frame: Frame) -> None:
+        with self._cond:
+            if not self._taken:
+                self.dropped += 1
+            self._frame, self._taken = frame, False
+            self._cond.notify_all()
+
+    def take(self, newer_than: int, timeout: float) -> Frame | None:
+        """Wait up to `timeout` for a frame with seq > newer_than and mark it taken."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._frame is not None and self._frame.seq > newer_than, timeout)
+            if self._frame is None or self._frame.seq <= newer_than:
+                return None
+            self._taken = True
+            return self._frame
+
+    def peek(self) -> Frame | None:
+        with self._cond:
+            return self._frame
+
+
+# ---- sources ---------------------------------------------------------------------------------
+
+def csi_pipeline(sensor_id: int = 0, width: int = 1920, height: int = 1080, fps: float = 30,
+                 flip_method: int = 0) -> str:
+    """The standard Jetson CSI camera pipeline (nvarguscamerasrc) ending in BGR for OpenCV."""
+    return (
+        f"nvarguscamerasrc sensor-id={sensor_id} ! "
+        f"video/x-raw(memory:NVMM), width=(int){width}, height=(int){height}, "
+        f"framerate=(fraction){round(fps)}/1, format=(string)NV12 ! "
+        f"nvvidconv flip-method={flip_method} ! video/x-raw, format=(string)BGRx ! "
+        "videoconvert ! video/x-raw, format=(string)BGR ! appsink drop=true max-buffers=1 sync=false"
+    )
+
+
+def source_kind(cfg: CameraConfig) -> str:
+    """Resolve `kind: auto` from the source string."""
+    if cfg.kind != "auto":
+        return cfg.kind
+    src = str(cfg.source)
+    if re.fullmatch(r"\d+", src) or src.startswith("/dev/video"):
+        return "v4l2"
+    scheme = src.split("://", 1)[0].lower() if "://" in src else ""
+    if scheme in ("rtsp", "rtsps", "rtmp"):
+        return "rtsp"
+    if scheme in ("http", "https"):
+        return "http"
+    if "!" in src:
+        return "gstreamer"
+    path = Path(src.removeprefix("file://"))
+    if path.is_dir():
+        return "folder"
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return "image"
+    return "video"
+
+
+class Source:
+    """One opened capture; `read()` returns a BGR frame or None when the source failed or ended."""
+
+    def __init__(self, cfg: CameraConfig) -> None:
+        self.cfg = cfg
+        self.kind = source_kind(cfg)
+        self.cap: cv2.VideoCapture | None = None
+        self._images: Iterator[Path] | None = None
+        self.pace_s = 0.0  # files are paced to a frame rate so they behave like cameras
+        self._open()
+
+    def _open(self) -> None:
+        cfg, src = self.cfg, str(self.cfg.source)
+        timeouts = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
+                    cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
+        if self.kind in ("image", "folder"):
+            path = Path(src.removeprefix("file://"))
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) \
+                if path.is_dir() else [path]
+            if not files or not all(p.exists() for p in files):
+                raise OSError(f"no images at {path}")
+            self._images = iter(files)
+            self.pace_s = 1.0 / (cfg.fps or 1.0)
+            return
+        if self.kind == "v4l2":
+            device = int(src) if src.isdigit() else src
+            self.cap = cv2.VideoCapture(device, cv2.CAP_V4L2)
+            if cfg.fourcc:
+                self.cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
+            if cfg.width:
+                self.cap.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
+            if cfg.height:
+                self.cap.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
+            if cfg.fps:
+                self.cap.set(cv2.CAP_PROP_FPS, cfg.fps)
+            self.cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # newest frame, not a stale queue
+        elif self.kind in ("rtsp", "http"):
+            if self.kind == "rtsp" and cfg.rtsp_transport == "tcp":
+                os.environ.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "rtsp_transport;tcp")
+            self.cap = cv2.VideoCapture(src, cv2.CAP_FFMPEG, timeouts)
+        elif self.kind in ("gstreamer", "csi"):
+            pipeline = src if self.kind == "gstreamer" else csi_pipeline(
+                cfg.csi.sensor_id, cfg.width or 1920, cfg.height or 1080, cfg.fps or 30, cfg.csi.flip_method)
+            self.cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
+        else:  # video file
+            video = src.removeprefix("file://")
+            if not Path(video).is_file():
+                raise OSError(f"no such video file: {video}")
+            self.cap = cv2.VideoCapture(video, cv2.CAP_FFMPEG, timeouts)
+            native = self.cap.get(cv2.CAP_PROP_FPS) if self.cap.isOpened() else 0
+            self.pace_s = 1.0 / (cfg.fps or (native if 0 < native < 240 else 10))
+        if self.cap is None or not self.cap.isOpened():
+            raise OSError(f"OpenCV could not open {self.kind} source {redact(src)}")
+
+    def read(self) -> np.ndarray | None:
+        if self._images is not None:
+            for path in self._images:
+                frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
+                if frame is not None:
+                    return frame
+                log.warning("camera %s: skipping unreadable image %s", self.cfg.name, path)
+            return None
+        assert self.cap is not None
+        ok, frame = self.cap.read()
+        return frame if ok and frame is not None and frame.size else None
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind in ("image", "folder", "video")
+
+    def close(self) -> None:
+        if self.cap is not None:
+            self.cap.release()
+            self.cap = None
+
+
+def redact(url: str) -> str:
+    """Hide credentials in URLs before they reach a log line or the status page."""
+    return re.sub(r"//([^/@:]+):([^/@]+)@", r"//\1:***@", url)
+
+
+def crop(frame: np.ndarray, roi: tuple[int, int, int, int] | None) -> np.ndarray:
+    if roi is None:
+        return frame
+    x, y, w, h = roi
+    out = frame[max(0, y):y + h, max(0, x):x + w]
+    return out if out.size else frame
+
+
+# ---- the camera thread ---------------------------------------------------------------------
+
+@dataclass
+class CameraStatus:
+    name: str
+    kind: str
+    source: str
+    state: str
+    last_error: str | None
+    fps: float
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class Camera:
+    """Reads one source forever into `slot`, reopening it with backoff when it fails."""
+
+    def __init__(self, cfg: CameraConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.kind = source_kind(cfg)
+        self.slot = LatestFrame()
+        self.stats = CameraStats()
+        self.state = CameraState.CONNECTING
+        self.last_error: str | None = None
+        self._seq = 0
+        self._stop = threading.Event()
+        self._recent: list[float] = []  # capture times of the last ~2 s, for the fps figure
+        self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        self.state = CameraState.STOPPED
+
+    def status(self) -> CameraStatus:
+        now = time.time()
+        recent = [t for t in self._recent if now - t < 2.0]
+        stats = {"captured": self.stats.captured, "dropped": self.slot.dropped,
+                 "read_errors": self.stats.read_errors, "reconnects": self.stats.reconnects}
+        return CameraStatus(self.name, self.kind, redact(str(self.cfg.source)), self.state.value,
+                            self.last_error, round(len(recent) / 2.0, 2), stats)
+
+    def _set_state(self, state: CameraState, error: str | None = None) -> None:
+        if state != self.state or error != self.last_error:
+            level = logging.WARNING if state in (CameraState.FAILED, CameraState.RECONNECTING) else logging.INFO
+            log.log(level, "camera %s: %s%s", self.name, state.value, f" ({error})" if error else "")
+        self.state = state
+        if error is not None:
+            self.last_error = error
+
+    def _run(self) -> None:
+        backoff, failures = self.cfg.reconnect_min_s, 0
+        while not self._stop.is_set():
+            try:
+                source = Source(self.cfg)
+            except Exception as exc:  # noqa: BLE001 - any failure to open is reported, never fatal
+                failures += 1
+                self._set_state(CameraState.FAILED if failures >= 3 else CameraState.RECONNECTING, str(exc))
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.cfg.reconnect_max_s)
+                continue
+            if failures or self.stats.captured:
+                self.stats.reconnects += 1
+            self._set_state(CameraState.STREAMING)
+            before = self.stats.captured
+            ended = self._stream(source)
+            if self.stats.captured > before:
+                backoff, failures = self.cfg.reconnect_min_s, 0
+            source.close()
+            if self._stop.is_set():
+                break
+            if ended and source.is_file:
+                if not self.cfg.loop:
+                    self._set_state(CameraState.ENDED)
+                    return
+                backoff, failures = self.cfg.reconnect_min_s, 0  # a file loops at once
+                continue
+            failures += 1
+            self._set_state(CameraState.RECONNECTING, "the source stopped delivering frames")
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self.cfg.reconnect_max_s)
+        self.state = CameraState.STOPPED
+
+    def _stream(self, source: Source) -> bool:
+        """Read until the source ends or fails; True when it simply ran out (end of file)."""
+        delivered = 0
+        next_due = time.monotonic()
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                image = source.read()
+            except Exception as exc:  # noqa: BLE001 - a broken decoder must not kill the thread
+                self.stats.read_errors += 1
+                self.last_error = f"read failed: {exc}"
+                image = None
+            if image is None:
+                if not source.is_file:
+                    self.stats.read_errors += 1
+                return source.is_file and delivered > 0
+            delivered += 1
+            self._seq += 1
+            self.stats.captured += 1
+            now = time.time()
+            self._recent = [t for t in self._recent if now - t < 2.0] + [now]
+            self.slot.put(Frame(crop(image, self.cfg.roi), self._seq, now, (time.perf_counter() - t0) * 1000))
+            if source.pace_s:
+                next_due += source.pace_s
+                self._stop.wait(max(0.0, next_due - time.monotonic()))
+        return False

@@ -1,0 +1,283 @@
+"""When to inspect: trigger modes per camera, the governor gate, and the one bounded queue.
+
+Each camera has a trigger loop that takes its newest frame when an inspection is due and hands it to
+the single `InspectionQueue`. At most one inspection per camera is in flight, so a slow model makes
+cameras skip frames (counted as drops in their slot) instead of queueing them. API requests share
+the same queue; when it is full they are refused (`QueueFull`), never buffered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+from .capture import Camera, Frame
+from .config import TriggerConfig
+from .errors import EdgeRuntimeError
+from .result import Result
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(EdgeRuntimeError):
+    """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """What the governor allows now: a rate factor (1 = configured rate) or a pause."""
+
+    rate_factor: float = 1.0
+    paused: bool = False
+    state: dict[str, Any] | None = None
+
+
+class Gate(Protocol):
+    def decision(self) -> GateDecision: ...
+
+
+class OpenGate:
+    """No governor: always full rate."""
+
+    def decision(self) -> GateDecision:
+        return GateDecision()
+
+
+@dataclass
+class InspectionRequest:
+    image: np.ndarray
+    camera: str
+    prompt: str | None = None
+    seq: int = 0
+    capture_ms: float = 0.0
+    trigger: str = "api"
+    journal: bool = True
+    future: Future[Result] = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class InspectionQueue:
+    """The one bounded queue in front of the model."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._q: queue.Queue[InspectionRequest | None] = queue.Queue(maxsize)
+        self.maxsize = maxsize
+
+    def submit(self, request: InspectionRequest) -> Future[Result]:
+        try:
+            self._q.put_nowait(request)
+        except queue.Full:
+            raise QueueFull(f"the inspection queue is full ({self.maxsize} waiting)") from None
+        return request.future
+
+    def get(self, timeout: float) -> InspectionRequest | None:
+        try:
+            return self._q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def wake(self) -> None:
+        try:
+            self._q.put_nowait(None)
+        except queue.Full:
+            pass
+
+    @property
+    def depth(self) -> int:
+        return self._q.qsize()
+
+
+@dataclass
+class ScheduleStats:
+    inspected: int = 0
+    skipped_unchanged: int = 0
+    skipped_busy: int = 0
+    skipped_paused: int = 0
+    errors: int = 0
+    last_result: dict[str, Any] | None = None
+
+
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """32x32 grey float thumbnail: cheap enough to compare every frame."""
+    grey = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+    return cv2.resize(grey, (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32) / 255.0
+
+
+def scene_change(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.abs(a - b)))
+
+
+class CameraSchedule:
+    """The trigger loop of one camera."""
+
+    def __init__(self, camera: Camera, trigger: TriggerConfig, prompt: str | None,
+                 inspections: InspectionQueue, gate: Gate) -> None:
+        self.camera = camera
+        self.trigger = trigger
+        self.prompt = prompt
+        self.inspections = inspections
+        self.gate = gate
+        self.stats = ScheduleStats()
+        self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
+        self._last_seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"schedule-{camera.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        mode = self.trigger.mode
+        if mode == "on_demand":
+            return  # inspections come only through Daemon.trigger()
+        next_due = time.monotonic()
+        while not self._stop.is_set():
+            wait = self.trigger.change_check_s if mode == "on_change" else 0.0
+            if mode == "interval":
+                wait = max(0.0, next_due - time.monotonic())
+            if wait and self._stop.wait(wait):
+                return
+            gate = self.gate.decision()
+            if gate.paused:
+                self.stats.skipped_paused += 1
+                self._stop.wait(0.5)
+                continue
+            frame = self.camera.slot.take(self._last_seq, timeout=0.5)
+            if frame is None:
+                continue
+            self._last_seq = frame.seq
+            if mode == "interval":
+                next_due = max(next_due + self.trigger.interval_s / max(gate.rate_factor, 1e-3),
+                               time.monotonic())
+            if mode == "on_change":
+                thumb = thumbnail(frame.image)
+                if self._reference is not None and \
+                        scene_change(thumb, self._reference) < self.trigger.change_threshold:
+                    self.stats.skipped_unchanged += 1
+                    continue
+                self._reference = thumb
+            self._inspect(frame, mode, gate)
+
+    def _inspect(self, frame: Frame, trigger: str, gate: GateDecision) -> None:
+        request = InspectionRequest(frame.image, self.camera.name, self.prompt, frame.seq,
+                                    frame.capture_ms, trigger)
+        try:
+            future = self.inspections.submit(request)
+        except QueueFull:
+            self.stats.skipped_busy += 1
+            self._stop.wait(0.05)
+            return
+        # One in flight per camera: frames arriving meanwhile replace each other in the slot.
+        while not self._stop.is_set():
+            try:
+                future.result(timeout=0.5)
+                return
+            except FutureTimeout:
+                continue
+            except Exception:  # noqa: BLE001 - the worker already counted and logged it
+                return
+        if gate.rate_factor < 1.0 and trigger == "continuous":
+            # A governor at reduced rate spaces continuous inspections out by the same factor.
+            self._stop.wait(0.1 / max(gate.rate_factor, 1e-3))
+
+
+ResultListener = Callable[[Result], None]
+
+
+class InspectionWorker:
+    """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
+
+    def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
+                 journal: Any, gate: Gate, stats_for: Callable[[str], ScheduleStats | None]) -> None:
+        self.inspections = inspections
+        self.get_inspector = get_inspector
+        self.journal = journal
+        self.gate = gate
+        self.stats_for = stats_for
+        self.listeners: list[ResultListener] = []
+        self.heartbeat = time.monotonic()
+        self.busy_since: float | None = None
+        self.inspected = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inspector", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the inspection in progress (its result is journaled), then stop."""
+        self._stop.set()
+        self.inspections.wake()
+        self._thread.join(timeout)
+
+    def alive(self, max_busy_s: float) -> bool:
+        """True while the loop turns and no single inspection has hung."""
+        if not self._thread.is_alive():
+            return False
+        if self.busy_since is not None:
+            return time.monotonic() - self.busy_since < max_busy_s
+        return time.monotonic() - self.heartbeat < 5.0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.heartbeat = time.monotonic()
+            request = self.inspections.get(timeout=1.0)
+            if request is None:
+                continue
+            if not request.future.set_running_or_notify_cancel():
+                continue
+            self.busy_since = time.monotonic()
+            try:
+                result = self._inspect(request)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller; the loop goes on
+                self.errors += 1
+                stats = self.stats_for(request.camera)
+                if stats:
+                    stats.errors += 1
+                log.error("inspection of %s failed: %s", request.camera, exc)
+                request.future.set_exception(exc)
+            else:
+                request.future.set_result(result)
+            finally:
+                self.busy_since = None
+        # Refuse whatever is still queued so no caller waits forever.
+        while (leftover := self.inspections.get(timeout=0)) is not None:
+            leftover.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _inspect(self, request: InspectionRequest) -> Result:
+        inspector = self.get_inspector()
+        gate = self.gate.decision()
+        result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
+                                           seq=request.seq, capture_ms=request.capture_ms,
+                                           governor=gate.state)
+        if request.journal:
+            self.journal.add(result)  # durable before anyone else sees it
+        self.inspected += 1
+        stats = self.stats_for(request.camera)
+        if stats:
+            stats.inspected += 1
+            stats.last_result = result.to_dict()
+        log.info("result %s camera=%s verdict=%s total=%.0fms", result.id, result.camera,
+                 json.dumps(result.verdict, ensure_ascii=False), result.timings_ms["total"])
+        for listener in self.listeners:
+            try:
+                listener(result)
+            except Exception:
+                log.exception("result listener failed")
+        return result
