@@ -1,0 +1,172 @@
+"""The daemon in-process: real cameras (video file, HTTP MJPEG), real engines, real journal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mjpeg import MjpegCamera, free_port
+
+from edge_runtime.app import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
+from edge_runtime.samples import write_sample_video
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def daemon_config(tmp_path: Path, demo_dir: Path, cameras: list[CameraConfig]) -> Config:
+    cfg = Config(device_id="line-1", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.cameras = cameras
+    return cfg
+
+
+@pytest.fixture
+def run_daemon(tmp_path: Path, demo_dir: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(*cameras: CameraConfig, tweak: Callable[[Daemon], None] | None = None) -> Daemon:
+        daemon = Daemon(daemon_config(tmp_path, demo_dir, list(cameras)))
+        if tweak:
+            tweak(daemon)
+        daemon.start()
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for d in started:
+        if d.inspector is not None:
+            d.stop()
+
+
+def cam(daemon: Daemon, name: str) -> dict[str, Any]:
+    return next(c for c in daemon.status()["cameras"] if c["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sample_video(tmp_path_factory.mktemp("video") / "parts.avi", frames=60)
+
+
+def test_video_file_camera_fills_the_journal(run_daemon: Callable[..., Daemon], video: Path) -> None:
+    daemon = run_daemon(CameraConfig(name="belt", source=str(video), fps=30,
+                                     trigger=TriggerConfig(mode="interval", interval_s=0.2)))
+    wait_for(lambda: daemon.journal.counts()["total"] >= 3, what="3 results")
+    rows = daemon.journal.query(camera="belt")
+    assert {r["camera"] for r in rows} == {"belt"} and rows[0]["frame"]["width"] == 320
+    status = cam(daemon, "belt")
+    assert status["state"] == "streaming" and status["kind"] == "video"
+    assert status["frames"]["captured"] > status["frames"]["inspected"] > 0
+
+
+def test_mjpeg_stream_camera_fills_the_journal(run_daemon: Callable[..., Daemon]) -> None:
+    server = MjpegCamera(fps=20).start()
+    try:
+        daemon = run_daemon(CameraConfig(name="mjpeg", source=server.url,
+                                         trigger=TriggerConfig(mode="continuous")))
+        wait_for(lambda: daemon.journal.counts()["total"] >= 3, what="3 results")
+        assert cam(daemon, "mjpeg")["kind"] == "http"
+        assert daemon.latest_jpeg("mjpeg")[:2] == b"\xff\xd8"  # type: ignore[index]
+    finally:
+        server.stop()
+
+
+def test_slow_model_drops_frames_instead_of_queueing(run_daemon: Callable[..., Daemon], video: Path) -> None:
+    def slow(daemon: Daemon) -> None:
+        real = daemon._current_inspector
+
+        class Slow:
+            def inspect(self, *args: Any, **kwargs: Any) -> Any:
+                time.sleep(0.4)
+                return real().inspect(*args, **kwargs)
+        daemon.worker.get_inspector = Slow
+    daemon = run_daemon(CameraConfig(name="fast", source=str(video), fps=50,
+                                     trigger=TriggerConfig(mode="continuous")), tweak=slow)
+    depths = []
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        depths.append(daemon.inspections.depth)
+        time.sleep(0.05)
+    frames = cam(daemon, "fast")["frames"]
+    assert max(depths) <= 1  # one in flight per camera, never a backlog
+    assert frames["dropped"] > 5 * frames["inspected"] > 0
+    assert frames["captured"] >= frames["dropped"] + frames["inspected"]
+
+
+def test_stream_that_goes_away_reconnects_while_other_cameras_work(
+        run_daemon: Callable[..., Daemon], video: Path) -> None:
+    server = MjpegCamera(fps=20).start()
+    daemon = run_daemon(
+        CameraConfig(name="net", source=server.url, reconnect_min_s=0.2, reconnect_max_s=0.5,
+                     read_timeout_s=2, trigger=TriggerConfig(mode="interval", interval_s=0.2)),
+        CameraConfig(name="file", source=str(video), fps=30, trigger=TriggerConfig(mode="interval", interval_s=0.2)))
+    wait_for(lambda: cam(daemon, "net")["frames"]["inspected"] >= 1, what="first inspection")
+    server.stop()
+    wait_for(lambda: cam(daemon, "net")["state"] in ("reconnecting", "failed"), what="camera to notice")
+    file_before = cam(daemon, "file")["frames"]["inspected"]
+    wait_for(lambda: cam(daemon, "file")["frames"]["inspected"] >= file_before + 2, what="other camera")
+    net_before = cam(daemon, "net")["frames"]["inspected"]
+    server.start()
+    try:
+        wait_for(lambda: cam(daemon, "net")["state"] == "streaming", what="reconnect")
+        wait_for(lambda: cam(daemon, "net")["frames"]["inspected"] > net_before, what="inspection after reconnect")
+        assert cam(daemon, "net")["frames"]["reconnects"] >= 1
+    finally:
+        server.stop()
+
+
+def test_on_change_skips_a_still_scene_and_inspects_a_change(
+        run_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    import cv2
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    still = np.full((120, 160, 3), 90, np.uint8)
+    for i in range(8):
+        cv2.imwrite(str(folder / f"{i:02d}.png"), still)
+    changed = still.copy()
+    cv2.rectangle(changed, (20, 20), (140, 100), (255, 255, 255), -1)
+    cv2.imwrite(str(folder / "08.png"), changed)
+    daemon = run_daemon(CameraConfig(name="still", source=str(folder), fps=20, loop=False,
+                                     trigger=TriggerConfig(mode="on_change", change_check_s=0.01)))
+    wait_for(lambda: cam(daemon, "still")["state"] == "ended", what="folder to end")
+    wait_for(lambda: cam(daemon, "still")["frames"]["inspected"] >= 2, what="inspection of the change")
+    frames = cam(daemon, "still")["frames"]
+    assert frames["inspected"] == 2  # the first frame (reference) and the changed one
+    assert frames["skipped_unchanged"] >= 3
+
+
+def test_bad_sources_start_and_report_failed(run_daemon: Callable[..., Daemon], video: Path) -> None:
+    dead_port = free_port()
+    daemon = run_daemon(
+        CameraConfig(name="nodev", source="/dev/video99", reconnect_min_s=0.05, reconnect_max_s=0.1),
+        CameraConfig(name="nourl", source=f"http://127.0.0.1:{dead_port}/x.mjpg", open_timeout_s=1,
+                     reconnect_min_s=0.05, reconnect_max_s=0.1),
+        CameraConfig(name="good", source=str(video), fps=30, trigger=TriggerConfig(mode="interval", interval_s=0.1)))
+    wait_for(lambda: cam(daemon, "nodev")["state"] == "failed", what="v4l2 failure")
+    wait_for(lambda: cam(daemon, "nourl")["state"] == "failed", what="url failure")
+    assert "could not open" in cam(daemon, "nourl")["last_error"]
+    wait_for(lambda: cam(daemon, "good")["frames"]["inspected"] >= 2, what="good camera")
+
+
+def test_trigger_inspects_an_on_demand_camera(run_daemon: Callable[..., Daemon], video: Path) -> None:
+    daemon = run_daemon(CameraConfig(name="ondemand", source=str(video), fps=30,
+                                     trigger=TriggerConfig(mode="on_demand")))
+    wait_for(lambda: daemon.rigs["ondemand"].camera.slot.peek(), what="a frame")
+    time.sleep(0.3)
+    assert daemon.journal.counts()["total"] == 0
+    result = daemon.trigger("ondemand", prompt="Any burrs?").result(timeout=10)
+    assert result.prompt == "Any burrs?" and daemon.journal.get(result.id) is not None

@@ -1,0 +1,58 @@
+"""The journal keeps every result across restarts, answers queries, and never drops unsent rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_runtime.journal import Journal
+from edge_runtime.result import FrameInfo, Result
+
+
+def make_result(camera: str = "cam", n: int = 0) -> Result:
+    return Result(device="d", camera=camera, frame=FrameInfo(n, 10, 10), verdict={"defect": False},
+                  text='{"defect": false}', model="m@1", timings_ms={"total": 1.0}, prompt="p")
+
+
+def test_results_survive_reopening(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    results = [make_result(n=i) for i in range(3)]
+    for r in results:
+        journal.add(r)
+    journal.close()
+    reopened = Journal(tmp_path / "j.sqlite3")
+    assert reopened.counts() == {"total": 3, "unsent": 3}
+    assert reopened.get(results[1].id) == results[1].to_dict()
+    assert reopened.get("no-such-id") is None
+
+
+def test_query_filters_by_camera_and_pages_newest_first(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    for i in range(6):
+        journal.add(make_result("left" if i % 2 else "right", i))
+    left = journal.query(camera="left")
+    assert [r["frame"]["seq"] for r in left] == [5, 3, 1]
+    page2 = journal.query(camera="left", limit=2, before_seq=left[1]["journal_seq"])
+    assert [r["frame"]["seq"] for r in page2] == [1]
+    assert journal.query(since="2100-01-01T00:00:00Z") == []
+
+
+def test_retention_keeps_unsent_results(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3", max_rows=10)
+    for i in range(30):
+        journal.add(make_result(n=i))
+    journal.apply_retention()
+    assert journal.counts()["total"] == 30  # nothing was delivered yet: nothing may go
+    journal.mark_sent([seq for seq, _, _ in journal.unsent(limit=25)])
+    journal.apply_retention()
+    counts = journal.counts()
+    assert counts["unsent"] == 5 and counts["total"] == 10
+
+
+def test_unsent_rows_come_oldest_first(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    for i in range(5):
+        journal.add(make_result(n=i))
+    rows = journal.unsent(limit=3)
+    assert [seq for seq, _, _ in rows] == sorted(seq for seq, _, _ in rows)
+    journal.mark_sent([rows[0][0]])
+    assert journal.unsent(limit=10)[0][0] == rows[1][0]
