@@ -25,11 +25,13 @@ import numpy as np
 from . import __version__, systemd
 from .bundle import Bundle, ensure_demo_bundle, load_bundle
 from .capture import Camera
+from .commands import command_table
 from .config import CameraConfig, Config, load_config
 from .errors import EdgeRuntimeError
 from .inspector import Inspector
 from .journal import Journal
-from .result import Result
+from .mqtt import MqttService, homeassistant_discovery
+from .result import Result, utc_now
 from .scheduler import (
     CameraSchedule,
     Gate,
@@ -93,8 +95,23 @@ class Daemon:
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
                                        self._stats_for)
         self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
+        self.mqtt: MqttService | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
+        self._reload_lock = threading.Lock()
+        self._telemetry_mark = (time.monotonic(), 0)
+        if config.mqtt.enabled:
+            self._add_mqtt(config)
+
+    def _add_mqtt(self, config: Config) -> None:
+        self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
+                                self.telemetry, command_table(self))
+        if config.mqtt.homeassistant.enabled:
+            ha = config.mqtt.homeassistant.discovery_prefix
+            self.mqtt.discovery = lambda: homeassistant_discovery(
+                ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
+        self.worker.listeners.append(self.mqtt.notify)
+        self.services.append(self.mqtt)
 
     def set_gate(self, gate: Gate) -> None:
         """Install the governor's gate; call before start()."""
@@ -161,6 +178,10 @@ class Daemon:
 
     def reload(self) -> None:
         """Re-read the config file: cameras change in place; the model reloads only if it changed."""
+        with self._reload_lock:  # SIGHUP and the MQTT command may race
+            self._reload_locked()
+
+    def _reload_locked(self) -> None:
         if self.config_path is None:
             log.info("daemon: reload requested but no config file was given; nothing to do")
             return
@@ -245,7 +266,25 @@ class Daemon:
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
                            "inspected": self.worker.inspected, "errors": self.worker.errors},
             "journal": self.journal.counts(),
+            "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
+        }
+
+    def telemetry(self) -> dict[str, Any]:
+        """The periodic health message: camera states and rates, throughput, backlog, governor."""
+        now, inspected = time.monotonic(), self.worker.inspected
+        then, before = self._telemetry_mark
+        self._telemetry_mark = (now, inspected)
+        status = self.status()
+        return {
+            "ts": utc_now(), "device": self.config.device_id, "uptime_s": status["uptime_s"],
+            "inspections_per_min": round((inspected - before) * 60 / max(now - then, 1e-6), 2),
+            "queue_depth": status["inspection"]["queue_depth"],
+            "outbox_backlog": status["journal"]["unsent"],
+            "cameras": [{"name": c["name"], "state": c["state"], "fps": c["fps"],
+                         "captured": c["frames"]["captured"], "dropped": c["frames"]["dropped"],
+                         "inspected": c["frames"]["inspected"]} for c in status["cameras"]],
+            "governor": status["governor"],
         }
 
     # ---- internals ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -106,6 +106,40 @@ class InspectionConfig(_Section):
     jpeg_quality: int = Field(80, ge=10, le=100, description="Quality of the latest-frame JPEG per camera.")
 
 
+class TlsConfig(_Section):
+    enabled: bool = Field(False, description="Connect over TLS.")
+    ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate "
+                                 "(default: the system store).")
+    cert_file: Path | None = Field(None, description="Client certificate for mutual TLS.")
+    key_file: Path | None = Field(None, description="Client private key for mutual TLS.")
+    insecure: bool = Field(False, description="Skip broker hostname verification (testing only).")
+
+
+class HomeAssistantConfig(_Section):
+    enabled: bool = Field(False, description="Publish Home Assistant MQTT discovery configs.")
+    discovery_prefix: str = Field("homeassistant", description="Home Assistant's discovery prefix.")
+
+
+class MqttConfig(_Section):
+    enabled: bool = Field(True, description="Publish results over MQTT (the daemon runs without a broker).")
+    host: str = Field("localhost", description="Broker host name or address.")
+    port: int = Field(1883, ge=1, le=65535, description="Broker port (8883 is usual for TLS).")
+    client_id: str | None = Field(None, description="Client id (default: edge-runtime-<device_id>).")
+    keepalive: int = Field(30, ge=5, le=3600, description="Seconds between keep-alive pings.")
+    clean_session: bool = Field(True, description="false keeps the broker-side session (and the "
+                                "command subscription) across reconnects.")
+    username: str | None = Field(None, description="Broker user name.")
+    password: SecretStr | None = Field(None, description="Broker password; use ${ENV} or a systemd "
+                                       "credential, never plain text. Never logged.")
+    tls: TlsConfig = Field(default_factory=TlsConfig, description="TLS settings.")
+    topic_prefix: str | None = Field(None, description="Topic prefix (default: edge/<device_id>).")
+    qos: Literal[0, 1, 2] = Field(1, description="QoS of result messages.")
+    max_inflight: int = Field(20, ge=1, le=1000, description="Results published but not yet acknowledged.")
+    telemetry_interval_s: float = Field(10, ge=1, description="Seconds between telemetry messages.")
+    homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig,
+                                               description="Home Assistant discovery.")
+
+
 class Config(_Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
@@ -119,6 +153,7 @@ class Config(_Section):
     inspection: InspectionConfig = Field(default_factory=InspectionConfig,
                                          description="The shared inspection queue.")
     journal: JournalConfig = Field(default_factory=JournalConfig, description="The result journal.")
+    mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT broker connection.")
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:
@@ -127,6 +162,9 @@ class Config(_Section):
         if dupes:
             raise ValueError(f"camera names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    def topic_prefix(self) -> str:
+        return (self.mqtt.topic_prefix or f"edge/{self.device_id}").rstrip("/")
 
     def journal_path(self) -> Path:
         return self.journal.path or self.data_dir / "journal.sqlite3"

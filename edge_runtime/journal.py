@@ -100,7 +100,8 @@ class Journal:
     def mark_sent(self, seqs: list[int]) -> None:
         if not seqs:
             return
-        with self._lock:
+        with self._lock, self._db:  # one transaction: one fsync for the whole batch
+            self._db.execute("BEGIN")
             self._db.executemany("UPDATE results SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
 
     def counts(self) -> dict[str, int]:

@@ -1,0 +1,250 @@
+"""MQTT: availability, the result outbox, telemetry and commands, over one paho-mqtt 2.x client.
+
+Results are published from the journal, oldest first, and a row is marked sent only when the broker
+acknowledged it (PUBACK for QoS 1). A broker outage, a reconnect or a `kill -9` therefore loses
+nothing: what was not acknowledged is published again (consumers de-duplicate by `id`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from .config import MqttConfig
+from .journal import Journal
+
+log = logging.getLogger(__name__)
+
+CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class CommandError(Exception):
+    """A command's payload is wrong; the message goes back in the error reply."""
+
+
+class MqttService:
+    """Connects, keeps `<prefix>/status` truthful, drains the journal, answers commands."""
+
+    def __init__(self, cfg: MqttConfig, device_id: str, prefix: str, journal: Journal,
+                 telemetry: Callable[[], dict[str, Any]], commands: dict[str, CommandHandler]) -> None:
+        self.cfg = cfg
+        self.device_id = device_id
+        self.prefix = prefix
+        self.journal = journal
+        self.telemetry = telemetry
+        self.commands = commands
+        self.connected = False
+        self.last_error: str | None = None
+        self.published = 0
+        self.discovery: Callable[[], list[tuple[str, str]]] | None = None  # set by the wiring
+        # Published results not yet acknowledged, with their journal seq. paho flags each
+        # MQTTMessageInfo when the PUBACK arrives (also for resends after a reconnect).
+        self._inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
+        self._cursor = 0  # highest journal seq handed to paho
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix="mqtt-cmd")
+        self._thread = threading.Thread(target=self._outbox_loop, name="mqtt-outbox", daemon=True)
+        self.client = self._make_client()
+
+    @property
+    def status_topic(self) -> str:
+        return f"{self.prefix}/status"
+
+    def result_topic(self, camera: str) -> str:
+        return f"{self.prefix}/{camera}/result"
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def _make_client(self) -> mqtt.Client:
+        cfg = self.cfg
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id or f"edge-runtime-{self.device_id}",
+                             clean_session=cfg.clean_session, protocol=mqtt.MQTTv311)
+        client.will_set(self.status_topic, "offline", qos=1, retain=True)
+        if cfg.username:
+            client.username_pw_set(cfg.username, cfg.password.get_secret_value() if cfg.password else None)
+        if cfg.tls.enabled:
+            client.tls_set(ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
+                           certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+                           keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+                           cert_reqs=ssl.CERT_REQUIRED)
+            client.tls_insecure_set(cfg.tls.insecure)
+        client.reconnect_delay_set(1, 30)
+        client.max_inflight_messages_set(cfg.max_inflight)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        return client
+
+    def start(self) -> None:
+        log.info("mqtt: connecting to %s:%d as %s (tls %s)", self.cfg.host, self.cfg.port,
+                 self.client._client_id.decode(), "on" if self.cfg.tls.enabled else "off")
+        self.client.connect_async(self.cfg.host, self.cfg.port, self.cfg.keepalive)
+        self.client.loop_start()  # retries the first connection too
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Announce `offline` (a clean shutdown sends no Last Will), then disconnect."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5)
+        if self.connected:
+            info = self.client.publish(self.status_topic, "offline", qos=1, retain=True)
+            try:
+                info.wait_for_publish(timeout=3)
+            except (RuntimeError, ValueError):
+                pass
+        self._flush_acks()
+        self.client.disconnect()
+        self.client.loop_stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def notify(self, _result: object = None) -> None:
+        """Wake the outbox: a new result is in the journal."""
+        self._wake.set()
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            inflight = len(self._inflight)
+        return {"enabled": True, "connected": self.connected, "broker": f"{self.cfg.host}:{self.cfg.port}",
+                "last_error": self.last_error, "published": self.published, "inflight": inflight,
+                "backlog": self.journal.counts()["unsent"]}
+
+    # ---- paho callbacks (network thread) ---------------------------------------------------------
+
+    def _on_connect(self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
+                    _props: Properties | None) -> None:
+        if reason.is_failure:
+            error = f"connection refused: {reason}"
+            if error != self.last_error:  # paho retries every few seconds: say it once
+                log.warning("mqtt: %s", error)
+            self.last_error = error
+            return
+        self.connected = True
+        self.last_error = None
+        log.info("mqtt: connected to %s:%d", self.cfg.host, self.cfg.port)
+        client.publish(self.status_topic, "online", qos=1, retain=True)
+        client.subscribe(f"{self.prefix}/cmd/+", qos=1)
+        if self.discovery is not None:
+            for topic, payload in self.discovery():
+                client.publish(topic, payload, qos=1, retain=True)
+        self._wake.set()
+
+    def _on_disconnect(self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
+                       _props: Properties | None) -> None:
+        if self.connected:
+            log.warning("mqtt: disconnected (%s); results stay in the journal until delivered", reason)
+            if not self._stop.is_set():
+                self.last_error = f"disconnected: {reason}"
+        self.connected = False
+
+    def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, _reason: ReasonCode,
+                    _props: Properties | None) -> None:
+        self._wake.set()
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        name = msg.topic.rsplit("/", 1)[-1]
+        if msg.topic.endswith("/reply"):
+            return
+        self._executor.submit(self._run_command, name, bytes(msg.payload))
+
+    # ---- outbox --------------------------------------------------------------------------------
+
+    def _outbox_loop(self) -> None:
+        next_telemetry = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            try:
+                self._flush_acks()
+                if not self.connected:
+                    continue
+                self._publish_backlog()
+                if time.monotonic() >= next_telemetry:
+                    next_telemetry = time.monotonic() + self.cfg.telemetry_interval_s
+                    self.client.publish(f"{self.prefix}/telemetry", json.dumps(self.telemetry()), qos=0)
+            except Exception:
+                log.exception("mqtt: outbox error")
+                self._stop.wait(1.0)
+
+    def _publish_backlog(self) -> None:
+        room = self.cfg.max_inflight - len(self._inflight)
+        if room <= 0:
+            return
+        for seq, camera, body in self.journal.unsent(after_seq=self._cursor, limit=room):
+            info = self.client.publish(self.result_topic(camera), body, qos=self.cfg.qos)
+            self._cursor = seq
+            with self._lock:
+                self._inflight.append((info, seq))
+
+    def _flush_acks(self) -> None:
+        """Mark acknowledged results sent in the journal, in one transaction."""
+        with self._lock:
+            acked = [seq for info, seq in self._inflight if info.is_published()]
+            self._inflight = [(info, seq) for info, seq in self._inflight if not info.is_published()]
+        if acked:
+            self.journal.mark_sent(acked)
+            self.published += len(acked)
+
+    # ---- commands ------------------------------------------------------------------------------
+
+    def _run_command(self, name: str, payload: bytes) -> None:
+        reply: dict[str, Any] = {"command": name}
+        try:
+            try:
+                request = json.loads(payload or b"{}")
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise CommandError(f"payload is not valid JSON: {exc}") from None
+            if not isinstance(request, dict):
+                raise CommandError("payload must be a JSON object")
+            reply["id"] = request.pop("id", None)
+            handler = self.commands.get(name)
+            if handler is None:
+                raise CommandError(f"unknown command {name!r}; known: {', '.join(sorted(self.commands))}")
+            reply.update(ok=True, result=handler(request))
+        except CommandError as exc:
+            reply.update(ok=False, error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - any failure becomes an error reply, never a crash
+            reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+        log.info("mqtt: command %s -> %s", name, "ok" if reply["ok"] else reply["error"])
+        self.client.publish(f"{self.prefix}/cmd/{name}/reply", json.dumps(reply), qos=1)
+
+
+def homeassistant_discovery(ha_prefix: str, prefix: str, device_id: str, cameras: list[str],
+                            version: str) -> list[tuple[str, str]]:
+    """Retained discovery configs: per camera a `defect` binary sensor and confidence/latency sensors."""
+    device = {"identifiers": [f"edge-runtime-{device_id}"], "name": f"Edge inspection {device_id}",
+              "manufacturer": "edge-runtime", "sw_version": version}
+    availability = {"availability_topic": f"{prefix}/status", "payload_available": "online",
+                    "payload_not_available": "offline"}
+    out = []
+    for cam in cameras:
+        state = f"{prefix}/{cam}/result"
+        uid = f"{device_id}_{cam}"
+        entities = [
+            ("binary_sensor", "defect", {"name": f"{cam} defect", "device_class": "problem",
+                                         "value_template": "{{ 'ON' if value_json.verdict.defect else 'OFF' }}"}),
+            ("sensor", "confidence", {"name": f"{cam} confidence", "unit_of_measurement": "%",
+                                      "value_template": "{{ (value_json.verdict.confidence * 100) | round(1) }}"}),
+            ("sensor", "latency", {"name": f"{cam} inspection time", "unit_of_measurement": "ms",
+                                   "device_class": "duration",
+                                   "value_template": "{{ value_json.timings_ms.total | round(0) }}"}),
+        ]
+        for component, key, extra in entities:
+            config = {"unique_id": f"{uid}_{key}", "object_id": f"{uid}_{key}", "state_topic": state,
+                      "device": device, **availability, **extra}
+            out.append((f"{ha_prefix}/{component}/{uid}/{key}/config", json.dumps(config)))
+    return out
