@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 
 from . import __version__, systemd
+from .api import ApiServer
 from .bundle import Bundle, ensure_demo_bundle, load_bundle
 from .capture import Camera
 from .commands import command_table
@@ -89,7 +90,9 @@ class Daemon:
         self.started = time.time()
         self.gate: Gate = OpenGate()
         self.inspections = InspectionQueue(config.inspection.queue_size)
-        self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days)
+        # Unsent rows are kept through retention only while an outbox will ever send them.
+        self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days,
+                               keep_unsent=config.mqtt.enabled)
         self.inspector: Inspector | None = None
         self.rigs: dict[str, CameraRig] = {}
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
@@ -102,6 +105,10 @@ class Daemon:
         self._telemetry_mark = (time.monotonic(), 0)
         if config.mqtt.enabled:
             self._add_mqtt(config)
+        self.api: ApiServer | None = None
+        if config.api.enabled:
+            self.api = ApiServer(self, config.api)
+            self.services.append(self.api)
 
     def _add_mqtt(self, config: Config) -> None:
         self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
@@ -141,7 +148,7 @@ class Daemon:
         self.worker.stop()  # finishes and journals the inspection in progress
         for service in reversed(self.services):
             try:
-                service.stop()
+                service.stop()  # a service that never started must tolerate stop()
             except Exception:
                 log.exception("daemon: stopping %s failed", type(service).__name__)
         if self.inspector is not None:
@@ -158,9 +165,9 @@ class Daemon:
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
-        self.start()
         watchdog = systemd.watchdog_interval()
         try:
+            self.start()
             while not self._stop.wait(min(watchdog or 1.0, 1.0)):
                 if self._reload.is_set():
                     self._reload.clear()

@@ -140,6 +140,20 @@ class MqttConfig(_Section):
                                                description="Home Assistant discovery.")
 
 
+class ApiConfig(_Section):
+    enabled: bool = Field(True, description="Serve the REST API, OpenAI endpoint, metrics and status page.")
+    host: str = Field("0.0.0.0", description="Bind address; 127.0.0.1 keeps everything on the device.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    token: SecretStr | None = Field(
+        None, description="Bearer token for inference and mutating endpoints. Without one, those "
+        "endpoints answer only clients on loopback; read-only status is always open.")
+    threads: int = Field(6, ge=2, le=64, description="WSGI worker threads (live event streams hold one each).")
+    max_request_mb: float = Field(16, gt=0, le=512, description="Largest accepted request body.")
+    allow_remote_image_urls: bool = Field(
+        False, description="Let /v1/chat/completions fetch http(s) image URLs (data: URLs always work).")
+    request_timeout_s: float = Field(60, gt=0, description="How long an API request waits for its verdict.")
+
+
 class Config(_Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
@@ -154,6 +168,7 @@ class Config(_Section):
                                          description="The shared inspection queue.")
     journal: JournalConfig = Field(default_factory=JournalConfig, description="The result journal.")
     mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT broker connection.")
+    api: ApiConfig = Field(default_factory=ApiConfig, description="The local HTTP API and status page.")
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:

@@ -17,5 +17,9 @@ class ImageError(EdgeRuntimeError):
     """An input image is empty, corrupt, of an unsupported format, or of unacceptable size."""
 
 
+class ImageTooLarge(ImageError):
+    """The image declares more pixels than allowed (a decompression bomb or a wrong camera mode)."""
+
+
 class InferenceError(EdgeRuntimeError):
     """The model ran but did not produce a usable verdict (e.g. ran out of tokens)."""

@@ -101,9 +101,9 @@ class Inspector:
 
     def generate(self, prefix: list[int], embeds: np.ndarray | None, suffix: list[int],
                  grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,
-                 on_text: Callable[[str], None] | None = None) -> Generation:
+                 on_text: Callable[[str], None] | None = None, stop: list[str] | None = None) -> Generation:
         with self._lock:
-            return self.language.generate(prefix, embeds, suffix, grammar, max_tokens, sampling, on_text)
+            return self.language.generate(prefix, embeds, suffix, grammar, max_tokens, sampling, on_text, stop)
 
     def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
                 seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,

@@ -81,7 +81,7 @@ class LanguageModel:
     def generate(
         self, prefix: list[int], image_embeds: np.ndarray | None, suffix: list[int],
         grammar: str | None, max_tokens: int, sampling: Sampling | None = None,
-        on_text: Callable[[str], None] | None = None,
+        on_text: Callable[[str], None] | None = None, stop: list[str] | None = None,
     ) -> Generation:
         """Prefill prefix + image embeddings + suffix, then generate until end or max_tokens."""
         n_image = 0 if image_embeds is None else int(image_embeds.shape[0])
@@ -115,6 +115,9 @@ class LanguageModel:
                     finish = "stop"
                     break
                 out.append(piece)
+                if stop and any(s in picker.emitted.decode("utf-8", "ignore") for s in stop):
+                    finish = "stop"
+                    break
                 if on_text is not None:
                     delta = picker.text_so_far_delta()
                     if delta:
@@ -123,8 +126,11 @@ class LanguageModel:
         finally:
             picker.close()
         decode_ms = (time.perf_counter() - t1) * 1000
+        text = b"".join(out).decode("utf-8", errors="replace")
+        for s in stop or []:
+            text = text.split(s, 1)[0]  # OpenAI semantics: the stop string is not returned
         return Generation(
-            text=b"".join(out).decode("utf-8", errors="replace"), tokens=len(out),
+            text=text, tokens=len(out),
             prompt_tokens=prompt_tokens, prefill_ms=prefill_ms, decode_ms=decode_ms,
             finish_reason=finish, prefix_reused=reused,
         )

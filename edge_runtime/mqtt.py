@@ -100,7 +100,8 @@ class MqttService:
         """Announce `offline` (a clean shutdown sends no Last Will), then disconnect."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
         if self.connected:
             info = self.client.publish(self.status_topic, "offline", qos=1, retain=True)
             try:

@@ -56,14 +56,15 @@ class OpenGate:
 
 @dataclass
 class InspectionRequest:
-    image: np.ndarray
+    image: np.ndarray | None
     camera: str
     prompt: str | None = None
     seq: int = 0
     capture_ms: float = 0.0
     trigger: str = "api"
     journal: bool = True
-    future: Future[Result] = field(default_factory=Future)
+    job: Callable[[Any], Any] | None = None  # runs instead of an inspection (chat completions)
+    future: Future[Any] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -74,7 +75,7 @@ class InspectionQueue:
         self._q: queue.Queue[InspectionRequest | None] = queue.Queue(maxsize)
         self.maxsize = maxsize
 
-    def submit(self, request: InspectionRequest) -> Future[Result]:
+    def submit(self, request: InspectionRequest) -> Future[Any]:
         try:
             self._q.put_nowait(request)
         except queue.Full:
@@ -224,7 +225,8 @@ class InspectionWorker:
         """Finish the inspection in progress (its result is journaled), then stop."""
         self._stop.set()
         self.inspections.wake()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def alive(self, max_busy_s: float) -> bool:
         """True while the loop turns and no single inspection has hung."""
@@ -260,8 +262,10 @@ class InspectionWorker:
         while (leftover := self.inspections.get(timeout=0)) is not None:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
 
-    def _inspect(self, request: InspectionRequest) -> Result:
+    def _inspect(self, request: InspectionRequest) -> Any:
         inspector = self.get_inspector()
+        if request.job is not None:
+            return request.job(inspector)
         gate = self.gate.decision()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
                                            seq=request.seq, capture_ms=request.capture_ms,

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from .bundle import Preprocess
-from .errors import ImageError
+from .errors import ImageError, ImageTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,14 @@ def decode_image(data: bytes, max_pixels: int = 50_000_000, min_side: int = 16) 
         with Image.open(io.BytesIO(data)) as header:
             fmt, (width, height) = header.format, header.size
     except Image.DecompressionBombError:
-        raise ImageError("the image declares too many pixels (decompression bomb refused)") from None
+        raise ImageTooLarge("the image declares too many pixels (decompression bomb refused)") from None
     except Exception:  # noqa: BLE001 - Pillow raises many types for garbage input
         raise ImageError("the data is not an image in a supported format "
                          f"({', '.join(sorted(SUPPORTED_FORMATS))})") from None
     if fmt not in SUPPORTED_FORMATS:
         raise ImageError(f"unsupported image format {fmt}; use one of {', '.join(sorted(SUPPORTED_FORMATS))}")
     if width * height > max_pixels:
-        raise ImageError(f"the image declares {width}x{height} pixels, more than the limit of "
+        raise ImageTooLarge(f"the image declares {width}x{height} pixels, more than the limit of "
                          f"{max_pixels} pixels")
     if min(width, height) < min_side:
         raise ImageError(f"the image is {width}x{height} pixels; each side must be at least {min_side}")

@@ -30,6 +30,7 @@ def daemon_config(tmp_path: Path, demo_dir: Path, cameras: list[CameraConfig]) -
     cfg = Config(device_id="line-1", data_dir=tmp_path)
     cfg.model.path = demo_dir
     cfg.model.threads = 2
+    cfg.api.port = 0
     cfg.cameras = cameras
     return cfg
 

@@ -38,7 +38,8 @@ def wait_until(cond, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-
 
 
 def write_config(path: Path, data: Path, model: Path, cameras: list[tuple[str, Path]]) -> None:
-    lines = [f"device_id: proc-test\ndata_dir: {data}\nmodel:\n  path: {model}\n  threads: 2\ncameras:\n"]
+    lines = [f"device_id: proc-test\ndata_dir: {data}\nmodel:\n  path: {model}\n  threads: 2\n"
+             "api:\n  port: 0\nmqtt:\n  enabled: false\ncameras:\n"]
     for name, video in cameras:
         lines.append(f"  - name: {name}\n    source: {video}\n    fps: 30\n"
                      "    trigger: {mode: interval, interval_s: 0.1}\n")

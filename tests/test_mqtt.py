@@ -86,6 +86,7 @@ def make_config(tmp_path: Path, demo_dir: Path, video: Path, port: int, interval
     cfg = Config(device_id="mq-test", data_dir=tmp_path / "data")
     cfg.model.path = demo_dir
     cfg.model.threads = 2
+    cfg.api.port = 0
     cfg.cameras = [CameraConfig(name="belt", source=str(video), fps=30,
                                 trigger=TriggerConfig(mode="interval", interval_s=interval))]
     cfg.mqtt = MqttConfig.model_validate({**cfg.mqtt.model_dump(), "host": "127.0.0.1", "port": port,

@@ -1,0 +1,93 @@
+"""Prometheus metrics with prometheus-client, in a registry of our own (no process globals).
+
+Latencies and verdict counts are observed as results arrive; camera, queue, broker and governor
+figures are read from the daemon's status at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..result import STAGES, Result
+
+_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
+_CAMERA_STATES = ("connecting", "streaming", "reconnecting", "failed", "ended", "stopped")
+
+
+class StatusCollector(Collector):
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterator[Any]:
+        s = self.status()
+        frames = CounterMetricFamily("edge_camera_frames", "Frames per camera by outcome",
+                                     labels=["camera", "outcome"])
+        state = GaugeMetricFamily("edge_camera_state", "1 for the camera's current state",
+                                  labels=["camera", "state"])
+        fps = GaugeMetricFamily("edge_camera_fps", "Frames captured per second", labels=["camera"])
+        for cam in s["cameras"]:
+            for outcome, value in cam["frames"].items():
+                frames.add_metric([cam["name"], outcome], value)
+            for st in _CAMERA_STATES:
+                state.add_metric([cam["name"], st], 1.0 if cam["state"] == st else 0.0)
+            fps.add_metric([cam["name"]], cam["fps"])
+        yield from (frames, state, fps)
+        yield GaugeMetricFamily("edge_ready", "Model loaded and warmed up", value=1.0 if s["ready"] else 0.0)
+        yield GaugeMetricFamily("edge_queue_depth", "Inspections waiting", value=s["inspection"]["queue_depth"])
+        yield GaugeMetricFamily("edge_queue_capacity", "Inspection queue size", value=s["inspection"]["queue_size"])
+        yield CounterMetricFamily("edge_inspection_errors", "Failed inspections", value=s["inspection"]["errors"])
+        yield GaugeMetricFamily("edge_journal_results", "Results in the journal", value=s["journal"]["total"])
+        yield GaugeMetricFamily("edge_outbox_backlog", "Results not yet acknowledged by the broker",
+                                value=s["journal"]["unsent"])
+        mqtt = s.get("mqtt") or {}
+        if mqtt.get("enabled"):
+            yield GaugeMetricFamily("edge_mqtt_connected", "1 while connected to the broker",
+                                    value=1.0 if mqtt.get("connected") else 0.0)
+            yield CounterMetricFamily("edge_mqtt_published", "Results acknowledged by the broker",
+                                      value=mqtt.get("published", 0))
+        yield from governor_metrics(s.get("governor"))
+
+
+def governor_metrics(gov: dict[str, Any] | None) -> Iterator[Any]:
+    if not gov:
+        return
+    level = GaugeMetricFamily("edge_governor_level", "Governor level (0 normal .. 3 paused)")
+    level.add_metric([], gov.get("level_index", 0))
+    yield level
+    temps = GaugeMetricFamily("edge_temperature_celsius", "Temperatures by sensor", labels=["sensor"])
+    for name, value in (gov.get("temperatures") or {}).items():
+        temps.add_metric([name], value)
+    yield temps
+    power = GaugeMetricFamily("edge_power_watts", "Power by rail", labels=["rail"])
+    for name, value in (gov.get("power") or {}).items():
+        power.add_metric([name], value)
+    yield power
+
+
+class Metrics:
+    """The registry plus the result-driven instruments."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.stage = Histogram("edge_stage_latency_ms", "Pipeline stage latency in milliseconds",
+                               ["stage"], buckets=_BUCKETS_MS, registry=self.registry)
+        self.results = Counter("edge_results", "Results by camera and verdict", ["camera", "verdict"],
+                               registry=self.registry)
+        self.energy = Counter("edge_inspection_energy_joules", "Energy spent on inspections",
+                              registry=self.registry)
+        self.registry.register(StatusCollector(status))
+
+    def observe(self, result: Result) -> None:
+        for stage in STAGES:
+            if stage in result.timings_ms:
+                self.stage.labels(stage).observe(result.timings_ms[stage])
+        defect = result.verdict.get("defect")
+        label = "defect" if defect is True else "ok" if defect is False else "other"
+        self.results.labels(result.camera, label).inc()
+        if result.energy_j:
+            self.energy.inc(result.energy_j)
