@@ -32,7 +32,7 @@ demo: venv
 	$(BIN)/edge-runtime run --demo
 
 lint: venv
-	$(BIN)/ruff check edge_runtime models tests benchmarks
+	$(BIN)/ruff check
 
 typecheck: venv
 	$(BIN)/mypy

@@ -32,6 +32,7 @@ from .errors import EdgeRuntimeError
 from .inspector import Inspector
 from .journal import Journal
 from .mqtt import MqttService, homeassistant_discovery
+from .power import GovernorGate, GovernorService, detect_sensor
 from .result import Result, utc_now
 from .scheduler import (
     CameraSchedule,
@@ -98,6 +99,9 @@ class Daemon:
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
                                        self._stats_for)
         self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
+        self.governor: GovernorService | None = None
+        if config.governor.enabled:
+            self._add_governor(config)
         self.mqtt: MqttService | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -109,6 +113,16 @@ class Daemon:
         if config.api.enabled:
             self.api = ApiServer(self, config.api)
             self.services.append(self.api)
+
+    def _add_governor(self, config: Config) -> None:
+        try:
+            sensor = detect_sensor(config.governor.sensor, config.governor.replay_file)
+        except (RuntimeError, ValueError) as exc:
+            raise EdgeRuntimeError(f"governor: {exc}") from None
+        self.governor = GovernorService(config.governor, sensor)
+        self.set_gate(GovernorGate(self.governor))
+        self.worker.energy = self.governor.energy_j
+        self.services.append(self.governor)
 
     def _add_mqtt(self, config: Config) -> None:
         self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
@@ -131,10 +145,12 @@ class Daemon:
         t0 = time.perf_counter()
         self.inspector = self._load_inspector(self.config)
         self.worker.start()
+        for service in self.services:  # governor first: cameras start behind its gate
+            service.start()
         for cfg in self.config.cameras:
             self._start_camera(cfg)
-        for service in self.services:
-            service.start()
+        if self.mqtt is not None:
+            self.mqtt.publish_discovery()
         log.info("daemon: ready in %.1f s (model %s, %d cameras)", time.perf_counter() - t0,
                  self.inspector.model_name, len(self.rigs))
         systemd.notify("READY=1\nSTATUS=inspecting")
@@ -220,6 +236,8 @@ class Daemon:
         for name, cfg in new_cams.items():
             if name not in self.rigs:
                 self._start_camera(cfg)
+        if self.mqtt is not None:
+            self.mqtt.publish_discovery()
         log.info("daemon: config reloaded (%d cameras)", len(self.rigs))
         systemd.notify("READY=1")
 
@@ -271,7 +289,8 @@ class Daemon:
             "model": inspector.bundle.describe() if inspector else None,
             "cameras": cameras,
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
-                           "inspected": self.worker.inspected, "errors": self.worker.errors},
+                           "inspected": self.worker.inspected, "errors": self.worker.errors,
+                           "energy_j_last": self.worker.last_energy_j},
             "journal": self.journal.counts(),
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
@@ -288,6 +307,7 @@ class Daemon:
             "inspections_per_min": round((inspected - before) * 60 / max(now - then, 1e-6), 2),
             "queue_depth": status["inspection"]["queue_depth"],
             "outbox_backlog": status["journal"]["unsent"],
+            "energy_j_last_inspection": status["inspection"]["energy_j_last"],
             "cameras": [{"name": c["name"], "state": c["state"], "fps": c["fps"],
                          "captured": c["frames"]["captured"], "dropped": c["frames"]["dropped"],
                          "inspected": c["frames"]["inspected"]} for c in status["cameras"]],

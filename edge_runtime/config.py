@@ -154,6 +154,36 @@ class ApiConfig(_Section):
     request_timeout_s: float = Field(60, gt=0, description="How long an API request waits for its verdict.")
 
 
+class JetsonActions(_Section):
+    jetson_clocks_off: bool = Field(False, description="Turn jetson_clocks off when throttling (needs the "
+                                    "jtop service and permission).")
+    low_power_mode: int | str | None = Field(None, description="nvpmodel mode to switch to at minimal/paused.")
+    normal_power_mode: int | str | None = Field(None, description="nvpmodel mode to restore at normal.")
+
+
+class GovernorConfig(_Section):
+    enabled: bool = Field(True, description="Hold the thermal and power budget.")
+    sensor: Literal["auto", "jtop", "nvml", "sysfs", "replay", "none"] = Field(
+        "auto", description="Sensor backend; auto tries jtop, NVML, then sysfs.")
+    replay_file: Path | None = Field(None, description="Recorded trace (JSONL or CSV) for sensor: replay.")
+    interval_s: float = Field(1.0, ge=0.1, le=60, description="Seconds between sensor readings.")
+    max_temp_c: float | None = Field(None, description="Hottest sensor limit; empty: the lowest trip "
+                                     "point read at run time minus trip_margin_c.")
+    trip_margin_c: float = Field(10, ge=0, description="Stay this far below the lowest trip point.")
+    emergency_margin_c: float = Field(5, gt=0, description="This far over the limit pauses at once.")
+    temp_hysteresis_c: float = Field(5, gt=0, description="Recover only this far below the limit.")
+    max_power_w: float | None = Field(None, gt=0, description="Average power budget in watts (empty: none).")
+    power_window_s: float = Field(10, gt=0, description="Window of the power average.")
+    power_hysteresis: float = Field(0.1, ge=0, lt=1, description="Recover only below budget x (1 - this).")
+    step_down_after_s: float = Field(3, ge=0, description="Least time between two steps down.")
+    recover_after_s: float = Field(30, gt=0, description="Calm time before a step up; doubles after a "
+                                   "step up that did not hold.")
+    recover_max_s: float = Field(600, gt=0, description="Longest wait before a step up.")
+    reduced_rate: float = Field(0.5, gt=0, le=1, description="Inspection rate factor at the reduced level.")
+    minimal_rate: float = Field(0.2, gt=0, le=1, description="Inspection rate factor at the minimal level.")
+    jetson_actions: JetsonActions = Field(default_factory=JetsonActions, description="Optional Jetson actions.")
+
+
 class Config(_Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
@@ -169,6 +199,7 @@ class Config(_Section):
     journal: JournalConfig = Field(default_factory=JournalConfig, description="The result journal.")
     mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT broker connection.")
     api: ApiConfig = Field(default_factory=ApiConfig, description="The local HTTP API and status page.")
+    governor: GovernorConfig = Field(default_factory=GovernorConfig, description="Thermal/power governor.")
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:

@@ -139,10 +139,14 @@ class MqttService:
         log.info("mqtt: connected to %s:%d", self.cfg.host, self.cfg.port)
         client.publish(self.status_topic, "online", qos=1, retain=True)
         client.subscribe(f"{self.prefix}/cmd/+", qos=1)
-        if self.discovery is not None:
-            for topic, payload in self.discovery():
-                client.publish(topic, payload, qos=1, retain=True)
+        self.publish_discovery()
         self._wake.set()
+
+    def publish_discovery(self) -> None:
+        """(Re)publish Home Assistant discovery configs; called on connect and when cameras change."""
+        if self.discovery is not None and self.connected:
+            for topic, payload in self.discovery():
+                self.client.publish(topic, payload, qos=1, retain=True)
 
     def _on_disconnect(self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
                        _props: Properties | None) -> None:

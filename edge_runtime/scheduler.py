@@ -215,6 +215,8 @@ class InspectionWorker:
         self.busy_since: float | None = None
         self.inspected = 0
         self.errors = 0
+        self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
+        self.last_energy_j: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inspector", daemon=True)
 
@@ -267,9 +269,12 @@ class InspectionWorker:
         if request.job is not None:
             return request.job(inspector)
         gate = self.gate.decision()
+        t0 = time.monotonic()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
                                            seq=request.seq, capture_ms=request.capture_ms,
                                            governor=gate.state)
+        if self.energy is not None:
+            result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
         if request.journal:
             self.journal.add(result)  # durable before anyone else sees it
         self.inspected += 1

@@ -116,7 +116,7 @@ def test_results_arrive_as_valid_json_with_status_and_telemetry(
     try:
         daemon = start_daemon(make_config(tmp_path, demo_dir, video, broker.port), daemons)
         wait_for(lambda: len(sub.on(f"{PREFIX}/belt/result")) >= 3, what="3 results")
-        wait_for(lambda: sub.on(f"{PREFIX}/telemetry"), what="telemetry")
+        wait_for(lambda: any(json.loads(t)["cameras"] for t in sub.on(f"{PREFIX}/telemetry")), what="telemetry")
         assert sub.on(f"{PREFIX}/status")[0] == b"online"
         for payload in sub.on(f"{PREFIX}/belt/result"):
             result = json.loads(payload)
@@ -291,8 +291,10 @@ def test_commands_get_replies_with_the_correlation_id(tmp_path: Path, demo_dir: 
 
 def test_home_assistant_discovery_is_retained(tmp_path: Path, demo_dir: Path, video: Path, broker: Broker,
                                               daemons: list[Daemon]) -> None:
-    start_daemon(make_config(tmp_path, demo_dir, video, broker.port,
-                             homeassistant={"enabled": True}), daemons)
+    daemon = start_daemon(make_config(tmp_path, demo_dir, video, broker.port,
+                                      homeassistant={"enabled": True}), daemons)
+    wait_for(lambda: daemon.status()["mqtt"]["connected"], what="connected")
+    time.sleep(0.5)  # a consumer that arrives later must get the configs from the broker (retained)
     sub = Subscriber(broker.port, "homeassistant/#")
     try:
         wait_for(lambda: len(sub.messages) >= 3, what="discovery configs")
