@@ -93,6 +93,15 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
+    from .doctor import Doctor, as_json, render_table
+
+    logging.getLogger("edge_runtime").setLevel(logging.WARNING)  # the table is the output
+    checks = Doctor(config, args.model).run()
+    print(json.dumps(as_json(checks), indent=2) if args.json else render_table(checks))
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
 def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.demo import build_demo_bundle
 
@@ -143,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--pretty", action="store_true", help="indent the JSON")
     infer.add_argument("--no-warmup", action="store_true", help="skip the warm-up inspection")
     infer.set_defaults(func=cmd_infer)
+
+    doctor = sub.add_parser("doctor", help="check this device: platform, GPU, engines, sensors, cameras, broker")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--model", metavar="DIR", help="model bundle folder to check")
+    doctor.set_defaults(func=cmd_doctor)
 
     models = sub.add_parser("models", help="build and check model bundles")
     msub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
