@@ -93,6 +93,21 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, config: Config) -> int:
+    from .bench import plot, render, run_bench
+
+    config.model.warmup = True
+    inspector = open_inspector(config, args.model)
+    try:
+        report = run_bench(inspector, frames=args.frames, progress=not args.json and sys.stderr.isatty())
+    finally:
+        inspector.close()
+    print(report.to_json() if args.json else render(report))
+    if args.plot:
+        plot(report, Path(args.plot))
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
     from .doctor import Doctor, as_json, render_table
 
@@ -110,6 +125,16 @@ def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
     out = Path(args.dir) if args.dir else demo_bundle_dir(config.data_dir)
     bundle = load_bundle(build_demo_bundle(out, quant=args.quant))
     print(json.dumps(bundle.describe()))
+    return 0
+
+
+def cmd_models_bench(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.realistic import build_bench_bundle
+
+    from .bundle import load_bundle
+
+    out = Path(args.dir) if args.dir else config.data_dir / "models" / args.name
+    print(json.dumps(load_bundle(build_bench_bundle(args.name, out)).describe()))
     return 0
 
 
@@ -153,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--no-warmup", action="store_true", help="skip the warm-up inspection")
     infer.set_defaults(func=cmd_infer)
 
+    bench = sub.add_parser("bench", help="per-stage timings and ratios against the raw engines")
+    bench.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
+    bench.add_argument("--frames", type=int, default=20, help="images to inspect (default 20)")
+    bench.add_argument("--json", action="store_true", help="print the JSON report")
+    bench.add_argument("--plot", metavar="PNG", help="also write the stage breakdown as a PNG")
+    bench.set_defaults(func=cmd_bench)
+
     doctor = sub.add_parser("doctor", help="check this device: platform, GPU, engines, sensors, cameras, broker")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--model", metavar="DIR", help="model bundle folder to check")
@@ -164,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/demo)")
     demo.add_argument("--quant", choices=["Q8_0", "Q4_0", "F16"], default="Q8_0")
     demo.set_defaults(func=cmd_models_demo)
+    from edge_runtime_models.realistic import BENCH_BUNDLES
+
+    benchb = msub.add_parser("bench", help="build a realistic-shape random bundle for benchmarks")
+    benchb.add_argument("name", choices=sorted(BENCH_BUNDLES))
+    benchb.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/NAME)")
+    benchb.set_defaults(func=cmd_models_bench)
     verify = msub.add_parser("verify", help="check a bundle: manifest, files, checksums, widths")
     verify.add_argument("dir")
     verify.set_defaults(func=cmd_models_verify)

@@ -68,6 +68,14 @@ class LanguageModel:
         self._tokens = llama_cpp.llama_batch_init(batch_size, 0, 1)
         self._embeds = llama_cpp.llama_batch_init(batch_size, self.n_embd, 1)
         self._cached_prefix: list[int] = []
+        # Per-token lookups done once per model, not once per generated token.
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        self._pieces: dict[int, bytes] = {}
+        self.candidates = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
+        self.candidates["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self.candidates_c = llama_cpp.llama_token_data_array(
+            self.candidates.ctypes.data_as(llama_cpp.llama_token_data_p), self.n_vocab, -1, False)
 
     @property
     def llm(self) -> llama_cpp.Llama:
@@ -192,6 +200,12 @@ class LanguageModel:
             raise InferenceError(f"llama_decode failed with code {rc}")
 
     def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._render_piece(token)
+        return piece
+
+    def _render_piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
         if n < 0:
@@ -223,14 +237,13 @@ class _TokenPicker:
         self.lm = lm
         self.sampling = sampling
         self.rng = np.random.default_rng(sampling.seed)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(lm._vocab)
+        self.n_vocab = lm.n_vocab
         self.grammar = None
         if grammar:
             self.grammar = llama_cpp.llama_sampler_init_grammar(lm._vocab, grammar.encode(), b"root")
             if not self.grammar:
                 raise InferenceError("the JSON schema could not be turned into a llama.cpp grammar")
-        self.cand = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
-        self.cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self.cand = lm.candidates  # owned by the model; one generation at a time
         self.pending = b""  # bytes of an unfinished UTF-8 character
         self.emitted = b""
         self._reported = 0
@@ -238,18 +251,20 @@ class _TokenPicker:
     def next_token(self) -> tuple[int, bytes]:
         """(token, its bytes), or (-1, b"") at end of generation."""
         ptr = llama_cpp.llama_get_logits_ith(self.lm.llm.ctx, -1)
-        self.cand["logit"] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        self.cand["p"] = 0.0
-        if self.grammar is not None:
-            arr = llama_cpp.llama_token_data_array(
-                self.cand.ctypes.data_as(llama_cpp.llama_token_data_p), self.n_vocab, -1, False)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        if self.grammar is None:
+            scores = logits.copy()
+        else:
+            self.cand["logit"] = logits
+            arr = self.lm.candidates_c
+            arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(arr))
-        scores = self.cand["logit"].copy()
+            scores = self.cand["logit"].copy()
         while True:
             token = self._choose(scores)
             if token < 0:
                 return -1, b""
-            if llama_cpp.llama_vocab_is_eog(self.lm._vocab, token):
+            if token in self.lm.eog:
                 if self.pending:  # never stop inside a character
                     scores[token] = _NEG_INF
                     continue

@@ -177,6 +177,7 @@ class CameraSchedule:
     def _inspect(self, frame: Frame, trigger: str, gate: GateDecision) -> None:
         request = InspectionRequest(frame.image, self.camera.name, self.prompt, frame.seq,
                                     frame.capture_ms, trigger)
+        started = time.monotonic()
         try:
             future = self.inspections.submit(request)
         except QueueFull:
@@ -187,14 +188,15 @@ class CameraSchedule:
         while not self._stop.is_set():
             try:
                 future.result(timeout=0.5)
-                return
+                break
             except FutureTimeout:
                 continue
             except Exception:  # noqa: BLE001 - the worker already counted and logged it
-                return
-        if gate.rate_factor < 1.0 and trigger == "continuous":
-            # A governor at reduced rate spaces continuous inspections out by the same factor.
-            self._stop.wait(0.1 / max(gate.rate_factor, 1e-3))
+                break
+        if trigger == "continuous" and gate.rate_factor < 1.0:
+            # Throttled continuous mode keeps the model busy only `rate_factor` of the time.
+            busy = time.monotonic() - started
+            self._stop.wait(busy * (1.0 / max(gate.rate_factor, 1e-3) - 1.0))
 
 
 ResultListener = Callable[[Result], None]

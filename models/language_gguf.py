@@ -23,6 +23,7 @@ class LanguageShape:
     kv_heads: int = 2
     ffn: int = 384
     context: int = 2048
+    vocab: int = 0  # pad the tokenizer's vocabulary to this size (real models' embedding tables)
 
 
 # Quantization by name; Q8_0/Q4_0 need rows that are multiples of 32, K-quants of 256.
@@ -39,7 +40,9 @@ def write_language_model(
 ) -> None:
     qtype, ftype = QUANT_TYPES[quant]
     rng = np.random.default_rng(seed)
-    vocab = len(tokenizer.tokens)
+    tokens = list(tokenizer.tokens)
+    tokens += [f"<|unused_{i}|>" for i in range(max(0, shape.vocab - len(tokens)))]
+    vocab = len(tokens)
     d, dh = shape.width, shape.width // shape.heads
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -58,10 +61,11 @@ def write_language_model(
 
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokenizer.tokens)
+    w.add_token_list(tokens)
     special_ids = set(tokenizer.special.values())
     w.add_token_types([
-        gguf.TokenType.CONTROL if i in special_ids else gguf.TokenType.NORMAL for i in range(vocab)
+        gguf.TokenType.CONTROL if i in special_ids else
+        gguf.TokenType.UNUSED if i >= len(tokenizer.tokens) else gguf.TokenType.NORMAL for i in range(vocab)
     ])
     w.add_token_merges(tokenizer.merges)
     w.add_bos_token_id(tokenizer.special["<|endoftext|>"])
@@ -69,7 +73,7 @@ def write_language_model(
     w.add_add_bos_token(False)
 
     def matrix(name: str, rows: int, cols: int, std: float) -> None:
-        data = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+        data = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std)
         q = gguf.quants.quantize(data, qtype)
         w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
 

@@ -45,7 +45,7 @@ class _Graph:
         return name
 
     def weight(self, name: str, shape: tuple[int, ...], std: float) -> str:
-        return self.const(name, (self.rng.standard_normal(shape) * std).astype(np.float32))
+        return self.const(name, self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
 
     def op(self, op_type: str, inputs: list[str], **attrs: object) -> str:
         self._n += 1

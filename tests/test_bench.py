@@ -1,0 +1,26 @@
+"""`edge-runtime bench` runs the real pipeline and the raw engines on the demo bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_reports_stages_ratios_and_a_plot(tmp_path: Path, demo_dir: Path) -> None:
+    plot = tmp_path / "stages.png"
+    proc = subprocess.run([sys.executable, "-m", "edge_runtime", "--log-level", "warning", "bench", "--model",
+                           str(demo_dir), "--frames", "4", "--json", "--plot", str(plot)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["stages_ms"]) == {"decode_image", "preprocess", "encode", "prefill", "generate", "total"}
+    assert all(v["p95"] >= v["p50"] > 0 for v in report["stages_ms"].values())
+    assert report["raw"]["gen_tok_s"] > 0 and report["tokens"]["gen_tok_s"] > 0
+    assert 0 < report["ratios"]["generation_throughput_ours_vs_raw"]
+    assert report["prefix_cache"]["fixed_prompt_tokens"] > 200
+    assert report["throughput"]["sequential_per_s"] > 0 and report["peak_rss_mb"] > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
