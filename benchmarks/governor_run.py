@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import edge_runtime.language  # noqa: F401 - llama_cpp before numpy (FACTS.md)
+import edge_runtime.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
 from edge_runtime.app import Daemon
 from edge_runtime.config import CameraConfig, Config, GovernorConfig, TriggerConfig
 from edge_runtime.samples import write_sample_video

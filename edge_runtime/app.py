@@ -6,8 +6,8 @@ inspection in progress finishes and is journaled), SIGHUP reloads the config fil
 
 from __future__ import annotations
 
-# llama_cpp must load before numpy/OpenCV for the CUDA build (FACTS.md).
-from . import language  # noqa: F401
+# The native engines load first, in their one safe order (engines.py).
+from . import engines  # noqa: F401
 
 # isort: split
 

@@ -8,6 +8,8 @@ inspections/s sequentially and with the encoder of frame N+1 overlapped with gen
 
 from __future__ import annotations
 
+from .engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (engines.py)
+
 import json
 import resource
 import statistics
@@ -18,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-import llama_cpp
 import numpy as np
 
 from .inspector import Inspector

@@ -44,7 +44,7 @@ def resolve_bundle(config: Config, model_dir: str | None) -> Bundle:
 
 
 def open_inspector(config: Config, model_dir: str | None) -> Inspector:
-    from .inspector import Inspector  # imports llama_cpp before numpy (see language.py)
+    from .inspector import Inspector
 
     return Inspector(resolve_bundle(config, model_dir), config.model, config.device_id)
 
@@ -196,10 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/demo)")
     demo.add_argument("--quant", choices=["Q8_0", "Q4_0", "F16"], default="Q8_0")
     demo.set_defaults(func=cmd_models_demo)
-    from edge_runtime_models.realistic import BENCH_BUNDLES
+    from edge_runtime_models.catalog import BENCH_BUNDLE_NAMES
 
     benchb = msub.add_parser("bench", help="build a realistic-shape random bundle for benchmarks")
-    benchb.add_argument("name", choices=sorted(BENCH_BUNDLES))
+    benchb.add_argument("name", choices=BENCH_BUNDLE_NAMES)
     benchb.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/NAME)")
     benchb.set_defaults(func=cmd_models_bench)
     verify = msub.add_parser("verify", help="check a bundle: manifest, files, checksums, widths")

@@ -118,7 +118,7 @@ class Doctor:
         return Check("onnxruntime", "ok", detail)
 
     def llama_cpp(self) -> Check:
-        import llama_cpp
+        from .engines import llama_cpp
 
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
         detail = f"llama-cpp-python {llama_cpp.__version__}, GPU offload {'built in' if gpu else 'not built'}"

@@ -12,6 +12,8 @@ import math
 from functools import lru_cache
 from typing import Any
 
+from .engines import llama_cpp  # noqa: F401  # isort: skip - the engines' safe load order
+
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
 # Any character but quote, backslash and the control characters, or a JSON escape.

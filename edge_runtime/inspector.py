@@ -6,8 +6,8 @@ thread-safe) and `generate()` (the language model, one at a time under a lock).
 
 from __future__ import annotations
 
-# llama_cpp must load before numpy/OpenCV for the CUDA build (FACTS.md).
-from . import language  # noqa: F401
+# The native engines load first, in their one safe order (engines.py).
+from . import engines  # noqa: F401
 
 # isort: split
 
@@ -54,14 +54,14 @@ class Inspector:
         self.device_id = device_id
         m = bundle.manifest
         self.preprocessor = Preprocessor(m.preprocess)
-        self.vision = VisionEncoder(bundle.vision_path, m.vision.input, m.vision.output,
-                                    settings.providers, settings.threads)
+        self.language = LanguageModel(
+            bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
+            settings.batch_size, settings.reuse_prefix_cache)
         try:
-            self.language = LanguageModel(
-                bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
-                settings.batch_size, settings.reuse_prefix_cache)
+            self.vision = VisionEncoder(bundle.vision_path, m.vision.input, m.vision.output,
+                                        settings.providers, settings.threads)
         except BaseException:
-            self.vision.close()
+            self.language.close()
             raise
         self.default_prompt = settings.prompt or m.prompt.default
         self.max_tokens = settings.max_tokens or m.generation.max_tokens

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 import yaml
 
+from .catalog import BENCH_BUNDLE_NAMES
 from .demo import (
     _CORPUS,
     DEFAULT_PROMPT,
@@ -44,13 +45,12 @@ class BenchBundle:
         return f"{self.vision}-{self.language}"
 
 
-BENCH_BUNDLES = {b.name: b for b in (BenchBundle("siglip224", "qwen0.5b"), BenchBundle("siglip224", "qwen1.5b"),
-                                     BenchBundle("siglip384", "qwen0.5b"))}
+BENCH_BUNDLES = {b.name: b for b in (BenchBundle(*name.split("-")) for name in BENCH_BUNDLE_NAMES)}
 
 
 def quantize_gguf(src: Path, dst: Path, ftype: int = 15, threads: int = 0) -> None:
     """llama.cpp's quantizer (15 = Q4_K_M); rows that K-quants cannot take fall back as llama.cpp decides."""
-    import llama_cpp
+    from edge_runtime.engines import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype

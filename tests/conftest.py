@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from edge_runtime_models.demo import build_demo_bundle
 
-import edge_runtime.language  # noqa: F401 - llama_cpp before numpy (see FACTS.md)
+import edge_runtime.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
 from edge_runtime.bundle import Bundle, load_bundle
 from edge_runtime.config import Config
 from edge_runtime.inspector import Inspector

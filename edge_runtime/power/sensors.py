@@ -261,7 +261,8 @@ def detect_sensor(kind: str = "auto", replay_file: Path | None = None, sysfs_roo
     if kind == "none":
         return NullSensor()
     attempts: list[tuple[str, Callable[[], Sensor]]] = []
-    if kind in ("auto", "jtop"):
+    on_jetson = Path(sysfs_root, "etc/nv_tegra_release").exists() or Path(sysfs_root, "run/jtop.sock").exists()
+    if kind == "jtop" or (kind == "auto" and on_jetson):  # jtop probes the system when imported: Jetson only
         from .jetson import JtopSensor
         attempts.append(("jtop", JtopSensor))
     if kind in ("auto", "nvml"):
