@@ -54,10 +54,10 @@ class UnknownCamera(EdgeRuntimeError):
 class CameraRig:
     """A running camera and its trigger loop."""
 
-    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate) -> None:
+    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool) -> None:
         self.cfg = cfg
         self.camera = Camera(cfg)
-        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate)
+        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined)
         self._jpeg: tuple[int, bytes] | None = None
 
     def start(self) -> None:
@@ -97,7 +97,7 @@ class Daemon:
         self.inspector: Inspector | None = None
         self.rigs: dict[str, CameraRig] = {}
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
-                                       self._stats_for)
+                                       self._stats_for, overlap=config.inspection.overlap_stages)
         self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
         self.governor: GovernorService | None = None
         if config.governor.enabled:
@@ -329,7 +329,7 @@ class Daemon:
         if not cfg.enabled:
             log.info("daemon: camera %s is disabled", cfg.name)
             return
-        rig = CameraRig(cfg, self.inspections, self.gate)
+        rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages)
         self.rigs[cfg.name] = rig
         rig.start()
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)

@@ -104,6 +104,8 @@ class InspectionConfig(_Section):
     queue_size: int = Field(4, ge=1, le=256, description="Inspections waiting for the model; beyond this "
                             "cameras skip frames and the API answers 429.")
     jpeg_quality: int = Field(80, ge=10, le=100, description="Quality of the latest-frame JPEG per camera.")
+    overlap_stages: bool = Field(True, description="Encode the next frame while the language model generates "
+                                 "the current verdict (two pipeline stages).")
 
 
 class TlsConfig(_Section):

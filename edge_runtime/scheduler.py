@@ -65,6 +65,7 @@ class InspectionRequest:
     journal: bool = True
     job: Callable[[Any], Any] | None = None  # runs instead of an inspection (chat completions)
     future: Future[Any] = field(default_factory=Future)
+    encoded: threading.Event = field(default_factory=threading.Event)  # set once the encoder stage is done
     enqueued: float = field(default_factory=time.perf_counter)
 
 
@@ -123,8 +124,9 @@ class CameraSchedule:
     """The trigger loop of one camera."""
 
     def __init__(self, camera: Camera, trigger: TriggerConfig, prompt: str | None,
-                 inspections: InspectionQueue, gate: Gate) -> None:
+                 inspections: InspectionQueue, gate: Gate, pipelined: bool = True) -> None:
         self.camera = camera
+        self.pipelined = pipelined
         self.trigger = trigger
         self.prompt = prompt
         self.inspections = inspections
@@ -184,10 +186,14 @@ class CameraSchedule:
             self.stats.skipped_busy += 1
             self._stop.wait(0.05)
             return
-        # One in flight per camera: frames arriving meanwhile replace each other in the slot.
+        # One frame per camera in each stage: with pipelining the next frame may be encoded while this
+        # one is generated; frames arriving meanwhile replace each other in the slot (counted drops).
+        pipelined = self.pipelined and trigger == "continuous" and gate.rate_factor >= 1.0
         while not self._stop.is_set():
+            if pipelined and request.encoded.wait(0.5):
+                break
             try:
-                future.result(timeout=0.5)
+                future.result(timeout=0 if pipelined else 0.5)
                 break
             except FutureTimeout:
                 continue
@@ -206,7 +212,8 @@ class InspectionWorker:
     """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
 
     def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
-                 journal: Any, gate: Gate, stats_for: Callable[[str], ScheduleStats | None]) -> None:
+                 journal: Any, gate: Gate, stats_for: Callable[[str], ScheduleStats | None],
+                 overlap: bool = True) -> None:
         self.inspections = inspections
         self.get_inspector = get_inspector
         self.journal = journal
@@ -219,38 +226,70 @@ class InspectionWorker:
         self.errors = 0
         self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
         self.last_energy_j: float | None = None
+        self.overlap = overlap
         self._stop = threading.Event()
+        # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,
+        # so frame N+1 is decoded, preprocessed and encoded while frame N is generated.
+        self._handoff: queue.Queue[tuple[InspectionRequest, Any]] = queue.Queue(maxsize=1)
+        self._encoder = threading.Thread(target=self._encode_loop, name="encoder", daemon=True)
         self._thread = threading.Thread(target=self._run, name="inspector", daemon=True)
 
     def start(self) -> None:
+        self._encoder.start()
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the inspection in progress (its result is journaled), then stop."""
         self._stop.set()
         self.inspections.wake()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        for thread in (self._encoder, self._thread):
+            if thread.is_alive():
+                thread.join(timeout)
 
     def alive(self, max_busy_s: float) -> bool:
-        """True while the loop turns and no single inspection has hung."""
-        if not self._thread.is_alive():
+        """True while both stages turn and no single inspection has hung."""
+        if not (self._thread.is_alive() and self._encoder.is_alive()):
             return False
         if self.busy_since is not None:
             return time.monotonic() - self.busy_since < max_busy_s
         return time.monotonic() - self.heartbeat < 5.0
 
-    def _run(self) -> None:
+    def _encode_loop(self) -> None:
         while not self._stop.is_set():
-            self.heartbeat = time.monotonic()
             request = self.inspections.get(timeout=1.0)
-            if request is None:
+            if request is None or not request.future.set_running_or_notify_cancel():
                 continue
-            if not request.future.set_running_or_notify_cancel():
+            encoded: Any = None
+            if self.overlap and request.job is None and request.image is not None:
+                try:
+                    inspector = self.get_inspector()
+                    encoded = (inspector, inspector.encode(request.image))
+                except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
+                    encoded = exc
+            request.encoded.set()
+            while not self._stop.is_set():
+                try:
+                    self._handoff.put((request, encoded), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            else:
+                request.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _run(self) -> None:
+        while not self._stop.is_set() or not self._handoff.empty():
+            self.heartbeat = time.monotonic()
+            try:
+                request, encoded = self._handoff.get(timeout=1.0)
+            except queue.Empty:
                 continue
             self.busy_since = time.monotonic()
             try:
-                result = self._inspect(request)
+                if isinstance(encoded, Exception):
+                    raise encoded
+                if encoded is not None:  # encoded by a model that a reload has since replaced: redo
+                    encoded = encoded[1] if encoded[0] is self.get_inspector() else None
+                result = self._inspect(request, encoded)
             except Exception as exc:  # noqa: BLE001 - reported to the caller; the loop goes on
                 self.errors += 1
                 stats = self.stats_for(request.camera)
@@ -266,7 +305,7 @@ class InspectionWorker:
         while (leftover := self.inspections.get(timeout=0)) is not None:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
 
-    def _inspect(self, request: InspectionRequest) -> Any:
+    def _inspect(self, request: InspectionRequest, encoded: Any = None) -> Any:
         inspector = self.get_inspector()
         if request.job is not None:
             return request.job(inspector)
@@ -274,7 +313,7 @@ class InspectionWorker:
         t0 = time.monotonic()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
                                            seq=request.seq, capture_ms=request.capture_ms,
-                                           governor=gate.state)
+                                           governor=gate.state, encoded=encoded)
         if self.energy is not None:
             result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
         if request.journal:

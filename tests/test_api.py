@@ -144,7 +144,10 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
     release = threading.Event()
     real = d._current_inspector
 
-    class Blocked:
+    class Blocked:  # the language stage hangs until released; encoding works as usual
+        def encode(self, *a: Any, **k: Any) -> Any:
+            return real().encode(*a, **k)
+
         def inspect(self, *a: Any, **k: Any) -> Any:
             release.wait(10)
             return real().inspect(*a, **k)
@@ -152,18 +155,24 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
     try:
         c = d.api.app.test_client()  # type: ignore[union-attr]
         body = {"image": base64.b64encode(JPEG).decode()}
-        results: list[int] = []
-        threads = [threading.Thread(target=lambda: results.append(c.post("/api/v1/infer", json=body).status_code))
-                   for _ in range(2)]
-        for t in threads:
+        accepted: list[int] = []
+        threads: list[threading.Thread] = []
+        full = None
+        for _ in range(8):  # generating + handed over + encoding + queued, then the queue is full
+            response = c.post("/api/v1/infer", json=body) if len(threads) >= 4 else None
+            if response is not None:
+                full = response
+                break
+            t = threading.Thread(target=lambda: accepted.append(c.post("/api/v1/infer", json=body).status_code))
             t.start()
-            time.sleep(0.3)  # first: taken by the worker; second: waits in the queue
-        full = c.post("/api/v1/infer", json=body)
-        assert full.status_code == 429 and full.headers["Retry-After"] == "2"
+            threads.append(t)
+            time.sleep(0.3)
+        assert full is not None and full.status_code == 429 and full.headers["Retry-After"] == "2"
+        assert "queue is full" in full.json["error"]["message"]
         release.set()
         for t in threads:
-            t.join(10)
-        assert results == [200, 200]
+            t.join(15)
+        assert accepted == [200] * len(threads)  # everything accepted was answered
     finally:
         release.set()
         d.stop()

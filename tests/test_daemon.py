@@ -90,6 +90,9 @@ def test_slow_model_drops_frames_instead_of_queueing(run_daemon: Callable[..., D
         real = daemon._current_inspector
 
         class Slow:
+            def encode(self, *args: Any, **kwargs: Any) -> Any:
+                return real().encode(*args, **kwargs)
+
             def inspect(self, *args: Any, **kwargs: Any) -> Any:
                 time.sleep(0.4)
                 return real().inspect(*args, **kwargs)
