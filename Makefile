@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
-SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium
+SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
 
 .PHONY: venv demo test lint typecheck system-deps clean bench
 
