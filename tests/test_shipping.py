@@ -60,7 +60,7 @@ def test_flash_attn_patch_is_idempotent(flash_attn_sdist: Path, tmp_path: Path) 
 def test_flash_attn_patch_detects_a_changed_upstream_file(flash_attn_sdist: Path, tmp_path: Path) -> None:
     upstream = unpack(flash_attn_sdist, tmp_path)
     moved = upstream.replace('"80;90;100;120"', '"80;90;100;103;120"')
-    with pytest.raises(fa.PatchError, match="upstream setup.py changed shape.*FLASH_ATTN_CUDA_ARCHS"):
+    with pytest.raises(fa.PatchError, match=r"upstream setup\.py changed shape.*FLASH_ATTN_CUDA_ARCHS"):
         fa.patch_setup_py(moved)
 
 
