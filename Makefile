@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
 SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
 
-.PHONY: venv demo test lint typecheck system-deps clean bench
+.PHONY: venv demo test lint typecheck system-deps clean bench test-image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ typecheck: venv
 
 test: venv system-deps lint typecheck
 	$(BIN)/python -m pytest
+
+# Slow, not part of `make test` (needs root and a Docker engine): builds the x86 image and waits for healthy.
+test-image:
+	@for p in docker.io debootstrap; do dpkg -s $$p >/dev/null 2>&1 || apt-get install -y -qq $$p >/dev/null; done
+	l4t_docker/check_x86_image.sh
 
 bench: venv
 	$(BIN)/edge-runtime bench
