@@ -6,13 +6,10 @@ shaped llama decoders quantized Q4_K_M by llama.cpp's own quantizer. Built on re
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-import yaml
 
 from .catalog import BENCH_BUNDLE_NAMES
 from .demo import (
@@ -21,7 +18,8 @@ from .demo import (
     PROMPT_TEMPLATE,
     SYSTEM_PROMPT,
     VERDICT_SCHEMA,
-    sha256_file,
+    bundle_workdir,
+    write_manifest,
 )
 from .language_gguf import LanguageShape, write_language_model
 from .tokenizer import train_bpe
@@ -66,9 +64,7 @@ def build_bench_bundle(name: str, out_dir: Path, seed: int = 7) -> Path:
     vision = VisionShape(image_size=VISION_SIZES[spec.vision], patch=16, width=768, heads=12, blocks=12, mlp=3072,
                          out_dim=lang.width)
     out_dir = out_dir.expanduser().resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".bench-", dir=out_dir.parent))
-    try:
+    with bundle_workdir(out_dir) as work:
         onnx.save_model(build_vision_model(vision, seed), str(work / "vision.onnx"))
         f16 = work / "language-f16.gguf"
         write_language_model(f16, lang, train_bpe(_CORPUS, n_merges=240), seed + 1, "F16", name=name)
@@ -77,8 +73,6 @@ def build_bench_bundle(name: str, out_dir: Path, seed: int = 7) -> Path:
         manifest = {
             "format": 1, "name": name, "version": "bench",
             "description": f"Random weights in the shape of {spec.vision} + {spec.language} (benchmarks only).",
-            "files": {"vision": {"path": "vision.onnx", "sha256": sha256_file(work / "vision.onnx")},
-                      "language": {"path": "language.gguf", "sha256": sha256_file(work / "language.gguf")}},
             "preprocess": {"width": vision.image_size, "height": vision.image_size, "resize": "cubic",
                            "keep_aspect": False, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "clahe": None},
             "vision": {"input": "pixel_values", "output": "image_embeds", "image_tokens": vision.tokens,
@@ -88,11 +82,5 @@ def build_bench_bundle(name: str, out_dir: Path, seed: int = 7) -> Path:
             "verdict_schema": VERDICT_SCHEMA,
             "generation": {"max_tokens": 160},
         }
-        (work / "bundle.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        work.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        write_manifest(work, manifest)
     return out_dir

@@ -10,20 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 from mjpeg import MjpegCamera, free_port
+from waiting import wait_for
 
 from edge_runtime.app import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.samples import write_sample_video
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def daemon_config(tmp_path: Path, demo_dir: Path, cameras: list[CameraConfig]) -> Config:
