@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
 SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
 
-.PHONY: venv demo test lint typecheck system-deps clean bench test-image
+.PHONY: venv demo test lint typecheck system-deps clean bench test-image test-ota
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test: venv system-deps lint typecheck
 test-image:
 	@for p in docker.io debootstrap; do dpkg -s $$p >/dev/null 2>&1 || apt-get install -y -qq $$p >/dev/null; done
 	l4t_docker/check_x86_image.sh
+
+# Slow, not part of `make test` (needs root, a Docker engine and a registry): the OTA agent end to end.
+test-ota: venv system-deps
+	@for p in docker.io docker-registry busybox-static; do dpkg -s $$p >/dev/null 2>&1 || apt-get install -y -qq $$p >/dev/null; done
+	EDGE_TEST_OTA=1 $(BIN)/python -m pytest tests/ota
 
 bench: venv
 	$(BIN)/edge-runtime bench

@@ -108,6 +108,70 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_ota_agent(args: argparse.Namespace, config: Config) -> int:
+    import signal
+    import threading
+
+    from .ota.service import run_agent
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_agent(config, stop)
+    return 0
+
+
+def cmd_ota_keygen(args: argparse.Namespace, config: Config) -> int:
+    from .ota.manifest import generate_keypair
+
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    private, public = generate_keypair()
+    (out / "fleet.key").write_text(private + "\n")
+    (out / "fleet.key").chmod(0o600)
+    (out / "fleet.pub").write_text(public + "\n")
+    print(json.dumps({"private_key": str(out / "fleet.key"), "public_key": public}))
+    return 0
+
+
+def cmd_ota_sign(args: argparse.Namespace, config: Config) -> int:
+    from .ota.manifest import ManifestRefused, parse, sign
+
+    try:
+        manifest = parse(Path(args.manifest).read_bytes())
+    except ManifestRefused as exc:
+        raise EdgeRuntimeError(f"{args.manifest}: {exc}") from None
+    signed = sign(manifest, Path(args.key).read_text().strip())
+    text = signed.model_dump_json(exclude_none=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_ota_publish(args: argparse.Namespace, config: Config) -> int:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    payload = Path(args.manifest).read_bytes()
+    topic = f"edge/group/{args.group}/cmd/ota" if args.group else f"edge/{args.device}/cmd/ota"
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    if config.mqtt.username:
+        pw = config.mqtt.password.get_secret_value() if config.mqtt.password else None
+        client.username_pw_set(config.mqtt.username, pw)
+    try:
+        client.connect(args.host or config.mqtt.host, args.port or config.mqtt.port)
+    except OSError as exc:
+        raise EdgeRuntimeError(f"cannot reach the broker: {exc}") from None
+    client.loop_start()
+    client.publish(topic, payload, qos=1).wait_for_publish(timeout=10)
+    client.loop_stop()
+    client.disconnect()
+    print(f"published to {topic}")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, config: Config) -> int:
     from .doctor import Doctor, as_json, render_table
 
@@ -184,6 +248,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the JSON report")
     bench.add_argument("--plot", metavar="PNG", help="also write the stage breakdown as a PNG")
     bench.set_defaults(func=cmd_bench)
+
+    ota = sub.add_parser("ota", help="over-the-air updates: the device agent and the fleet tools")
+    osub = ota.add_subparsers(dest="ota_command", required=True, metavar="ACTION")
+    agent = osub.add_parser("agent", help="run the update agent beside the daemon's container")
+    agent.set_defaults(func=cmd_ota_agent)
+    keygen = osub.add_parser("keygen", help="make a fleet key pair (fleet.key, fleet.pub)")
+    keygen.add_argument("dir")
+    keygen.set_defaults(func=cmd_ota_keygen)
+    signp = osub.add_parser("sign", help="sign a manifest JSON with the fleet key")
+    signp.add_argument("manifest")
+    signp.add_argument("--key", required=True, help="fleet.key from ota keygen")
+    signp.add_argument("-o", "--out", help="write the signed manifest here (default: stdout)")
+    signp.set_defaults(func=cmd_ota_sign)
+    pub = osub.add_parser("publish", help="send a signed manifest to a device or a group over MQTT")
+    pub.add_argument("manifest")
+    target = pub.add_mutually_exclusive_group(required=True)
+    target.add_argument("--device", help="device_id")
+    target.add_argument("--group", help="fleet group name")
+    pub.add_argument("--host")
+    pub.add_argument("--port", type=int)
+    pub.set_defaults(func=cmd_ota_publish)
 
     doctor = sub.add_parser("doctor", help="check this device: platform, GPU, engines, sensors, cameras, broker")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

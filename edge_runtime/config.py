@@ -186,6 +186,19 @@ class GovernorConfig(_Section):
     jetson_actions: JetsonActions = Field(default_factory=JetsonActions, description="Optional Jetson actions.")
 
 
+class OtaConfig(_Section):
+    container: str = Field("edge-runtime", description="Name of the daemon's container the agent updates.")
+    public_keys: list[str] = Field(default_factory=list, description="Trusted fleet keys (base64 Ed25519 "
+                                   "public keys); manifests signed by any other key are refused.")
+    groups: list[str] = Field(default_factory=list, description="Fleet groups: manifests published to "
+                              "edge/group/<name>/cmd/ota also reach this device.")
+    manifest_url: str | None = Field(None, description="HTTPS URL polled for a manifest (besides MQTT).")
+    poll_interval_s: float = Field(300, ge=10, description="Seconds between polls of manifest_url.")
+    health_timeout_s: float = Field(120, gt=0, description="How long a candidate has to turn healthy.")
+    allow_downgrade: bool = Field(False, description="Accept manifests whose version is not newer.")
+    state_dir: Path | None = Field(None, description="Where the agent keeps its state (default <data_dir>/ota).")
+
+
 class Config(_Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
@@ -202,6 +215,7 @@ class Config(_Section):
     mqtt: MqttConfig = Field(default_factory=MqttConfig, description="MQTT broker connection.")
     api: ApiConfig = Field(default_factory=ApiConfig, description="The local HTTP API and status page.")
     governor: GovernorConfig = Field(default_factory=GovernorConfig, description="Thermal/power governor.")
+    ota: OtaConfig = Field(default_factory=OtaConfig, description="The over-the-air update agent.")
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:

@@ -27,6 +27,8 @@ from .journal import Journal
 log = logging.getLogger(__name__)
 
 CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
+# Commands on our topic that another process answers: `ota` goes to the update agent.
+EXTERNAL_COMMANDS = frozenset({"ota"})
 
 
 class CommandError(Exception):
@@ -162,7 +164,7 @@ class MqttService:
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
         name = msg.topic.rsplit("/", 1)[-1]
-        if msg.topic.endswith("/reply"):
+        if msg.topic.endswith("/reply") or name in EXTERNAL_COMMANDS:
             return
         self._executor.submit(self._run_command, name, bytes(msg.payload))
 

@@ -117,7 +117,7 @@ def test_shell_scripts_are_shellcheck_clean() -> None:
 ENVIRONMENT_ONLY = re.compile(r"is not executable|not found|Failed to create .*/start")
 
 
-@pytest.mark.parametrize("unit", ["edge-runtime.service", "edge-runtime-container.service"])
+@pytest.mark.parametrize("unit", ["edge-runtime.service", "edge-runtime-container.service", "edge-runtime-ota.service"])
 def test_systemd_units_verify(unit: str) -> None:
     proc = subprocess.run(["systemd-analyze", "verify", str(ROOT / "systemd" / unit)], capture_output=True, text=True)
     problems = [line for line in (proc.stdout + proc.stderr).splitlines() if line and not ENVIRONMENT_ONLY.search(line)]

@@ -1,0 +1,1 @@
+"""Over-the-air updates: signed manifests, the health-gated update agent, and the fleet-side tools."""

@@ -1,0 +1,224 @@
+"""The update agent: applies a verified manifest to the daemon's container, health-gated, with rollback.
+
+Runs beside the daemon (natively or in its own container) and talks to the Docker engine through its
+API (the `docker` SDK). Every step is written to a state file before it is taken, so an agent killed
+at any point converges on restart (`recover()`) to exactly one healthy container under the managed
+name: the candidate if it turned healthy, otherwise the previous one.
+
+Phases published: received, verified, pulling, starting, healthy, committed, rolled_back, refused, failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from .manifest import Manifest, ManifestRefused, parse, verify
+
+log = logging.getLogger(__name__)
+VERSION_LABEL = "org.opencontainers.image.version"
+
+
+class OtaAgent:
+    def __init__(self, client: Any, container: str, state_path: Path, public_keys: list[str],
+                 publish: Callable[[dict[str, Any]], None], health_timeout_s: float = 120.0,
+                 allow_downgrade: bool = False) -> None:
+        self.docker = client
+        self.name = container
+        self.state_path = state_path
+        self.keys = public_keys
+        self.publish_cb = publish
+        self.health_timeout_s = health_timeout_s
+        self.allow_downgrade = allow_downgrade
+        self._crash_after = os.environ.get("EDGE_OTA_CRASH_AFTER")  # test hook: die right after this phase
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.state_path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            return {"phase": "idle"}
+
+    def _save(self, **state: Any) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.state_path)
+        if self._crash_after == state.get("phase"):
+            os._exit(137)  # simulated power loss right after this step was recorded
+
+    def _status(self, phase: str, manifest: Manifest | None = None, reason: str = "") -> None:
+        msg = {"phase": phase, "ts": time.time(), "agent": __version__}
+        if manifest is not None:
+            msg.update(version=manifest.version, image=manifest.image)
+        if reason:
+            msg["reason"] = reason
+        log.info("ota: %s%s", phase, f" ({reason})" if reason else "")
+        self.publish_cb(msg)
+
+    # ---- containers ----------------------------------------------------------------------------
+
+    def _get(self, name: str) -> Any:
+        import docker.errors
+
+        try:
+            return self.docker.containers.get(name)
+        except docker.errors.NotFound:
+            return None
+
+    def current_version(self) -> str | None:
+        container = self._get(self.name)
+        if container is None:
+            return self.state().get("version")
+        labels = container.image.labels or {}
+        return labels.get(VERSION_LABEL) or self.state().get("version")
+
+    def _health(self, container: Any) -> str:
+        container.reload()
+        health = container.attrs["State"].get("Health")
+        if health is None:  # no HEALTHCHECK in the image: running is all we can see
+            return "healthy" if container.status == "running" else "unhealthy"
+        if container.status != "running":
+            return "unhealthy"
+        return str(health["Status"])
+
+    def _wait_healthy(self, container: Any) -> str:
+        deadline = time.monotonic() + self.health_timeout_s
+        status = "starting"
+        while time.monotonic() < deadline:
+            status = self._health(container)
+            if status in ("healthy", "unhealthy"):
+                return status
+            time.sleep(0.5)
+        return f"no health verdict within {self.health_timeout_s:.0f} s (last: {status})"
+
+    def _clone(self, old: Any, image: str) -> Any:
+        """A candidate container with the old one's configuration, volumes, devices and network."""
+        api = self.docker.api
+        info = api.inspect_container(old.id)
+        host = info["HostConfig"]
+        image_env = set((old.image.attrs.get("Config") or {}).get("Env") or [])
+        env = [e for e in (info["Config"].get("Env") or []) if e not in image_env]  # only what was set at run
+        host_config = api.create_host_config(
+            binds=host.get("Binds"), devices=[f"{d['PathOnHost']}:{d['PathInContainer']}:{d['CgroupPermissions']}"
+                                              for d in host.get("Devices") or []],
+            network_mode=host.get("NetworkMode"), restart_policy=host.get("RestartPolicy"),
+            group_add=host.get("GroupAdd"), runtime=host.get("Runtime"),
+            port_bindings={k: [(b.get("HostIp", ""), b["HostPort"]) for b in v]
+                           for k, v in (host.get("PortBindings") or {}).items()} or None)
+        created = api.create_container(image, name=f"{self.name}-candidate", environment=env,
+                                       host_config=host_config, labels=info["Config"].get("Labels"),
+                                       volumes=list((info["Config"].get("Volumes") or {}).keys()) or None)
+        return self.docker.containers.get(created["Id"])
+
+    # ---- the update -----------------------------------------------------------------------------
+
+    def handle(self, payload: bytes | str | dict[str, Any]) -> str:
+        """Apply one manifest; returns the final phase."""
+        self._status("received")
+        try:
+            manifest = parse(payload)
+            verify(manifest, self.keys, self.current_version(), __version__, self.allow_downgrade)
+        except ManifestRefused as exc:
+            self._status("refused", reason=str(exc))
+            return "refused"
+        if self.state().get("phase") not in (None, "idle"):
+            self._status("refused", manifest, "another update is in progress")
+            return "refused"
+        old = self._get(self.name)
+        if old is None:
+            self._status("failed", manifest, f"no container named {self.name!r} to update")
+            return "failed"
+        self._save(phase="verified", manifest=manifest.model_dump(), old_id=old.id)
+        self._status("verified", manifest)
+
+        self._save(phase="pulling", manifest=manifest.model_dump(), old_id=old.id)
+        self._status("pulling", manifest)
+        try:
+            repo, digest = manifest.image.split("@", 1)
+            self.docker.api.pull(repo, tag=digest)
+            self.docker.images.get(manifest.image)
+        except Exception as exc:  # noqa: BLE001 - docker raises APIError, ImageNotFound, connection errors
+            self._save(phase="idle", version=self.state().get("version"))
+            self._status("failed", manifest, f"pull failed: {exc}")
+            return "failed"
+        return self._start(manifest, old)
+
+    def _start(self, manifest: Manifest, old: Any) -> str:
+        self._save(phase="starting", manifest=manifest.model_dump(), old_id=old.id)
+        self._status("starting", manifest)
+        stale = self._get(f"{self.name}-candidate")
+        if stale is not None:
+            stale.remove(force=True)
+        candidate = self._clone(old, manifest.image)
+        # The camera device and the host port belong to one container at a time: stop the old one first.
+        old.stop(timeout=20)
+        candidate.start()
+        self._save(phase="waiting_health", manifest=manifest.model_dump(), old_id=old.id, candidate_id=candidate.id)
+        verdict = self._wait_healthy(candidate)
+        if verdict != "healthy":
+            return self._rollback(manifest, old.id, f"candidate {verdict}")
+        self._status("healthy", manifest)
+        return self._commit(manifest, old.id, candidate.id)
+
+    def _commit(self, manifest: Manifest, old_id: str, candidate_id: str) -> str:
+        self._save(phase="committing", manifest=manifest.model_dump(), old_id=old_id, candidate_id=candidate_id)
+        previous = self._get(f"{self.name}-previous")
+        if previous is not None and previous.id != old_id:
+            previous.remove(force=True)
+        old = self._get(old_id)
+        if old is not None and old.name != f"{self.name}-previous":
+            old.rename(f"{self.name}-previous")  # kept, stopped, for a manual rollback
+        candidate = self._get(candidate_id)
+        if candidate is not None and candidate.name != self.name:
+            candidate.rename(self.name)
+        self._save(phase="idle", version=manifest.version, image=manifest.image)
+        self._status("committed", manifest)
+        return "committed"
+
+    def _rollback(self, manifest: Manifest, old_id: str, reason: str) -> str:
+        candidate = self._get(f"{self.name}-candidate")
+        if candidate is not None:
+            candidate.remove(force=True)
+        old = self._get(old_id)
+        if old is not None:
+            if old.name != self.name:
+                old.rename(self.name)
+            old.start()
+        self._save(phase="idle", version=self.state().get("version"))
+        self._status("rolled_back", manifest, reason)
+        return "rolled_back"
+
+    def recover(self) -> str:
+        """After a crash or power loss: finish or undo whatever step was under way."""
+        state = self.state()
+        phase = state.get("phase", "idle")
+        if phase == "idle":
+            return "idle"
+        manifest = Manifest.model_validate(state["manifest"])
+        log.warning("ota: recovering from an interrupted update (phase %s)", phase)
+        if phase in ("verified", "pulling"):
+            self._save(phase="idle", version=self.current_version())
+            self._status("failed", manifest, f"interrupted while {phase}; nothing was changed")
+            return "failed"
+        if phase == "committing":
+            return self._commit(manifest, state["old_id"], state["candidate_id"])
+        # starting / waiting_health: the old container may be stopped and a candidate may exist.
+        candidate = self._get(f"{self.name}-candidate")
+        if candidate is not None:
+            if candidate.status != "running":
+                candidate.start()
+            if self._wait_healthy(candidate) == "healthy":
+                self._status("healthy", manifest)
+                return self._commit(manifest, state["old_id"], candidate.id)
+        return self._rollback(manifest, state["old_id"], "interrupted while starting; candidate not healthy")

@@ -1,0 +1,96 @@
+"""Update manifests: an image pinned by digest, a version, and an Ed25519 signature by the fleet key.
+
+The signature covers the canonical JSON of every field but `signature` (sorted keys, no spaces), so
+any change to the manifest after signing is detected. Keys are raw 32-byte Ed25519 keys, base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
+
+
+class ManifestRefused(Exception):
+    """The manifest must not be applied; the message is the reason reported on MQTT."""
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image: str = Field(description="Image reference pinned by digest: repo@sha256:<64 hex>.")
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$", description="Semantic version.")
+    min_agent_version: str | None = Field(None, description="Oldest agent allowed to apply it.")
+    notes: str = Field("", max_length=2000, description="Release notes for the fleet log.")
+    signature: str | None = Field(None, description="base64 Ed25519 signature of the canonical JSON.")
+
+    def canonical(self) -> bytes:
+        body = self.model_dump(exclude={"signature"}, exclude_none=True)
+        return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.split(r"[-+]", v, maxsplit=1)[0].split("."))
+
+
+def generate_keypair() -> tuple[str, str]:
+    """(private, public) raw keys, base64."""
+    private = Ed25519PrivateKey.generate()
+    raw_private = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    raw_public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw_private).decode(), base64.b64encode(raw_public).decode()
+
+
+def sign(manifest: Manifest, private_key_b64: str) -> Manifest:
+    key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(private_key_b64))
+    signature = base64.b64encode(key.sign(manifest.canonical())).decode()
+    return manifest.model_copy(update={"signature": signature})
+
+
+def parse(payload: bytes | str | dict[str, Any]) -> Manifest:
+    try:
+        data = json.loads(payload) if isinstance(payload, (bytes, str)) else payload
+        return Manifest.model_validate(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ManifestRefused("the manifest is not valid JSON") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ManifestRefused(f"invalid manifest: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def verify(manifest: Manifest, public_keys_b64: list[str], current_version: str | None, agent_version: str,
+           allow_downgrade: bool = False) -> None:
+    """Raise ManifestRefused with the reason unless the manifest may be applied."""
+    if not manifest.signature:
+        raise ManifestRefused("the manifest is not signed")
+    if not DIGEST_REF.match(manifest.image):
+        raise ManifestRefused(f"image {manifest.image!r} is not pinned by digest (repo@sha256:…)")
+    try:
+        signature = base64.b64decode(manifest.signature, validate=True)
+    except ValueError:
+        raise ManifestRefused("the signature is not valid base64") from None
+    for key_b64 in public_keys_b64:
+        try:
+            Ed25519PublicKey.from_public_bytes(base64.b64decode(key_b64)).verify(signature, manifest.canonical())
+            break
+        except InvalidSignature:
+            continue
+    else:
+        raise ManifestRefused("the signature does not match any trusted fleet key (tampered or wrong key)")
+    if manifest.min_agent_version and version_tuple(agent_version) < version_tuple(manifest.min_agent_version):
+        raise ManifestRefused(f"needs agent {manifest.min_agent_version} or newer; this agent is {agent_version}")
+    if current_version and not allow_downgrade and version_tuple(manifest.version) <= version_tuple(current_version):
+        raise ManifestRefused(f"version {manifest.version} is not newer than the running {current_version} "
+                              "(downgrades need ota.allow_downgrade)")
+
+
+def load_keys(paths: list[Path]) -> list[str]:
+    return [p.read_text().strip() for p in paths]
