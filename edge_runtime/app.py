@@ -97,7 +97,8 @@ class Daemon:
         self.inspector: Inspector | None = None
         self.rigs: dict[str, CameraRig] = {}
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
-                                       self._stats_for, overlap=config.inspection.overlap_stages)
+                                       self._stats_for, overlap=config.inspection.overlap_stages,
+                                       max_batch=config.inspection.max_batch)
         self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
         self.governor: GovernorService | None = None
         if config.governor.enabled:
@@ -290,6 +291,7 @@ class Daemon:
             "cameras": cameras,
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
                            "inspected": self.worker.inspected, "errors": self.worker.errors,
+                           "batched_generations": self.worker.batches,
                            "energy_j_last": self.worker.last_energy_j},
             "journal": self.journal.counts(),
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},

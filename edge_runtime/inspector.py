@@ -35,6 +35,18 @@ _IMAGE = "\x00image\x00"
 
 
 @dataclass
+class BatchJob:
+    """One frame of a batched inspection: already encoded, plus what its Result records."""
+
+    encoded: Encoded
+    camera: str
+    prompt: str | None = None
+    seq: int = 0
+    capture_ms: float = 0.0
+    governor: dict[str, Any] | None = None
+
+
+@dataclass
 class Encoded:
     """The output of the first half: image embeddings plus what the Result needs of the frame."""
 
@@ -114,6 +126,29 @@ class Inspector:
         question = prompt or self.default_prompt
         prefix, suffix = self.prompt_parts(question)
         gen = self.generate(prefix, enc.embeds, suffix, self.grammar, self.max_tokens)
+        return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0)
+
+    def inspect_batch(self, jobs: list[BatchJob]) -> list[Result | InferenceError]:
+        """Several encoded frames (e.g. from different cameras) generated as parallel sequences."""
+        t0 = time.perf_counter()
+        questions = [job.prompt or self.default_prompt for job in jobs]
+        items = []
+        for job, question in zip(jobs, questions, strict=True):
+            prefix, suffix = self.prompt_parts(question)
+            items.append((prefix, job.encoded.embeds, suffix))
+        with self._lock:
+            gens = self.language.generate_batch(items, self.grammar, self.max_tokens)
+        out: list[Result | InferenceError] = []
+        for job, question, gen in zip(jobs, questions, gens, strict=True):
+            try:
+                out.append(self._result(job.encoded, gen, question, job.camera, job.seq, job.capture_ms,
+                                        job.governor, t0))
+            except InferenceError as exc:
+                out.append(exc)
+        return out
+
+    def _result(self, enc: Encoded, gen: Generation, question: str, camera: str, seq: int, capture_ms: float,
+                governor: dict[str, Any] | None, t0: float) -> Result:
         verdict = self.parse_verdict(gen)
         total = capture_ms + enc.preprocess_ms + enc.encode_ms + (time.perf_counter() - t0) * 1000
         timings = {

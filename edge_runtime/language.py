@@ -12,9 +12,10 @@ from .engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see
 import ctypes
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,6 +68,9 @@ class LanguageModel:
         self._tokens = llama_cpp.llama_batch_init(batch_size, 0, 1)
         self._embeds = llama_cpp.llama_batch_init(batch_size, self.n_embd, 1)
         self._cached_prefix: list[int] = []
+        self._threads = threads
+        self._par_ctx: Any = None  # created on the first batched generation
+        self._par_seqs = 0
         # Per-token lookups done once per model, not once per generated token.
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
@@ -142,6 +146,95 @@ class LanguageModel:
             finish_reason=finish, prefix_reused=reused,
         )
 
+    def generate_batch(self, items: Sequence[tuple[list[int], np.ndarray | None, list[int]]], grammar: str | None,
+                       max_tokens: int) -> list[Generation]:
+        """Greedy generation for several prompts as parallel sequences of one llama.cpp batch.
+
+        The shared prefix is evaluated once and its KV cache copied to every sequence; each step then
+        decodes one token for every unfinished sequence in a single llama_decode, which is how a GPU
+        (bound by per-token overhead, not bandwidth) turns several cameras into more throughput.
+        """
+        if len(items) == 1:
+            prefix, embeds, suffix = items[0]
+            return [self.generate(prefix, embeds, suffix, grammar, max_tokens)]
+        ctx = self._parallel_context(len(items))
+        memory = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_clear(memory, True)
+        prefix = items[0][0]
+        if any(it[0] != prefix for it in items):
+            raise InferenceError("batched prompts must share their prefix")
+        t0 = time.perf_counter()
+        self._decode_tokens(prefix, 0, want_last_logits=False, seq=0, ctx=ctx)
+        for seq in range(1, len(items)):
+            llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
+        pickers = [_TokenPicker(self, grammar, GREEDY) for _ in items]
+        out: list[list[bytes]] = [[] for _ in items]
+        pos, pending, prompt_tokens, prefill_ms = [], [], [], []
+        try:
+            for seq, (_, embeds, suffix) in enumerate(items):
+                t1 = time.perf_counter()
+                p = len(prefix)
+                if embeds is not None:
+                    p = self._decode_embeds(embeds, p, want_last_logits=not suffix, seq=seq, ctx=ctx)
+                p = self._decode_tokens(suffix, p, want_last_logits=True, seq=seq, ctx=ctx)
+                pos.append(p)
+                prompt_tokens.append(p)
+                prefill_ms.append((time.perf_counter() - t1) * 1000)
+                pending.append(pickers[seq].next_token(ctx, -1))  # sample now: the next decode overwrites logits
+            prefill_total = (time.perf_counter() - t0) * 1000
+            t2 = time.perf_counter()
+            finish = ["length"] * len(items)
+            active = list(range(len(items)))
+            batch = self._tokens
+            for _ in range(max_tokens):
+                stepping = []
+                for seq in active:
+                    token, piece = pending[seq]
+                    if token < 0:
+                        finish[seq] = "stop"
+                        continue
+                    out[seq].append(piece)
+                    if len(out[seq]) < max_tokens:
+                        stepping.append(seq)
+                active = stepping
+                if not active:
+                    break
+                batch.n_tokens = len(active)
+                for i, seq in enumerate(active):
+                    batch.token[i] = pending[seq][0]
+                    batch.pos[i] = pos[seq]
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = 1
+                    pos[seq] += 1
+                self._decode(batch, ctx)
+                for i, seq in enumerate(active):
+                    pending[seq] = pickers[seq].next_token(ctx, i)
+            decode_ms = (time.perf_counter() - t2) * 1000
+        finally:
+            for picker in pickers:
+                picker.close()
+        return [Generation(b"".join(o).decode("utf-8", errors="replace"), len(o), prompt_tokens[i],
+                           prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0)
+                for i, o in enumerate(out)]
+
+    def _parallel_context(self, sequences: int) -> Any:
+        """A second llama.cpp context over the same weights with room for `sequences` sequences."""
+        if self._par_ctx is None or self._par_seqs < sequences:
+            if self._par_ctx is not None:
+                llama_cpp.llama_free(self._par_ctx)
+            params = llama_cpp.llama_context_default_params()
+            params.n_ctx = self.n_ctx
+            params.n_batch = params.n_ubatch = self.n_batch
+            params.n_seq_max = max(sequences, 4)
+            params.kv_unified = True
+            params.n_threads = params.n_threads_batch = self._threads
+            self._par_ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
+            if not self._par_ctx:
+                raise InferenceError("llama.cpp could not create a context for parallel sequences")
+            self._par_seqs = params.n_seq_max
+        return self._par_ctx
+
     def _prefill_prefix(self, prefix: list[int]) -> int:
         """Reuse the cached prefix KV when the prompt starts the same way; return tokens reused."""
         memory = llama_cpp.llama_get_memory(self.llm.ctx)
@@ -155,7 +248,8 @@ class LanguageModel:
         self._cached_prefix = list(prefix)
         return 0
 
-    def _decode_tokens(self, tokens: list[int], pos: int, want_last_logits: bool) -> int:
+    def _decode_tokens(self, tokens: list[int], pos: int, want_last_logits: bool, seq: int = 0,
+                       ctx: Any = None) -> int:
         batch = self._tokens
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
@@ -164,16 +258,17 @@ class LanguageModel:
                 batch.token[i] = tok
                 batch.pos[i] = pos + i
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
+                batch.seq_id[i][0] = seq
                 batch.logits[i] = 0
             is_last_chunk = start + self.n_batch >= len(tokens)
             if want_last_logits and is_last_chunk:
                 batch.logits[len(chunk) - 1] = 1
-            self._decode(batch)
+            self._decode(batch, ctx)
             pos += len(chunk)
         return pos
 
-    def _decode_embeds(self, embeds: np.ndarray, pos: int, want_last_logits: bool) -> int:
+    def _decode_embeds(self, embeds: np.ndarray, pos: int, want_last_logits: bool, seq: int = 0,
+                       ctx: Any = None) -> int:
         batch = self._embeds
         embeds = np.ascontiguousarray(embeds, dtype=np.float32)
         row_bytes = self.n_embd * ctypes.sizeof(ctypes.c_float)
@@ -184,16 +279,16 @@ class LanguageModel:
             for i in range(chunk.shape[0]):
                 batch.pos[i] = pos + i
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
+                batch.seq_id[i][0] = seq
                 batch.logits[i] = 0
             if want_last_logits and start + self.n_batch >= embeds.shape[0]:
                 batch.logits[chunk.shape[0] - 1] = 1
-            self._decode(batch)
+            self._decode(batch, ctx)
             pos += chunk.shape[0]
         return pos
 
-    def _decode(self, batch: llama_cpp.llama_batch) -> None:
-        rc = llama_cpp.llama_decode(self.llm.ctx, batch)
+    def _decode(self, batch: llama_cpp.llama_batch, ctx: Any = None) -> None:
+        rc = llama_cpp.llama_decode(ctx or self.llm.ctx, batch)
         if rc != 0:
             self._cached_prefix = []
             raise InferenceError(f"llama_decode failed with code {rc}")
@@ -215,6 +310,9 @@ class LanguageModel:
     def close(self) -> None:
         if self._llm is None:
             return
+        if self._par_ctx is not None:
+            llama_cpp.llama_free(self._par_ctx)
+            self._par_ctx = None
         llama_cpp.llama_batch_free(self._tokens)
         llama_cpp.llama_batch_free(self._embeds)
         self._llm.close()
@@ -250,9 +348,9 @@ class _TokenPicker:
         self.emitted = b""
         self._reported = 0
 
-    def next_token(self) -> tuple[int, bytes]:
-        """(token, its bytes), or (-1, b"") at end of generation."""
-        ptr = llama_cpp.llama_get_logits_ith(self.lm.llm.ctx, -1)
+    def next_token(self, ctx: Any = None, index: int = -1) -> tuple[int, bytes]:
+        """(token, its bytes), or (-1, b"") at end of generation. `index`: which logits row of the batch."""
+        ptr = llama_cpp.llama_get_logits_ith(ctx or self.lm.llm.ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
         if self.grammar is not None and self.sampling.temperature <= 0:
             # Fast path (as llama.cpp's own common sampler does): if the grammar accepts the greedy

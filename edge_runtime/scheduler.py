@@ -213,7 +213,7 @@ class InspectionWorker:
 
     def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
                  journal: Any, gate: Gate, stats_for: Callable[[str], ScheduleStats | None],
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, max_batch: int = 4) -> None:
         self.inspections = inspections
         self.get_inspector = get_inspector
         self.journal = journal
@@ -224,13 +224,15 @@ class InspectionWorker:
         self.busy_since: float | None = None
         self.inspected = 0
         self.errors = 0
+        self.batches = 0  # generations that ran several cameras' frames as parallel sequences
         self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
         self.last_energy_j: float | None = None
         self.overlap = overlap
+        self.max_batch = max_batch if overlap else 1  # batching needs frames encoded ahead of generation
         self._stop = threading.Event()
         # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,
         # so frame N+1 is decoded, preprocessed and encoded while frame N is generated.
-        self._handoff: queue.Queue[tuple[InspectionRequest, Any]] = queue.Queue(maxsize=1)
+        self._handoff: queue.Queue[tuple[InspectionRequest, Any]] = queue.Queue(maxsize=self.max_batch)
         self._encoder = threading.Thread(target=self._encode_loop, name="encoder", daemon=True)
         self._thread = threading.Thread(target=self._run, name="inspector", daemon=True)
 
@@ -280,30 +282,76 @@ class InspectionWorker:
         while not self._stop.is_set() or not self._handoff.empty():
             self.heartbeat = time.monotonic()
             try:
-                request, encoded = self._handoff.get(timeout=1.0)
+                ready = [self._handoff.get(timeout=1.0)]
             except queue.Empty:
                 continue
+            while len(ready) < self.max_batch:  # other cameras' frames that are ready now join the batch
+                try:
+                    ready.append(self._handoff.get_nowait())
+                except queue.Empty:
+                    break
             self.busy_since = time.monotonic()
             try:
-                if isinstance(encoded, Exception):
-                    raise encoded
-                if encoded is not None:  # encoded by a model that a reload has since replaced: redo
-                    encoded = encoded[1] if encoded[0] is self.get_inspector() else None
-                result = self._inspect(request, encoded)
-            except Exception as exc:  # noqa: BLE001 - reported to the caller; the loop goes on
-                self.errors += 1
-                stats = self.stats_for(request.camera)
-                if stats:
-                    stats.errors += 1
-                log.error("inspection of %s failed: %s", request.camera, exc)
-                request.future.set_exception(exc)
-            else:
-                request.future.set_result(result)
+                work = [(request, self._usable(encoded)) for request, encoded in ready]
+                batchable = [(r, e) for r, e in work
+                             if r.job is None and e is not None and not isinstance(e, Exception)]
+                batched = {id(r) for r, _ in batchable} if len(batchable) > 1 else set()
+                if batched:
+                    self._inspect_batch(batchable)
+                for request, encoded in work:
+                    if id(request) not in batched:
+                        self._finish(request, encoded)
             finally:
                 self.busy_since = None
         # Refuse whatever is still queued so no caller waits forever.
         while (leftover := self.inspections.get(timeout=0)) is not None:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _usable(self, encoded: Any) -> Any:
+        """The embeddings, unless a reload replaced the model that computed them (then: encode again)."""
+        if encoded is None or isinstance(encoded, Exception):
+            return encoded
+        return encoded[1] if encoded[0] is self.get_inspector() else None
+
+    def _finish(self, request: InspectionRequest, encoded: Any) -> None:
+        try:
+            if isinstance(encoded, Exception):
+                raise encoded
+            result = self._inspect(request, encoded)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller; the loop goes on
+            self._failed(request, exc)
+        else:
+            request.future.set_result(result)
+
+    def _failed(self, request: InspectionRequest, exc: Exception) -> None:
+        self.errors += 1
+        stats = self.stats_for(request.camera)
+        if stats:
+            stats.errors += 1
+        log.error("inspection of %s failed: %s", request.camera, exc)
+        request.future.set_exception(exc)
+
+    def _inspect_batch(self, work: list[tuple[InspectionRequest, Any]]) -> None:
+        from .inspector import BatchJob
+
+        gate = self.gate.decision()
+        t0 = time.monotonic()
+        jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state) for r, enc in work]
+        try:
+            outcomes = self.get_inspector().inspect_batch(jobs)
+            self.batches += 1
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed: every caller hears it
+            for request, _ in work:
+                self._failed(request, exc)
+            return
+        energy = self.energy(t0, time.monotonic()) if self.energy is not None else None
+        for (request, _), outcome in zip(work, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._failed(request, outcome)
+                continue
+            if energy is not None:
+                outcome.energy_j = self.last_energy_j = round(energy / len(work), 4)
+            request.future.set_result(self._deliver(request, outcome))
 
     def _inspect(self, request: InspectionRequest, encoded: Any = None) -> Any:
         inspector = self.get_inspector()
@@ -316,8 +364,12 @@ class InspectionWorker:
                                            governor=gate.state, encoded=encoded)
         if self.energy is not None:
             result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
+        return self._deliver(request, result)
+
+    def _deliver(self, request: InspectionRequest, result: Result) -> Result:
+        """Journal first (durable before anyone else sees it), then counters, log and listeners."""
         if request.journal:
-            self.journal.add(result)  # durable before anyone else sees it
+            self.journal.add(result)
         self.inspected += 1
         stats = self.stats_for(request.camera)
         if stats:

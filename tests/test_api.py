@@ -157,16 +157,13 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
         body = {"image": base64.b64encode(JPEG).decode()}
         accepted: list[int] = []
         threads: list[threading.Thread] = []
-        full = None
-        for _ in range(8):  # generating + handed over + encoding + queued, then the queue is full
-            response = c.post("/api/v1/infer", json=body) if len(threads) >= 4 else None
-            if response is not None:
-                full = response
-                break
+        # Fill every stage: generating, handed over, encoding, then the queue itself.
+        while d.inspections.depth < d.inspections.maxsize and len(threads) < 12:
             t = threading.Thread(target=lambda: accepted.append(c.post("/api/v1/infer", json=body).status_code))
             t.start()
             threads.append(t)
             time.sleep(0.3)
+        full = c.post("/api/v1/infer", json=body)
         assert full is not None and full.status_code == 429 and full.headers["Retry-After"] == "2"
         assert "queue is full" in full.json["error"]["message"]
         release.set()

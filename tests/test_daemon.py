@@ -165,3 +165,13 @@ def test_trigger_inspects_an_on_demand_camera(run_daemon: Callable[..., Daemon],
     assert daemon.journal.counts()["total"] == 0
     result = daemon.trigger("ondemand", prompt="Any burrs?").result(timeout=10)
     assert result.prompt == "Any burrs?" and daemon.journal.get(result.id) is not None
+
+
+def test_cameras_ready_together_are_generated_as_one_batch(run_daemon: Callable[..., Daemon], video: Path) -> None:
+    cams = [CameraConfig(name=f"cam{i}", source=str(video), fps=30, trigger=TriggerConfig(mode="continuous"))
+            for i in range(4)]
+    daemon = run_daemon(*cams)
+    wait_for(lambda: daemon.status()["inspection"]["batched_generations"] >= 3, what="batched generations")
+    wait_for(lambda: all(c["frames"]["inspected"] >= 2 for c in daemon.status()["cameras"]), what="every camera")
+    for row in daemon.journal.query(limit=40):
+        assert set(row["verdict"]) == {"defect", "category", "confidence", "notes"}

@@ -67,3 +67,15 @@ def test_prefix_cache_reuse_gives_the_same_verdicts(demo_bundle: Bundle, config:
 def test_a_custom_prompt_is_recorded(inspector: Inspector) -> None:
     result = inspector.inspect(synthetic_frames(1)[0], prompt="Is the weld seam continuous?")
     assert result.prompt == "Is the weld seam continuous?"
+
+
+def test_parallel_sequences_give_schema_valid_verdicts(inspector: Inspector, demo_bundle: Bundle) -> None:
+    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
+    embeds = [inspector.encode(f).embeds for f in synthetic_frames(4, seed=21)]
+    gens = inspector.language.generate_batch([(prefix, e, suffix) for e in embeds], inspector.grammar, 200)
+    assert len(gens) == 4
+    for gen in gens:
+        jsonschema.validate(json.loads(gen.text, strict=True), demo_bundle.manifest.verdict_schema)
+    # A batch of one is the single-sequence path itself.
+    one = inspector.language.generate_batch([(prefix, embeds[0], suffix)], inspector.grammar, 200)[0]
+    assert one.text == inspector.generate(prefix, embeds[0], suffix, inspector.grammar, 200).text
