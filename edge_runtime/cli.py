@@ -154,12 +154,12 @@ def cmd_ota_publish(args: argparse.Namespace, config: Config) -> int:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
+    from .mqtt import configure_client
+
     payload = Path(args.manifest).read_bytes()
     topic = f"edge/group/{args.group}/cmd/ota" if args.group else f"edge/{args.device}/cmd/ota"
     client = mqtt.Client(CallbackAPIVersion.VERSION2)
-    if config.mqtt.username:
-        pw = config.mqtt.password.get_secret_value() if config.mqtt.password else None
-        client.username_pw_set(config.mqtt.username, pw)
+    configure_client(client, config.mqtt)  # the fleet's broker credentials and TLS from --config
     try:
         client.connect(args.host or config.mqtt.host, args.port or config.mqtt.port)
     except OSError as exc:

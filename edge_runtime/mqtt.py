@@ -31,6 +31,18 @@ CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
 EXTERNAL_COMMANDS = frozenset({"ota"})
 
 
+def configure_client(client: mqtt.Client, cfg: MqttConfig) -> None:
+    """Credentials and TLS from the config; shared by the daemon, the OTA agent and the fleet CLI."""
+    if cfg.username:
+        client.username_pw_set(cfg.username, cfg.password.get_secret_value() if cfg.password else None)
+    if cfg.tls.enabled:
+        client.tls_set(ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
+                       certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+                       keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+                       cert_reqs=ssl.CERT_REQUIRED)
+        client.tls_insecure_set(cfg.tls.insecure)
+
+
 class CommandError(Exception):
     """A command's payload is wrong; the message goes back in the error reply."""
 
@@ -75,14 +87,7 @@ class MqttService:
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id or f"edge-runtime-{self.device_id}",
                              clean_session=cfg.clean_session, protocol=mqtt.MQTTv311)
         client.will_set(self.status_topic, "offline", qos=1, retain=True)
-        if cfg.username:
-            client.username_pw_set(cfg.username, cfg.password.get_secret_value() if cfg.password else None)
-        if cfg.tls.enabled:
-            client.tls_set(ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
-                           certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
-                           keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
-                           cert_reqs=ssl.CERT_REQUIRED)
-            client.tls_insecure_set(cfg.tls.insecure)
+        configure_client(client, cfg)
         client.reconnect_delay_set(1, 30)
         client.max_inflight_messages_set(cfg.max_inflight)
         client.on_connect = self._on_connect

@@ -16,6 +16,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from ..config import Config
+from ..mqtt import configure_client
 from .agent import OtaAgent
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,7 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
     inbox: queue.Queue[bytes] = queue.Queue()
     m = config.mqtt
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-ota-{config.device_id}")
-    if m.username:
-        client.username_pw_set(m.username, m.password.get_secret_value() if m.password else None)
-    if m.tls.enabled:
-        client.tls_set(ca_certs=str(m.tls.ca_file) if m.tls.ca_file else None)
+    configure_client(client, m)
     topics = [f"{prefix}/cmd/ota", *(f"edge/group/{g}/cmd/ota" for g in config.ota.groups)]
     def on_connect(c: mqtt.Client, *_: Any) -> None:
         for topic in topics:
