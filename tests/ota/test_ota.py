@@ -287,3 +287,77 @@ def test_statuses_arrive_on_mqtt_in_order(fleet: dict[str, Any], keys: tuple[str
         sub.loop_stop()
         broker.terminate()
         broker.wait(10)
+
+
+def test_a_manifest_for_a_newer_agent_is_refused(fleet: dict[str, Any], keys: tuple[str, str]) -> None:
+    payload = signed(fleet["v2"], "2.0.0", keys[0], min_agent_version="99.0.0")
+    assert fleet["agent"].handle(payload) == "refused"
+    assert "needs agent 99.0.0 or newer" in fleet["statuses"][-1]["reason"]
+
+
+def test_group_topic_and_polled_manifest_url_both_deliver(fleet: dict[str, Any], keys: tuple[str, str],
+                                                          tmp_path: Path) -> None:
+    """A group publish reaches the device; a manifest served over HTTP is picked up by polling."""
+    import http.server
+
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edge_runtime.config import Config
+    from edge_runtime.ota.service import run_agent
+
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "manifest.json").write_text(signed(fleet["v2"], "2.0.0", keys[0]))
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(site), **kwargs)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    config = Config.model_validate({
+        "device_id": "ota-poll", "data_dir": str(tmp_path), "mqtt": {"host": "127.0.0.1", "port": port},
+        "ota": {"container": fleet["name"], "public_keys": [keys[1]], "state_dir": str(tmp_path / "ota"),
+                "health_timeout_s": 20, "groups": ["line-1"], "poll_interval_s": 10,
+                "manifest_url": f"http://127.0.0.1:{web.server_address[1]}/manifest.json"}})
+    seen: list[dict[str, Any]] = []
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2)
+    sub.on_message = lambda _c, _u, m: seen.append(json.loads(m.payload))
+    time.sleep(0.5)
+    sub.connect("127.0.0.1", port)
+    sub.subscribe("edge/ota-poll/ota/status", qos=1)
+    sub.loop_start()
+    stop = threading.Event()
+    agent = threading.Thread(target=run_agent, args=(config, stop), daemon=True)
+    agent.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any(s["phase"] == "committed" for s in seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [s["phase"] for s in seen][-1] == "committed"  # the polled manifest was applied
+        # The same version again, now to the group topic: refused as not newer, proving it arrived.
+        manifest = tmp_path / "again.json"
+        manifest.write_text(signed(fleet["v2"], "2.0.0", keys[0]))
+        proc = subprocess.run([sys.executable, "-m", "edge_runtime", "ota", "publish", str(manifest), "--group",
+                               "line-1", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True)
+        assert proc.returncode == 0 and "edge/group/line-1/cmd/ota" in proc.stdout
+        deadline = time.monotonic() + 20
+        while seen[-1]["phase"] != "refused" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seen[-1]["phase"] == "refused" and "not newer" in seen[-1]["reason"]
+    finally:
+        stop.set()
+        agent.join(10)
+        sub.loop_stop()
+        web.shutdown()
+        web.server_close()
+        broker.terminate()
+        broker.wait(10)
