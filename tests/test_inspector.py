@@ -6,6 +6,7 @@ import json
 
 import jsonschema
 import numpy as np
+import pytest
 from images import synthetic_frames
 
 from edge_runtime.bundle import Bundle
@@ -79,3 +80,17 @@ def test_parallel_sequences_give_schema_valid_verdicts(inspector: Inspector, dem
     # A batch of one is the single-sequence path itself.
     one = inspector.language.generate_batch([(prefix, embeds[0], suffix)], inspector.grammar, 200)[0]
     assert one.text == inspector.generate(prefix, embeds[0], suffix, inspector.grammar, 200).text
+
+
+def test_grammar_shortlist_gives_exactly_the_full_pass_tokens(inspector: Inspector,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge_runtime import language
+
+    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
+    frames = synthetic_frames(12, seed=33)
+    fast = [inspector.generate(prefix, inspector.encode(f).embeds, suffix, inspector.grammar, 200).text
+            for f in frames]
+    monkeypatch.setattr(language, "_SHORTLIST", 0)  # every token through the full-vocabulary grammar pass
+    full = [inspector.generate(prefix, inspector.encode(f).embeds, suffix, inspector.grammar, 200).text
+            for f in frames]
+    assert fast == full
