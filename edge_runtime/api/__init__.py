@@ -57,6 +57,7 @@ class ApiServer:
         daemon.worker.listeners.append(self._on_result)
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     def _on_result(self, result: Any) -> None:
         self.metrics.observe(result)
@@ -76,13 +77,22 @@ class ApiServer:
         except OSError as exc:
             raise EdgeRuntimeError(f"the API cannot listen on {self.cfg.host}:{self.cfg.port} ({exc.strerror}); "
                                    "change api.port or stop the program using it") from None
-        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self._thread.start()
         log.info("api: serving on http://%s:%d/ (status page, REST, OpenAI, /metrics)", self.cfg.host, self.port)
 
+    def _serve(self) -> None:
+        # waitress's own run() loops forever; closing its sockets from another thread races its select().
+        # Turning the loop here lets stop() end it first and close the sockets afterwards.
+        server = self._server
+        socket_map = getattr(server, "_map", None) or getattr(server, "map", None)
+        while not self._stopping.is_set():
+            server.asyncore.loop(timeout=0.2, map=socket_map, use_poll=server.adj.asyncore_use_poll, count=1)
+
     def stop(self) -> None:
         self.events.close()
-        if self._server is not None:
-            self._server.close()
+        self._stopping.set()
         if self._thread is not None:
             self._thread.join(3)
+        if self._server is not None:
+            self._server.close()
