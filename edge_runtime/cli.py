@@ -223,7 +223,8 @@ def cmd_config_schema(args: argparse.Namespace, config: Config) -> int:
 # ---- parser -------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edge-runtime", description=__doc__)
+    p = argparse.ArgumentParser(prog="edge-runtime", description="Vision-language inspection on edge devices: "
+                                "cameras in, verdicts out over MQTT and a local API.")
     p.add_argument("--version", action="version", version=f"edge-runtime {__version__}")
     p.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: built-in defaults)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log level")
