@@ -155,6 +155,43 @@ def wait_healthy(engine: Any, name: str, timeout: float = 20) -> None:
     raise AssertionError(f"{name} did not turn healthy")
 
 
+@pytest.fixture
+def ota_broker(tmp_path: Path) -> Iterator[int]:
+    """A private mosquitto for the agent's MQTT side; yields its port."""
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    yield port
+    broker.terminate()
+    broker.wait(10)
+
+
+def watch_status(port: int, device: str) -> tuple[Any, list[dict[str, Any]]]:
+    """Subscribe to a device's OTA status topic; returns the client and the list it fills."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    seen: list[dict[str, Any]] = []
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2)
+    sub.on_message = lambda _c, _u, m: seen.append(json.loads(m.payload))
+    sub.connect("127.0.0.1", port)
+    sub.subscribe(f"edge/{device}/ota/status", qos=1)
+    sub.loop_start()
+    return sub, seen
+
+
+def start_agent(config: Any) -> tuple[threading.Thread, threading.Event]:
+    from edge_runtime.ota.service import run_agent
+
+    stop = threading.Event()
+    agent = threading.Thread(target=run_agent, args=(config, stop), daemon=True)
+    agent.start()
+    return agent, stop
+
+
 def signed(image: str, version: str, private: str, **extra: Any) -> str:
     return sign(Manifest(image=image, version=version, **extra), private).model_dump_json(exclude_none=True)
 
@@ -244,49 +281,32 @@ def test_agent_killed_at_each_step_converges_on_restart(fleet: dict[str, Any], k
     assert json.loads(fleet["state"].read_text())["phase"] == "idle"
 
 
-def test_statuses_arrive_on_mqtt_in_order(fleet: dict[str, Any], keys: tuple[str, str], tmp_path: Path) -> None:
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
+def test_statuses_arrive_on_mqtt_in_order(fleet: dict[str, Any], keys: tuple[str, str], tmp_path: Path,
+                                         ota_broker: int) -> None:
     from edge_runtime.config import Config
-    from edge_runtime.ota.service import run_agent
 
-    port = free_port()
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
-    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
     config = Config.model_validate({
-        "device_id": "ota-dev", "data_dir": str(tmp_path), "mqtt": {"host": "127.0.0.1", "port": port},
+        "device_id": "ota-dev", "data_dir": str(tmp_path), "mqtt": {"host": "127.0.0.1", "port": ota_broker},
         "ota": {"container": fleet["name"], "public_keys": [keys[1]], "state_dir": str(tmp_path / "ota"),
                 "health_timeout_s": 20}})
-    seen: list[str] = []
-    sub = mqtt.Client(CallbackAPIVersion.VERSION2)
-    sub.on_message = lambda _c, _u, m: seen.append(json.loads(m.payload)["phase"])
-    sub.connect("127.0.0.1", port)
-    sub.subscribe("edge/ota-dev/ota/status", qos=1)
-    sub.loop_start()
-    stop = threading.Event()
-    agent = threading.Thread(target=run_agent, args=(config, stop), daemon=True)
-    agent.start()
+    sub, seen = watch_status(ota_broker, "ota-dev")
+    agent, stop = start_agent(config)
     try:
         time.sleep(1.0)
         manifest = tmp_path / "m.json"
         manifest.write_text(signed(fleet["v2"], "2.0.0", keys[0]))
         proc = subprocess.run([sys.executable, "-m", "edge_runtime", "ota", "publish", str(manifest), "--device",
-                               "ota-dev", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True)
+                               "ota-dev", "--host", "127.0.0.1", "--port", str(ota_broker)],
+                              capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         deadline = time.monotonic() + 60
-        while "committed" not in seen and time.monotonic() < deadline:
+        while not any(m["phase"] == "committed" for m in seen) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert seen == ["received", "verified", "pulling", "starting", "healthy", "committed"]
+        assert [m["phase"] for m in seen] == ["received", "verified", "pulling", "starting", "healthy", "committed"]
     finally:
         stop.set()
         agent.join(10)
         sub.loop_stop()
-        broker.terminate()
-        broker.wait(10)
 
 
 def test_a_manifest_for_a_newer_agent_is_refused(fleet: dict[str, Any], keys: tuple[str, str]) -> None:
@@ -296,21 +316,13 @@ def test_a_manifest_for_a_newer_agent_is_refused(fleet: dict[str, Any], keys: tu
 
 
 def test_group_topic_and_polled_manifest_url_both_deliver(fleet: dict[str, Any], keys: tuple[str, str],
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path, ota_broker: int) -> None:
     """A group publish reaches the device; a manifest served over HTTP is picked up by polling."""
     import http.server
 
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
     from edge_runtime.config import Config
-    from edge_runtime.ota.service import run_agent
 
-    port = free_port()
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
-    broker = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = ota_broker
     site = tmp_path / "site"
     site.mkdir()
     (site / "manifest.json").write_text(signed(fleet["v2"], "2.0.0", keys[0]))
@@ -328,16 +340,8 @@ def test_group_topic_and_polled_manifest_url_both_deliver(fleet: dict[str, Any],
         "ota": {"container": fleet["name"], "public_keys": [keys[1]], "state_dir": str(tmp_path / "ota"),
                 "health_timeout_s": 20, "groups": ["line-1"], "poll_interval_s": 10,
                 "manifest_url": f"http://127.0.0.1:{web.server_address[1]}/manifest.json"}})
-    seen: list[dict[str, Any]] = []
-    sub = mqtt.Client(CallbackAPIVersion.VERSION2)
-    sub.on_message = lambda _c, _u, m: seen.append(json.loads(m.payload))
-    time.sleep(0.5)
-    sub.connect("127.0.0.1", port)
-    sub.subscribe("edge/ota-poll/ota/status", qos=1)
-    sub.loop_start()
-    stop = threading.Event()
-    agent = threading.Thread(target=run_agent, args=(config, stop), daemon=True)
-    agent.start()
+    sub, seen = watch_status(port, "ota-poll")
+    agent, stop = start_agent(config)
     try:
         deadline = time.monotonic() + 60
         while not any(s["phase"] == "committed" for s in seen) and time.monotonic() < deadline:
@@ -359,5 +363,3 @@ def test_group_topic_and_polled_manifest_url_both_deliver(fleet: dict[str, Any],
         sub.loop_stop()
         web.shutdown()
         web.server_close()
-        broker.terminate()
-        broker.wait(10)
