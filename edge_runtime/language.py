@@ -13,6 +13,7 @@ import ctypes
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,10 +76,12 @@ class LanguageModel:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self._pieces: dict[int, bytes] = {}
-        self.candidates = np.zeros(self.n_vocab, dtype=_TOKEN_DATA)
-        self.candidates["id"] = np.arange(self.n_vocab, dtype=np.int32)
-        self.candidates_c = llama_cpp.llama_token_data_array(
-            self.candidates.ctypes.data_as(llama_cpp.llama_token_data_p), self.n_vocab, -1, False)
+        # Full-vocabulary candidate arrays for the grammar pass, one per sequence sampled at once,
+        # kept between generations (1.8 MB each for a 150k vocabulary).
+        self._candidate_pool: list[_Candidates] = []
+        # Sequences of one batch pick their next tokens in parallel: the grammar pass runs in C with
+        # the GIL released, and it costs more CPU per token than a GPU decode step.
+        self._pickers_pool: ThreadPoolExecutor | None = None
 
     @property
     def llm(self) -> llama_cpp.Llama:
@@ -208,8 +211,8 @@ class LanguageModel:
                     batch.logits[i] = 1
                     pos[seq] += 1
                 self._decode(batch, ctx)
-                for i, seq in enumerate(active):
-                    pending[seq] = pickers[seq].next_token(ctx, i)
+                for seq, choice in zip(active, self._pick_all(pickers, active, ctx), strict=True):
+                    pending[seq] = choice
             decode_ms = (time.perf_counter() - t2) * 1000
         finally:
             for picker in pickers:
@@ -217,6 +220,18 @@ class LanguageModel:
         return [Generation(b"".join(o).decode("utf-8", errors="replace"), len(o), prompt_tokens[i],
                            prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0)
                 for i, o in enumerate(out)]
+
+    def _pick_all(self, pickers: list[_TokenPicker], active: list[int], ctx: Any) -> list[tuple[int, bytes]]:
+        """Next token of each active sequence; batch row i holds the logits of sequence active[i]."""
+        def pick(row: int) -> tuple[int, bytes]:
+            return pickers[active[row]].next_token(ctx, row)
+
+        if self.n_vocab < _PARALLEL_PICK_VOCAB or len(active) == 1:
+            return [pick(row) for row in range(len(active))]
+        if self._pickers_pool is None:
+            self._pickers_pool = ThreadPoolExecutor(max_workers=max(2, min(8, self._threads)),
+                                                    thread_name_prefix="sampler")
+        return list(self._pickers_pool.map(pick, range(len(active))))
 
     def _parallel_context(self, sequences: int) -> Any:
         """A second llama.cpp context over the same weights with room for `sequences` sequences."""
@@ -293,6 +308,12 @@ class LanguageModel:
             self._cached_prefix = []
             raise InferenceError(f"llama_decode failed with code {rc}")
 
+    def borrow_candidates(self) -> _Candidates:
+        return self._candidate_pool.pop() if self._candidate_pool else _Candidates(self.n_vocab)
+
+    def return_candidates(self, candidates: _Candidates) -> None:
+        self._candidate_pool.append(candidates)
+
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
@@ -313,6 +334,9 @@ class LanguageModel:
         if self._par_ctx is not None:
             llama_cpp.llama_free(self._par_ctx)
             self._par_ctx = None
+        if self._pickers_pool is not None:
+            self._pickers_pool.shutdown(wait=True)
+            self._pickers_pool = None
         llama_cpp.llama_batch_free(self._tokens)
         llama_cpp.llama_batch_free(self._embeds)
         self._llm.close()
@@ -321,6 +345,10 @@ class LanguageModel:
 
 _NEG_INF = np.float32(-np.inf)
 _SHORTLIST = 64  # top logits checked against the grammar before a full-vocabulary pass
+_SHORTLIST_PATIENCE = 4  # misses in a row before the shortlist is tried only now and then
+# Below this vocabulary size a token pick costs less than handing it to a thread (the demo bundle's
+# 4-camera batch ran at 0.83x with threads on the H200, 150k-token vocabularies at 2.6-2.9x).
+_PARALLEL_PICK_VOCAB = 16_384
 
 
 class _TokenPicker:
@@ -341,11 +369,13 @@ class _TokenPicker:
             self.grammar = llama_cpp.llama_sampler_init_grammar(lm._vocab, grammar.encode(), b"root")
             if not self.grammar:
                 raise InferenceError("the JSON schema could not be turned into a llama.cpp grammar")
-        self.cand = lm.candidates  # owned by the model; one generation at a time
+        self._candidates: _Candidates | None = None  # borrowed from the model on the first full pass
         self.shortlist = _SHORTLIST
         self._short = np.zeros(min(_SHORTLIST, self.n_vocab), dtype=_TOKEN_DATA)
         self._short_c = llama_cpp.llama_token_data_array(
             self._short.ctypes.data_as(llama_cpp.llama_token_data_p), self._short.shape[0], -1, False)
+        self._misses = 0  # shortlist misses in a row
+        self._steps = 0
         self.pending = b""  # bytes of an unfinished UTF-8 character
         self.emitted = b""
         self._reported = 0
@@ -354,21 +384,24 @@ class _TokenPicker:
         """(token, its bytes), or (-1, b"") at end of generation. `index`: which logits row of the batch."""
         ptr = llama_cpp.llama_get_logits_ith(ctx or self.lm.llm.ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        if self.grammar is not None and self.sampling.temperature <= 0 and self.shortlist:
+        if self.grammar is not None and self.sampling.temperature <= 0 and self.shortlist and self._try_shortlist():
             # Exact fast path for greedy decoding: the constrained argmax is the best grammar-accepted
             # token; if one of the top-K logits is accepted, nothing outside them can beat it, so the
             # full-vocabulary grammar pass (milliseconds on a 150k vocabulary) is skipped.
             chosen = self._from_shortlist(logits)
+            self._misses = 0 if chosen is not None else self._misses + 1
             if chosen is not None:
                 return chosen
         if self.grammar is None:
             scores = logits.copy()
         else:
-            self.cand["logit"] = logits
-            arr = self.lm.candidates_c
+            if self._candidates is None:
+                self._candidates = self.lm.borrow_candidates()
+            cand, arr = self._candidates.data, self._candidates.c_array
+            cand["logit"] = logits
             arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
             llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(arr))
-            scores = self.cand["logit"].copy()
+            scores = cand["logit"].copy()
         while True:
             token = self._choose(scores)
             if token < 0:
@@ -377,6 +410,12 @@ class _TokenPicker:
             if chosen is not None:
                 return chosen
             scores[token] = _NEG_INF
+
+    def _try_shortlist(self) -> bool:
+        """After a run of misses (a model whose top logits the grammar keeps rejecting, e.g. random
+        weights) try the shortlist only on every 8th token, so it costs ~nothing when it cannot help."""
+        self._steps += 1
+        return self._misses < _SHORTLIST_PATIENCE or self._steps % 8 == 0
 
     def _take(self, token: int) -> tuple[int, bytes] | None:
         """Accept `token` if it keeps the output valid UTF-8 (and ends only between characters)."""
@@ -436,9 +475,22 @@ class _TokenPicker:
         if self.grammar is not None:
             llama_cpp.llama_sampler_free(self.grammar)
             self.grammar = None
+        if self._candidates is not None:
+            self.lm.return_candidates(self._candidates)
+            self._candidates = None
 
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class _Candidates:
+    """A llama_token_data array over the whole vocabulary, with a numpy view for filling logits."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self.data["id"] = np.arange(n_vocab, dtype=np.int32)
+        self.c_array = llama_cpp.llama_token_data_array(
+            self.data.ctypes.data_as(llama_cpp.llama_token_data_p), n_vocab, -1, False)
 
 
 def _utf8_prefix(data: bytes) -> tuple[bool, bytes]:

@@ -94,3 +94,16 @@ def test_grammar_shortlist_gives_exactly_the_full_pass_tokens(inspector: Inspect
     full = [inspector.generate(prefix, inspector.encode(f).embeds, suffix, inspector.grammar, 200).text
             for f in frames]
     assert fast == full
+
+
+def test_parallel_sequences_pick_the_same_tokens_in_threads_as_in_turn(inspector: Inspector,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge_runtime import language
+
+    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
+    items = [(prefix, inspector.encode(f).embeds, suffix) for f in synthetic_frames(4, seed=45)]
+    monkeypatch.setattr(language, "_PARALLEL_PICK_VOCAB", 10**9)
+    in_turn = [g.text for g in inspector.language.generate_batch(items, inspector.grammar, 200)]
+    monkeypatch.setattr(language, "_PARALLEL_PICK_VOCAB", 0)  # the demo vocabulary is small: force threads
+    threaded = [g.text for g in inspector.language.generate_batch(items, inspector.grammar, 200)]
+    assert threaded == in_turn
