@@ -22,8 +22,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from .inspector import Inspector
-from .language import GREEDY, LanguageModel
+from .inspector import Encoded, Inspector
+from .language import GREEDY, ImagePart, LanguageModel, image_segments
 from .samples import part_image
 from .vision import decode_image
 
@@ -87,7 +87,6 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
                                                        "generate", "total")}
     prompt_tps, gen_tps, gen_tokens, energies = [], [], [], []
     raw_encode, raw_prefill, raw_gen_tps = [], [], []
-    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
     session = inspector.vision.session
     assert session is not None
     name_in, name_out = inspector.vision.input_name, inspector.vision.output_name
@@ -97,32 +96,37 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
         t0 = time.perf_counter()
         frame = decode_image(data)
         t1 = time.perf_counter()
-        pixels = inspector.preprocessor(frame)
+        pixels, grid = inspector.preprocessor.process(frame)
         t2 = time.perf_counter()
         feed = {name_in: pixels}
         if raw_first:
             raw_encode.append(_time_ms(session.run, [name_out], feed))
         t2b = time.perf_counter()
-        embeds = inspector.vision.encode(pixels)[0]
+        out = inspector.vision.encode(pixels)
         t3 = time.perf_counter()
         if not raw_first:
             raw_encode.append(_time_ms(session.run, [name_out], feed))
+        embeds = out.reshape(-1, out.shape[-1])
         embeds_first = embeds if embeds_first is None else embeds_first
+        t3b = time.perf_counter()
+        prefix, image, suffix = inspector.sequence(
+            inspector.default_prompt, Encoded(embeds, frame.shape[1], frame.shape[0], 0, 0, grid))
+        t3c = time.perf_counter()
         if raw_first:
             bar()
-            raw = _raw_llama(inspector.language, prefix, embeds, suffix, inspector.grammar, inspector.max_tokens)
-        t3b = time.perf_counter()
-        gen = inspector.generate(prefix, embeds, suffix, inspector.grammar, inspector.max_tokens)
+            raw = _raw_llama(inspector.language, prefix, image, suffix, inspector.grammar, inspector.max_tokens)
+        t3d = time.perf_counter()
+        gen = inspector.generate(prefix, image, suffix, inspector.grammar, inspector.max_tokens)
         t4 = time.perf_counter()
         inspector.parse_verdict(gen)
         if not raw_first:
             bar()
-            raw = _raw_llama(inspector.language, prefix, embeds, suffix, inspector.grammar, inspector.max_tokens)
+            raw = _raw_llama(inspector.language, prefix, image, suffix, inspector.grammar, inspector.max_tokens)
         raw_prefill.append(raw[0])
         raw_gen_tps.append(raw[1])
         for key, value in (("decode_image", t1 - t0), ("preprocess", t2 - t1), ("encode", t3 - t2b),
                            ("prefill", gen.prefill_ms / 1000), ("generate", gen.decode_ms / 1000),
-                           ("total", (t2 - t0) + (t3 - t2b) + (t4 - t3b))):
+                           ("total", (t2 - t0) + (t3 - t2b) + (t3c - t3b) + (t4 - t3d))):
             stages[key].append(value * 1000)
         prompt_tps.append((gen.prompt_tokens - gen.prefix_reused) / (gen.prefill_ms / 1000))
         gen_tps.append(gen.tokens / (gen.decode_ms / 1000))
@@ -167,7 +171,7 @@ def _time_ms(fn: Any, *args: Any) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def _raw_llama(lm: LanguageModel, prefix: list[int], embeds: np.ndarray, suffix: list[int], grammar: str,
+def _raw_llama(lm: LanguageModel, prefix: list[int], image: ImagePart, suffix: list[int], grammar: str,
                max_tokens: int) -> tuple[float, float]:
     """llama-cpp-python alone: decode the same batches, sample with llama.cpp's grammar+greedy chain."""
     ctx = lm.llm.ctx
@@ -176,7 +180,7 @@ def _raw_llama(lm: LanguageModel, prefix: list[int], embeds: np.ndarray, suffix:
     lm._cached_prefix = []
     t0 = time.perf_counter()
     pos = lm._decode_tokens(prefix, 0, want_last_logits=False)
-    pos = lm._decode_embeds(embeds, pos, want_last_logits=not suffix)
+    pos = lm._decode_segments(image_segments(image), pos, want_last_logits=not suffix)
     pos = lm._decode_tokens(suffix, pos, want_last_logits=True)
     prefill_ms = (time.perf_counter() - t0) * 1000
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -221,13 +225,12 @@ def _prefix_reuse(inspector: Inspector, embeds: np.ndarray) -> dict[str, float]:
 
 
 def _throughput(inspector: Inspector, images: list[bytes]) -> dict[str, float]:
-    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
+    def encode(data: bytes) -> Encoded:
+        return inspector.encode(decode_image(data))
 
-    def encode(data: bytes) -> np.ndarray:
-        return inspector.encode(decode_image(data)).embeds
-
-    def generate(embeds: np.ndarray) -> None:
-        inspector.parse_verdict(inspector.generate(prefix, embeds, suffix, inspector.grammar, inspector.max_tokens))
+    def generate(enc: Encoded) -> None:
+        prefix, image, suffix = inspector.sequence(inspector.default_prompt, enc)
+        inspector.parse_verdict(inspector.generate(prefix, image, suffix, inspector.grammar, inspector.max_tokens))
 
     t0 = time.perf_counter()
     for data in images:
@@ -247,12 +250,10 @@ def _throughput(inspector: Inspector, images: list[bytes]) -> dict[str, float]:
 
 
 def _parallel(inspector: Inspector, images: list[bytes]) -> dict[str, float]:
-    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
-    embeds = [inspector.encode(decode_image(data)).embeds for data in images]
-    single = [inspector.generate(prefix, e, suffix, inspector.grammar, inspector.max_tokens) for e in embeds]
+    items = [inspector.sequence(inspector.default_prompt, inspector.encode(decode_image(data))) for data in images]
+    single = [inspector.generate(*item, inspector.grammar, inspector.max_tokens) for item in items]
     with inspector._lock:
-        batched = inspector.language.generate_batch([(prefix, e, suffix) for e in embeds], inspector.grammar,
-                                                    inspector.max_tokens)
+        batched = inspector.language.generate_batch(items, inspector.grammar, inspector.max_tokens)
     single_tps = sum(g.tokens for g in single) / sum(g.decode_ms / 1000 for g in single)
     batched_tps = sum(g.tokens for g in batched) / (batched[0].decode_ms / 1000)
     for gen in batched:

@@ -30,6 +30,8 @@ class BundleFile(_Strict):
 class BundleFiles(_Strict):
     vision: BundleFile
     language: BundleFile
+    vision_fp16: BundleFile | None = Field(
+        None, description="Optional half-precision encoder (same inputs/outputs) for model.vision_precision fp16.")
 
 
 class Clahe(_Strict):
@@ -37,22 +39,44 @@ class Clahe(_Strict):
     tile_grid: int = Field(8, ge=1, le=64, description="Tiles per side.")
 
 
+class Tiling(_Strict):
+    longest_edge: int = Field(ge=8, le=4096, description="The frame's longest edge is first resized to this.")
+
+
 class Preprocess(_Strict):
-    width: int = Field(ge=8, le=4096, description="Encoder input width in pixels.")
-    height: int = Field(ge=8, le=4096, description="Encoder input height in pixels.")
-    resize: Literal["nearest", "linear", "area", "cubic", "lanczos"] = Field(
-        "area", description="OpenCV interpolation used to resize the frame.")
+    width: int = Field(ge=8, le=4096, description="Encoder input width in pixels (the tile size when tiling).")
+    height: int = Field(ge=8, le=4096, description="Encoder input height in pixels (the tile size when tiling).")
+    resize: Literal["nearest", "linear", "area", "cubic", "lanczos", "pil_bilinear", "pil_bicubic",
+                    "pil_lanczos"] = Field(
+        "area", description="Interpolation: OpenCV's, or Pillow's (pil_*) to match a Hugging Face processor exactly.")
     keep_aspect: bool = Field(False, description="Letterbox instead of stretching.")
+    shortest_edge: int | None = Field(
+        None, ge=8, le=8192,
+        description="Resize the shortest edge to this, then centre-crop width x height (CLIP-style processors).")
+    tiling: Tiling | None = Field(
+        None, description="Idefics3/SmolVLM-style tiling: tiles of width x height plus a global image.")
     mean: list[float] = Field(min_length=3, max_length=3, description="Per-channel RGB mean (0-1 scale).")
     std: list[float] = Field(min_length=3, max_length=3, description="Per-channel RGB std (0-1 scale).")
     clahe: Clahe | None = Field(None, description="Equalise uneven lighting on the luminance channel.")
 
 
+class ImageLayout(_Strict):
+    """How image embeddings enter the prompt, for models whose tokenizer has an image token."""
+
+    image_token: str = Field(description="The tokenizer's image placeholder token; each one takes one embedding.")
+    kind: Literal["single", "idefics3"] = Field(
+        "single", description="single: N image tokens at {image}; idefics3: tile grid with row/col markers.")
+    fake_token: str = Field("", description="idefics3: the token around each tile.")
+    global_token: str = Field("", description="idefics3: the token before the global image.")
+
+
 class VisionInfo(_Strict):
     input: str = Field("pixel_values", description="ONNX input name.")
     output: str = Field("image_embeds", description="ONNX output name.")
-    image_tokens: int = Field(ge=1, description="Embeddings per image (N).")
+    image_tokens: int = Field(ge=1, description="Embeddings per image or tile (N).")
     embedding_dim: int = Field(ge=1, description="Width of each embedding (D).")
+    layout: ImageLayout | None = Field(
+        None, description="Unset: the embeddings go straight in at {image} (no image token in the vocabulary).")
 
 
 class LanguageInfo(_Strict):
@@ -93,6 +117,8 @@ class Bundle:
         self.manifest = manifest
         self.vision_path = root / manifest.files.vision.path
         self.language_path = root / manifest.files.language.path
+        fp16 = manifest.files.vision_fp16
+        self.vision_fp16_path = root / fp16.path if fp16 else None
 
     @property
     def name(self) -> str:
@@ -134,7 +160,10 @@ def load_bundle(root: Path | str, verify_checksums: bool = True) -> Bundle:
         raise BundleError(f"{manifest_path}: {where}: {err['msg']}") from None
 
     bundle = Bundle(root, manifest)
-    for role, entry in (("vision", manifest.files.vision), ("language", manifest.files.language)):
+    files = [("vision", manifest.files.vision), ("language", manifest.files.language)]
+    if manifest.files.vision_fp16 is not None:
+        files.append(("vision_fp16", manifest.files.vision_fp16))
+    for role, entry in files:
         path = root / entry.path
         if not path.is_file():
             raise BundleError(f"{path} is missing: bundle.yaml lists it as the {role} model")

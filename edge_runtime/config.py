@@ -35,6 +35,9 @@ class ModelConfig(_Section):
     providers: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PROVIDERS),
         description="ONNX Runtime execution providers in order of preference; missing ones are skipped.")
+    vision_precision: Literal["fp32", "fp16"] = Field(
+        "fp32", description="fp16 loads the bundle's half-precision encoder (for CUDA/TensorRT); "
+        "bundles without one keep fp32.")
     prompt: str | None = Field(None, description="Inspection question; empty uses the bundle's default.")
     max_tokens: int | None = Field(None, ge=1, le=8192,
                                    description="Verdict token limit; empty uses the bundle's.")

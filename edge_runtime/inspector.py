@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 from jsonschema import Draft202012Validator
 
-from .bundle import Bundle
+from .bundle import Bundle, ImageLayout
 from .config import ModelConfig
-from .errors import InferenceError
+from .errors import BundleError, InferenceError
 from .grammar import schema_to_grammar
-from .language import GREEDY, Generation, LanguageModel, Sampling
+from .language import GREEDY, Generation, ImagePart, LanguageModel, Sampling
 from .result import FrameInfo, Result
 from .vision import Preprocessor, VisionEncoder
 
@@ -50,11 +50,12 @@ class BatchJob:
 class Encoded:
     """The output of the first half: image embeddings plus what the Result needs of the frame."""
 
-    embeds: np.ndarray  # [N, D]
+    embeds: np.ndarray  # [T*N, D]: N embeddings per tile, T tiles (1 unless the bundle tiles)
     width: int
     height: int
     preprocess_ms: float
     encode_ms: float
+    grid: tuple[int, int] = (0, 0)  # tile rows, cols; (0, 0) for one untiled image
 
 
 class Inspector:
@@ -70,7 +71,10 @@ class Inspector:
             bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
             settings.batch_size, settings.reuse_prefix_cache)
         try:
-            self.vision = VisionEncoder(bundle.vision_path, m.vision.input, m.vision.output,
+            vision_path = bundle.vision_path
+            if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
+                vision_path = bundle.vision_fp16_path
+            self.vision = VisionEncoder(vision_path, m.vision.input, m.vision.output,
                                         settings.providers, settings.threads)
         except BaseException:
             self.language.close()
@@ -79,6 +83,14 @@ class Inspector:
         self.max_tokens = settings.max_tokens or m.generation.max_tokens
         self.grammar = schema_to_grammar(m.verdict_schema)
         self.validator = Draft202012Validator(m.verdict_schema)
+        self._image_token = -1
+        if m.vision.layout is not None:
+            ids = self.language.tokenize(m.vision.layout.image_token)
+            if len(ids) != 1:
+                self.close()
+                raise BundleError(f"{bundle.root / 'bundle.yaml'}: vision.layout.image_token "
+                                  f"{m.vision.layout.image_token!r} is not one token of the language model")
+            self._image_token = ids[0]
         self._lock = threading.Lock()
         self.ready = False
         if settings.warmup:
@@ -98,20 +110,42 @@ class Inspector:
 
     def encode(self, frame: np.ndarray) -> Encoded:
         t0 = time.perf_counter()
-        pixels = self.preprocessor(frame)
+        pixels, grid = self.preprocessor.process(frame)
         t1 = time.perf_counter()
-        embeds = self.vision.encode(pixels)[0]
+        out = self.vision.encode(pixels)
+        embeds = out.reshape(-1, out.shape[-1])
         t2 = time.perf_counter()
-        return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000)
+        return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
+
+    def sequence(self, prompt: str, enc: Encoded | None, system: str | None = None
+                 ) -> tuple[list[int], ImagePart, list[int]]:
+        """(prefix, image part, suffix) of one inspection: the prompt template with the image in place.
+
+        Bundles with an image token (exported models) tokenize the whole prompt with the image
+        expanded to image tokens, as the model's own processor does, then put an embedding at each
+        image token; the tokens before the first one are the cached prefix.
+        """
+        p = self.bundle.manifest.prompt
+        layout = self.bundle.manifest.vision.layout
+        if layout is None:
+            text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
+            before, after = text.split(_IMAGE)
+            return self.language.tokenize(before), None if enc is None else enc.embeds, self.language.tokenize(after)
+        image_text = "" if enc is None else image_prompt(layout, self.bundle.manifest.vision.image_tokens, enc.grid)
+        ids = self.language.tokenize(
+            p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt))
+        if enc is None:
+            return ids, None, []
+        return split_at_image_tokens(ids, self._image_token, enc.embeds)
 
     def prompt_parts(self, prompt: str) -> tuple[list[int], list[int]]:
-        """Token ids before and after the image for this question."""
-        p = self.bundle.manifest.prompt
-        text = p.template.format(system=p.system, image=_IMAGE, prompt=prompt)
-        before, after = text.split(_IMAGE)
-        return self.language.tokenize(before), self.language.tokenize(after)
+        """Token ids before and after the image for this question (bundles without an image layout)."""
+        if self.bundle.manifest.vision.layout is not None:
+            raise InferenceError("this bundle lays the image out with tokens: use Inspector.sequence()")
+        prefix, _, suffix = self.sequence(prompt, None)
+        return prefix, suffix
 
-    def generate(self, prefix: list[int], embeds: np.ndarray | None, suffix: list[int],
+    def generate(self, prefix: list[int], embeds: ImagePart, suffix: list[int],
                  grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,
                  on_text: Callable[[str], None] | None = None, stop: list[str] | None = None) -> Generation:
         with self._lock:
@@ -124,18 +158,15 @@ class Inspector:
         enc = encoded or self.encode(frame)
         t0 = time.perf_counter()
         question = prompt or self.default_prompt
-        prefix, suffix = self.prompt_parts(question)
-        gen = self.generate(prefix, enc.embeds, suffix, self.grammar, self.max_tokens)
+        prefix, image, suffix = self.sequence(question, enc)
+        gen = self.generate(prefix, image, suffix, self.grammar, self.max_tokens)
         return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0)
 
     def inspect_batch(self, jobs: list[BatchJob]) -> list[Result | InferenceError]:
         """Several encoded frames (e.g. from different cameras) generated as parallel sequences."""
         t0 = time.perf_counter()
         questions = [job.prompt or self.default_prompt for job in jobs]
-        items = []
-        for job, question in zip(jobs, questions, strict=True):
-            prefix, suffix = self.prompt_parts(question)
-            items.append((prefix, job.encoded.embeds, suffix))
+        items = [self.sequence(question, job.encoded) for job, question in zip(jobs, questions, strict=True)]
         with self._lock:
             gens = self.language.generate_batch(items, self.grammar, self.max_tokens)
         out: list[Result | InferenceError] = []
@@ -178,3 +209,42 @@ class Inspector:
         with self._lock:
             self.language.close()
         self.vision.close()
+
+
+def image_prompt(layout: ImageLayout, tokens: int, grid: tuple[int, int]) -> str:
+    """The image as the model's processor writes it into the prompt: one image token per embedding,
+    and for idefics3 the tile grid (row/column markers, a newline after each row, then the global image)."""
+    block = layout.image_token * tokens
+    if layout.kind == "single":
+        return block
+    rows, cols = grid
+    text = ""
+    for r in range(rows):
+        text += "".join(f"{layout.fake_token}<row_{r + 1}_col_{c + 1}>{block}" for c in range(cols)) + "\n"
+    glob = f"{layout.fake_token}{layout.global_token}{block}{layout.fake_token}"
+    return text + "\n" + glob if rows else glob
+
+
+def split_at_image_tokens(ids: list[int], image_token: int, embeds: np.ndarray
+                          ) -> tuple[list[int], list[np.ndarray | list[int]], list[int]]:
+    """Tokens before the first image token, then alternating embedding blocks and marker tokens, then the rest."""
+    where = [i for i, t in enumerate(ids) if t == image_token]
+    if len(where) != embeds.shape[0]:
+        raise InferenceError(f"the prompt has {len(where)} image tokens for {embeds.shape[0]} image embeddings")
+    if not where:
+        return ids, [], []
+    first, last = where[0], where[-1]
+    segments: list[np.ndarray | list[int]] = []
+    used, i = 0, first
+    while i <= last:
+        j = i
+        is_image = ids[i] == image_token
+        while j <= last and (ids[j] == image_token) == is_image:
+            j += 1
+        if is_image:
+            segments.append(embeds[used:used + j - i])
+            used += j - i
+        else:
+            segments.append(ids[i:j])
+        i = j
+    return ids[:first], segments, ids[last + 1:]

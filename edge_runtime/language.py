@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,20 @@ class Generation:
     decode_ms: float
     finish_reason: str  # "stop" or "length"
     prefix_reused: int  # prompt tokens whose KV cache was reused
+    token_ids: list[int] = field(default_factory=list)
+
+
+# What goes between the prompt's prefix and suffix: one block of image embeddings [N, D], or a
+# sequence of embedding blocks and token ids (tiled images with row/column marker tokens between tiles).
+ImagePart = np.ndarray | Sequence[np.ndarray | list[int]] | None
+
+
+def image_segments(image: ImagePart) -> list[np.ndarray | list[int]]:
+    if image is None:
+        return []
+    if isinstance(image, np.ndarray):
+        return [image]
+    return [seg for seg in image if len(seg)]
 
 
 class LanguageModel:
@@ -93,33 +107,22 @@ class LanguageModel:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def generate(
-        self, prefix: list[int], image_embeds: np.ndarray | None, suffix: list[int],
+        self, prefix: list[int], image: ImagePart, suffix: list[int],
         grammar: str | None, max_tokens: int, sampling: Sampling | None = None,
         on_text: Callable[[str], None] | None = None, stop: list[str] | None = None,
     ) -> Generation:
-        """Prefill prefix + image embeddings + suffix, then generate until end or max_tokens."""
-        n_image = 0 if image_embeds is None else int(image_embeds.shape[0])
-        prompt_tokens = len(prefix) + n_image + len(suffix)
-        if prompt_tokens + max_tokens > self.n_ctx:
-            raise InferenceError(f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-                                 f"exceeds the context size {self.n_ctx}")
-        if image_embeds is not None and image_embeds.shape[1] != self.n_embd:
-            raise InferenceError(f"image embeddings are {image_embeds.shape[1]} wide, the language "
-                                 f"model expects {self.n_embd}")
-        if not suffix and image_embeds is None:
-            if not prefix:
-                raise InferenceError("the prompt is empty")
-            prefix, suffix = prefix[:-1], prefix[-1:]  # the last prompt token must yield logits
+        """Prefill prefix + image + suffix, then generate until end or max_tokens."""
+        prefix, segments, suffix = self._check_prompt(prefix, image, suffix, max_tokens)
         t0 = time.perf_counter()
         reused = self._prefill_prefix(prefix)
-        pos = len(prefix)
-        if image_embeds is not None:
-            pos = self._decode_embeds(image_embeds, pos, want_last_logits=not suffix)
+        pos = self._decode_segments(segments, len(prefix), want_last_logits=not suffix)
         pos = self._decode_tokens(suffix, pos, want_last_logits=True)
         prefill_ms = (time.perf_counter() - t0) * 1000
 
+        prompt_tokens = pos
         picker = _TokenPicker(self, grammar, sampling or GREEDY)
         out: list[bytes] = []
+        ids: list[int] = []
         finish = "length"
         t1 = time.perf_counter()
         try:
@@ -129,6 +132,7 @@ class LanguageModel:
                     finish = "stop"
                     break
                 out.append(piece)
+                ids.append(token)
                 if stop and any(s in picker.emitted.decode("utf-8", "ignore") for s in stop):
                     finish = "stop"
                     break
@@ -146,10 +150,46 @@ class LanguageModel:
         return Generation(
             text=text, tokens=len(out),
             prompt_tokens=prompt_tokens, prefill_ms=prefill_ms, decode_ms=decode_ms,
-            finish_reason=finish, prefix_reused=reused,
+            finish_reason=finish, prefix_reused=reused, token_ids=ids,
         )
 
-    def generate_batch(self, items: Sequence[tuple[list[int], np.ndarray | None, list[int]]], grammar: str | None,
+    def prompt_logits(self, prefix: list[int], image: ImagePart, suffix: list[int]) -> np.ndarray:
+        """The logits after the whole prompt (a copy): what the first generated token is chosen from."""
+        prefix, segments, suffix = self._check_prompt(prefix, image, suffix, 1)
+        self._prefill_prefix(prefix)
+        pos = self._decode_segments(segments, len(prefix), want_last_logits=not suffix)
+        self._decode_tokens(suffix, pos, want_last_logits=True)
+        ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _check_prompt(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int
+                      ) -> tuple[list[int], list[np.ndarray | list[int]], list[int]]:
+        segments = image_segments(image)
+        prompt_tokens = len(prefix) + sum(len(seg) for seg in segments) + len(suffix)
+        if prompt_tokens + max_tokens > self.n_ctx:
+            raise InferenceError(f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+                                 f"exceeds the context size {self.n_ctx}")
+        for seg in segments:
+            if isinstance(seg, np.ndarray) and seg.shape[1] != self.n_embd:
+                raise InferenceError(f"image embeddings are {seg.shape[1]} wide, the language "
+                                     f"model expects {self.n_embd}")
+        if not suffix and not segments:
+            if not prefix:
+                raise InferenceError("the prompt is empty")
+            prefix, suffix = prefix[:-1], prefix[-1:]  # the last prompt token must yield logits
+        return prefix, segments, suffix
+
+    def _decode_segments(self, segments: list[np.ndarray | list[int]], pos: int, want_last_logits: bool,
+                         seq: int = 0, ctx: Any = None) -> int:
+        for i, seg in enumerate(segments):
+            last = want_last_logits and i == len(segments) - 1
+            if isinstance(seg, np.ndarray):
+                pos = self._decode_embeds(seg, pos, last, seq, ctx)
+            else:
+                pos = self._decode_tokens(seg, pos, last, seq, ctx)
+        return pos
+
+    def generate_batch(self, items: Sequence[tuple[list[int], ImagePart, list[int]]], grammar: str | None,
                        max_tokens: int) -> list[Generation]:
         """Greedy generation for several prompts as parallel sequences of one llama.cpp batch.
 
@@ -158,8 +198,8 @@ class LanguageModel:
         (bound by per-token overhead, not bandwidth) turns several cameras into more throughput.
         """
         if len(items) == 1:
-            prefix, embeds, suffix = items[0]
-            return [self.generate(prefix, embeds, suffix, grammar, max_tokens)]
+            prefix, image, suffix = items[0]
+            return [self.generate(prefix, image, suffix, grammar, max_tokens)]
         ctx = self._parallel_context(len(items))
         memory = llama_cpp.llama_get_memory(ctx)
         llama_cpp.llama_memory_clear(memory, True)
@@ -174,11 +214,10 @@ class LanguageModel:
         out: list[list[bytes]] = [[] for _ in items]
         pos, pending, prompt_tokens, prefill_ms = [], [], [], []
         try:
-            for seq, (_, embeds, suffix) in enumerate(items):
+            for seq, (_, image, suffix) in enumerate(items):
                 t1 = time.perf_counter()
-                p = len(prefix)
-                if embeds is not None:
-                    p = self._decode_embeds(embeds, p, want_last_logits=not suffix, seq=seq, ctx=ctx)
+                segments = image_segments(image)
+                p = self._decode_segments(segments, len(prefix), want_last_logits=not suffix, seq=seq, ctx=ctx)
                 p = self._decode_tokens(suffix, p, want_last_logits=True, seq=seq, ctx=ctx)
                 pos.append(p)
                 prompt_tokens.append(p)

@@ -164,13 +164,10 @@ def chat_completions() -> Any:
     deltas: queue.Queue[str | None] = queue.Queue()
 
     def job(inspector: Any) -> Any:
-        template = inspector.bundle.manifest.prompt
-        embeds = inspector.encode(frame).embeds if frame is not None else None
-        text = template.template.format(system=system or template.system, image="\x00", prompt=prompt)
-        before, after = text.split("\x00")
-        prefix, suffix = inspector.language.tokenize(before), inspector.language.tokenize(after)
+        encoded = inspector.encode(frame) if frame is not None else None
+        prefix, image, suffix = inspector.sequence(prompt, encoded, system or None)
         try:
-            return inspector.generate(prefix, embeds, suffix, grammar, max_tokens, sampling,
+            return inspector.generate(prefix, image, suffix, grammar, max_tokens, sampling,
                                       deltas.put if req.stream else None, stops)
         finally:
             deltas.put(None)
