@@ -202,6 +202,29 @@ def cmd_models_bench(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_models_export(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.export import ExportError, export_checkpoint
+    from edge_runtime_models.llama_cpp_tools import ConverterError
+
+    from .bundle import load_bundle
+
+    schema = None
+    if args.schema:
+        try:
+            schema = json.loads(Path(args.schema).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise EdgeRuntimeError(f"{args.schema}: not a readable JSON schema ({exc})") from None
+    try:
+        report = export_checkpoint(Path(args.checkpoint), Path(args.out), args.quant, name=args.name, schema=schema,
+                                   prompt=args.prompt, llama_cpp_src=Path(args.llama_cpp_src) if args.llama_cpp_src
+                                   else None, progress=not args.quiet, threads=config.model.threads)
+    except (ExportError, ConverterError) as exc:
+        raise EdgeRuntimeError(str(exc)) from None
+    print(json.dumps({**load_bundle(report.out_dir).describe(), "family": report.family,
+                      "seconds": report.seconds}))
+    return 0
+
+
 def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
     from .bundle import load_bundle
 
@@ -288,6 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
     benchb.add_argument("name", choices=BENCH_BUNDLE_NAMES)
     benchb.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/NAME)")
     benchb.set_defaults(func=cmd_models_bench)
+    export = msub.add_parser("export", help="turn a Hugging Face VLM checkpoint folder into a bundle "
+                             "(needs the export extra)")
+    export.add_argument("checkpoint", help="checkpoint folder (config.json, weights, processor, tokenizer)")
+    export.add_argument("out", help="bundle folder to write (replaced atomically)")
+    export.add_argument("--quant", default="Q4_K_M",
+                        help="GGUF type: Q4_K_M (default), Q5_K_M, Q6_K, Q8_0, Q4_0, F16, BF16, F32")
+    export.add_argument("--name", help="bundle name (default: the checkpoint folder's name)")
+    export.add_argument("--schema", metavar="FILE", help="verdict JSON schema (default: the demo's)")
+    export.add_argument("--prompt", help="default inspection question")
+    export.add_argument("--llama-cpp-src", metavar="DIR",
+                        help="llama.cpp sources with convert_hf_to_gguf.py (default: fetched from the package index)")
+    export.add_argument("--quiet", action="store_true", help="no progress bar")
+    export.set_defaults(func=cmd_models_export)
     verify = msub.add_parser("verify", help="check a bundle: manifest, files, checksums, widths")
     verify.add_argument("dir")
     verify.set_defaults(func=cmd_models_verify)

@@ -87,7 +87,8 @@ class Inspector:
         if m.vision.layout is not None:
             ids = self.language.tokenize(m.vision.layout.image_token)
             if len(ids) != 1:
-                self.close()
+                self.language.close()
+                self.vision.close()
                 raise BundleError(f"{bundle.root / 'bundle.yaml'}: vision.layout.image_token "
                                   f"{m.vision.layout.image_token!r} is not one token of the language model")
             self._image_token = ids[0]

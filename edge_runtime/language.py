@@ -32,6 +32,9 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    # Refuse tokens that would make the output invalid UTF-8 (always, for verdicts). Off only to
+    # compare raw token streams with a reference implementation.
+    valid_utf8: bool = True
 
 
 GREEDY = Sampling()
@@ -461,6 +464,11 @@ class _TokenPicker:
         if token in self.lm.eog:
             return None if self.pending else (-1, b"")  # never stop inside a character
         piece = self.lm._piece(token)
+        if not self.sampling.valid_utf8:
+            self.emitted += piece
+            if self.grammar is not None:
+                llama_cpp.llama_sampler_accept(self.grammar, token)
+            return token, piece
         ok, pending = _utf8_prefix(self.pending + piece)
         if not ok or (not piece and self.grammar is not None):
             return None

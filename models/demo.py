@@ -79,10 +79,10 @@ def bundle_workdir(out_dir: Path) -> Iterator[Path]:
         raise
 
 
-def write_manifest(work: Path, manifest: dict[str, Any]) -> None:
-    """bundle.yaml with the checksums of the two model files already in `work`."""
-    manifest["files"] = {role: {"path": name, "sha256": sha256_file(work / name)}
-                         for role, name in (("vision", "vision.onnx"), ("language", "language.gguf"))}
+def write_manifest(work: Path, manifest: dict[str, Any], extra_files: dict[str, str] | None = None) -> None:
+    """bundle.yaml with the checksums of the model files already in `work`."""
+    files = {"vision": "vision.onnx", "language": "language.gguf"} | (extra_files or {})
+    manifest["files"] = {role: {"path": name, "sha256": sha256_file(work / name)} for role, name in files.items()}
     order = ["format", "name", "version", "description", "files"]
     ordered = {k: manifest[k] for k in order} | {k: v for k, v in manifest.items() if k not in order}
     (work / "bundle.yaml").write_text(yaml.safe_dump(ordered, sort_keys=False, width=100))
