@@ -32,6 +32,9 @@ class ModelConfig(_Section):
     context_size: int = Field(2048, ge=256, le=131072, description="llama.cpp context (tokens).")
     batch_size: int = Field(512, ge=32, le=8192, description="llama.cpp batch size (tokens per decode).")
     gpu_layers: int = Field(0, ge=-1, description="Layers offloaded to the GPU; -1 offloads all.")
+    kv_cache_type: Literal["f16", "f32"] = Field(
+        "f16", description="llama.cpp KV cache precision: f16 halves its memory; f32 matches a float32 "
+        "reference implementation to ~1e-5 (docs/models.md).")
     providers: list[str] = Field(
         default_factory=lambda: list(DEFAULT_PROVIDERS),
         description="ONNX Runtime execution providers in order of preference; missing ones are skipped.")

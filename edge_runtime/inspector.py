@@ -69,7 +69,7 @@ class Inspector:
         self.preprocessor = Preprocessor(m.preprocess)
         self.language = LanguageModel(
             bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
-            settings.batch_size, settings.reuse_prefix_cache)
+            settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type)
         try:
             vision_path = bundle.vision_path
             if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:

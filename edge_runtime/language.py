@@ -69,11 +69,13 @@ class LanguageModel:
     """Owns the llama.cpp model, context and batches; `close()` frees them. Not thread-safe."""
 
     def __init__(self, path: Path, context_size: int, threads: int, gpu_layers: int,
-                 batch_size: int = 512, reuse_prefix: bool = True) -> None:
+                 batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16") -> None:
+        self._kv_type = _GGML_TYPES[kv_cache_type]
         try:
             self._llm: llama_cpp.Llama | None = llama_cpp.Llama(
                 model_path=str(path), n_ctx=context_size, n_batch=batch_size, n_ubatch=batch_size,
                 n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, verbose=False,
+                type_k=self._kv_type, type_v=self._kv_type,
             )
         except ValueError as exc:  # llama-cpp-python's only signal is "Failed to load model"
             raise BundleError(f"{path} could not be loaded by llama.cpp ({exc}); "
@@ -286,6 +288,7 @@ class LanguageModel:
             params.n_seq_max = max(sequences, 4)
             params.kv_unified = True
             params.n_threads = params.n_threads_batch = self._threads
+            params.type_k = params.type_v = self._kv_type
             self._par_ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
             if not self._par_ctx:
                 raise InferenceError("llama.cpp could not create a context for parallel sequences")
@@ -385,6 +388,7 @@ class LanguageModel:
         self._llm = None
 
 
+_GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type values for the KV cache
 _NEG_INF = np.float32(-np.inf)
 _SHORTLIST = 64  # top logits checked against the grammar before a full-vocabulary pass
 _SHORTLIST_PATIENCE = 4  # misses in a row before the shortlist is tried only now and then

@@ -147,7 +147,8 @@ class _Steps:
     def __init__(self, progress: bool, total: int) -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=total, unit="step", disable=not progress, bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}]")
+        self.bar = tqdm(total=total, unit="step", disable=not progress,
+                        bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}]")
         self.seconds: dict[str, float] = {}
 
     @contextmanager
@@ -369,9 +370,10 @@ def _export_vision(adapter: _Adapter, path: Path) -> tuple[int, int]:
     example = torch.zeros(2, 3, size, size)
     with torch.no_grad():
         out = Vision()(example)
-        torch.onnx.export(Vision(), (example,), str(path), input_names=["pixel_values"],
-                          output_names=["image_embeds"], opset_version=17, dynamo=False,
-                          dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}})
+        program = torch.onnx.export(
+            Vision().eval(), (example,), input_names=["pixel_values"], output_names=["image_embeds"], dynamo=True,
+            dynamic_shapes={"pixel_values": {0: torch.export.Dim("batch", min=1, max=64)}}, verbose=False)
+    program.save(str(path), external_data=False)
     return int(out.shape[1]), int(out.shape[2])
 
 
