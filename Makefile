@@ -6,10 +6,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EXPORT_STAMP := $(VENV)/.installed-export
+# torch for `models export` and its tests. Pinned so pip takes the CPU wheel these machines keep on
+# disk; with no torch installed, a bare `torch` would pull a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
 SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
 
-.PHONY: venv demo test lint typecheck system-deps clean bench test-image test-ota
+.PHONY: venv export-deps demo test lint typecheck system-deps clean bench test-image test-ota
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +23,14 @@ $(STAMP): pyproject.toml
 	touch $@
 
 venv: $(STAMP)
+
+# The export extra (torch, transformers, onnxscript, sentencepiece): tests only, never the daemon.
+$(EXPORT_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet '$(TORCH)'
+	$(BIN)/pip install --quiet -e '.[test,export]'
+	touch $@
+
+export-deps: $(EXPORT_STAMP)
 
 system-deps:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -37,7 +49,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv system-deps lint typecheck
+test: venv export-deps system-deps lint typecheck
 	$(BIN)/python -m pytest
 
 # Slow, not part of `make test` (needs root and a Docker engine): builds the x86 image and waits for healthy.
