@@ -22,6 +22,7 @@ from .demo import (
     write_manifest,
 )
 from .language_gguf import LanguageShape, write_language_model
+from .llama_cpp_tools import quantize
 from .tokenizer import train_bpe
 from .vision_onnx import VisionShape, build_vision_model
 
@@ -50,18 +51,6 @@ class BenchBundle:
 BENCH_BUNDLES = {b.name: b for b in (BenchBundle(*name.split("-")) for name in BENCH_BUNDLE_NAMES)}
 
 
-def quantize_gguf(src: Path, dst: Path, ftype: int = 15, threads: int = 0) -> None:
-    """llama.cpp's quantizer (15 = Q4_K_M); rows that K-quants cannot take fall back as llama.cpp decides."""
-    from edge_runtime.engines import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = threads
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize failed with code {rc}")
-
-
 def build_bench_bundle(name: str, out_dir: Path, seed: int = 7) -> Path:
     spec = BENCH_BUNDLES[name]
     real = spec.language in REAL_LANGUAGE
@@ -74,7 +63,7 @@ def build_bench_bundle(name: str, out_dir: Path, seed: int = 7) -> Path:
             lang_width, context, quant, template = lang.width, lang.context, "Q4_K_M", PROMPT_TEMPLATE
             f16 = work / "language-f16.gguf"
             write_language_model(f16, lang, train_bpe(_CORPUS, n_merges=240), seed + 1, "F16", name=name)
-            quantize_gguf(f16, work / "language.gguf")
+            quantize(f16, work / "language.gguf", "Q4_K_M")
             f16.unlink()
         vision = VisionShape(image_size=VISION_SIZES[spec.vision], patch=16, width=768, heads=12, blocks=12,
                              mlp=3072, out_dim=lang_width)
