@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXPORT_STAMP := $(VENV)/.installed-export
 # torch for `models export` and its tests. Pinned so pip takes the CPU wheel these machines keep on
-# disk; with no torch installed, a bare `torch` would pull a multi-GB CUDA build.
+# disk; with no torch installed, a bare `torch` would pull a multi-GB CUDA build. Elsewhere:
+#   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
 SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
@@ -26,7 +27,7 @@ venv: $(STAMP)
 
 # The export extra (torch, transformers, onnxscript, sentencepiece): tests only, never the daemon.
 $(EXPORT_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet '$(TORCH)'
+	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e '.[test,export]'
 	touch $@
 
