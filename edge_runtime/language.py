@@ -91,6 +91,7 @@ class LanguageModel:
         self._threads = threads
         self._par_ctx: Any = None  # created on the first batched generation
         self._par_seqs = 0
+        self._par_n_ctx = 0
         # Per-token lookups done once per model, not once per generated token.
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
@@ -205,10 +206,14 @@ class LanguageModel:
         if len(items) == 1:
             prefix, image, suffix = items[0]
             return [self.generate(prefix, image, suffix, grammar, max_tokens)]
-        ctx = self._parallel_context(len(items))
+        prefix = items[0][0]
+        # The sequences share the prefix's KV cells (llama_memory_seq_cp in a unified cache); each
+        # needs its own cells for its image, question and answer.
+        cells = len(prefix) + sum(sum(len(s) for s in image_segments(image)) + len(suffix) + max_tokens
+                                  for _, image, suffix in items)
+        ctx = self._parallel_context(len(items), cells)
         memory = llama_cpp.llama_get_memory(ctx)
         llama_cpp.llama_memory_clear(memory, True)
-        prefix = items[0][0]
         if any(it[0] != prefix for it in items):
             raise InferenceError("batched prompts must share their prefix")
         t0 = time.perf_counter()
@@ -277,13 +282,15 @@ class LanguageModel:
                                                     thread_name_prefix="sampler")
         return list(self._pickers_pool.map(pick, range(len(active))))
 
-    def _parallel_context(self, sequences: int) -> Any:
-        """A second llama.cpp context over the same weights with room for `sequences` sequences."""
-        if self._par_ctx is None or self._par_seqs < sequences:
+    def _parallel_context(self, sequences: int, cells: int) -> Any:
+        """A second llama.cpp context over the same weights with room for `sequences` sequences
+        and `cells` KV cells in all (grown, never shrunk, when a batch needs more)."""
+        n_ctx = max(self.n_ctx, -(-cells // 256) * 256)
+        if self._par_ctx is None or self._par_seqs < sequences or self._par_n_ctx < n_ctx:
             if self._par_ctx is not None:
                 llama_cpp.llama_free(self._par_ctx)
             params = llama_cpp.llama_context_default_params()
-            params.n_ctx = self.n_ctx
+            params.n_ctx = n_ctx
             params.n_batch = params.n_ubatch = self.n_batch
             params.n_seq_max = max(sequences, 4)
             params.kv_unified = True
@@ -293,6 +300,7 @@ class LanguageModel:
             if not self._par_ctx:
                 raise InferenceError("llama.cpp could not create a context for parallel sequences")
             self._par_seqs = params.n_seq_max
+            self._par_n_ctx = n_ctx
         return self._par_ctx
 
     def _prefill_prefix(self, prefix: list[int]) -> int:

@@ -107,3 +107,17 @@ def test_parallel_sequences_pick_the_same_tokens_in_threads_as_in_turn(inspector
     monkeypatch.setattr(language, "_PARALLEL_PICK_VOCAB", 0)  # the demo vocabulary is small: force threads
     threaded = [g.text for g in inspector.language.generate_batch(items, inspector.grammar, 200)]
     assert threaded == in_turn
+
+
+def test_parallel_sequences_get_kv_room_beyond_one_context(demo_bundle: Bundle, config: Config) -> None:
+    # Four prompts of ~170 tokens plus 200 tokens of answer each need more KV cells than a 512-token
+    # context holds: the batch context grows to fit instead of failing mid-generation.
+    settings = config.model.model_copy(update={"context_size": 512, "warmup": False})
+    small = Inspector(demo_bundle, settings, "test")
+    try:
+        items = [small.sequence(small.default_prompt, small.encode(f)) for f in synthetic_frames(4, seed=51)]
+        gens = small.language.generate_batch(items, small.grammar, 200)
+        for gen in gens:
+            jsonschema.validate(json.loads(gen.text, strict=True), demo_bundle.manifest.verdict_schema)
+    finally:
+        small.close()
