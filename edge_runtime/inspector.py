@@ -83,6 +83,7 @@ class Inspector:
         self.max_tokens = settings.max_tokens or m.generation.max_tokens
         self.grammar = schema_to_grammar(m.verdict_schema)
         self.validator = Draft202012Validator(m.verdict_schema)
+        self._token_cache: dict[str, list[int]] = {}
         self._image_token = -1
         if m.vision.layout is not None:
             ids = self.language.tokenize(m.vision.layout.image_token)
@@ -131,13 +132,22 @@ class Inspector:
         if layout is None:
             text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
             before, after = text.split(_IMAGE)
-            return self.language.tokenize(before), None if enc is None else enc.embeds, self.language.tokenize(after)
+            return self._tokenize(before), None if enc is None else enc.embeds, self._tokenize(after)
         image_text = "" if enc is None else image_prompt(layout, self.bundle.manifest.vision.image_tokens, enc.grid)
-        ids = self.language.tokenize(
+        ids = self._tokenize(
             p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt))
         if enc is None:
             return ids, None, []
         return split_at_image_tokens(ids, self._image_token, enc.embeds)
+
+    def _tokenize(self, text: str) -> list[int]:
+        """The same prompt texts come back every frame (one per question and tile grid): tokenize once."""
+        ids = self._token_cache.get(text)
+        if ids is None:
+            if len(self._token_cache) >= 64:
+                self._token_cache.clear()
+            ids = self._token_cache[text] = self.language.tokenize(text)
+        return list(ids)
 
     def prompt_parts(self, prompt: str) -> tuple[list[int], list[int]]:
         """Token ids before and after the image for this question (bundles without an image layout)."""
@@ -146,11 +156,11 @@ class Inspector:
         prefix, _, suffix = self.sequence(prompt, None)
         return prefix, suffix
 
-    def generate(self, prefix: list[int], embeds: ImagePart, suffix: list[int],
+    def generate(self, prefix: list[int], image: ImagePart, suffix: list[int],
                  grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,
                  on_text: Callable[[str], None] | None = None, stop: list[str] | None = None) -> Generation:
         with self._lock:
-            return self.language.generate(prefix, embeds, suffix, grammar, max_tokens, sampling, on_text, stop)
+            return self.language.generate(prefix, image, suffix, grammar, max_tokens, sampling, on_text, stop)
 
     def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
                 seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,

@@ -330,6 +330,8 @@ _ADAPTERS: dict[str, Callable[[Any, Any], _Adapter]] = {"llava": _Llava, "smolvl
 def _spaces_after_special(tok: Any) -> bool:
     """Does the tokenizer read text right after a special token as if it began with a space?"""
     special = tok.bos_token or tok.eos_token
+    if special is None:
+        return True  # nothing to test against: keep llama.cpp's SentencePiece default
     plain = tok(f"{special}USER", add_special_tokens=False).input_ids
     spaced = tok(f"{special} USER", add_special_tokens=False).input_ids
     return bool(plain == spaced)
