@@ -108,6 +108,8 @@ class Daemon:
         self._reload = threading.Event()
         self._reload_lock = threading.Lock()
         self._telemetry_mark = (time.monotonic(), 0)
+        # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
+        self.faults: set[str] = set()
         if config.mqtt.enabled:
             self._add_mqtt(config)
         self.api: ApiServer | None = None
@@ -193,6 +195,17 @@ class Daemon:
                     systemd.notify("WATCHDOG=1")
         finally:
             self.stop()
+
+    def health(self) -> dict[str, Any]:
+        """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).
+
+        ``state`` is ``starting`` (model not loaded), ``ok``, or ``degraded`` with one short reason
+        per fault that stops inspection or delivery (e.g. ``disk full``); faults heal by themselves.
+        """
+        ready = bool(self.inspector and self.inspector.ready and self.alive())
+        reasons = sorted(self.faults)
+        state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
+        return {"ready": ready and not reasons, "state": state, "reasons": reasons}
 
     def alive(self) -> bool:
         """The pipeline really works: the worker turns and no inspection has hung."""
@@ -287,6 +300,7 @@ class Daemon:
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 1),
             "ready": bool(inspector and inspector.ready),
+            "health": self.health(),
             "model": inspector.bundle.describe() if inspector else None,
             "cameras": cameras,
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,

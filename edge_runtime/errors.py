@@ -23,3 +23,16 @@ class ImageTooLarge(ImageError):
 
 class InferenceError(EdgeRuntimeError):
     """The model ran but did not produce a usable verdict (e.g. ran out of tokens)."""
+
+
+class InputError(EdgeRuntimeError):
+    """A client's input is refused before it costs anything: too large, too complex or malformed.
+
+    `field` names the offending request field (dotted path, e.g. ``response_format.json_schema``);
+    the HTTP layer answers `status` (4xx) with this message, MQTT commands reply with it.
+    """
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status = status
