@@ -1,0 +1,221 @@
+"""Soak: a real daemon process with four cameras, MQTT and a steady API load; RSS and open-file slopes.
+
+    python benchmarks/soak.py --minutes 30 --out soak.json
+
+Starts a private Mosquitto (when installed) and `edge-runtime run` on the demo bundle with four looping
+video cameras, then loads the REST and OpenAI endpoints from a few client threads on loopback while it
+samples the daemon's RSS, open file descriptors and threads every `--sample-s` seconds. The slopes are
+least-squares fits over the samples after `--warmup-min` minutes: a leak shows as a positive slope that
+does not level off. Every request loop is bounded by the run's duration; everything stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import requests
+
+from edge_runtime.samples import part_image, write_sample_video
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_sample(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss_mb": int(fields["VmRSS"].split()[0]) / 1024,
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "threads": int(fields["Threads"]),
+    }
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, value) points, per hour."""
+    if len(points) < 3:
+        return float("nan")
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return 3600 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+
+
+class Load:
+    """A steady mix of API calls from a few threads; counts answers by status class."""
+
+    def __init__(self, base: str, seconds: float) -> None:
+        self.base, self.deadline = base, time.monotonic() + seconds
+        self.counts: dict[str, int] = {}
+        self.health_ms: list[float] = []
+        self._lock = threading.Lock()
+        jpeg = cv2.imencode(".jpg", part_image(3, 640, 480))[1].tobytes()
+        self.jpeg = jpeg
+        self.data_url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _call(self, s: requests.Session, method: str, path: str, **kw: Any) -> None:
+        try:
+            r = s.request(method, self.base + path, timeout=30, **kw)
+            self._count(f"{method} {path.split('?')[0]} {r.status_code}")
+            r.close()
+        except requests.RequestException as exc:
+            self._count(type(exc).__name__)
+
+    def readers(self) -> None:
+        with requests.Session() as s:
+            while time.monotonic() < self.deadline:
+                for path in ("/api/v1/status", "/api/v1/results?limit=50", "/metrics", "/"):
+                    self._call(s, "GET", path)
+                t0 = time.perf_counter()
+                self._call(s, "GET", "/healthz")
+                with self._lock:
+                    self.health_ms.append((time.perf_counter() - t0) * 1000)
+                time.sleep(0.2)
+
+    def inference(self) -> None:
+        with requests.Session() as s:
+            while time.monotonic() < self.deadline:
+                self._call(s, "POST", "/api/v1/infer", files={"image": ("p.jpg", self.jpeg)})
+                self._call(s, "POST", "/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": [
+                        {"type": "text", "text": "Is this part OK?"},
+                        {"type": "image_url", "image_url": {"url": self.data_url}}]}],
+                    "max_tokens": 48})
+                time.sleep(0.5)
+
+    def streams(self) -> None:
+        """Open the live event stream for a few seconds, then drop it, over and over."""
+        while time.monotonic() < self.deadline:
+            try:
+                with requests.get(self.base + "/api/v1/events", stream=True, timeout=10) as r:
+                    end = time.monotonic() + 5
+                    for _ in r.iter_lines():
+                        if time.monotonic() > end:
+                            break
+                self._count("stream")
+            except requests.RequestException as exc:
+                self._count(type(exc).__name__)
+            time.sleep(1)
+
+
+def start_broker(tmp: Path) -> tuple[subprocess.Popen[bytes] | None, int]:
+    exe = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
+    if exe is None:
+        return None, 0
+    port = free_port()
+    conf = tmp / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                    + ("user root\n" if os.geteuid() == 0 else ""))
+    return subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--cameras", type=int, default=4)
+    ap.add_argument("--sample-s", type=float, default=15)
+    ap.add_argument("--warmup-min", type=float, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    seconds = args.minutes * 60
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        broker, mqtt_port = start_broker(tmp)
+        video = write_sample_video(tmp / "line.avi", frames=150, width=640, height=480)
+        api_port = free_port()
+        cams = "".join(f"  - name: cam{i}\n    source: {video}\n    fps: 10\n"
+                       "    trigger: {mode: interval, interval_s: 0.5}\n" for i in range(args.cameras))
+        mqtt = f"mqtt:\n  host: 127.0.0.1\n  port: {mqtt_port}\n" if broker else "mqtt:\n  enabled: false\n"
+        (tmp / "soak.yaml").write_text(
+            f"device_id: soak\ndata_dir: {tmp / 'data'}\nmodel:\n  threads: 2\n"
+            f"api:\n  host: 127.0.0.1\n  port: {api_port}\n{mqtt}governor:\n  enabled: false\ncameras:\n{cams}")
+        log = open(tmp / "daemon.log", "wb")  # closed after the daemon stops
+        daemon = subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(tmp / "soak.yaml"),
+                                   "--log-level", "warning", "run"], stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{api_port}"
+        try:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                try:
+                    if requests.get(base + "/readyz", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                if daemon.poll() is not None:
+                    raise SystemExit(f"daemon exited with {daemon.returncode}: {(tmp / 'daemon.log').read_text()}")
+                time.sleep(1)
+            load = Load(base, seconds)
+            workers = [threading.Thread(target=load.readers, daemon=True) for _ in range(2)]
+            workers += [threading.Thread(target=load.inference, daemon=True),
+                        threading.Thread(target=load.streams, daemon=True)]
+            for w in workers:
+                w.start()
+            t_start = time.monotonic()
+            samples: list[dict[str, float]] = []
+            while time.monotonic() - t_start < seconds:
+                if daemon.poll() is not None:
+                    raise SystemExit(f"daemon died with {daemon.returncode}")
+                samples.append({"t": round(time.monotonic() - t_start, 1), **proc_sample(daemon.pid)})
+                time.sleep(args.sample_s)
+            for w in workers:
+                w.join(60)
+            status = requests.get(base + "/api/v1/status", timeout=10).json()
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+            log.close()
+            if broker is not None:
+                broker.terminate()
+                broker.wait(10)
+        steady = [s for s in samples if s["t"] >= args.warmup_min * 60] or samples
+        health = sorted(load.health_ms)
+        report = {
+            "minutes": args.minutes, "cameras": args.cameras, "mqtt": broker is not None,
+            "daemon_exit_code": daemon.returncode,
+            "rss_mb": {"start": round(samples[0]["rss_mb"], 1), "end": round(samples[-1]["rss_mb"], 1),
+                       "peak": round(max(s["rss_mb"] for s in samples), 1),
+                       "slope_mb_per_h": round(slope_per_hour([(s["t"], s["rss_mb"]) for s in steady]), 2)},
+            "fds": {"start": samples[0]["fds"], "end": samples[-1]["fds"],
+                    "slope_per_h": round(slope_per_hour([(s["t"], s["fds"]) for s in steady]), 2)},
+            "threads": {"start": samples[0]["threads"], "end": samples[-1]["threads"]},
+            "requests": load.counts,
+            "healthz_ms": {"p50": round(statistics.median(health), 1) if health else None,
+                           "max": round(health[-1], 1) if health else None},
+            "inspected": status.get("inspection", {}).get("inspected"),
+            "journal": status.get("journal"),
+            "samples": samples,
+        }
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    summary = {k: v for k, v in report.items() if k != "samples"}
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
