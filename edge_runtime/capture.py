@@ -3,6 +3,8 @@
 Capture never waits for inference. Each camera reads as fast as its source delivers, keeps only the
 newest frame, and counts every frame that was replaced before anyone took it. A source that fails
 or ends is reopened with exponential backoff; its state and last error are visible to the daemon.
+Image files (single images and watched folders) go through the same checked decoder as uploads:
+a bomb, a truncated or a corrupt file is refused by its header, counted and logged once.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,9 +23,19 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .config import CameraConfig
+from .config import CameraConfig, ImageLimits
+from .errors import ImageError
+from .images import read_image_file
 
 log = logging.getLogger(__name__)
+
+# OpenCV's and FFmpeg's own lines ("[ WARN:0@1.2] ...", "[rtsp @ 0x...] ...") bypass our logger and
+# the one-line-per-event log; the camera's state and last_error already say what failed. A user who
+# sets these variables (e.g. OPENCV_LOG_LEVEL=DEBUG) gets OpenCV's own output back.
+if "OPENCV_LOG_LEVEL" not in os.environ:
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
+# Read when the first FFmpeg capture opens, so setting it here (before any VideoCapture) is in time.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
@@ -49,7 +62,37 @@ class CameraStats:
     captured: int = 0
     dropped: int = 0  # replaced in the slot before it was taken for inspection
     read_errors: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # reopened after a failure (a file starting over is a loop, not a reconnect)
+    loops: int = 0  # a looping file or folder started over
+    refused: int = 0  # image files refused by the decoder's checks (bomb, truncated, corrupt, ...)
+
+
+class RefusedFiles:
+    """Files a folder camera refused, by (path, size, mtime): logged once, skipped until they change."""
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._seen: OrderedDict[tuple[str, int, int], str] = OrderedDict()
+        self.capacity = capacity
+
+    @staticmethod
+    def _key(path: Path) -> tuple[str, int, int] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return str(path), st.st_size, st.st_mtime_ns
+
+    def reason(self, path: Path) -> str | None:
+        key = self._key(path)
+        return self._seen.get(key) if key else None
+
+    def add(self, path: Path, reason: str) -> None:
+        key = self._key(path)
+        if key is None:
+            return
+        self._seen[key] = reason
+        while len(self._seen) > self.capacity:  # bounded: a folder of junk must not grow memory
+            self._seen.popitem(last=False)
 
 
 class LatestFrame:
@@ -115,17 +158,25 @@ def source_kind(cfg: CameraConfig) -> str:
         return "folder"
     if path.suffix.lower() in IMAGE_SUFFIXES:
         return "image"
+    if not path.exists() and (not path.suffix or src.endswith("/")):
+        return "folder"  # video files have a suffix; a watched folder may not exist yet
     return "video"
 
 
 class Source:
     """One opened capture; `read()` returns a BGR frame or None when the source failed or ended."""
 
-    def __init__(self, cfg: CameraConfig) -> None:
+    def __init__(self, cfg: CameraConfig, limits: ImageLimits | None = None,
+                 refused: RefusedFiles | None = None) -> None:
         self.cfg = cfg
         self.kind = source_kind(cfg)
+        self.limits = limits or ImageLimits()
+        self.refused = refused if refused is not None else RefusedFiles()
         self.cap: cv2.VideoCapture | None = None
         self._images: Iterator[Path] | None = None
+        self.path = Path(str(cfg.source).removeprefix("file://"))
+        self.new_refusals: list[tuple[Path, str]] = []  # refused during the last read, for the camera
+        self.refused_count = 0  # files skipped as refused since this source opened
         self.pace_s = 0.0  # files are paced to a frame rate so they behave like cameras
         self._open()
 
@@ -134,16 +185,13 @@ class Source:
         timeouts = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
                     cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
         if self.kind in ("image", "folder"):
-            path = Path(src.removeprefix("file://"))
-            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) \
-                if path.is_dir() else [path]
-            if not files or not all(p.exists() for p in files):
-                raise OSError(f"no images at {path}")
-            self._images = iter(files)
+            self._images = iter(self._image_files())
             self.pace_s = 1.0 / (cfg.fps or 1.0)
             return
         if self.kind == "v4l2":
             device = int(src) if src.isdigit() else src
+            if isinstance(device, str) and not Path(device).exists():
+                raise OSError(f"no such video device: {device}")
             self.cap = cv2.VideoCapture(device, cv2.CAP_V4L2)
             if cfg.fourcc:
                 self.cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
@@ -159,30 +207,68 @@ class Source:
                 os.environ.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "rtsp_transport;tcp")
             self.cap = cv2.VideoCapture(src, cv2.CAP_FFMPEG, timeouts)
         elif self.kind in ("gstreamer", "csi"):
+            if not cv2.videoio_registry.hasBackend(cv2.CAP_GSTREAMER):
+                raise OSError("this OpenCV build has no GStreamer support (PyPI's opencv-python wheels lack it): "
+                              "use the L4T image's OpenCV for gstreamer/csi cameras")
             pipeline = src if self.kind == "gstreamer" else csi_pipeline(
                 cfg.csi.sensor_id, cfg.width or 1920, cfg.height or 1080, cfg.fps or 30, cfg.csi.flip_method)
             self.cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
         else:  # video file
-            video = src.removeprefix("file://")
-            if not Path(video).is_file():
-                raise OSError(f"no such video file: {video}")
-            self.cap = cv2.VideoCapture(video, cv2.CAP_FFMPEG, timeouts)
+            if not self.path.is_file():
+                raise OSError(f"no such video file: {self.path}")
+            self.cap = cv2.VideoCapture(str(self.path), cv2.CAP_FFMPEG, timeouts)
             native = self.cap.get(cv2.CAP_PROP_FPS) if self.cap.isOpened() else 0
             self.pace_s = 1.0 / (cfg.fps or (native if 0 < native < 240 else 10))
         if self.cap is None or not self.cap.isOpened():
             raise OSError(f"OpenCV could not open {self.kind} source {redact(src)}")
+        # The stream's frame size, where the backend knows it before the first decode.
+        width, height = (int(self.cap.get(p)) for p in (cv2.CAP_PROP_FRAME_WIDTH, cv2.CAP_PROP_FRAME_HEIGHT))
+        if width * height > self.limits.max_pixels:
+            self.close()
+            raise OSError(f"frames of {width}x{height} pixels are more than images.max_pixels "
+                          f"({self.limits.max_pixels}); lower the camera's resolution")
+
+    def _image_files(self) -> list[Path]:
+        path = self.path
+        if self.kind == "image":
+            if not path.is_file():
+                raise OSError(f"no such image file: {path}")
+            return [path]
+        if not path.is_dir():
+            raise OSError(f"no such folder: {path}" if not path.exists() else f"{path} is not a folder")
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise OSError(f"the folder {path} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        return files
 
     def read(self) -> np.ndarray | None:
         if self._images is not None:
-            for path in self._images:
-                frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
-                if frame is not None:
-                    return frame
-                log.warning("camera %s: skipping unreadable image %s", self.cfg.name, path)
-            return None
+            return self._next_image(self._images)
         assert self.cap is not None
         ok, frame = self.cap.read()
-        return frame if ok and frame is not None and frame.size else None
+        if not ok or frame is None or not frame.size:
+            return None
+        if frame.shape[0] * frame.shape[1] > self.limits.max_pixels:  # a camera that changed mode
+            raise ImageError(f"a frame of {frame.shape[1]}x{frame.shape[0]} pixels is more than "
+                             f"images.max_pixels ({self.limits.max_pixels})")
+        return frame
+
+    def _next_image(self, images: Iterator[Path]) -> np.ndarray | None:
+        """The next file that passes the decoder's checks; refused files are skipped and reported."""
+        lim = self.limits
+        for path in images:
+            if self.refused.reason(path) is not None:
+                self.refused_count += 1
+                continue
+            try:
+                return read_image_file(path, lim.max_pixels, lim.min_side, int(lim.max_file_mb * 2**20))
+            except ImageError as exc:
+                if not path.exists():  # removed since the folder was listed: not the file's fault
+                    continue
+                self.refused.add(path, str(exc))
+                self.refused_count += 1
+                self.new_refusals.append((path, str(exc)))
+        return None
 
     @property
     def is_file(self) -> bool:
@@ -223,10 +309,12 @@ class CameraStatus:
 class Camera:
     """Reads one source forever into `slot`, reopening it with backoff when it fails."""
 
-    def __init__(self, cfg: CameraConfig) -> None:
+    def __init__(self, cfg: CameraConfig, limits: ImageLimits | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.kind = source_kind(cfg)
+        self.limits = limits or ImageLimits()
+        self.refused = RefusedFiles()
         self.slot = LatestFrame()
         self.stats = CameraStats()
         self.state = CameraState.CONNECTING
@@ -248,7 +336,8 @@ class Camera:
         now = time.time()
         recent = [t for t in self._recent if now - t < 2.0]
         stats = {"captured": self.stats.captured, "dropped": self.slot.dropped,
-                 "read_errors": self.stats.read_errors, "reconnects": self.stats.reconnects}
+                 "read_errors": self.stats.read_errors, "reconnects": self.stats.reconnects,
+                 "loops": self.stats.loops, "refused": self.stats.refused}
         return CameraStatus(self.name, self.kind, redact(str(self.cfg.source)), self.state.value,
                             self.last_error, round(len(recent) / 2.0, 2), stats)
 
@@ -261,37 +350,53 @@ class Camera:
             self.last_error = error
 
     def _run(self) -> None:
-        backoff, failures = self.cfg.reconnect_min_s, 0
+        backoff, failures, looping = self.cfg.reconnect_min_s, 0, False
         while not self._stop.is_set():
             try:
-                source = Source(self.cfg)
+                source = Source(self.cfg, self.limits, self.refused)
             except Exception as exc:  # noqa: BLE001 - any failure to open is reported, never fatal
                 failures += 1
+                looping = False
                 self._set_state(CameraState.FAILED if failures >= 3 else CameraState.RECONNECTING, str(exc))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.cfg.reconnect_max_s)
                 continue
-            if failures or self.stats.captured:
+            if looping:
+                self.stats.loops += 1
+            elif failures or self.stats.captured:
                 self.stats.reconnects += 1
+            looping = False
             self._set_state(CameraState.STREAMING)
             before = self.stats.captured
-            ended = self._stream(source)
+            try:
+                ended = self._stream(source)
+            finally:
+                source.close()
             if self.stats.captured > before:
                 backoff, failures = self.cfg.reconnect_min_s, 0
-            source.close()
             if self._stop.is_set():
                 break
             if ended and source.is_file:
                 if not self.cfg.loop:
                     self._set_state(CameraState.ENDED)
                     return
-                backoff, failures = self.cfg.reconnect_min_s, 0  # a file loops at once
+                backoff, failures, looping = self.cfg.reconnect_min_s, 0, True  # a file loops at once
                 continue
             failures += 1
-            self._set_state(CameraState.RECONNECTING, "the source stopped delivering frames")
+            why = "the source stopped delivering frames"
+            if source.is_file and source.refused_count:
+                why = f"no usable image at {source.path}: {source.refused_count} file(s) refused"
+            self._set_state(CameraState.RECONNECTING, why)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.cfg.reconnect_max_s)
         self.state = CameraState.STOPPED
+
+    def _report_refusals(self, source: Source) -> None:
+        for path, reason in source.new_refusals:
+            self.stats.refused += 1
+            self.last_error = f"refused {path.name}: {reason}"
+            log.warning("camera %s: refused %s", self.name, reason)  # once per file and version of it
+        source.new_refusals.clear()
 
     def _stream(self, source: Source) -> bool:
         """Read until the source ends or fails; True when it simply ran out (end of file)."""
@@ -305,6 +410,9 @@ class Camera:
                 self.stats.read_errors += 1
                 self.last_error = f"read failed: {exc}"
                 image = None
+            if image is not None and delivered == 0:
+                self.last_error = None  # delivering again after a (re)open: the last problem is over
+            self._report_refusals(source)
             if image is None:
                 if not source.is_file:
                     self.stats.read_errors += 1

@@ -56,7 +56,8 @@ def cmd_infer(args: argparse.Namespace, config: Config) -> int:
     from .vision import read_image_file
 
     # Read the image before loading the model: a wrong path fails fast.
-    frame = read_image_file(args.image, config.images.max_pixels, config.images.min_side)
+    lim = config.images
+    frame = read_image_file(args.image, lim.max_pixels, lim.min_side, int(lim.max_file_mb * 2**20))
     if args.no_warmup:
         config.model.warmup = False
     inspector = open_inspector(config, args.model)
