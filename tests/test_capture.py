@@ -67,7 +67,7 @@ def test_folder_of_only_refused_files_says_so(tmp_path: Path, cameras: list[Came
 
 
 def test_folder_bomb_is_refused_without_growing_memory(tmp_path: Path) -> None:
-    """A 12000x12000 black PNG (430 KB on disk, 432 MB decoded) in a watched folder: peak RSS stays flat."""
+    """A 12000x12000 black PNG (2 MB on disk, 432 MB decoded) in a watched folder: peak RSS stays flat."""
     folder = tmp_path / "drop"
     folder.mkdir()
     (folder / "bomb.png").write_bytes(png_zero_bomb(12000, 12000))
