@@ -12,6 +12,7 @@ would be a guess.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import cv2
@@ -23,6 +24,11 @@ from .errors import ImageError, ImageTooLarge
 
 # Our own max_pixels check replaces Pillow's global bomb warning.
 Image.MAX_IMAGE_PIXELS = None
+# OpenCV's own "[ WARN:0@1.2] ..." / "[ERROR:0@1.2] imdecode_ ..." lines bypass our logger and the
+# one-line-per-event log; every failure is reported in our words (ImageError, a camera's last_error).
+# A user who sets OPENCV_LOG_LEVEL (e.g. DEBUG) gets OpenCV's own output back.
+if "OPENCV_LOG_LEVEL" not in os.environ:
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
 
 SUPPORTED_FORMATS = {"JPEG", "PNG", "BMP", "TIFF", "WEBP"}
 MAX_PIXELS = 50_000_000
