@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 
 import cv2
@@ -29,6 +30,8 @@ Image.MAX_IMAGE_PIXELS = None
 # A user who sets OPENCV_LOG_LEVEL (e.g. DEBUG) gets OpenCV's own output back.
 if "OPENCV_LOG_LEVEL" not in os.environ:
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
+# Pillow warns (on stderr) about the corrupt files we then refuse with our own one-line reason.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
 
 SUPPORTED_FORMATS = {"JPEG", "PNG", "BMP", "TIFF", "WEBP"}
 MAX_PIXELS = 50_000_000
@@ -61,7 +64,7 @@ def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_
     if fmt == "JPEG":
         return _orient(_decode_jpeg(data), orientation)
     if fmt == "PNG":
-        _verify_png(data)
+        return _decode_png(data)
     decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if decoded is None:
         raise ImageError(f"the {fmt} image is corrupt or truncated and could not be decoded")
@@ -107,12 +110,19 @@ def _decode_jpeg(data: bytes) -> np.ndarray:
         raise ImageError(f"the JPEG is corrupt or truncated ({reason})") from None
 
 
-def _verify_png(data: bytes) -> None:
-    """Walk the chunks: every CRC must match and IEND must come (no pixel decode)."""
+def _decode_png(data: bytes) -> np.ndarray:
+    """Chunks first (every CRC, IEND), then Pillow's decoder, which raises on a short zlib stream
+    where libpng (in OpenCV) would print to stderr. Converted as OpenCV's IMREAD_COLOR does."""
     try:
         with Image.open(io.BytesIO(data)) as png:
             png.verify()
-    except Exception as exc:  # noqa: BLE001 - verify raises SyntaxError, OSError, struct.error...
+        with Image.open(io.BytesIO(data)) as png:
+            png.load()
+            if png.mode.startswith("I"):  # 16-bit grey: keep the high byte, as OpenCV does
+                grey = (np.asarray(png).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+                return cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR)
+            return cv2.cvtColor(np.asarray(png.convert("RGB")), cv2.COLOR_RGB2BGR)
+    except Exception as exc:  # noqa: BLE001 - Pillow raises SyntaxError, OSError, struct.error...
         raise ImageError(f"the PNG is corrupt or truncated ({exc})") from None
 
 

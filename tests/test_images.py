@@ -100,3 +100,10 @@ def test_letterbox_and_clahe_keep_the_encoder_shape(demo_bundle) -> None:  # typ
     assert tensor.shape == (1, 3, spec.height, spec.width)
     # Letterbox padding is the mean colour, which normalises to ~0.
     assert np.abs(tensor[0, :, 0, spec.width // 2]).max() < 0.02
+
+
+@pytest.mark.parametrize("name", ["rgb16.png", "grey16.png", "palette.png", "grey_alpha.png"])
+def test_png_variants_decode_to_the_same_pixels_as_opencv(name: str) -> None:
+    data = dict((n, m) for n, m, _ in odd_but_valid())[name]()
+    reference = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert np.array_equal(decode_image(data), reference)
