@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -83,13 +84,19 @@ def demo_config(config: Config) -> Config:
     return config
 
 
-def _interrupt(*_: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
-    # SIGTERM while the model loads stops as cleanly as Ctrl-C; run_forever installs its own handlers.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # A SIGTERM or Ctrl-C before run_forever installs its handlers (imports, the demo video, wiring)
+    # stops as cleanly as one later: it is remembered, never raised in the middle of an import.
+    stop = threading.Event()
+    built: list[Any] = []
+
+    def early_stop(*_: Any) -> None:
+        stop.set()
+        for daemon in built:  # run_forever may be about to start: it will stop right after
+            daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, early_stop)
+    signal.signal(signal.SIGINT, early_stop)
     from .app import Daemon
 
     if args.demo:
@@ -97,6 +104,10 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     elif not config.cameras:
         log.warning("no cameras configured: only API requests will be inspected")
     daemon = Daemon(config, model_dir=args.model, config_path=Path(args.config) if args.config else None)
+    built.append(daemon)
+    if stop.is_set():
+        log.info("daemon: stop requested while starting; not started")
+        return 0
     daemon.run_forever()
     return 0
 

@@ -168,13 +168,18 @@ def test_ctrl_c_and_sigterm_stop_run_with_exit_0_and_no_warning(sig: str, tmp_pa
     assert "daemon: stopped" in err
 
 
-def test_sigterm_while_the_model_loads_exits_0_without_a_traceback(tmp_path: Path, demo_dir: Path) -> None:
+def test_sigterm_while_starting_up_exits_0_without_a_traceback(tmp_path: Path, demo_dir: Path) -> None:
     import signal
     import time
 
     proc, _ = demo_daemon(tmp_path, demo_dir)
     try:
-        time.sleep(1.0)  # the interpreter is importing and loading, not serving yet
+        # `run` imports the daemon's engines (ONNX Runtime first) before it serves: signal as soon as
+        # that library is mapped, i.e. while the command is starting up, before run_forever.
+        maps = Path(f"/proc/{proc.pid}/maps")
+        deadline = time.monotonic() + 60
+        while "onnxruntime" not in maps.read_text() and time.monotonic() < deadline:
+            time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
