@@ -65,7 +65,10 @@ def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_
         return _orient(_decode_jpeg(data), orientation)
     if fmt == "PNG":
         return _decode_png(data)
-    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    try:
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:  # some decoders raise where others return None
+        decoded = None
     if decoded is None:
         raise ImageError(f"the {fmt} image is corrupt or truncated and could not be decoded")
     return decoded

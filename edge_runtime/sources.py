@@ -198,13 +198,15 @@ class Source:
                 continue
             try:
                 return read_image_file(path, lim.max_pixels, lim.min_side, int(lim.max_file_mb * 2**20))
-            except ImageError as exc:
+            except Exception as exc:  # noqa: BLE001 - one bad file must not stop the folder (a raise
+                # here would reopen the folder at its first file, and never reach the files after it)
                 if not path.exists():  # removed since the folder was listed: not the file's fault
                     continue
-                self.refused.add(path, str(exc))
+                reason = str(exc) if isinstance(exc, ImageError) else f"{path}: decoder error: {exc}"
+                self.refused.add(path, reason)
                 self.refused_count += 1
-                self.last_refusal = str(exc)
-                self.new_refusals.append((path, str(exc)))
+                self.last_refusal = reason
+                self.new_refusals.append((path, reason))
         return None
 
     @property

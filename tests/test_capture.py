@@ -140,3 +140,25 @@ def test_opencv_and_ffmpeg_lines_stay_out_of_stderr() -> None:
     assert any("camera index: reconnecting" in line for line in lines), lines
     assert any("camera rtsp: reconnecting" in line for line in lines), lines
     assert all(line.startswith(("INFO ", "WARNING ")) for line in lines), lines
+
+
+def test_a_file_whose_decoder_raises_does_not_stop_the_folder(tmp_path: Path, cameras: list[Camera],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: a decoder crash on the first file (any exception, not only ImageError)."""
+    import edge_runtime.sources as sources
+
+    real = sources.read_image_file
+
+    def crashing(path: Path, *args: object) -> object:
+        if path.name == "a_crash.png":
+            raise RuntimeError("decoder blew up")
+        return real(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sources, "read_image_file", crashing)
+    folder = tmp_path / "f"
+    folder.mkdir()
+    for name in ("a_crash.png", "b_good.png"):
+        (folder / name).write_bytes(encode(part_image(5, 320, 240), ".png"))
+    cam = start(cameras, source=str(folder), fps=50)
+    wait_for(lambda: cam.stats.captured >= 2, 10, "frames from the good file")
+    assert cam.stats.refused == 1 and cam._thread.is_alive()
