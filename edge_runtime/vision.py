@@ -1,12 +1,12 @@
-"""Image decoding, OpenCV preprocessing and the ONNX Runtime vision encoder.
+"""OpenCV preprocessing and the ONNX Runtime vision encoder.
 
-`decode_image` turns untrusted bytes into a BGR frame or raises ImageError with a clear reason;
-`Preprocessor` makes the encoder's input tensor; `VisionEncoder` owns (and closes) the ORT session.
+`decode_image` (in images.py, re-exported here) turns untrusted bytes into a BGR frame or raises
+ImageError with a clear reason; `Preprocessor` makes the encoder's input tensor; `VisionEncoder`
+owns (and closes) the ORT session.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from collections.abc import Sequence
@@ -17,14 +17,12 @@ import numpy as np
 from PIL import Image
 
 from .bundle import Preprocess
-from .errors import ImageError, ImageTooLarge
+from .images import SUPPORTED_FORMATS, decode_image, read_image_file
+
+__all__ = ["SUPPORTED_FORMATS", "Preprocessor", "VisionEncoder", "choose_providers", "decode_image",
+           "read_image_file"]
 
 log = logging.getLogger(__name__)
-
-# Our own max_pixels check below replaces Pillow's global bomb warning.
-Image.MAX_IMAGE_PIXELS = None
-
-SUPPORTED_FORMATS = {"JPEG", "PNG", "BMP", "TIFF", "WEBP"}
 _INTERPOLATION = {
     "nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR, "area": cv2.INTER_AREA,
     "cubic": cv2.INTER_CUBIC, "lanczos": cv2.INTER_LANCZOS4,
@@ -33,56 +31,6 @@ _PIL_RESAMPLE = {
     "pil_bilinear": Image.Resampling.BILINEAR, "pil_bicubic": Image.Resampling.BICUBIC,
     "pil_lanczos": Image.Resampling.LANCZOS,
 }
-
-
-def decode_image(data: bytes, max_pixels: int = 50_000_000, min_side: int = 16) -> np.ndarray:
-    """Decode JPEG/PNG/BMP/TIFF/WebP bytes to a BGR uint8 frame.
-
-    The header is read first (Pillow, no pixel decode) so a decompression bomb is refused before
-    any memory is spent on it; truncated JPEG/PNG files are refused even though OpenCV would
-    return a half-grey picture for them.
-    """
-    if not data:
-        raise ImageError("the image is empty (0 bytes)")
-    try:
-        with Image.open(io.BytesIO(data)) as header:
-            fmt, (width, height) = header.format, header.size
-    except Image.DecompressionBombError:
-        raise ImageTooLarge("the image declares too many pixels (decompression bomb refused)") from None
-    except Exception:  # noqa: BLE001 - Pillow raises many types for garbage input
-        raise ImageError("the data is not an image in a supported format "
-                         f"({', '.join(sorted(SUPPORTED_FORMATS))})") from None
-    if fmt not in SUPPORTED_FORMATS:
-        raise ImageError(f"unsupported image format {fmt}; use one of {', '.join(sorted(SUPPORTED_FORMATS))}")
-    if width * height > max_pixels:
-        raise ImageTooLarge(f"the image declares {width}x{height} pixels, more than the limit of "
-                         f"{max_pixels} pixels")
-    if min(width, height) < min_side:
-        raise ImageError(f"the image is {width}x{height} pixels; each side must be at least {min_side}")
-    if fmt == "JPEG" and b"\xff\xd9" not in data[-64:]:
-        raise ImageError("the JPEG is truncated (no end-of-image marker)")
-    if fmt == "PNG" and b"IEND" not in data[-32:]:
-        raise ImageError("the PNG is truncated (no IEND chunk)")
-    frame = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if frame is None:
-        raise ImageError(f"the {fmt} image is corrupt and could not be decoded")
-    return frame
-
-
-def read_image_file(path: Path | str, max_pixels: int = 50_000_000, min_side: int = 16) -> np.ndarray:
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ImageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ImageError(f"{path} is a folder, not an image file") from None
-    except OSError as exc:
-        raise ImageError(f"{path} cannot be read: {exc.strerror}") from None
-    try:
-        return decode_image(data, max_pixels, min_side)
-    except ImageError as exc:
-        raise ImageError(f"{path}: {exc}") from None
 
 
 class Preprocessor:

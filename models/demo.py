@@ -1,8 +1,8 @@
 """Build the demo bundle: a tiny, deterministic vision-language model in the real bundle format.
 
 Same bytes on every build (fixed seeds, no timestamps), so its checksums are stable and tests can
-rely on it. Random weights: verdicts are schema-valid but meaningless — it exists so the whole
-pipeline runs on a fresh machine with no download.
+rely on it. Random weights: verdicts are schema-valid but meaningless (their notes are picked from a
+fixed list of phrases) — it exists so the whole pipeline runs on a fresh machine with no download.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DEMO_NAME = "edge-demo-vlm"
 DEMO_VERSION = "1.0"
 SEED = 20261130
 
-VERDICT_SCHEMA = {
+VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "defect": {"type": "boolean", "description": "true when the part must be rejected"},
@@ -41,6 +41,16 @@ VERDICT_SCHEMA = {
     },
     "required": ["defect", "category", "confidence", "notes"],
     "additionalProperties": False,
+}
+
+# The demo's random weights would fill a free-text field with noise: its notes are a short phrase
+# from this list, so a demo verdict reads like an inspection (and still says nothing about the image).
+DEMO_NOTES = ["surface clean", "scratch on the face", "dent near the rim", "crack at the bore", "stain on the surface",
+              "part missing", "part misaligned", "needs a second look"]
+DEMO_VERDICT_SCHEMA = {
+    **VERDICT_SCHEMA,
+    "properties": {**VERDICT_SCHEMA["properties"],
+                   "notes": {"type": "string", "enum": DEMO_NOTES, "description": "a short finding"}},
 }
 
 SYSTEM_PROMPT = "You are a visual inspection assistant on a factory line. Answer only with JSON."
@@ -56,7 +66,7 @@ PROMPT_TEMPLATE = (
 
 # Text the tokenizer is trained on: the prompt, the schema's words and typical answers.
 _CORPUS = "\n".join([
-    SYSTEM_PROMPT, DEFAULT_PROMPT, json.dumps(VERDICT_SCHEMA),
+    SYSTEM_PROMPT, DEFAULT_PROMPT, json.dumps(DEMO_VERDICT_SCHEMA),
     '{"defect": false, "category": "none", "confidence": 0.93, "notes": "surface clean"}',
     '{"defect": true, "category": "scratch", "confidence": 0.71, "notes": "scratch near the left edge"}',
     '{"defect": true, "category": "missing_part", "confidence": 0.88, "notes": "screw missing"}',
@@ -119,7 +129,7 @@ def build_demo_bundle(out_dir: Path, quant: str = "Q8_0") -> Path:
                          "context_length": language.context},
             "prompt": {"template": PROMPT_TEMPLATE, "system": SYSTEM_PROMPT,
                        "default": DEFAULT_PROMPT},
-            "verdict_schema": VERDICT_SCHEMA,
+            "verdict_schema": DEMO_VERDICT_SCHEMA,
             "generation": {"max_tokens": 160},
         }
         write_manifest(work, manifest)

@@ -89,3 +89,121 @@ def test_models_demo_and_verify(tmp_path: Path, data_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("models", "verify", str(tmp_path / "b"), data_dir=data_dir)
     assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
+
+
+# ---- usage, global options, data dir, stopping -----------------------------------------------
+
+def test_config_after_the_command_is_read_as_before_it(tmp_path: Path, data_dir: Path) -> None:
+    """The README's `edge-runtime run --config FILE` form: the file is loaded (and here refused)."""
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text("modle: {}\n")
+    for args in (["run", "--config", str(cfg)], ["--config", str(cfg), "run"], ["doctor", "-c", str(cfg)]):
+        proc = run_cli(*args, data_dir=data_dir)
+        assert proc.returncode == 2, args
+        assert proc.stderr.strip().startswith(f"edge-runtime: error: {cfg}:1: modle: unknown key"), args
+
+
+@pytest.mark.parametrize("args", [["run", "--bogus"], [], ["infer"], ["models", "demo", "--quant", "Q9"]])
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], data_dir: Path) -> None:
+    proc = run_cli(*args, data_dir=data_dir)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and "--help" in lines[0], proc.stderr
+
+
+def test_data_dir_flag_chooses_where_the_demo_bundle_lives(tmp_path: Path) -> None:
+    """--data-dir wins over $EDGE_RUNTIME_DATA (run_cli points that at `env`), before or after the command."""
+    for where, args in (("after", ["models", "demo", "--data-dir"]), ("before", ["--data-dir"])):
+        target = tmp_path / where
+        argv = [*args, str(target)] + (["models", "demo"] if where == "before" else [])
+        proc = run_cli(*argv, data_dir=tmp_path / "env")
+        assert proc.returncode == 0, proc.stderr
+        assert (target / "models" / "demo" / "bundle.yaml").is_file()
+    assert not (tmp_path / "env").exists()
+
+
+def demo_daemon(tmp_path: Path, demo_dir: Path, mqtt: str = "mqtt:\n  enabled: false\n") -> tuple[
+        subprocess.Popen[str], int]:
+    from mjpeg import free_port
+
+    port = free_port()
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(f"api:\n  port: {port}\n{mqtt}model:\n  threads: 2\n")
+    proc = subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(cfg), "run", "--demo", "--model",
+                             str(demo_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp_path / "data")})
+    return proc, port
+
+
+def wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the daemon did not get ready")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_stop_run_with_exit_0_and_no_warning(sig: str, tmp_path: Path, demo_dir: Path) -> None:
+    import signal
+
+    proc, port = demo_daemon(tmp_path, demo_dir)
+    try:
+        wait_ready(port, proc)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and " WARNING " not in err and " ERROR " not in err, err
+    assert "daemon: stopped" in err
+
+
+def test_sigterm_while_starting_up_exits_0_without_a_traceback(tmp_path: Path, demo_dir: Path) -> None:
+    import signal
+    import time
+
+    proc, _ = demo_daemon(tmp_path, demo_dir)
+    try:
+        # `run` imports the daemon's engines (ONNX Runtime first) before it serves: signal as soon as
+        # that library is mapped, i.e. while the command is starting up, before run_forever.
+        maps = Path(f"/proc/{proc.pid}/maps")
+        deadline = time.monotonic() + 60
+        while "onnxruntime" not in maps.read_text() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.xfail(reason="mqtt.py _on_disconnect logs a WARNING on a clean stop (core engineer's file; "
+                   "see the capture report)", strict=False)
+def test_ctrl_c_with_a_broker_logs_no_warning(tmp_path: Path, demo_dir: Path) -> None:
+    import signal
+
+    from broker import Broker
+
+    broker = Broker(tmp_path / "broker").start()
+    try:
+        proc, port = demo_daemon(tmp_path, demo_dir, f"mqtt:\n  host: 127.0.0.1\n  port: {broker.port}\n")
+        try:
+            wait_ready(port, proc)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill() if proc.poll() is None else None
+    finally:
+        broker.stop()
+    assert proc.returncode == 0 and " WARNING " not in err, err

@@ -37,26 +37,57 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def engine() -> Any:
+def docker_socket() -> Path:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return Path(host.removeprefix("unix://"))
+
+
+def engine_answers(sock: Path) -> bool:
+    """GET /_ping over the engine's unix socket, without a docker client.
+
+    A docker client made while no engine answers raises from its constructor and leaves its HTTP
+    session for the garbage collector: a ResourceWarning, an error under `filterwarnings = error`.
+    """
     try:
-        client = docker.from_env()
-        client.ping()
-    except Exception:  # noqa: BLE001 - no engine: start one like l4t_docker/check_x86_image.sh does
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(str(sock))
+            s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            status_line = s.recv(64).split(b"\r\n", 1)[0]
+            return status_line.startswith(b"HTTP/1.") and b" 200" in status_line
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Any]:
+    """The local Docker engine; started (and stopped again) here when none runs, as on a fresh machine."""
+    sock, dockerd = docker_socket(), None
+    if not engine_answers(sock):
         if os.geteuid() != 0 or not shutil.which("dockerd"):
             pytest.skip("needs root and dockerd")
-        subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-        for _ in range(60):
+        # Kept referenced and stopped at the end: an abandoned Popen is a ResourceWarning too.
+        dockerd = subprocess.Popen(["dockerd", "--iptables=false", "--bridge=none"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not engine_answers(sock):
+            if dockerd.poll() is not None or time.monotonic() > deadline:
+                dockerd.kill()
+                dockerd.wait(10)
+                pytest.fail(f"dockerd did not start (exit status {dockerd.returncode})")
+            time.sleep(0.5)
+    client = docker.from_env()
+    try:
+        yield client
+    finally:
+        client.close()
+        if dockerd is not None:
+            dockerd.terminate()
             try:
-                client = docker.from_env()
-                client.ping()
-                break
-            except Exception:  # noqa: BLE001
-                time.sleep(0.5)
-        else:
-            pytest.fail("dockerd did not start")
-    return client
+                dockerd.wait(60)
+            except subprocess.TimeoutExpired:
+                dockerd.kill()
+                dockerd.wait(10)
 
 
 @pytest.fixture(scope="session")
