@@ -416,6 +416,8 @@ def load_config(path: Path | str | None) -> Config:
     path = Path(path)
     try:
         if not path.exists():
+            if path.is_symlink():
+                raise ConfigError(f"{path}: cannot be read (broken or looping symbolic link)")
             raise ConfigError(f"{path}: no such config file")
         if not path.is_file():
             raise ConfigError(f"{path}: not a regular file")

@@ -66,7 +66,7 @@ def test_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
     # As root (CI) file permissions do not stop reading; a symlink loop fails open() for anyone.
     path = tmp_path / "loop.yaml"
     path.symlink_to(path)
-    with pytest.raises(ConfigError, match="cannot be read|no such config file"):
+    with pytest.raises(ConfigError, match="cannot be read"):
         load_config(path)
 
 
