@@ -183,10 +183,11 @@ class MqttService:
 
     def _on_disconnect(self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
                        _props: Properties | None) -> None:
-        if self.connected:
+        if self._stop.is_set():
+            log.info("mqtt: disconnected")  # our own clean shutdown (Ctrl-C, SIGTERM): not a warning
+        elif self.connected:
             log.warning("mqtt: disconnected (%s); results stay in the journal until delivered", reason)
-            if not self._stop.is_set():
-                self.last_error = f"disconnected: {reason}"
+            self.last_error = f"disconnected: {reason}"
         self.connected = False
 
     def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, _reason: ReasonCode,
