@@ -22,7 +22,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from .config import MqttConfig
-from .errors import StorageFull
+from .errors import InputError, StorageFull
 from .journal import Journal
 from .supervise import RateLimitedLog, SupervisedThread
 
@@ -278,6 +278,8 @@ class MqttService:
             reply.update(ok=True, result=handler(request))
         except CommandError as exc:
             reply.update(ok=False, error=str(exc))
+        except InputError as exc:  # refused input: the reply names the field, like the HTTP 4xx
+            reply.update(ok=False, error=str(exc), field=exc.field)
         except Exception as exc:  # noqa: BLE001 - any failure becomes an error reply, never a crash
             reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         log.info("mqtt: command %s -> %s", name, "ok" if reply["ok"] else reply["error"])

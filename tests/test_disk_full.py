@@ -104,7 +104,8 @@ def test_full_disk_degrades_and_heals_without_restart(cameras: int, small_disk: 
         wait_for(lambda: daemon.health()["state"] == "ok" and daemon.journal.counts()["total"] > before,
                  timeout=20, what="recovery")
         recovery_s = time.monotonic() - t0
-        print(f"disk full, {cameras} camera(s): recovered {recovery_s:.2f} s after space returned")
+        print(f"disk full, {cameras} camera(s): {len(errors)} ERROR line(s) in 4+ s full, "
+              f"{daemon.worker.not_journaled} verdicts refused; recovered {recovery_s:.2f} s after space returned")
         assert recovery_s < 10
         assert daemon.inspector is not None and daemon.alive()
     finally:
