@@ -28,11 +28,12 @@ from .bundle import Bundle, ensure_demo_bundle, load_bundle
 from .capture import Camera
 from .commands import command_table
 from .config import CameraConfig, Config, load_config
-from .errors import EdgeRuntimeError
+from .errors import EdgeRuntimeError, StorageFull
 from .inspector import Inspector
 from .journal import Journal
 from .mqtt import MqttService, homeassistant_discovery
 from .power import GovernorGate, GovernorService, detect_sensor
+from .reload import describe_changes, restart_only
 from .result import Result, utc_now
 from .scheduler import (
     CameraSchedule,
@@ -43,6 +44,7 @@ from .scheduler import (
     OpenGate,
     ScheduleStats,
 )
+from .supervise import SupervisedThread
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +90,17 @@ class Daemon:
         self.config = config
         self.model_dir = model_dir
         self.config_path = config_path
+        # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
+        self.extra_cameras = _cameras_not_in_file(config, config_path)
         self.started = time.time()
         self.gate: Gate = OpenGate()
         self.inspections = InspectionQueue(config.inspection.queue_size)
         # Unsent rows are kept through retention only while an outbox will ever send them.
         self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days,
-                               keep_unsent=config.mqtt.enabled)
+                               keep_unsent=config.mqtt.enabled, min_free_mb=config.journal.min_free_mb)
         self.inspector: Inspector | None = None
+        # Copy-on-write: a reload or a camera start publishes a new dict, so status() and trigger()
+        # iterate a snapshot that no other thread mutates.
         self.rigs: dict[str, CameraRig] = {}
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
                                        self._stats_for, overlap=config.inspection.overlap_stages,
@@ -161,9 +167,9 @@ class Daemon:
     def stop(self) -> None:
         systemd.notify("STOPPING=1")
         log.info("daemon: stopping")
-        for rig in list(self.rigs.values()):
+        rigs, self.rigs = self.rigs, {}
+        for rig in rigs.values():
             rig.stop()
-        self.rigs.clear()
         self.worker.stop()  # finishes and journals the inspection in progress
         for service in reversed(self.services):
             try:
@@ -190,7 +196,12 @@ class Daemon:
             while not self._stop.wait(min(watchdog or 1.0, 1.0)):
                 if self._reload.is_set():
                     self._reload.clear()
-                    self.reload()
+                    try:
+                        self.reload()
+                    except EdgeRuntimeError:
+                        pass  # already logged as one line
+                    except Exception:  # a reload must never end the daemon
+                        log.exception("daemon: reload failed; keeping the running config")
                 if watchdog and self.alive():
                     systemd.notify("WATCHDOG=1")
         finally:
@@ -202,6 +213,11 @@ class Daemon:
         ``state`` is ``starting`` (model not loaded), ``ok``, or ``degraded`` with one short reason
         per fault that stops inspection or delivery (e.g. ``disk full``); faults heal by themselves.
         """
+        # Faults that heal by themselves are re-derived here from their source, so they clear with it.
+        if self.journal.full:
+            self.faults.add("disk full")
+        else:
+            self.faults.discard("disk full")
         ready = bool(self.inspector and self.inspector.ready and self.alive())
         reasons = sorted(self.faults)
         state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
@@ -213,22 +229,29 @@ class Daemon:
 
     # ---- reload ------------------------------------------------------------------------------
 
-    def reload(self) -> None:
-        """Re-read the config file: cameras change in place; the model reloads only if it changed."""
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file: cameras change in place; the model reloads only if it changed.
+        Returns what happened: `applied` (changed settings now in effect) and `restart_needed`."""
         with self._reload_lock:  # SIGHUP and the MQTT command may race
-            self._reload_locked()
+            return self._reload_locked()
 
-    def _reload_locked(self) -> None:
+    def _reload_locked(self) -> dict[str, Any]:
         if self.config_path is None:
             log.info("daemon: reload requested but no config file was given; nothing to do")
-            return
+            return {"applied": [], "restart_needed": []}
         systemd.notify("RELOADING=1")
         try:
             new = load_config(self.config_path)
-        except EdgeRuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line, keep running
             log.error("daemon: reload refused, keeping the running config: %s", exc)
             systemd.notify("READY=1")
-            return
+            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
+        if self.extra_cameras:
+            names = {c.name for c in new.cameras}
+            new = new.model_copy(update={"cameras": new.cameras + [
+                c for c in self.extra_cameras if c.name not in names]})
+        changes = describe_changes(self.config, new)
+        new = restart_only(self.config, new)  # settings that need a restart keep their running value
         if new.model != self.config.model or new.device_id != self.config.device_id:
             log.info("daemon: model settings changed; loading the new model")
             try:
@@ -244,16 +267,24 @@ class Daemon:
         new_cams = {c.name: c for c in new.cameras}
         for name, cfg in old_cams.items():
             if new_cams.get(name) != cfg and name in self.rigs:
-                self.rigs.pop(name).stop()
+                rigs = dict(self.rigs)
+                rig = rigs.pop(name)
+                self.rigs = rigs
+                rig.stop()
                 log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
+        self.journal.max_rows, self.journal.max_age_s = new.journal.max_rows, new.journal.max_age_days * 86400
+        self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
+        logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
         for name, cfg in new_cams.items():
             if name not in self.rigs:
                 self._start_camera(cfg)
         if self.mqtt is not None:
             self.mqtt.publish_discovery()
-        log.info("daemon: config reloaded (%d cameras)", len(self.rigs))
+        log.info("daemon: config reloaded (%d cameras); applied: %s; need a restart: %s", len(self.rigs),
+                 ", ".join(changes.applied) or "nothing", ", ".join(changes.restart_needed) or "nothing")
         systemd.notify("READY=1")
+        return {"applied": changes.applied, "restart_needed": changes.restart_needed}
 
     # ---- inspection entry points ---------------------------------------------------------------
 
@@ -262,6 +293,8 @@ class Daemon:
         rig = self.rigs.get(camera)
         if rig is None:
             raise UnknownCamera(f"no camera named {camera!r}")
+        if self.journal.refusing():
+            raise StorageFull("disk full: the journal cannot store results; free space on the device")
         frame = rig.camera.slot.peek()
         if frame is None:
             raise EdgeRuntimeError(f"camera {camera!r} has no frame yet (state: {rig.camera.state.value})")
@@ -281,9 +314,17 @@ class Daemon:
 
     # ---- status ------------------------------------------------------------------------------
 
+    def threads(self) -> list[SupervisedThread]:
+        """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox)."""
+        threads = self.worker.threads() + (self.mqtt.threads() if self.mqtt else [])
+        for rig in self.rigs.values():
+            threads += rig.schedule.threads()
+        return threads
+
     def status(self) -> dict[str, Any]:
         cameras = []
-        for rig in self.rigs.values():
+        rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
+        for rig in rigs.values():
             cam = rig.camera.status()
             s = rig.schedule.stats
             cameras.append({
@@ -296,7 +337,7 @@ class Daemon:
             })
         inspector = self.inspector
         return {
-            "device": self.config.device_id,
+            "device": config.device_id,
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 1),
             "ready": bool(inspector and inspector.ready),
@@ -305,9 +346,13 @@ class Daemon:
             "cameras": cameras,
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
                            "inspected": self.worker.inspected, "errors": self.worker.errors,
+                           "not_journaled": self.worker.not_journaled,
                            "batched_generations": self.worker.batches,
                            "energy_j_last": self.worker.last_energy_j},
-            "journal": self.journal.counts(),
+            "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
+                        "free_mb": None if self.journal.free_bytes is None
+                        else round(self.journal.free_bytes / 1048576, 1)},
+            "threads": {t.name: t.status() for t in self.threads()},
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
         }
@@ -319,10 +364,12 @@ class Daemon:
         self._telemetry_mark = (now, inspected)
         status = self.status()
         return {
-            "ts": utc_now(), "device": self.config.device_id, "uptime_s": status["uptime_s"],
+            "ts": utc_now(), "device": status["device"], "uptime_s": status["uptime_s"],
+            "health": status["health"],
             "inspections_per_min": round((inspected - before) * 60 / max(now - then, 1e-6), 2),
             "queue_depth": status["inspection"]["queue_depth"],
             "outbox_backlog": status["journal"]["unsent"],
+            "outbox_parked": status["journal"]["parked"],
             "energy_j_last_inspection": status["inspection"]["energy_j_last"],
             "cameras": [{"name": c["name"], "state": c["state"], "fps": c["fps"],
                          "captured": c["frames"]["captured"], "dropped": c["frames"]["dropped"],
@@ -346,7 +393,7 @@ class Daemon:
             log.info("daemon: camera %s is disabled", cfg.name)
             return
         rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages)
-        self.rigs[cfg.name] = rig
+        self.rigs = {**self.rigs, cfg.name: rig}
         rig.start()
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)
 
@@ -359,3 +406,13 @@ class Daemon:
         if path:
             return load_bundle(path, verify_checksums=config.model.verify_checksums)
         return ensure_demo_bundle(config.data_dir)
+
+
+def _cameras_not_in_file(config: Config, path: Path | None) -> list[CameraConfig]:
+    if path is None:
+        return list(config.cameras)
+    try:
+        in_file = {c.name for c in load_config(path).cameras}
+    except EdgeRuntimeError:
+        return []
+    return [c for c in config.cameras if c.name not in in_file]

@@ -54,8 +54,8 @@ def command_table(daemon: Daemon) -> dict[str, Callable[[dict[str, Any]], dict[s
 
     def reload(payload: dict[str, Any]) -> dict[str, Any]:
         _parse(EmptyPayload, payload)
-        daemon.reload()
-        return {"cameras": sorted(daemon.rigs)}
+        outcome = daemon.reload()  # a refused file raises: the reply carries its one-line error
+        return {"cameras": sorted(daemon.rigs), **outcome}
 
     def status(payload: dict[str, Any]) -> dict[str, Any]:
         _parse(EmptyPayload, payload)

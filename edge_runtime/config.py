@@ -57,7 +57,23 @@ class ImageLimits(_Section):
                                "(camera folders, the CLI) before reading them.")
 
 
-_NAME = r"[A-Za-z0-9_-]{1,48}"
+# Names end up in MQTT topics, URLs and file names: anchored, so `#`, `+`, `/`, markup and
+# 100-character names are refused (an unanchored pattern let `line#1` through and wedged the outbox).
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
+_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # host names carry dots
+_TOPIC_PIECE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; anything near this is not one
+_MAX_NODES = 100_000  # YAML nodes after alias expansion (a billion-laughs file has ~10^9)
+_MAX_DEPTH = 64
+
+
+def _check_topic(value: str, what: str) -> str:
+    """A topic prefix: 1-8 `/`-separated pieces, each safe in topics, URLs and file names."""
+    pieces = value.rstrip("/").split("/")
+    if len(pieces) > 8 or not all(_TOPIC_PIECE.fullmatch(p) for p in pieces):
+        raise ValueError(f"{what}: use up to 8 '/'-separated pieces of 1-64 letters, digits, '_', '.' "
+                         "or '-' (no MQTT wildcards '#' or '+', no empty piece)")
+    return value
 
 
 class TriggerConfig(_Section):
@@ -106,6 +122,8 @@ class JournalConfig(_Section):
     path: Path | None = Field(None, description="SQLite file (default: <data_dir>/journal.sqlite3).")
     max_rows: int = Field(100_000, ge=10, description="Keep at most this many delivered results.")
     max_age_days: float = Field(30, gt=0, description="Delete delivered results older than this.")
+    min_free_mb: float = Field(64, ge=0, description="Free-space watermark: below it the oldest delivered "
+                               "results are deleted early, so the disk does not fill.")
 
 
 class InspectionConfig(_Section):
@@ -131,6 +149,11 @@ class HomeAssistantConfig(_Section):
     enabled: bool = Field(False, description="Publish Home Assistant MQTT discovery configs.")
     discovery_prefix: str = Field("homeassistant", description="Home Assistant's discovery prefix.")
 
+    @field_validator("discovery_prefix")
+    @classmethod
+    def _topic_safe(cls, v: str) -> str:
+        return _check_topic(v, "discovery prefix")
+
 
 class MqttConfig(_Section):
     enabled: bool = Field(True, description="Publish results over MQTT (the daemon runs without a broker).")
@@ -150,6 +173,11 @@ class MqttConfig(_Section):
     telemetry_interval_s: float = Field(10, ge=1, description="Seconds between telemetry messages.")
     homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig,
                                                description="Home Assistant discovery.")
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _topic_safe(cls, v: str | None) -> str | None:
+        return v if v is None else _check_topic(v, "topic prefix")
 
 
 class ApiConfig(_Section):
@@ -244,8 +272,9 @@ class Config(_Section):
     @field_validator("device_id")
     @classmethod
     def _topic_safe(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v):
-            raise ValueError("use 1-64 letters, digits, '_', '.' or '-' (it is part of MQTT topics)")
+        if not _DEVICE_ID.fullmatch(v):
+            raise ValueError("use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
+                             "(it is part of MQTT topics, URLs and file names)")
         return v
 
 
@@ -281,22 +310,55 @@ def _systemd_credential(name: str) -> str | None:
     return path.read_text().rstrip("\n") if path.is_file() else None
 
 
-def _to_python(node: yaml.Node, source: str) -> Any:
-    """Compose-tree -> Python values, substituting ${ENV} in string scalars."""
-    if isinstance(node, yaml.MappingNode):
-        return {_to_python(k, source): _to_python(v, source) for k, v in node.value}
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_python(v, source) for v in node.value]
-    value = _LOADER.construct_object(node, deep=True)
-    if isinstance(value, str) and "${" in value:
-        value = _substitute(value, f"{source}:{node.start_mark.line + 1}")
-        # A substituted scalar is re-read so `port: ${PORT}` becomes an int.
-        parsed = yaml.safe_load(value) if value else value
-        value = parsed if isinstance(parsed, (int, float, bool)) else value
-    return value
+class _Expander:
+    """Compose tree -> Python values with bounds: a recursive alias (`x: &a [*a]`) or an alias bomb
+    (billion laughs) becomes a ConfigError instead of a RecursionError or gigabytes of memory."""
 
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.nodes = 0
+        self._open: set[int] = set()  # nodes being expanded: seeing one again is a cycle
+        self._loader = yaml.SafeLoader("")  # one per parse: its constructed-object cache is per document
 
-_LOADER = yaml.SafeLoader("")
+    def value(self, node: yaml.Node, depth: int = 0) -> Any:
+        where = f"{self.source}:{node.start_mark.line + 1}"
+        self.nodes += 1
+        if self.nodes > _MAX_NODES:
+            raise ConfigError(f"{where}: too many values (over {_MAX_NODES} after expanding aliases)")
+        if depth > _MAX_DEPTH:
+            raise ConfigError(f"{where}: nested deeper than {_MAX_DEPTH} levels")
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            if id(node) in self._open:
+                raise ConfigError(f"{where}: an alias refers to itself (recursive structure)")
+            self._open.add(id(node))
+            try:
+                if isinstance(node, yaml.SequenceNode):
+                    return [self.value(v, depth + 1) for v in node.value]
+                out: dict[Any, Any] = {}
+                for k, v in node.value:
+                    if not isinstance(k, yaml.ScalarNode):
+                        raise ConfigError(f"{self.source}:{k.start_mark.line + 1}: a key must be a plain "
+                                          "value, not a list or mapping")
+                    out[self.value(k, depth + 1)] = self.value(v, depth + 1)
+                return out
+            finally:
+                self._open.discard(id(node))
+        return self._scalar(node, where)
+
+    def _scalar(self, node: yaml.Node, where: str) -> Any:
+        try:
+            value = self._loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # e.g. a !!python/object tag SafeLoader refuses
+            raise ConfigError(f"{where}: {getattr(exc, 'problem', None) or exc}") from None
+        if isinstance(value, str) and "${" in value:
+            value = _substitute(value, where)
+            # A substituted scalar is re-read so `port: ${PORT}` becomes an int.
+            try:
+                parsed = yaml.safe_load(value) if value else value
+            except yaml.YAMLError:
+                parsed = value
+            value = parsed if isinstance(parsed, (int, float, bool)) else value
+        return value
 
 
 def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
@@ -321,6 +383,8 @@ def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
 def parse_config(text: str, source: str = "<config>") -> Config:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:  # PyYAML composes recursively: `[[[[...` thousands deep
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
@@ -330,7 +394,10 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         return Config()
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (key: value)")
-    data = _to_python(root, source)
+    try:
+        data = _Expander(source).value(root)
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -350,11 +417,23 @@ def load_config(path: Path | str | None) -> Config:
         return Config()
     path = Path(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+        if not path.exists():
+            if path.is_symlink():
+                raise ConfigError(f"{path}: cannot be read (broken or looping symbolic link)")
+            raise ConfigError(f"{path}: no such config file")
+        if not path.is_file():
+            raise ConfigError(f"{path}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # bounded: /dev/zero or a 10 GB file costs nothing
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 1024} KiB; not a config file")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: binary data, not a YAML config")
     return parse_config(text, str(path))
 
 

@@ -25,6 +25,11 @@ class InferenceError(EdgeRuntimeError):
     """The model ran but did not produce a usable verdict (e.g. ran out of tokens)."""
 
 
+class StorageFull(EdgeRuntimeError):
+    """The journal cannot store a verdict (disk full): nothing is inspected or published until space
+    returns, which heals by itself. The HTTP layer answers 503; MQTT commands reply with the message."""
+
+
 class InputError(EdgeRuntimeError):
     """A client's input is refused before it costs anything: too large, too complex or malformed.
 

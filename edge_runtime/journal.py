@@ -1,20 +1,32 @@
 """The result journal: every Result lands in SQLite (WAL) before anything else sees it.
 
-Rows carry a `sent` flag for the MQTT outbox, which publishes from here and marks rows only when the
-broker acknowledged them; retention never deletes an unsent row while an outbox is attached.
+Rows carry a `sent` state for the MQTT outbox, which publishes from here and marks rows only when the
+broker acknowledged them; retention never deletes an unsent row while an outbox is attached. A row
+that can never be published (a poison row) is *parked* with a reason so it cannot block the rest.
 `synchronous=FULL` makes a committed verdict survive power loss, not only a killed process.
+
+A full disk raises `StorageFull` (the verdict is not journaled, so it is not published either); the
+journal then refuses at once, trying a real write again every `retry_s`, and heals when one succeeds.
+Before it comes to that, a free-space watermark deletes the oldest delivered rows and truncates the WAL.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from .errors import StorageFull
 from .result import Result
+
+log = logging.getLogger(__name__)
+
+UNSENT, SENT, PARKED = 0, 1, 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -31,33 +43,173 @@ CREATE INDEX IF NOT EXISTS results_unsent ON results (sent, seq);
 CREATE INDEX IF NOT EXISTS results_created ON results (created);
 """
 
+# SQLITE_FULL, and SQLITE_IOERR (a WAL or shm write that hit ENOSPC reports as an I/O error).
+_FULL_CODES = {13, 10}
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _FULL_CODES
+    return "full" in str(exc) or "disk I/O" in str(exc)
+
 
 class Journal:
     """Thread-safe: one connection guarded by a lock (SQLite serialises writers anyway)."""
 
     def __init__(self, path: Path, max_rows: int = 100_000, max_age_days: float = 30,
-                 keep_unsent: bool = True) -> None:
+                 keep_unsent: bool = True, min_free_mb: float = 0.0, retry_s: float = 1.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_rows, self.max_age_s = max_rows, max_age_days * 86400
         self.keep_unsent = keep_unsent
+        self.min_free_bytes = int(min_free_mb * 1024 * 1024)
+        self.retry_s = retry_s
+        self.full_since: float | None = None  # monotonic time the disk was found full; None: writable
+        self.free_bytes: int | None = None
+        self.pruned = 0  # delivered rows deleted early to keep the watermark
+        self._last_try = 0.0
+        self._next_space_check = 0.0
+        self._next_checkpoint = time.monotonic() + 60
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+        if "reason" not in columns:  # journals written before parking existed
+            self._db.execute("ALTER TABLE results ADD COLUMN reason TEXT")
         self._added = 0
+        self._recount()
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    @property
+    def full(self) -> bool:
+        return self.full_since is not None
+
+    def refusing(self) -> bool:
+        """Full, and the next trial write is not due yet: refuse without costing anything."""
+        return self.full_since is not None and time.monotonic() - self._last_try < self.retry_s
 
     def add(self, result: Result) -> int:
-        """Persist one result; returns its journal sequence number."""
+        """Persist one result; returns its journal sequence number. Raises StorageFull."""
         with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
-                (result.id, result.ts, time.time(), result.camera, result.to_json()))
+            now = time.monotonic()
+            if self.full_since is not None and now - self._last_try < self.retry_s:
+                raise StorageFull("disk full: the journal cannot store results")
+            self._last_try = now
+            self._keep_watermark(now)
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
+                    (result.id, result.ts, time.time(), result.camera, result.to_json()))
+            except sqlite3.OperationalError as exc:
+                if not _is_full(exc):
+                    raise
+                self._went_full(exc)
+                raise StorageFull(f"disk full: the journal cannot store results ({exc})") from None
+            if self.full_since is not None:
+                log.info("journal: writable again after %.1f s", now - self.full_since)
+                self.full_since = None
+            self._total += 1
+            self._unsent += 1
             self._added += 1
             if self._added % 100 == 0:
-                self._apply_retention()
+                self._housekeeping(self._apply_retention)
             return int(cur.lastrowid or 0)
+
+    def mark_sent(self, seqs: list[int]) -> None:
+        """Raises StorageFull: the caller keeps the seqs and marks them later."""
+        if not seqs:
+            return
+        with self._lock:
+            try:
+                with self._db:  # one transaction: one fsync for the whole batch
+                    self._db.execute("BEGIN")
+                    cur = self._db.executemany(
+                        f"UPDATE results SET sent = {SENT} WHERE seq = ? AND sent = {UNSENT}",
+                        [(s,) for s in seqs])
+            except sqlite3.OperationalError as exc:
+                if _is_full(exc):
+                    raise StorageFull(f"disk full: cannot mark results delivered ({exc})") from None
+                raise
+            self._unsent -= max(cur.rowcount, 0)
+
+    def park(self, seq: int, reason: str) -> None:
+        """Set a row aside that can never be published, so the outbox moves on; counted and visible."""
+        with self._lock:
+            cur = self._db.execute(f"UPDATE results SET sent = {PARKED}, reason = ? WHERE seq = ? "
+                                   f"AND sent = {UNSENT}", (reason[:500], seq))
+            if cur.rowcount > 0:
+                self._unsent -= 1
+                self._parked += 1
+
+    def _went_full(self, exc: sqlite3.Error) -> None:
+        if self.full_since is None:
+            self.full_since = time.monotonic()
+            self._housekeeping(self._prune_delivered)  # may free pages for the next try
+        del exc
+
+    # ---- space -------------------------------------------------------------------------------
+
+    def _keep_watermark(self, now: float) -> None:
+        """Every few seconds: below the free-space watermark, delete the oldest delivered rows."""
+        if now >= self._next_checkpoint:
+            self._next_checkpoint = now + 60
+            self._housekeeping(self._checkpoint)
+        if now < self._next_space_check and self._added % 50:
+            return  # every 2 s, and every 50 rows (a fast camera fills a small disk between checks)
+        self._next_space_check = now + 2.0
+        try:
+            self.free_bytes = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            return
+        if self.free_bytes < self.min_free_bytes:
+            self._housekeeping(self._prune_delivered)
+
+    def _prune_delivered(self) -> None:
+        deletable = f"sent != {UNSENT}" if self.keep_unsent else "1"
+        n = max(100, (self._total - self._unsent) // 10) if self.keep_unsent else max(100, self._total // 10)
+        cur = self._db.execute(f"DELETE FROM results WHERE seq IN (SELECT seq FROM results WHERE "
+                               f"{deletable} ORDER BY seq LIMIT ?)", (n,))
+        if cur.rowcount > 0:
+            self.pruned += cur.rowcount
+            log.warning("journal: free space below %d MB: deleted the %d oldest delivered results",
+                        self.min_free_bytes // (1024 * 1024), cur.rowcount)
+            self._recount()
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        # The WAL only grows while nobody truncates it; TRUNCATE hands its space back to the disk.
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+
+    def _housekeeping(self, job: Any) -> None:
+        """Retention, pruning and checkpoints may fail on a full disk; the verdict is already safe."""
+        try:
+            job()
+        except sqlite3.Error as exc:
+            log.debug("journal: housekeeping failed: %s", exc)
+
+    def _apply_retention(self) -> None:
+        keep = f"sent != {UNSENT} AND " if self.keep_unsent else ""
+        self._db.execute(f"DELETE FROM results WHERE {keep}created < ?", (time.time() - self.max_age_s,))
+        self._db.execute(
+            f"DELETE FROM results WHERE {keep}seq <= (SELECT seq FROM results ORDER BY seq DESC "
+            "LIMIT 1 OFFSET ?)", (self.max_rows,))
+        self._recount()
+
+    def apply_retention(self) -> None:
+        with self._lock:
+            self._apply_retention()
+
+    def _recount(self) -> None:
+        total, unsent, parked = self._db.execute(
+            f"SELECT COUNT(*), COALESCE(SUM(sent = {UNSENT}), 0), COALESCE(SUM(sent = {PARKED}), 0) "
+            "FROM results").fetchone()
+        self._total, self._unsent, self._parked = int(total), int(unsent), int(parked)
+
+    # ---- reads -------------------------------------------------------------------------------
 
     def get(self, result_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -94,32 +246,23 @@ class Journal:
         """(seq, camera, body JSON) of results not yet acknowledged by the broker, oldest first."""
         with self._lock:
             return self._db.execute(
-                "SELECT seq, camera, body FROM results WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
-                (after_seq, limit)).fetchall()
+                f"SELECT seq, camera, body FROM results WHERE sent = {UNSENT} AND seq > ? ORDER BY seq "
+                "LIMIT ?", (after_seq, limit)).fetchall()
 
-    def mark_sent(self, seqs: list[int]) -> None:
-        if not seqs:
-            return
-        with self._lock, self._db:  # one transaction: one fsync for the whole batch
-            self._db.execute("BEGIN")
-            self._db.executemany("UPDATE results SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
+    def parked(self, limit: int = 20) -> list[tuple[int, str, str]]:
+        """(seq, camera, reason) of set-aside rows, newest first."""
+        with self._lock:
+            return self._db.execute(f"SELECT seq, camera, reason FROM results WHERE sent = {PARKED} "
+                                    "ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
 
     def counts(self) -> dict[str, int]:
-        with self._lock:
-            total, unsent = self._db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(sent = 0), 0) FROM results").fetchone()
-        return {"total": int(total), "unsent": int(unsent)}
+        """Kept incrementally and read without the lock: status and telemetry call this often, and a
+        COUNT(*) per call (or waiting behind an fsync) did not scale."""
+        return {"total": self._total, "unsent": self._unsent, "parked": self._parked}
 
-    def _apply_retention(self) -> None:
-        keep = "sent = 1 AND " if self.keep_unsent else ""
-        self._db.execute(f"DELETE FROM results WHERE {keep}created < ?", (time.time() - self.max_age_s,))
-        self._db.execute(
-            f"DELETE FROM results WHERE {keep}seq <= (SELECT seq FROM results ORDER BY seq DESC "
-            "LIMIT 1 OFFSET ?)", (self.max_rows,))
-
-    def apply_retention(self) -> None:
+    def integrity_check(self) -> str:
         with self._lock:
-            self._apply_retention()
+            return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:

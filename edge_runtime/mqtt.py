@@ -22,7 +22,9 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from .config import MqttConfig
+from .errors import InputError, StorageFull
 from .journal import Journal
+from .supervise import RateLimitedLog, SupervisedThread
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +68,15 @@ class MqttService:
         # MQTTMessageInfo when the PUBACK arrives (also for resends after a reconnect).
         self._inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
         self._cursor = 0  # highest journal seq handed to paho
+        self._acked: list[int] = []  # acknowledged but not yet marked (the disk may be full)
+        self._discovered: set[str] = set()  # retained discovery topics we published (to clear them)
+        self.parked = 0  # rows set aside by this process because paho refused them
+        self._error_log = RateLimitedLog(log)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="mqtt-cmd")
-        self._thread = threading.Thread(target=self._outbox_loop, name="mqtt-outbox", daemon=True)
+        self._thread = SupervisedThread("mqtt-outbox", self._outbox_loop, self._stop, log)
         self.client = self._make_client()
 
     @property
@@ -91,6 +97,7 @@ class MqttService:
         client.reconnect_delay_set(1, 30)
         client.max_inflight_messages_set(cfg.max_inflight)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
@@ -107,15 +114,17 @@ class MqttService:
         """Announce `offline` (a clean shutdown sends no Last Will), then disconnect."""
         self._stop.set()
         self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
+        self._thread.join(5)
         if self.connected:
             info = self.client.publish(self.status_topic, "offline", qos=1, retain=True)
             try:
                 info.wait_for_publish(timeout=3)
             except (RuntimeError, ValueError):
                 pass
-        self._flush_acks()
+        try:
+            self._flush_acks()
+        except StorageFull:
+            pass  # unmarked rows are published again after the restart (consumers de-duplicate by id)
         self.client.disconnect()
         self.client.loop_stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -124,12 +133,16 @@ class MqttService:
         """Wake the outbox: a new result is in the journal."""
         self._wake.set()
 
+    def threads(self) -> list[SupervisedThread]:
+        return [self._thread]
+
     def state(self) -> dict[str, Any]:
         with self._lock:
             inflight = len(self._inflight)
+        counts = self.journal.counts()
         return {"enabled": True, "connected": self.connected, "broker": f"{self.cfg.host}:{self.cfg.port}",
                 "last_error": self.last_error, "published": self.published, "inflight": inflight,
-                "backlog": self.journal.counts()["unsent"]}
+                "backlog": counts["unsent"], "parked": counts["parked"]}
 
     # ---- paho callbacks (network thread) ---------------------------------------------------------
 
@@ -149,18 +162,32 @@ class MqttService:
         self.publish_discovery()
         self._wake.set()
 
+    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
+        # A refused or unreachable broker never reaches on_connect: without this, status said null.
+        error = f"cannot connect to {self.cfg.host}:{self.cfg.port} (refused or unreachable; retrying)"
+        if error != self.last_error:
+            log.warning("mqtt: %s", error)
+        self.last_error = error
+
     def publish_discovery(self) -> None:
-        """(Re)publish Home Assistant discovery configs; called on connect and when cameras change."""
-        if self.discovery is not None and self.connected:
-            for topic, payload in self.discovery():
-                self.client.publish(topic, payload, qos=1, retain=True)
+        """(Re)publish Home Assistant discovery configs; called on connect and when cameras change.
+        Configs of cameras that are gone get an empty retained payload, which removes them in HA."""
+        if self.discovery is None or not self.connected:
+            return
+        configs = dict(self.discovery())
+        for topic in sorted(self._discovered - configs.keys()):
+            self.client.publish(topic, b"", qos=1, retain=True)
+        for topic, payload in configs.items():
+            self.client.publish(topic, payload, qos=1, retain=True)
+        self._discovered = set(configs)
 
     def _on_disconnect(self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
                        _props: Properties | None) -> None:
-        if self.connected:
+        if self._stop.is_set():
+            log.info("mqtt: disconnected")  # our own clean shutdown (Ctrl-C, SIGTERM): not a warning
+        elif self.connected:
             log.warning("mqtt: disconnected (%s); results stay in the journal until delivered", reason)
-            if not self._stop.is_set():
-                self.last_error = f"disconnected: {reason}"
+            self.last_error = f"disconnected: {reason}"
         self.connected = False
 
     def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, _reason: ReasonCode,
@@ -188,8 +215,11 @@ class MqttService:
                 if time.monotonic() >= next_telemetry:
                     next_telemetry = time.monotonic() + self.cfg.telemetry_interval_s
                     self.client.publish(f"{self.prefix}/telemetry", json.dumps(self.telemetry()), qos=0)
-            except Exception:
-                log.exception("mqtt: outbox error")
+            except StorageFull as exc:
+                self._error_log.log(logging.ERROR, "mqtt: %s; delivered rows stay unmarked for now", exc)
+                self._stop.wait(1.0)
+            except Exception:  # noqa: BLE001 - logged once a minute; the loop goes on
+                self._error_log.log(logging.ERROR, "mqtt: outbox error", exc_info=True)
                 self._stop.wait(1.0)
 
     def _publish_backlog(self) -> None:
@@ -197,18 +227,37 @@ class MqttService:
         if room <= 0:
             return
         for seq, camera, body in self.journal.unsent(after_seq=self._cursor, limit=room):
-            info = self.client.publish(self.result_topic(camera), body, qos=self.cfg.qos)
+            try:
+                info = self.client.publish(self.result_topic(camera), body, qos=self.cfg.qos)
+            except (ValueError, TypeError, OverflowError) as exc:
+                # One row paho refuses (a wildcard in the topic, an oversized payload) must not block
+                # every later row: set it aside with its reason and move on.
+                self._park(seq, camera, f"{type(exc).__name__}: {exc}")
+                self._cursor = seq
+                continue
             self._cursor = seq
             with self._lock:
                 self._inflight.append((info, seq))
+
+    def _park(self, seq: int, camera: str, reason: str) -> None:
+        log.error("mqtt: result %d of camera %r cannot be published and is set aside: %s", seq, camera, reason)
+        self.journal.park(seq, reason)
+        self.parked += 1
 
     def _flush_acks(self) -> None:
         """Mark acknowledged results sent in the journal, in one transaction."""
         with self._lock:
             acked = [seq for info, seq in self._inflight if info.is_published()]
             self._inflight = [(info, seq) for info, seq in self._inflight if not info.is_published()]
+            self._acked += acked
+            acked, self._acked = self._acked, []
         if acked:
-            self.journal.mark_sent(acked)
+            try:
+                self.journal.mark_sent(acked)
+            except Exception:
+                with self._lock:  # kept for the next try, so they are not published again needlessly
+                    self._acked = acked + self._acked
+                raise
             self.published += len(acked)
 
     # ---- commands ------------------------------------------------------------------------------
@@ -229,6 +278,8 @@ class MqttService:
             reply.update(ok=True, result=handler(request))
         except CommandError as exc:
             reply.update(ok=False, error=str(exc))
+        except InputError as exc:  # refused input: the reply names the field, like the HTTP 4xx
+            reply.update(ok=False, error=str(exc), field=exc.field)
         except Exception as exc:  # noqa: BLE001 - any failure becomes an error reply, never a crash
             reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         log.info("mqtt: command %s -> %s", name, "ok" if reply["ok"] else reply["error"])

@@ -24,8 +24,9 @@ import numpy as np
 
 from .capture import Camera, Frame
 from .config import TriggerConfig
-from .errors import EdgeRuntimeError
+from .errors import EdgeRuntimeError, StorageFull
 from .result import Result
+from .supervise import RateLimitedLog, SupervisedThread
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,10 @@ class CameraSchedule:
         self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
         self._last_seq = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"schedule-{camera.name}", daemon=True)
+        self._thread = SupervisedThread(f"schedule-{camera.name}", self._run, self._stop, log)
+
+    def threads(self) -> list[SupervisedThread]:
+        return [self._thread]
 
     def start(self) -> None:
         self._thread.start()
@@ -147,7 +151,8 @@ class CameraSchedule:
     def _run(self) -> None:
         mode = self.trigger.mode
         if mode == "on_demand":
-            return  # inspections come only through Daemon.trigger()
+            self._stop.wait()  # inspections come only through Daemon.trigger(); stay visible as alive
+            return
         next_due = time.monotonic()
         while not self._stop.is_set():
             wait = self.trigger.change_check_s if mode == "on_change" else 0.0
@@ -224,6 +229,8 @@ class InspectionWorker:
         self.busy_since: float | None = None
         self.inspected = 0
         self.errors = 0
+        self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
+        self._full_log = RateLimitedLog(log)
         self.batches = 0  # generations that ran several cameras' frames as parallel sequences
         self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
         self.last_energy_j: float | None = None
@@ -233,8 +240,11 @@ class InspectionWorker:
         # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,
         # so frame N+1 is decoded, preprocessed and encoded while frame N is generated.
         self._handoff: queue.Queue[tuple[InspectionRequest, Any]] = queue.Queue(maxsize=self.max_batch)
-        self._encoder = threading.Thread(target=self._encode_loop, name="encoder", daemon=True)
-        self._thread = threading.Thread(target=self._run, name="inspector", daemon=True)
+        self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
+        self._thread = SupervisedThread("inspector", self._run, self._stop, log)
+
+    def threads(self) -> list[SupervisedThread]:
+        return [self._encoder, self._thread]
 
     def start(self) -> None:
         self._encoder.start()
@@ -245,8 +255,7 @@ class InspectionWorker:
         self._stop.set()
         self.inspections.wake()
         for thread in (self._encoder, self._thread):
-            if thread.is_alive():
-                thread.join(timeout)
+            thread.join(timeout)
 
     def alive(self, max_busy_s: float) -> bool:
         """True while both stages turn and no single inspection has hung."""
@@ -260,6 +269,10 @@ class InspectionWorker:
         while not self._stop.is_set():
             request = self.inspections.get(timeout=1.0)
             if request is None or not request.future.set_running_or_notify_cancel():
+                continue
+            if request.journal and self.journal.refusing():
+                # The disk is full: refuse before the model spends anything on a verdict nobody gets.
+                self._storage_full(request, StorageFull("disk full: the journal cannot store results"))
                 continue
             encoded: Any = None
             if self.overlap and request.job is None and request.image is not None:
@@ -324,11 +337,21 @@ class InspectionWorker:
             request.future.set_result(result)
 
     def _failed(self, request: InspectionRequest, exc: Exception) -> None:
+        if isinstance(exc, StorageFull):
+            self._storage_full(request, exc)
+            return
         self.errors += 1
         stats = self.stats_for(request.camera)
         if stats:
             stats.errors += 1
         log.error("inspection of %s failed: %s", request.camera, exc)
+        request.future.set_exception(exc)
+
+    def _storage_full(self, request: InspectionRequest, exc: StorageFull) -> None:
+        """Counted, and logged once a minute (a camera at 10 fps made 10 error lines a second)."""
+        self.not_journaled += 1
+        self._full_log.log(logging.ERROR, "inspection: %s; verdicts are neither journaled nor published "
+                           "until space returns", exc)
         request.future.set_exception(exc)
 
     def _inspect_batch(self, work: list[tuple[InspectionRequest, Any]]) -> None:
@@ -351,7 +374,12 @@ class InspectionWorker:
                 continue
             if energy is not None:
                 outcome.energy_j = self.last_energy_j = round(energy / len(work), 4)
-            request.future.set_result(self._deliver(request, outcome))
+            try:
+                delivered = self._deliver(request, outcome)
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it, the rest go on
+                self._failed(request, exc)
+            else:
+                request.future.set_result(delivered)
 
     def _inspect(self, request: InspectionRequest, encoded: Any = None) -> Any:
         inspector = self.get_inspector()
@@ -369,7 +397,8 @@ class InspectionWorker:
     def _deliver(self, request: InspectionRequest, result: Result) -> Result:
         """Journal first (durable before anyone else sees it), then counters, log and listeners."""
         if request.journal:
-            self.journal.add(result)
+            self.journal.add(result)  # raises StorageFull: then nobody sees this verdict
+            self._full_log.reset()
         self.inspected += 1
         stats = self.stats_for(request.camera)
         if stats:

@@ -175,3 +175,26 @@ def test_cameras_ready_together_are_generated_as_one_batch(run_daemon: Callable[
     wait_for(lambda: all(c["frames"]["inspected"] >= 2 for c in daemon.status()["cameras"]), what="every camera")
     for row in daemon.journal.query(limit=40):
         assert set(row["verdict"]) == {"defect", "category", "confidence", "notes"}
+
+
+def test_a_pipeline_thread_that_raises_is_restarted_and_counted(run_daemon: Callable[..., Daemon],
+                                                                video: Path) -> None:
+    daemon = run_daemon(CameraConfig(name="belt", source=str(video), fps=30,
+                                     trigger=TriggerConfig(mode="interval", interval_s=0.1)))
+    schedule = daemon.rigs["belt"].schedule
+    real_gate, failures = schedule.gate, [0]
+
+    class FlakyGate:
+        def decision(self) -> Any:
+            if failures[0] < 2:  # an unexpected error inside the camera's trigger loop, twice
+                failures[0] += 1
+                raise RuntimeError("sensor read failed")
+            return real_gate.decision()
+
+    schedule.gate = FlakyGate()
+    wait_for(lambda: daemon.status()["threads"]["schedule-belt"]["restarts"] == 2, what="two restarts")
+    inspected = cam(daemon, "belt")["frames"]["inspected"]
+    wait_for(lambda: cam(daemon, "belt")["frames"]["inspected"] > inspected, what="inspections again")
+    threads = daemon.status()["threads"]
+    assert threads["schedule-belt"] == {"alive": True, "restarts": 2}
+    assert threads["inspector"]["alive"] and threads["encoder"]["alive"]

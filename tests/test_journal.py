@@ -20,7 +20,7 @@ def test_results_survive_reopening(tmp_path: Path) -> None:
         journal.add(r)
     journal.close()
     reopened = Journal(tmp_path / "j.sqlite3")
-    assert reopened.counts() == {"total": 3, "unsent": 3}
+    assert reopened.counts() == {"total": 3, "unsent": 3, "parked": 0}
     assert reopened.get(results[1].id) == results[1].to_dict()
     assert reopened.get("no-such-id") is None
 
@@ -56,3 +56,22 @@ def test_unsent_rows_come_oldest_first(tmp_path: Path) -> None:
     assert [seq for seq, _, _ in rows] == sorted(seq for seq, _, _ in rows)
     journal.mark_sent([rows[0][0]])
     assert journal.unsent(limit=10)[0][0] == rows[1][0]
+
+
+def test_counts_are_kept_without_counting_the_table(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    seqs = [journal.add(make_result(n=i)) for i in range(4)]
+    journal.mark_sent(seqs[:2])
+    journal.mark_sent(seqs[:1])  # an acknowledgement seen twice counts once
+    journal.park(seqs[2], "ValueError: Publish topic cannot contain wildcards.")
+    assert journal.counts() == {"total": 4, "unsent": 1, "parked": 1}
+    journal.close()
+    assert Journal(tmp_path / "j.sqlite3").counts() == {"total": 4, "unsent": 1, "parked": 1}
+
+
+def test_a_parked_row_leaves_the_outbox_with_its_reason(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    seqs = [journal.add(make_result(n=i)) for i in range(3)]
+    journal.park(seqs[0], "payload too large")
+    assert [seq for seq, _, _ in journal.unsent()] == seqs[1:]
+    assert journal.parked() == [(seqs[0], "cam", "payload too large")]
