@@ -1,0 +1,380 @@
+"""Offload to a central OpenAI-compatible server: a REAL second edge-runtime process serves
+/v1/chat/completions (the protocol vLLM speaks); the device daemon runs in-process against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from jsonschema import Draft202012Validator
+from mjpeg import free_port
+from waiting import wait_for
+
+from edge_runtime.app import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig, parse_config
+from edge_runtime.errors import ConfigError
+from edge_runtime.offload.breaker import CircuitBreaker
+from edge_runtime.offload.client import Endpoint
+from edge_runtime.offload.config import EndpointConfig, OffloadConfig
+from edge_runtime.offload.router import Dropped, matches
+from edge_runtime.result import Result
+from edge_runtime.samples import write_sample_video
+
+TOKEN = "central-secret-token"
+
+
+class CentralServer:
+    """`edge-runtime --config F run` as its own process: the central server of the tests."""
+
+    def __init__(self, tmp: Path, model: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.dir = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.cfg = tmp / "central.yaml"
+        self.cfg.write_text(
+            f"device_id: central\ndata_dir: {tmp / 'data'}\nmodel:\n  path: {model}\n  threads: 1\n"
+            f"api:\n  host: 127.0.0.1\n  port: {self.port}\n  token: ${{CENTRAL_TOKEN}}\n"
+            "mqtt:\n  enabled: false\ngovernor:\n  enabled: false\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, wait: bool = True) -> CentralServer:
+        self.starts += 1
+        with (self.dir / f"central-{self.starts}.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "edge_runtime", "--config", str(self.cfg), "run"],
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CENTRAL_TOKEN": TOKEN})
+        if wait:
+            wait_for(self.ready, timeout=60, what="the central server to be ready")
+        return self
+
+    def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"central server exited: {self.log()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        self.proc = None
+
+    def log(self) -> str:
+        return "".join(p.read_text(errors="replace")[-2000:] for p in sorted(self.dir.glob("central-*.log")))
+
+
+@pytest.fixture
+def central(tmp_path: Path, demo_dir: Path) -> Iterator[CentralServer]:
+    server = CentralServer(tmp_path / "central", demo_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sample_video(tmp_path_factory.mktemp("video") / "parts.avi", frames=60)
+
+
+def device_config(tmp_path: Path, demo_dir: Path, url: str, cameras: list[CameraConfig],
+                  **offload: Any) -> Config:
+    os.environ["CENTRAL_API_KEY"] = TOKEN
+    text = json.dumps({
+        "device_id": "line-1", "data_dir": str(tmp_path / "device"),
+        "model": {"path": str(demo_dir), "threads": 1},
+        "api": {"host": "127.0.0.1", "port": 0}, "mqtt": {"enabled": False}, "governor": {"enabled": False},
+        "offload": {"enabled": True, "endpoints": [{"url": url, "api_key": "${CENTRAL_API_KEY}", "timeout_s": 10}],
+                    "retry": {"attempts": 2, "backoff_s": 0.1}, "breaker": {"failures": 2, "open_s": 1.0},
+                    **offload},
+    })
+    cfg = parse_config(text, "device.yaml")  # JSON is YAML: the same path as a user's file, ${ENV} included
+    cfg.cameras = cameras
+    return cfg
+
+
+def remote_camera(video: Path, interval_s: float = 0.3) -> CameraConfig:
+    return CameraConfig(name="line", source=str(video), fps=30, remote=True,
+                        trigger=TriggerConfig(mode="interval", interval_s=interval_s))
+
+
+def journal_by_engine(daemon: Daemon, camera: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in daemon.journal.query(camera=camera, limit=100_000):
+        engine = row["source"]["engine"]
+        counts[engine] = counts.get(engine, 0) + 1
+    return counts
+
+
+def endpoint_state(daemon: Daemon) -> str:
+    return str(daemon.status()["offload"]["endpoints"][0]["state"])
+
+
+# ---- the real central server -------------------------------------------------------------------
+
+
+def test_remote_camera_survives_a_central_outage_with_no_result_lost(
+        tmp_path: Path, demo_dir: Path, central: CentralServer, video: Path) -> None:
+    central.start()
+    daemon = Daemon(device_config(tmp_path, demo_dir, central.url, [remote_camera(video)]))
+    daemon.start()
+    timings: dict[str, float] = {}
+    try:
+        wait_for(lambda: journal_by_engine(daemon, "line").get("remote", 0) >= 3, 60, "3 remote results")
+        row = daemon.journal.query(camera="line", limit=1)[0]
+        assert row["source"] == {"engine": "remote", "endpoint": central.url, "reason": "remote",
+                                 "model": daemon.inspector.bundle.manifest.name}  # type: ignore[union-attr]
+        Draft202012Validator(daemon.inspector.bundle.manifest.verdict_schema).validate(row["verdict"])  # type: ignore[union-attr]
+
+        central.stop()
+        t0 = time.monotonic()  # the central process has exited
+        wait_for(lambda: endpoint_state(daemon) in ("open", "half_open"), 30, "the breaker to open")
+        timings["open_after_outage_s"] = time.monotonic() - t0
+        wait_for(lambda: journal_by_engine(daemon, "line").get("edge", 0) >= 2, 60, "local fallback results")
+        remote_before = daemon.status()["offload"]["frames"]["remote"]
+
+        t1 = time.monotonic()
+        central.start(wait=False)
+        wait_for(lambda: endpoint_state(daemon) == "closed", 90, "the breaker to close")
+        timings["closed_after_restart_s"] = time.monotonic() - t1
+        wait_for(lambda: daemon.status()["offload"]["frames"]["remote"] >= remote_before + 2, 60,
+                 "remote results after the restart")
+
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{daemon.api.port}/metrics", timeout=5).read().decode()  # type: ignore[union-attr]
+        assert f'edge_offload_breaker_state{{endpoint="{central.url}",state="closed"}} 1.0' in metrics
+        opened = [line for line in metrics.splitlines() if line.startswith("edge_offload_breaker_opened_total")]
+        assert opened and float(opened[0].split()[-1]) >= 1
+        assert 'edge_offload_frames_total{outcome="fallback_local"}' in metrics
+    finally:
+        for rig in daemon.rigs.values():
+            rig.stop()  # no new frames; then every frame taken must be accounted for
+        wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 60, "offload to drain")
+        wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
+        status = daemon.status()
+        engines = journal_by_engine(daemon, "line")
+        daemon.stop()
+    frames = status["offload"]["frames"]
+    print("offload timings", json.dumps(timings), "frames", json.dumps(frames))  # measured: docs/scale-out.md
+    assert frames["taken"] == frames["remote"] + frames["fallback_local"] + frames["dropped"] + frames["failed"]
+    assert frames["dropped"] == 0 and frames["failed"] == 0 and frames["fallback_local"] >= 2
+    assert engines == {"remote": frames["remote"], "edge": frames["fallback_local"]}  # 0 lost
+    assert status["inspection"]["errors"] == 0
+
+
+def test_wrong_api_key_is_a_failure_that_opens_the_breaker_and_drops_when_configured(
+        tmp_path: Path, demo_dir: Path, central: CentralServer, video: Path) -> None:
+    central.start()
+    cfg = device_config(tmp_path, demo_dir, central.url, [remote_camera(video, 0.2)], fallback="drop")
+    cfg.offload.endpoints[0].api_key = None  # the central server has a token: 401
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        wait_for(lambda: daemon.status()["offload"]["frames"]["dropped"] >= 3, 30, "dropped frames")
+        status = daemon.status()
+        ep = status["offload"]["endpoints"][0]
+        assert ep["opened"] >= 1 and "HTTP 401" in ep["last_error"]
+        assert status["offload"]["dropped_by_reason"].get("all endpoints down", 0) >= 1
+        assert status["health"]["state"] == "degraded" and "offload endpoints down" in status["health"]["reasons"]
+        assert journal_by_engine(daemon, "line") == {}  # dropped means nothing journaled, and it is counted
+    finally:
+        daemon.stop()
+
+
+def test_defect_verdict_gets_a_second_opinion_journaled_as_its_own_remote_result(
+        tmp_path: Path, demo_dir: Path, central: CentralServer, video: Path) -> None:
+    central.start()
+    cam = CameraConfig(name="line", source=str(video), fps=30, trigger=TriggerConfig(mode="interval", interval_s=0.3))
+    daemon = Daemon(device_config(tmp_path, demo_dir, central.url, [cam], escalate={"when": {"defect": True}}))
+    daemon.start()
+
+    def second_opinions() -> list[dict[str, Any]]:
+        return [r for r in daemon.journal.query(camera="line", limit=1000) if r["source"]["engine"] == "remote"]
+
+    try:
+        wait_for(lambda: len(second_opinions()) >= 2, 60, "two second opinions")
+        rows = daemon.journal.query(camera="line", limit=1000)
+        local = {r["id"]: r for r in rows if r["source"]["engine"] == "edge"}
+        for remote in second_opinions():
+            assert remote["source"]["reason"] == "escalate"
+            assert local[remote["source"]["second_opinion_of"]]["verdict"]["defect"] is True
+        status = daemon.status()["offload"]
+        assert status["frames"]["taken"] == 0  # escalation does not move frames off the device
+        # The API a rules engine calls: any result, any frame.
+        row = dict(daemon.journal.query(camera="line", limit=1)[0])
+        row.pop("journal_seq", None)
+        asked = Result.from_dict(row)
+        second = daemon.offload.second_opinion(asked, np.full((240, 320, 3), 90, np.uint8)).result(60)  # type: ignore[union-attr]
+        assert second.source["engine"] == "remote" and second.source["second_opinion_of"] == asked.id
+        assert daemon.journal.get(second.id) is not None
+    finally:
+        daemon.stop()
+
+
+# ---- hostile answers and the pieces, against a misbehaving HTTP server ----------------------------
+
+
+class Misbehaving:
+    """An HTTP server that answers each chat completion with the next canned (status, body)."""
+
+    def __init__(self, answers: list[tuple[int, bytes]]) -> None:
+        self.answers = answers
+        self.hits = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                status, body = owner.answers[min(owner.hits, len(owner.answers) - 1)]
+                owner.hits += 1
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+SCHEMA = {"type": "object", "properties": {"defect": {"type": "boolean"}}, "required": ["defect"],
+          "additionalProperties": False}
+
+
+def completion(content: str) -> bytes:
+    choice = {"message": {"role": "assistant", "content": content}}
+    return json.dumps({"model": "big-vlm", "choices": [choice]}).encode()
+
+
+def endpoint(url: str, **cfg: Any) -> Endpoint:
+    offload = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=url, timeout_s=2)],
+                            **{"retry": {"attempts": 3, "backoff_s": 0.01}, **cfg})
+    return Endpoint(offload.endpoints[0], offload)
+
+
+@pytest.mark.parametrize("body, why", [
+    (completion('{"defect": "yes"}'), "does not match the verdict schema"),
+    (completion("not json"), "not JSON"),
+    (b"<html>proxy error</html>", "not an OpenAI chat completion"),
+    (completion('{"defect": true, "notes": "' + "x" * 5000 + '"}'), "larger than 4 KiB"),
+])
+def test_unusable_answers_are_refused_without_retry_and_counted(body: bytes, why: str) -> None:
+    server = Misbehaving([(200, body)])
+    try:
+        ep = endpoint(server.url, max_response_kb=4)
+        assert ep.ask(b"{}", Draft202012Validator(SCHEMA), threading.Event()) is None
+        assert server.hits == 1 and ep.failures == 1 and why in (ep.last_error or "")
+    finally:
+        server.close()
+
+
+def test_server_errors_are_retried_with_backoff_and_a_good_answer_wins() -> None:
+    server = Misbehaving([(503, b'{"error": "loading"}'), (200, completion('{"defect": false}'))])
+    try:
+        ep = endpoint(server.url)
+        answer = ep.ask(b"{}", Draft202012Validator(SCHEMA), threading.Event())
+        assert answer is not None and answer.verdict == {"defect": False} and answer.model == "big-vlm"
+        assert server.hits == 2 and ep.requests == 2 and ep.failures == 1
+        assert ep.breaker.state == "closed"
+    finally:
+        server.close()
+
+
+def test_breaker_opens_after_n_failures_and_one_half_open_probe_closes_it() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failures=3, open_s=10, clock=lambda: now[0])
+    for _ in range(2):
+        assert breaker.allow()
+        breaker.failure()
+    assert breaker.state == "closed"
+    breaker.failure()
+    assert breaker.state == "open" and not breaker.allow()
+    now[0] = 10.0
+    assert breaker.state == "half_open"
+    assert breaker.allow() and not breaker.allow()  # exactly one probe
+    breaker.failure()  # the probe failed: open again for another open_s
+    assert breaker.state == "open" and not breaker.allow()
+    now[0] = 20.0
+    assert breaker.allow()
+    breaker.success()
+    assert breaker.state == "closed" and breaker.opened == 2 and breaker.closed == 1
+
+
+def test_escalation_condition_compares_json_types() -> None:
+    assert matches({"defect": True, "category": "scratch"}, {"defect": True})
+    assert not matches({"defect": 1}, {"defect": True})
+    assert not matches({"category": "scratch"}, {"defect": True})
+
+
+@pytest.mark.parametrize("text, message", [
+    ("offload:\n  enabled: true\n", "offload.enabled needs at least one entry"),
+    ("offload:\n  endpoints: [{url: 'ftp://x/v1'}]\n", "offload.endpoints.0.url"),
+    ("offload:\n  enabled: true\n  endpoints: [{url: 'http://c/v1', key: 1}]\n", "unknown key"),
+    ("cameras:\n  - {name: a, source: x.avi, remote: true}\n", "remote: true need offload.enabled"),
+])
+def test_offload_config_errors_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(text, "edge.yaml")
+
+
+def test_every_endpoint_down_with_fallback_drop_counts_the_drop(tmp_path: Path) -> None:
+    from edge_runtime.offload.router import Offloader
+    from edge_runtime.scheduler import GateDecision, InspectionRequest
+
+    port = free_port()  # nothing listens: connection refused
+    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=f"http://127.0.0.1:{port}/v1", timeout_s=1)],
+                        fallback="drop", retry={"attempts": 1}, breaker={"failures": 1, "open_s": 60})
+
+    class Bundle:
+        class manifest:
+            verdict_schema = SCHEMA
+
+    class Inspector:
+        bundle = Bundle
+        default_prompt = "Is there a defect?"
+
+    def refuse(request: InspectionRequest) -> Any:
+        raise AssertionError("fallback drop must not inspect locally")
+
+    offloader = Offloader(cfg, {"a"}, "dev", lambda: Inspector, lambda req, res: res, refuse,
+                          lambda: GateDecision())
+    offloader.start()
+    try:
+        futures = [offloader.take(InspectionRequest(np.zeros((32, 32, 3), np.uint8), "a"), "remote")
+                   for _ in range(3)]
+        for future in futures:
+            with pytest.raises(Dropped):
+                future.result(timeout=10)
+        status = offloader.status()
+        assert status["frames"] == {"taken": 3, "remote": 0, "fallback_local": 0, "dropped": 3, "failed": 0,
+                                    "in_flight": 0}
+        assert status["endpoints"][0]["requests"] == 1  # the open breaker spared the endpoint the rest
+    finally:
+        offloader.stop()
