@@ -31,6 +31,7 @@ from edge_runtime.offload.config import EndpointConfig, OffloadConfig
 from edge_runtime.offload.router import Dropped, matches
 from edge_runtime.result import Result
 from edge_runtime.samples import write_sample_video
+from edge_runtime.scheduler import GateDecision
 
 TOKEN = "central-secret-token"
 
@@ -229,6 +230,55 @@ def test_defect_verdict_gets_a_second_opinion_journaled_as_its_own_remote_result
         daemon.stop()
 
 
+@pytest.fixture(scope="module")
+def shared_central(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[CentralServer]:
+    """One central server for the tests that never stop it."""
+    server = CentralServer(tmp_path_factory.mktemp("central"), demo_dir).start()
+    yield server
+    server.stop()
+
+
+def test_frames_the_local_queue_refuses_go_to_the_central_server(
+        tmp_path: Path, demo_dir: Path, shared_central: CentralServer, video: Path) -> None:
+    cams = [CameraConfig(name=f"cam{i}", source=str(video), fps=30, trigger=TriggerConfig(mode="continuous"))
+            for i in range(3)]
+    cfg = device_config(tmp_path, demo_dir, shared_central.url, cams, engage={"queue_full": True})
+    cfg.inspection.queue_size = 1
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        wait_for(lambda: daemon.status()["offload"]["frames"]["remote"] >= 2, 60, "remote results")
+        status = daemon.status()
+        assert set(status["offload"]["taken_by_reason"]) == {"queue_full"}
+        rows = [r for c in cams for r in daemon.journal.query(camera=c.name, limit=1000)]
+        assert {r["source"]["reason"] for r in rows if r["source"]["engine"] == "remote"} == {"queue_full"}
+        assert any(r["source"]["engine"] == "edge" for r in rows)  # the device still inspects what it can
+    finally:
+        daemon.stop()
+
+
+class PausedGate:
+    """The governor's answer over budget: paused (the real governor is tested in test_power.py)."""
+
+    def decision(self) -> GateDecision:
+        return GateDecision(paused=True, state={"level": "paused"})
+
+
+def test_frames_go_to_the_central_server_while_the_governor_pauses_the_device(
+        tmp_path: Path, demo_dir: Path, shared_central: CentralServer, video: Path) -> None:
+    cam = CameraConfig(name="line", source=str(video), fps=30, trigger=TriggerConfig(mode="interval", interval_s=0.2))
+    daemon = Daemon(device_config(tmp_path, demo_dir, shared_central.url, [cam], engage={"governor": True}))
+    daemon.set_gate(PausedGate())
+    daemon.start()
+    try:
+        wait_for(lambda: journal_by_engine(daemon, "line").get("remote", 0) >= 3, 60, "remote results")
+        assert journal_by_engine(daemon, "line").get("edge", 0) == 0  # paused: nothing inspected here
+        row = daemon.journal.query(camera="line", limit=1)[0]
+        assert row["source"]["reason"] == "governor" and row["governor"] == {"level": "paused"}
+    finally:
+        daemon.stop()
+
+
 # ---- hostile answers and the pieces, against a misbehaving HTTP server ----------------------------
 
 
@@ -346,7 +396,7 @@ def test_offload_config_errors_name_the_key(text: str, message: str) -> None:
 
 def test_every_endpoint_down_with_fallback_drop_counts_the_drop(tmp_path: Path) -> None:
     from edge_runtime.offload.router import Offloader
-    from edge_runtime.scheduler import GateDecision, InspectionRequest
+    from edge_runtime.scheduler import InspectionRequest
 
     port = free_port()  # nothing listens: connection refused
     cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=f"http://127.0.0.1:{port}/v1", timeout_s=1)],
@@ -378,3 +428,89 @@ def test_every_endpoint_down_with_fallback_drop_counts_the_drop(tmp_path: Path) 
         assert status["endpoints"][0]["requests"] == 1  # the open breaker spared the endpoint the rest
     finally:
         offloader.stop()
+
+
+# ---- longer runs: EDGE_TEST_ROBUSTNESS=1 pytest -m robustness -s tests/test_offload.py ----------------
+
+robustness = [pytest.mark.robustness,
+              pytest.mark.skipif(not os.environ.get("EDGE_TEST_ROBUSTNESS"), reason="set EDGE_TEST_ROBUSTNESS=1")]
+
+
+@robustness[0]
+@robustness[1]
+def test_remote_inspection_latency_overhead_vs_local(tmp_path: Path, demo_dir: Path, central: CentralServer) -> None:
+    """The same demo model on both sides, one thread each, run one after the other (not at once)."""
+    from edge_runtime.bundle import load_bundle
+    from edge_runtime.config import ModelConfig
+    from edge_runtime.inspector import Inspector
+    from edge_runtime.offload.client import chat_request, encode_jpeg
+    from edge_runtime.samples import part_image
+
+    frames = [part_image(seed=i, width=640, height=480, defect=i % 2 == 1) for i in range(30)]
+    inspector = Inspector(load_bundle(demo_dir), ModelConfig(threads=1), "dev")
+    try:
+        local = []
+        for frame in frames:
+            t0 = time.perf_counter()
+            inspector.inspect(frame)
+            local.append((time.perf_counter() - t0) * 1000)
+        schema = inspector.bundle.manifest.verdict_schema
+        prompt = inspector.default_prompt
+    finally:
+        inspector.close()
+    central.start()
+    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=central.url, api_key=TOKEN)])
+    ep = Endpoint(cfg.endpoints[0], cfg)
+    validator = Draft202012Validator(schema)
+    remote = []
+    for frame in frames:
+        t0 = time.perf_counter()
+        body = json.dumps(chat_request(encode_jpeg(frame, 1280, 85), prompt, schema, None, 256)).encode()
+        assert ep.ask(body, validator, threading.Event()) is not None, ep.last_error
+        remote.append((time.perf_counter() - t0) * 1000)
+    local.sort()
+    remote.sort()
+    p50 = {"local": local[len(local) // 2], "remote": remote[len(remote) // 2]}
+    p90 = {"local": local[int(len(local) * 0.9)], "remote": remote[int(len(remote) * 0.9)]}
+    print(f"latency ms p50 local {p50['local']:.1f} remote {p50['remote']:.1f} "
+          f"(+{p50['remote'] - p50['local']:.1f}); p90 local {p90['local']:.1f} remote {p90['remote']:.1f}")
+    assert p50["remote"] > 0 and p50["local"] > 0
+
+
+@robustness[0]
+@robustness[1]
+def test_hung_central_server_times_out_opens_the_breaker_and_loses_nothing(
+        tmp_path: Path, demo_dir: Path, central: CentralServer, video: Path) -> None:
+    """SIGSTOP: the socket stays open and nothing answers (worse than a refused connection)."""
+    central.start()
+    cfg = device_config(tmp_path, demo_dir, central.url, [remote_camera(video, 0.2)])
+    cfg.offload.endpoints[0].timeout_s = 1.5
+    daemon = Daemon(cfg)
+    daemon.start()
+    assert central.proc is not None
+    try:
+        wait_for(lambda: daemon.status()["offload"]["frames"]["remote"] >= 3, 60, "remote results")
+        central.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        wait_for(lambda: endpoint_state(daemon) in ("open", "half_open"), 30, "the breaker to open")
+        opened = time.monotonic() - t0
+        time.sleep(20)  # a long outage: many half-open probes time out
+        central.proc.send_signal(signal.SIGCONT)
+        t1 = time.monotonic()
+        wait_for(lambda: endpoint_state(daemon) == "closed", 60, "the breaker to close")
+        closed = time.monotonic() - t1
+    finally:
+        if central.proc is not None:
+            central.proc.send_signal(signal.SIGCONT)
+        for rig in daemon.rigs.values():
+            rig.stop()
+        wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 60, "offload to drain")
+        wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
+        status = daemon.status()
+        engines = journal_by_engine(daemon, "line")
+        daemon.stop()
+    frames = status["offload"]["frames"]
+    print(f"hung central: open after {opened:.1f} s, closed {closed:.1f} s after SIGCONT; frames {frames}; "
+          f"breaker opened {status['offload']['endpoints'][0]['opened']} times")
+    assert frames["dropped"] == 0 and frames["failed"] == 0
+    assert engines == {"remote": frames["remote"], "edge": frames["fallback_local"]}
