@@ -146,17 +146,20 @@ def test_remote_camera_survives_a_central_outage_with_no_result_lost(
                                  "model": daemon.inspector.bundle.manifest.name}  # type: ignore[union-attr]
         Draft202012Validator(daemon.inspector.bundle.manifest.verdict_schema).validate(row["verdict"])  # type: ignore[union-attr]
 
-        central.stop()
-        t0 = time.monotonic()  # the central process has exited
+        t0 = time.monotonic()
+        central.stop()  # SIGTERM: the central API stops answering, then the process exits
+        timings["central_exit_after_sigterm_s"] = time.monotonic() - t0
         wait_for(lambda: endpoint_state(daemon) in ("open", "half_open"), 30, "the breaker to open")
-        timings["open_after_outage_s"] = time.monotonic() - t0
+        timings["open_after_sigterm_s"] = time.monotonic() - t0
         wait_for(lambda: journal_by_engine(daemon, "line").get("edge", 0) >= 2, 60, "local fallback results")
         remote_before = daemon.status()["offload"]["frames"]["remote"]
 
         t1 = time.monotonic()
         central.start(wait=False)
+        wait_for(central.ready, 60, "the restarted central server")
+        timings["central_ready_after_start_s"] = time.monotonic() - t1
         wait_for(lambda: endpoint_state(daemon) == "closed", 90, "the breaker to close")
-        timings["closed_after_restart_s"] = time.monotonic() - t1
+        timings["closed_after_start_s"] = time.monotonic() - t1
         wait_for(lambda: daemon.status()["offload"]["frames"]["remote"] >= remote_before + 2, 60,
                  "remote results after the restart")
 
@@ -439,42 +442,44 @@ robustness = [pytest.mark.robustness,
 @robustness[0]
 @robustness[1]
 def test_remote_inspection_latency_overhead_vs_local(tmp_path: Path, demo_dir: Path, central: CentralServer) -> None:
-    """The same demo model on both sides, one thread each, run one after the other (not at once)."""
+    """The same demo model on both sides, one thread each, measured in turns on the same frames (one
+    local inspection, then the same frame remote) so load from elsewhere hits both alike."""
     from edge_runtime.bundle import load_bundle
     from edge_runtime.config import ModelConfig
     from edge_runtime.inspector import Inspector
     from edge_runtime.offload.client import chat_request, encode_jpeg
     from edge_runtime.samples import part_image
 
-    frames = [part_image(seed=i, width=640, height=480, defect=i % 2 == 1) for i in range(30)]
+    central.start()
+    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=central.url, api_key=TOKEN)])
+    ep = Endpoint(cfg.endpoints[0], cfg)
+    frames = [part_image(seed=i, width=640, height=480, defect=i % 2 == 1) for i in range(60)]
     inspector = Inspector(load_bundle(demo_dir), ModelConfig(threads=1), "dev")
+    local: list[float] = []
+    remote: list[float] = []
     try:
-        local = []
+        schema = inspector.bundle.manifest.verdict_schema
+        validator = Draft202012Validator(schema)
         for frame in frames:
             t0 = time.perf_counter()
             inspector.inspect(frame)
             local.append((time.perf_counter() - t0) * 1000)
-        schema = inspector.bundle.manifest.verdict_schema
-        prompt = inspector.default_prompt
+            t0 = time.perf_counter()
+            body = json.dumps(chat_request(encode_jpeg(frame, 1280, 85), inspector.default_prompt, schema,
+                                           None, 256)).encode()
+            assert ep.ask(body, validator, threading.Event()) is not None, ep.last_error
+            remote.append((time.perf_counter() - t0) * 1000)
     finally:
         inspector.close()
-    central.start()
-    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=central.url, api_key=TOKEN)])
-    ep = Endpoint(cfg.endpoints[0], cfg)
-    validator = Draft202012Validator(schema)
-    remote = []
-    for frame in frames:
-        t0 = time.perf_counter()
-        body = json.dumps(chat_request(encode_jpeg(frame, 1280, 85), prompt, schema, None, 256)).encode()
-        assert ep.ask(body, validator, threading.Event()) is not None, ep.last_error
-        remote.append((time.perf_counter() - t0) * 1000)
-    local.sort()
-    remote.sort()
-    p50 = {"local": local[len(local) // 2], "remote": remote[len(remote) // 2]}
-    p90 = {"local": local[int(len(local) * 0.9)], "remote": remote[int(len(remote) * 0.9)]}
-    print(f"latency ms p50 local {p50['local']:.1f} remote {p50['remote']:.1f} "
-          f"(+{p50['remote'] - p50['local']:.1f}); p90 local {p90['local']:.1f} remote {p90['remote']:.1f}")
-    assert p50["remote"] > 0 and p50["local"] > 0
+    diffs = sorted(r - lo for r, lo in zip(remote, local, strict=True))
+
+    def pct(values: list[float], q: float) -> float:
+        return sorted(values)[min(len(values) - 1, int(len(values) * q))]
+
+    print(f"latency ms over {len(frames)} frames: local p50 {pct(local, 0.5):.1f} p90 {pct(local, 0.9):.1f}; "
+          f"remote p50 {pct(remote, 0.5):.1f} p90 {pct(remote, 0.9):.1f}; "
+          f"paired overhead p50 {pct(diffs, 0.5):+.1f} p10 {pct(diffs, 0.1):+.1f} p90 {pct(diffs, 0.9):+.1f}")
+    assert len(remote) == len(local) == len(frames)
 
 
 @robustness[0]
