@@ -288,7 +288,7 @@ def test_frames_go_to_the_central_server_while_the_governor_pauses_the_device(
 class Misbehaving:
     """An HTTP server that answers each chat completion with the next canned (status, body)."""
 
-    def __init__(self, answers: list[tuple[int, bytes]]) -> None:
+    def __init__(self, answers: list[tuple[int, bytes]], drip_s: float = 0.0) -> None:
         self.answers = answers
         self.hits = 0
         owner = self
@@ -305,7 +305,16 @@ class Misbehaving:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if not drip_s:
+                    self.wfile.write(body)
+                    return
+                for i in range(len(body)):  # a byte at a time, each well inside the socket timeout
+                    try:
+                        self.wfile.write(body[i:i + 1])
+                        self.wfile.flush()
+                    except OSError:
+                        return
+                    time.sleep(drip_s)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -337,6 +346,8 @@ def endpoint(url: str, **cfg: Any) -> Endpoint:
     (completion("not json"), "not JSON"),
     (b"<html>proxy error</html>", "not an OpenAI chat completion"),
     (completion('{"defect": true, "notes": "' + "x" * 5000 + '"}'), "larger than 4 KiB"),
+    (completion("[" * 1500 + "]" * 1500), "RecursionError"),
+    (b'{"choices": ' + b"[" * 1800 + b"]" * 1800 + b"}", "RecursionError"),
 ])
 def test_unusable_answers_are_refused_without_retry_and_counted(body: bytes, why: str) -> None:
     server = Misbehaving([(200, body)])
@@ -344,6 +355,18 @@ def test_unusable_answers_are_refused_without_retry_and_counted(body: bytes, why
         ep = endpoint(server.url, max_response_kb=4)
         assert ep.ask(b"{}", Draft202012Validator(SCHEMA), threading.Event()) is None
         assert server.hits == 1 and ep.failures == 1 and why in (ep.last_error or "")
+    finally:
+        server.close()
+
+
+def test_a_server_that_drips_its_answer_is_cut_off_at_the_timeout() -> None:
+    server = Misbehaving([(200, completion('{"defect": false}'))], drip_s=0.2)
+    try:
+        ep = endpoint(server.url, retry={"attempts": 1})
+        t0 = time.monotonic()
+        assert ep.ask(b"{}", Draft202012Validator(SCHEMA), threading.Event()) is None
+        assert time.monotonic() - t0 < 4  # timeout_s is 2; the whole answer would take ~10 s
+        assert "no complete answer within 2 s" in (ep.last_error or "")
     finally:
         server.close()
 

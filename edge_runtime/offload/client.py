@@ -74,21 +74,22 @@ def chat_request(jpeg: bytes, prompt: str, schema: dict[str, Any], model: str | 
 def parse_answer(raw: bytes, validator: Draft202012Validator) -> tuple[dict[str, Any], str, str | None]:
     """(verdict, text, model) from a chat completion body; RemoteError (no retry) when unusable."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw)  # bounded by max_response_kb; nesting by the RecursionError below
         text = body["choices"][0]["message"]["content"]
         if not isinstance(text, str):
             raise TypeError("content is not a string")
         model = body.get("model")
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise RemoteError(f"not an OpenAI chat completion ({exc})", retry=False) from None
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+        raise RemoteError(f"not an OpenAI chat completion ({type(exc).__name__}: {str(exc)[:100]})",
+                          retry=False) from None
     try:
         verdict = json.loads(text)
-    except ValueError as exc:
-        raise RemoteError(f"the answer is not JSON ({exc})", retry=False) from None
+    except (ValueError, RecursionError) as exc:
+        raise RemoteError(f"the answer is not JSON ({type(exc).__name__}: {str(exc)[:100]})", retry=False) from None
     error = next(iter(sorted(validator.iter_errors(verdict), key=str)), None)
     if error is not None:
         raise RemoteError(f"the answer does not match the verdict schema: {error.message[:200]}", retry=False)
-    return verdict, text, model if isinstance(model, str) else None
+    return verdict, text, model[:256] if isinstance(model, str) else None
 
 
 class Endpoint:
@@ -123,10 +124,11 @@ class Endpoint:
             try:
                 raw = self._post(body)
                 verdict, text, model = parse_answer(raw, validator)
-            except RemoteError as exc:
-                self._count(None, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - every outcome must reach the breaker (or a probe never ends)
+                retry = isinstance(exc, RemoteError) and exc.retry
+                self._count(None, str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}")
                 self.breaker.failure()
-                if not exc.retry:
+                if not retry:
                     return None
                 continue
             latency = (time.perf_counter() - t0) * 1000
@@ -155,7 +157,7 @@ class Endpoint:
         try:
             # http(s) only: the config's url pattern refuses other schemes (file:, ftp:)
             with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-                raw: bytes = resp.read(self.max_bytes + 1)
+                raw = self._read(resp, time.monotonic() + self.cfg.timeout_s)
         except urllib.error.HTTPError as exc:
             retry = exc.code >= 500 or exc.code == 429
             detail = exc.read(300).decode("utf-8", "replace").strip()
@@ -167,6 +169,21 @@ class Endpoint:
         if len(raw) > self.max_bytes:
             raise RemoteError(f"answer larger than {self.max_bytes // 1024} KiB", retry=False)
         return raw
+
+    def _read(self, resp: Any, deadline: float) -> bytes:
+        """The body, up to max_bytes + 1, within the deadline: the socket timeout alone would let a
+        server that drips a byte at a time hold a worker forever."""
+        chunks: list[bytes] = []
+        size = 0
+        while size <= self.max_bytes:
+            if time.monotonic() > deadline:
+                raise RemoteError(f"no complete answer within {self.cfg.timeout_s:g} s", retry=True)
+            chunk = resp.read1(min(65536, self.max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
