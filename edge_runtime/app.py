@@ -360,6 +360,8 @@ class Daemon:
             return
         rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages)
         rig.schedule.offload = self.offload
+        if self.offload is not None:
+            self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`
         self.rigs[cfg.name] = rig
         rig.start()
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)

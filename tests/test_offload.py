@@ -260,6 +260,33 @@ def test_frames_the_local_queue_refuses_go_to_the_central_server(
         daemon.stop()
 
 
+def test_reload_that_sets_a_camera_remote_sends_its_frames_to_the_central_server(
+        tmp_path: Path, demo_dir: Path, shared_central: CentralServer, video: Path) -> None:
+    def write(remote: bool) -> Path:
+        cfg = device_config(tmp_path, demo_dir, shared_central.url, [])
+        data = json.loads(cfg.model_dump_json())
+        data["offload"]["endpoints"][0]["api_key"] = "${CENTRAL_API_KEY}"  # SecretStr dumps as stars
+        data["cameras"] = [{"name": "line", "source": str(video), "fps": 30, "remote": remote,
+                            "trigger": {"mode": "interval", "interval_s": 0.3}}]
+        path = tmp_path / "device.yaml"
+        path.write_text(json.dumps(data))
+        return path
+
+    path = write(remote=False)
+    from edge_runtime.config import load_config
+    daemon = Daemon(load_config(path), config_path=path)
+    daemon.start()
+    try:
+        wait_for(lambda: journal_by_engine(daemon, "line").get("edge", 0) >= 1, 30, "a local result")
+        assert daemon.status()["offload"]["frames"]["taken"] == 0
+        write(remote=True)
+        daemon.reload()
+        wait_for(lambda: journal_by_engine(daemon, "line").get("remote", 0) >= 2, 60, "remote results after reload")
+        assert daemon.status()["offload"]["remote_cameras"] == ["line"]
+    finally:
+        daemon.stop()
+
+
 class PausedGate:
     """The governor's answer over budget: paused (the real governor is tested in test_power.py)."""
 

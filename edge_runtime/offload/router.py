@@ -83,6 +83,11 @@ class Offloader:
             return "governor"
         return None
 
+    def set_remote(self, camera: str, remote: bool) -> None:
+        """Mark a camera as always remote (or not): cameras start, and restart on reload, through here."""
+        with self._lock:
+            self.remote_cameras = (self.remote_cameras | {camera}) if remote else (self.remote_cameras - {camera})
+
     @property
     def engages_on_queue_full(self) -> bool:
         return self.cfg.engage.queue_full
