@@ -453,7 +453,8 @@ def test_every_endpoint_down_with_fallback_drop_counts_the_drop(tmp_path: Path) 
 
     port = free_port()  # nothing listens: connection refused
     cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=f"http://127.0.0.1:{port}/v1", timeout_s=1)],
-                        fallback="drop", retry={"attempts": 1}, breaker={"failures": 1, "open_s": 60})
+                        fallback="drop", retry={"attempts": 1}, breaker={"failures": 1, "open_s": 60},
+                        workers=1)  # one worker: the second frame meets the breaker the first one opened
 
     class Bundle:
         class manifest:
