@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -28,10 +30,10 @@ from edge_runtime.errors import ConfigError
 from edge_runtime.offload.breaker import CircuitBreaker
 from edge_runtime.offload.client import Endpoint
 from edge_runtime.offload.config import EndpointConfig, OffloadConfig
-from edge_runtime.offload.router import Dropped, matches
+from edge_runtime.offload.router import Dropped, Offloader, matches
 from edge_runtime.result import Result
 from edge_runtime.samples import write_sample_video
-from edge_runtime.scheduler import GateDecision
+from edge_runtime.scheduler import GateDecision, InspectionRequest
 
 TOKEN = "central-secret-token"
 
@@ -447,41 +449,89 @@ def test_offload_config_errors_name_the_key(text: str, message: str) -> None:
         parse_config(text, "edge.yaml")
 
 
-def test_every_endpoint_down_with_fallback_drop_counts_the_drop(tmp_path: Path) -> None:
-    from edge_runtime.offload.router import Offloader
-    from edge_runtime.scheduler import InspectionRequest
+class _Bundle:
+    class manifest:
+        verdict_schema = SCHEMA
 
-    port = free_port()  # nothing listens: connection refused
-    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=f"http://127.0.0.1:{port}/v1", timeout_s=1)],
-                        fallback="drop", retry={"attempts": 1}, breaker={"failures": 1, "open_s": 60},
-                        workers=1)  # one worker: the second frame meets the breaker the first one opened
 
-    class Bundle:
-        class manifest:
-            verdict_schema = SCHEMA
+class _Inspector:
+    """What the Offloader reads of the loaded model: the schema and the default prompt."""
 
-    class Inspector:
-        bundle = Bundle
-        default_prompt = "Is there a defect?"
+    bundle = _Bundle
+    default_prompt = "Is there a defect?"
 
-    def refuse(request: InspectionRequest) -> Any:
-        raise AssertionError("fallback drop must not inspect locally")
 
-    offloader = Offloader(cfg, {"a"}, "dev", lambda: Inspector, lambda req, res: res, refuse,
-                          lambda: GateDecision())
-    offloader.start()
+def offloader(url: str, local: Any, gate: GateDecision | None = None, **cfg: Any) -> Offloader:
+    config = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=url, timeout_s=1)], **cfg)
+    decision = gate or GateDecision()
+    return Offloader(config, {"a"}, "dev", lambda: _Inspector, lambda req, res: res, local, lambda: decision)
+
+
+def frame_request() -> InspectionRequest:
+    return InspectionRequest(np.zeros((32, 32, 3), np.uint8), "a")
+
+
+def refuse(request: InspectionRequest) -> Any:
+    raise AssertionError("this fallback must not inspect locally")
+
+
+def test_every_endpoint_down_with_fallback_drop_counts_the_drop() -> None:
+    # Nothing listens on the port: connection refused. One worker: the second frame meets the open breaker.
+    off = offloader(f"http://127.0.0.1:{free_port()}/v1", refuse, fallback="drop", retry={"attempts": 1},
+                    breaker={"failures": 1, "open_s": 60}, workers=1)
+    off.start()
     try:
-        futures = [offloader.take(InspectionRequest(np.zeros((32, 32, 3), np.uint8), "a"), "remote")
-                   for _ in range(3)]
+        futures = [off.take(frame_request(), "remote") for _ in range(3)]
         for future in futures:
             with pytest.raises(Dropped):
                 future.result(timeout=10)
-        status = offloader.status()
+        status = off.status()
         assert status["frames"] == {"taken": 3, "remote": 0, "fallback_local": 0, "dropped": 3, "failed": 0,
                                     "in_flight": 0}
         assert status["endpoints"][0]["requests"] == 1  # the open breaker spared the endpoint the rest
     finally:
-        offloader.stop()
+        off.stop()
+
+
+def test_local_fallback_is_not_taken_while_the_governor_pauses_the_device() -> None:
+    off = offloader(f"http://127.0.0.1:{free_port()}/v1", refuse, GateDecision(paused=True), retry={"attempts": 1})
+    off.start()
+    try:
+        with pytest.raises(Dropped, match="governor paused"):
+            off.take(frame_request(), "governor").result(timeout=10)
+        assert off.status()["dropped_by_reason"] == {"governor paused": 1}
+    finally:
+        off.stop()
+
+
+def test_take_never_waits_for_a_hung_server_a_full_queue_falls_back_at_once() -> None:
+    hung = socket.socket()  # accepts connections (backlog) and never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    local_calls: list[InspectionRequest] = []
+
+    def local(request: InspectionRequest) -> Future[Result]:
+        local_calls.append(request)
+        future: Future[Result] = Future()
+        future.set_exception(RuntimeError("not inspected in this test"))
+        return future
+
+    off = offloader(f"http://127.0.0.1:{hung.getsockname()[1]}/v1", local, queue_size=2, workers=1,
+                    retry={"attempts": 1})
+    off.start()
+    try:
+        slowest = 0.0
+        for _ in range(20):
+            t0 = time.perf_counter()
+            off.take(frame_request(), "remote")
+            slowest = max(slowest, time.perf_counter() - t0)
+        assert slowest < 0.05  # capture's side never waits for the network
+        status = off.status()
+        assert status["frames"]["fallback_local"] >= 17 and len(local_calls) >= 17  # 1 in flight + 2 queued
+        assert status["frames"]["taken"] == 20
+    finally:
+        off.stop()
+        hung.close()
 
 
 # ---- longer runs: EDGE_TEST_ROBUSTNESS=1 pytest -m robustness -s tests/test_offload.py ----------------

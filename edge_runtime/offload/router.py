@@ -251,6 +251,8 @@ class Offloader:
                 inner = self.local(local)
             except QueueFull:
                 why = "local queue full"
+            except Exception as exc:  # noqa: BLE001 - a refused fallback is a counted drop, never a dead worker
+                why = f"local inspection refused ({type(exc).__name__})"
             else:
                 with self._lock:
                     self.outcomes["fallback_local"] += 1
