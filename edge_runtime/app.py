@@ -147,7 +147,7 @@ class Daemon:
             config.offload, {c.name for c in config.cameras if c.remote}, config.device_id,
             self._current_inspector, self.worker._deliver, self.inspections.submit, lambda: self.gate.decision(),
             lambda reason, active: self.faults.add(reason) if active else self.faults.discard(reason))
-        self.services.append(self.offload)  # stopped first: its queued frames are counted, not lost
+        self.services.append(self.offload)  # the first service stopped: frames still queued are counted drops
 
     def set_gate(self, gate: Gate) -> None:
         """Install the governor's gate; call before start()."""
