@@ -32,6 +32,7 @@ from .errors import EdgeRuntimeError, StorageFull
 from .inspector import Inspector
 from .journal import Journal
 from .mqtt import MqttService, homeassistant_discovery
+from .offload.router import Offloader
 from .power import GovernorGate, GovernorService, detect_sensor
 from .reload import describe_changes, restart_only
 from .result import Result, utc_now
@@ -122,6 +123,9 @@ class Daemon:
         if config.api.enabled:
             self.api = ApiServer(self, config.api)
             self.services.append(self.api)
+        self.offload: Offloader | None = None
+        if config.offload.enabled:
+            self._add_offload(config)
 
     def _add_governor(self, config: Config) -> None:
         try:
@@ -142,6 +146,14 @@ class Daemon:
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
         self.worker.listeners.append(self.mqtt.notify)
         self.services.append(self.mqtt)
+
+    def _add_offload(self, config: Config) -> None:
+        """Scale-out (docs/scale-out.md): remote results are journaled and published like local ones."""
+        self.offload = Offloader(
+            config.offload, {c.name for c in config.cameras if c.remote}, config.device_id,
+            self._current_inspector, self.worker._deliver, self.inspections.submit, lambda: self.gate.decision(),
+            lambda reason, active: self.faults.add(reason) if active else self.faults.discard(reason))
+        self.services.append(self.offload)  # the first service stopped: frames still queued are counted drops
 
     def set_gate(self, gate: Gate) -> None:
         """Install the governor's gate; call before start()."""
@@ -355,6 +367,7 @@ class Daemon:
             "threads": {t.name: t.status() for t in self.threads()},
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
+            "offload": self.offload.status() if self.offload else {"enabled": False},
         }
 
     def telemetry(self) -> dict[str, Any]:
@@ -393,6 +406,9 @@ class Daemon:
             log.info("daemon: camera %s is disabled", cfg.name)
             return
         rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages)
+        rig.schedule.offload = self.offload
+        if self.offload is not None:
+            self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`
         self.rigs = {**self.rigs, cfg.name: rig}
         rig.start()
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .offload.config import OffloadConfig
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -111,6 +112,7 @@ class CameraConfig(_Section):
     roi: tuple[int, int, int, int] | None = Field(
         None, description="Region of interest [x, y, width, height] cropped before inspection.")
     prompt: str | None = Field(None, description="Inspection question for this camera.")
+    remote: bool = Field(False, description="Inspect every frame on the central server (offload:).")
     trigger: TriggerConfig = Field(default_factory=TriggerConfig, description="When to inspect.")
     open_timeout_s: float = Field(10, gt=0, description="Give up opening a stream after this long.")
     read_timeout_s: float = Field(5, gt=0, description="A stream silent this long counts as failed.")
@@ -254,6 +256,8 @@ class Config(_Section):
     api: ApiConfig = Field(default_factory=ApiConfig, description="The local HTTP API and status page.")
     governor: GovernorConfig = Field(default_factory=GovernorConfig, description="Thermal/power governor.")
     ota: OtaConfig = Field(default_factory=OtaConfig, description="The over-the-air update agent.")
+    offload: OffloadConfig = Field(default_factory=OffloadConfig,
+                                   description="Offload and escalation to central servers (docs/scale-out.md).")
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:
@@ -261,6 +265,12 @@ class Config(_Section):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"camera names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _remote_needs_offload(self) -> Config:
+        if any(c.remote for c in self.cameras) and not self.offload.enabled:
+            raise ValueError("cameras with remote: true need offload.enabled and offload.endpoints")
         return self
 
     def topic_prefix(self) -> str:

@@ -43,6 +43,13 @@ class Result:
     energy_j: float | None = None
     id: str = field(default_factory=new_id)
     ts: str = field(default_factory=utc_now)
+    # Who answered: {engine: edge|remote, endpoint, model}; remote results add reason (and
+    # second_opinion_of for escalations). See docs/scale-out.md.
+    source: dict[str, Any] = field(default_factory=lambda: {"engine": "edge", "endpoint": None, "model": None})
+
+    def __post_init__(self) -> None:
+        if self.source.get("engine") == "edge" and self.source.get("model") is None:
+            self.source = {**self.source, "model": self.model}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -133,6 +133,7 @@ class CameraSchedule:
         self.inspections = inspections
         self.gate = gate
         self.stats = ScheduleStats()
+        self.offload: Any = None  # the Offloader (offload/router.py) when offload is enabled
         self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
         self._last_seq = 0
         self._stop = threading.Event()
@@ -161,6 +162,9 @@ class CameraSchedule:
             if wait and self._stop.wait(wait):
                 return
             gate = self.gate.decision()
+            route = self.offload.route(self.camera.name, gate) if self.offload is not None else None
+            if route is not None:  # the central server inspects at the configured rate; the device rests
+                gate = GateDecision(state=gate.state)
             if gate.paused:
                 self.stats.skipped_paused += 1
                 self._stop.wait(0.5)
@@ -179,14 +183,14 @@ class CameraSchedule:
                     self.stats.skipped_unchanged += 1
                     continue
                 self._reference = thumb
-            self._inspect(frame, mode, gate)
+            self._inspect(frame, mode, gate, route)
 
-    def _inspect(self, frame: Frame, trigger: str, gate: GateDecision) -> None:
+    def _inspect(self, frame: Frame, trigger: str, gate: GateDecision, route: str | None = None) -> None:
         request = InspectionRequest(frame.image, self.camera.name, self.prompt, frame.seq,
                                     frame.capture_ms, trigger)
         started = time.monotonic()
         try:
-            future = self.inspections.submit(request)
+            future = self._submit(request, route)
         except QueueFull:
             self.stats.skipped_busy += 1
             self._stop.wait(0.05)
@@ -208,6 +212,21 @@ class CameraSchedule:
             # Throttled continuous mode keeps the model busy only `rate_factor` of the time.
             busy = time.monotonic() - started
             self._stop.wait(busy * (1.0 / max(gate.rate_factor, 1e-3) - 1.0))
+
+    def _submit(self, request: InspectionRequest, route: str | None) -> Future[Any]:
+        """The local queue, or the central server when offload engages (docs/scale-out.md)."""
+        offload = self.offload
+        if offload is not None and route is not None:
+            return offload.take(request, route)
+        try:
+            future = self.inspections.submit(request)
+        except QueueFull:
+            if offload is None or not offload.engages_on_queue_full:
+                raise
+            return offload.take(request, "queue_full")
+        if offload is not None:
+            future.add_done_callback(lambda f: offload.after_local(request, f))
+        return future
 
 
 ResultListener = Callable[[Result], None]

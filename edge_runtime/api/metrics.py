@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..offload.metrics import offload_metrics
 from ..result import STAGES, Result
 
 _BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
@@ -51,6 +52,7 @@ class StatusCollector(Collector):
             yield CounterMetricFamily("edge_mqtt_published", "Results acknowledged by the broker",
                                       value=mqtt.get("published", 0))
         yield from governor_metrics(s.get("governor"))
+        yield from offload_metrics(s.get("offload"))
 
 
 def governor_metrics(gov: dict[str, Any] | None) -> Iterator[Any]:

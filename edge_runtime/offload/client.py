@@ -1,0 +1,195 @@
+"""One central endpoint: builds the OpenAI chat request, sends it with retries, validates the answer.
+
+The request is what vLLM and llama.cpp's server accept: the frame as a JPEG data URI, the prompt, and
+the bundle's verdict schema as `response_format` json_schema. The answer is bounded in size and
+validated against the same schema before anything downstream sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+from jsonschema import Draft202012Validator
+
+from .breaker import CircuitBreaker
+from .config import EndpointConfig, OffloadConfig
+
+
+class RemoteError(Exception):
+    """One failed request; `retry` says whether trying again may help (timeouts, 5xx, 429)."""
+
+    def __init__(self, message: str, retry: bool) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+@dataclass
+class Answer:
+    verdict: dict[str, Any]
+    text: str
+    model: str
+    endpoint: str
+    latency_ms: float
+
+
+def encode_jpeg(image: np.ndarray, max_side: int, quality: int) -> bytes:
+    """The frame as JPEG, scaled down so its longest side is at most `max_side`."""
+    h, w = image.shape[:2]
+    scale = max_side / max(h, w)
+    if scale < 1:
+        image = cv2.resize(image, (max(1, round(w * scale)), max(1, round(h * scale))),
+                           interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise ValueError("the frame could not be encoded as JPEG")
+    return buf.tobytes()
+
+
+def chat_request(jpeg: bytes, prompt: str, schema: dict[str, Any], model: str | None,
+                 max_tokens: int) -> dict[str, Any]:
+    """An OpenAI chat completion request asking for a schema-valid verdict about one image."""
+    uri = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
+                                                  {"type": "text", "text": prompt}]}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "verdict", "schema": schema, "strict": True}},
+    }
+    if model:
+        body["model"] = model
+    return body
+
+
+def parse_answer(raw: bytes, validator: Draft202012Validator) -> tuple[dict[str, Any], str, str | None]:
+    """(verdict, text, model) from a chat completion body; RemoteError (no retry) when unusable."""
+    try:
+        body = json.loads(raw)  # bounded by max_response_kb; nesting by the RecursionError below
+        text = body["choices"][0]["message"]["content"]
+        if not isinstance(text, str):
+            raise TypeError("content is not a string")
+        model = body.get("model")
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+        raise RemoteError(f"not an OpenAI chat completion ({type(exc).__name__}: {str(exc)[:100]})",
+                          retry=False) from None
+    try:
+        verdict = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise RemoteError(f"the answer is not JSON ({type(exc).__name__}: {str(exc)[:100]})", retry=False) from None
+    error = next(iter(sorted(validator.iter_errors(verdict), key=str)), None)
+    if error is not None:
+        raise RemoteError(f"the answer does not match the verdict schema: {error.message[:200]}", retry=False)
+    return verdict, text, model[:256] if isinstance(model, str) else None
+
+
+class Endpoint:
+    """A central server with its breaker and counters (requests, failures, latency)."""
+
+    def __init__(self, cfg: EndpointConfig, offload: OffloadConfig) -> None:
+        self.cfg = cfg
+        self.url = cfg.url.rstrip("/")
+        self.retry = offload.retry
+        self.max_bytes = offload.max_response_kb * 1024
+        self.breaker = CircuitBreaker(offload.breaker.failures, offload.breaker.open_s)
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.failures = 0
+        self.latency_ms_sum = 0.0
+        self.latency_ms_last: float | None = None
+        self.last_error: str | None = None
+
+    def ask(self, body: bytes, validator: Draft202012Validator, stop: threading.Event) -> Answer | None:
+        """Up to `retry.attempts` tries while the breaker allows; None when this endpoint cannot answer."""
+        delay = self.retry.backoff_s
+        for attempt in range(self.retry.attempts):
+            if attempt and stop.wait(min(delay, self.retry.backoff_max_s)):
+                return None
+            delay *= 2
+            if not self.breaker.allow():
+                return None
+            if stop.is_set():
+                self.breaker.release()
+                return None
+            t0 = time.perf_counter()
+            try:
+                raw = self._post(body)
+                verdict, text, model = parse_answer(raw, validator)
+            except Exception as exc:  # noqa: BLE001 - every outcome must reach the breaker (or a probe never ends)
+                retry = isinstance(exc, RemoteError) and exc.retry
+                self._count(None, str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}")
+                self.breaker.failure()
+                if not retry:
+                    return None
+                continue
+            latency = (time.perf_counter() - t0) * 1000
+            self._count(latency, None)
+            self.breaker.success()
+            return Answer(verdict, text, model or self.cfg.model or "unknown", self.url, latency)
+        return None
+
+    def _count(self, latency_ms: float | None, error: str | None) -> None:
+        with self._lock:
+            self.requests += 1
+            if error is not None:
+                self.failures += 1
+                self.last_error = error[:300]
+            else:
+                assert latency_ms is not None
+                self.latency_ms_sum += latency_ms
+                self.latency_ms_last = latency_ms
+
+    def _post(self, body: bytes) -> bytes:
+        headers = {"Content-Type": "application/json", "Accept": "application/json",
+                   "User-Agent": "edge-runtime-offload"}
+        if self.cfg.api_key is not None:
+            headers["Authorization"] = f"Bearer {self.cfg.api_key.get_secret_value()}"
+        req = urllib.request.Request(self.url + "/chat/completions", data=body, headers=headers, method="POST")
+        try:
+            # http(s) only: the config's url pattern refuses other schemes (file:, ftp:)
+            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
+                raw = self._read(resp, time.monotonic() + self.cfg.timeout_s)
+        except urllib.error.HTTPError as exc:
+            retry = exc.code >= 500 or exc.code == 429
+            detail = exc.read(300).decode("utf-8", "replace").strip()
+            exc.close()
+            raise RemoteError(f"HTTP {exc.code}: {detail}", retry) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RemoteError(str(reason) or type(reason).__name__, retry=True) from None
+        if len(raw) > self.max_bytes:
+            raise RemoteError(f"answer larger than {self.max_bytes // 1024} KiB", retry=False)
+        return raw
+
+    def _read(self, resp: Any, deadline: float) -> bytes:
+        """The body, up to max_bytes + 1, within the deadline: the socket timeout alone would let a
+        server that drips a byte at a time hold a worker forever."""
+        chunks: list[bytes] = []
+        size = 0
+        while size <= self.max_bytes:
+            if time.monotonic() > deadline:
+                raise RemoteError(f"no complete answer within {self.cfg.timeout_s:g} s", retry=True)
+            chunk = resp.read1(min(65536, self.max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            ok = self.requests - self.failures
+            return {"url": self.url, "model": self.cfg.model, **self.breaker.snapshot(),
+                    "requests": self.requests, "failures": self.failures,
+                    "latency_ms_last": None if self.latency_ms_last is None else round(self.latency_ms_last, 1),
+                    "latency_ms_avg": round(self.latency_ms_sum / ok, 1) if ok else None,
+                    "latency_ms_sum": round(self.latency_ms_sum, 1), "last_error": self.last_error}
