@@ -43,6 +43,7 @@ from .scheduler import (
     OpenGate,
     ScheduleStats,
 )
+from .verdicts import VerdictServices
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,12 @@ class Daemon:
         self._telemetry_mark = (time.monotonic(), 0)
         # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
         self.faults: set[str] = set()
+        # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
+        self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
+                                        self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled)
+        self.worker.before_journal.append(self.verdicts.before_journal)
+        self.worker.after_journal.append(self.verdicts.after_journal)
+        self.services.append(self.verdicts)
         if config.mqtt.enabled:
             self._add_mqtt(config)
         self.api: ApiServer | None = None
@@ -135,6 +142,8 @@ class Daemon:
             self.mqtt.discovery = lambda: homeassistant_discovery(
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
         self.worker.listeners.append(self.mqtt.notify)
+        self.mqtt.messages = self.verdicts.messages  # alerts and reviews, sent from the journal's file too
+        self.verdicts.messages.notify = self.mqtt.notify
         self.services.append(self.mqtt)
 
     def set_gate(self, gate: Gate) -> None:
@@ -247,6 +256,7 @@ class Daemon:
                 self.rigs.pop(name).stop()
                 log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
         self.config = new
+        self.verdicts.reload(new.rules)
         for name, cfg in new_cams.items():
             if name not in self.rigs:
                 self._start_camera(cfg)
@@ -310,6 +320,7 @@ class Daemon:
             "journal": self.journal.counts(),
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
+            **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
         }
 
     def telemetry(self) -> dict[str, Any]:

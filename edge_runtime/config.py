@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .evidence import EvidenceConfig
+from .rules import Rule, validate_rules
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -224,6 +226,14 @@ class Config(_Section):
     api: ApiConfig = Field(default_factory=ApiConfig, description="The local HTTP API and status page.")
     governor: GovernorConfig = Field(default_factory=GovernorConfig, description="Thermal/power governor.")
     ota: OtaConfig = Field(default_factory=OtaConfig, description="The over-the-air update agent.")
+    evidence: EvidenceConfig = Field(default_factory=EvidenceConfig, description="Images kept with verdicts.")
+    rules: list[Rule] = Field(default_factory=list, max_length=100, description="Rules evaluated on every "
+                              "verdict (docs/inspection.md).")
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_rules(cls, v: list[Rule]) -> list[Rule]:
+        return validate_rules(v)
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:

@@ -66,6 +66,10 @@ class MqttService:
         # MQTTMessageInfo when the PUBACK arrives (also for resends after a reconnect).
         self._inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
         self._cursor = 0  # highest journal seq handed to paho
+        # Other messages queued in the journal's file (alerts, reviews: outbox.py), drained the same way.
+        self.messages: Any = None
+        self._msg_inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
+        self._msg_cursor = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -201,6 +205,12 @@ class MqttService:
             self._cursor = seq
             with self._lock:
                 self._inflight.append((info, seq))
+        if self.messages is not None:
+            for seq, topic, payload in self.messages.unsent(after_seq=self._msg_cursor, limit=room):
+                info = self.client.publish(f"{self.prefix}/{topic}", payload, qos=1)
+                self._msg_cursor = seq
+                with self._lock:
+                    self._msg_inflight.append((info, seq))
 
     def _flush_acks(self) -> None:
         """Mark acknowledged results sent in the journal, in one transaction."""
@@ -210,6 +220,11 @@ class MqttService:
         if acked:
             self.journal.mark_sent(acked)
             self.published += len(acked)
+        if self.messages is not None:
+            with self._lock:
+                done = [seq for info, seq in self._msg_inflight if info.is_published()]
+                self._msg_inflight = [(i, s) for i, s in self._msg_inflight if not i.is_published()]
+            self.messages.mark_sent(done)
 
     # ---- commands ------------------------------------------------------------------------------
 
