@@ -136,3 +136,13 @@ def test_age_limit_deletes_old_evidence(tmp_path: Path) -> None:
     assert store.lookup("old") is None and store.lookup("new") is not None
     assert len(store_files(tmp_path / "ev")) == 2
     assert os.path.exists(tmp_path / "j.sqlite3")
+
+
+def test_a_lost_thumbnail_is_made_again_from_the_image(tmp_path: Path) -> None:
+    store = EvidenceStore(EvidenceConfig(thumbnail_px=48), tmp_path / "ev", tmp_path / "j.sqlite3")
+    store.save(noise(1), "r1", DEFECT)
+    found = store.lookup("r1")
+    assert found is not None
+    found.thumbnail.write_bytes(b"")  # what a power cut can leave of a file that was never fsync'd
+    thumb = cv2.imdecode(np.frombuffer(store.thumbnail(found).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+    assert max(thumb.shape[:2]) == 48

@@ -86,7 +86,10 @@ def _evidence(result_id: str, thumbnail: bool) -> Any:
         why = "its image was not kept (passes are sampled) or was deleted by retention" if exists else \
             "no result with that id"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
-    path = found.thumbnail if thumbnail else found.path
+    try:
+        path = store.thumbnail(found) if thumbnail else found.path
+    except OSError:  # deleted by retention between the lookup and now, or unreadable
+        raise ApiError(404, "not_found", f"no evidence for {result_id!r}: deleted by retention") from None
     response = send_file(path, mimetype="image/jpeg", etag=found.sha256 + ("-t" if thumbnail else ""),
                          conditional=True, max_age=86400)
     response.headers["Cache-Control"] = "private, max-age=86400, immutable"  # content-addressed
