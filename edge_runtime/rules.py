@@ -100,7 +100,7 @@ class AlertAction(_Model):
 
 
 class WebhookAction(_Model):
-    type: Literal["webhook"]
+    type: Literal["webhook"] = Field(description="POST the alert to a URL, at least once.")
     url: HttpUrl = Field(description="POST the alert as JSON here, at least once (the outbox retries).")
     headers: dict[str, str] = Field(default_factory=dict, max_length=16,
                                     description="Extra request headers (e.g. an Authorization with ${ENV}).")
@@ -108,7 +108,7 @@ class WebhookAction(_Model):
 
 
 class ReaskAction(_Model):
-    type: Literal["reask"]
+    type: Literal["reask"] = Field(description="Ask a second question about the same frame.")
     prompt: str = Field(min_length=1, max_length=2000, description="Second question on the same frame; "
                         "its answer is attached to the firing.")
 

@@ -146,3 +146,15 @@ def test_a_lost_thumbnail_is_made_again_from_the_image(tmp_path: Path) -> None:
     found.thumbnail.write_bytes(b"")  # what a power cut can leave of a file that was never fsync'd
     thumb = cv2.imdecode(np.frombuffer(store.thumbnail(found).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
     assert max(thumb.shape[:2]) == 48
+
+
+def test_full_frame_is_the_camera_frame_behind_an_roi_crop() -> None:
+    from edge_runtime.capture import crop
+    from edge_runtime.verdicts import full_frame
+
+    frame = noise(5)
+    roi = crop(frame, (10, 20, 100, 50))
+    assert roi.shape == (50, 100, 3) and full_frame(roi) is frame
+    assert full_frame(frame) is frame  # no crop: the frame itself
+    copy = roi.copy()
+    assert full_frame(copy) is copy  # not a view: nothing bigger to keep
