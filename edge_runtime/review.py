@@ -169,10 +169,18 @@ class ReviewStore:
                 for s, c, n, r, t in rows]
 
     def counts(self) -> dict[str, int]:
+        """Results per review state (their latest review), from the small reviews table: status and
+        metrics call this every few seconds, so it must not scan the journal."""
         with self._lock:
-            rows = self._db.execute("SELECT json_extract(body, '$.review.state') AS s, COUNT(*) FROM results "
-                                    "WHERE s IS NOT NULL GROUP BY s").fetchall()
+            rows = self._db.execute(
+                "SELECT state, COUNT(*) FROM reviews r WHERE seq = (SELECT MAX(seq) FROM reviews "
+                "WHERE result_id = r.result_id) GROUP BY state").fetchall()
         return {str(s): int(n) for s, n in rows}
+
+    def apply_retention(self) -> None:
+        """Reviews of results the journal's retention deleted go too."""
+        with self._lock:
+            self._db.execute("DELETE FROM reviews WHERE result_id NOT IN (SELECT id FROM results)")
 
     def close(self) -> None:
         with self._lock:

@@ -115,10 +115,12 @@ class VerdictServices:
             payload = self._alert(result)
             for rule in fired:
                 self._act(rule, result, payload)
-        if self.evidence is not None and time.monotonic() - self._retention_at > RETENTION_EVERY_S:
+        if time.monotonic() - self._retention_at > RETENTION_EVERY_S:
             self._retention_at = time.monotonic()
             try:
-                self.evidence.apply_retention()
+                if self.evidence is not None:
+                    self.evidence.apply_retention()
+                self.reviews.apply_retention()
             except Exception:  # retention runs again in a minute
                 log.exception("evidence: retention failed")
 

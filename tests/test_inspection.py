@@ -210,6 +210,7 @@ def test_results_filter_and_page_by_cursor(line: Line) -> None:
 
 @pytest.mark.parametrize(("query", "field"), [
     ("defect=maybe", "defect"), ("before=99999999999999999999", "before"), ("limit=0", "limit"),
+    ("before=%C2%B2", "before"),
     ("since=yesterday", "since"), ("review=lost", "review"), ("below=nan", "below"), ("after=-1", "after"),
 ])
 def test_a_bad_filter_is_a_400_naming_the_field(line: Line, query: str, field: str) -> None:
@@ -316,3 +317,22 @@ def test_a_full_evidence_disk_degrades_the_device_and_heals(tmp_path: Path, demo
             assert second.evidence is not None and daemon.health()["state"] == "ok"
         finally:
             daemon.stop()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ("[" * 20_000 + "]" * 20_000, "body"),  # deeply nested JSON (under the 64 kB review limit)
+    ('{"action": "confirm", "note": ' + '"' + "x" * 600 + '"}', "note"),
+    ('"confirm"', "body"),
+])
+def test_a_hostile_review_body_is_a_400_naming_the_field(line: Line, body: str, field: str) -> None:
+    result = inspect(line)
+    req = urllib.request.Request(f"{line.url}/api/v1/results/{result.id}/review", data=body.encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 400 and json.loads(err.value.read())["error"]["message"].startswith(f"{field}:")
+
+
+def test_status_counts_reviews_by_state(line: Line) -> None:
+    counts = line.daemon.status()["reviews"]
+    assert counts.get("pending", 0) >= 1 and counts.get("corrected", 0) >= 1

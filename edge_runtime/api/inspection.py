@@ -43,7 +43,7 @@ def _int(name: str) -> int | None:
     raw = request.args.get(name)
     if raw is None:
         return None
-    if not raw.isdigit() or len(raw) > 19:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:  # "²".isdigit() is True
         raise _bad("must be a non-negative integer (a cursor from a previous page)", name)
     return int(raw)
 
@@ -165,7 +165,10 @@ def review_schema() -> Any:
 def review(result_id: str) -> Any:
     if (request.content_length or 0) > MAX_REVIEW_BYTES:
         raise ApiError(413, "too_large", f"a review is at most {MAX_REVIEW_BYTES} bytes")
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:  # deeply nested JSON: json.loads is recursive
+        body = None
     if not isinstance(body, dict):
         raise _bad("send a JSON object {action, verdict?, note?}", "body")
     d = daemon()
