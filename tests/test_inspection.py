@@ -336,3 +336,12 @@ def test_a_hostile_review_body_is_a_400_naming_the_field(line: Line, body: str, 
 def test_status_counts_reviews_by_state(line: Line) -> None:
     counts = line.daemon.status()["reviews"]
     assert counts.get("pending", 0) >= 1 and counts.get("corrected", 0) >= 1
+
+
+def test_the_openapi_document_lists_the_inspection_endpoints(line: Line) -> None:
+    doc = json.loads(http(line, "/api/v1/openapi.json", token=None)[2])
+    for path in ("/api/v1/results/{id}/image.jpg", "/api/v1/results/{id}/thumbnail.jpg", "/api/v1/inspections",
+                 "/api/v1/inspections/export.csv", "/api/v1/inspections/export.jsonl", "/api/v1/review/schema",
+                 "/api/v1/results/{id}/review"):
+        assert path in doc["paths"], path
+    assert {"evidence", "rules", "review"} <= set(doc["components"]["schemas"]["Result"]["properties"])

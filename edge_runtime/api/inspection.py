@@ -233,3 +233,70 @@ def register(app: Flask, daemon: Any, registry: Any) -> None:
         return
     app.register_blueprint(bp)
     registry.register(VerdictCollector(daemon.verdicts))
+
+
+# ---- OpenAPI -------------------------------------------------------------------------------------
+
+_ERR = {"$ref": "#/components/schemas/Error"}
+RESULT_FIELDS: dict[str, Any] = {
+    "evidence": {"type": ["object", "null"], "description": "The kept image: uri, sha256, bytes, width, height"},
+    "rules": {"type": ["array", "null"], "items": {"type": "object"}, "description": "Rules that fired"},
+    "review": {"type": ["object", "null"], "description": "state (pending/confirmed/corrected), correction"},
+}
+
+
+def _ok(mimetype: str = "application/json", schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"description": "OK", "content": {mimetype: {"schema": schema or {"type": "object"}}}}
+
+
+def _err(*codes: int) -> dict[str, Any]:
+    return {str(c): {"description": "Error", "content": {"application/json": {"schema": _ERR}}} for c in codes}
+
+
+def _q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
+_FILTERS = [
+    _q("camera", {"type": "string", "maxLength": 64}, "Only this camera"),
+    _q("defect", {"type": "string", "enum": ["true", "false"]}, "Defects only, or passes only"),
+    _q("category", {"type": "string", "maxLength": 200}, "verdict.category equals"),
+    _q("since", {"type": "string", "format": "date-time"}, "ts >= (RFC 3339)"),
+    _q("until", {"type": "string", "format": "date-time"}, "ts < (RFC 3339)"),
+    _q("review", {"type": "string", "enum": ["pending", "confirmed", "corrected", "reviewed", "none"]}, "Review state"),
+    _q("below", {"type": "number"}, "verdict.confidence below"),
+    _q("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Page size (default 50)"),
+    _q("before", {"type": "integer", "minimum": 0}, "Cursor: next_before of the previous page"),
+    _q("after", {"type": "integer", "minimum": 0}, "Only rows newer than this journal_seq"),
+]
+
+
+def openapi_paths() -> dict[str, Any]:
+    """This blueprint's part of /api/v1/openapi.json."""
+    jpeg = _ok("image/jpeg", {"type": "string", "format": "binary"})
+    review_body = {"type": "object", "required": ["action"], "properties": {
+        "action": {"type": "string", "enum": ["confirm", "correct"]},
+        "verdict": {"type": "object", "description": "The corrected verdict (valid against the bundle's schema)"},
+        "note": {"type": "string", "maxLength": 500}}}
+    return {
+        "/api/v1/results/{id}/image.jpg": {"get": {
+            "summary": "The result's evidence image", "parameters": [_ID], "responses": {"200": jpeg, **_err(404)}}},
+        "/api/v1/results/{id}/thumbnail.jpg": {"get": {
+            "summary": "Its thumbnail", "parameters": [_ID], "responses": {"200": jpeg, **_err(404)}}},
+        "/api/v1/inspections": {"get": {
+            "summary": "Results filtered, newest first, with a cursor", "parameters": _FILTERS,
+            "responses": {"200": _ok(), **_err(400)}}},
+        "/api/v1/inspections/export.csv": {"get": {
+            "summary": "Filtered results as CSV (streamed)", "parameters": _FILTERS[:7],
+            "responses": {"200": _ok("text/csv", {"type": "string"}), **_err(400)}}},
+        "/api/v1/inspections/export.jsonl": {"get": {
+            "summary": "Filtered results as JSON lines (streamed)", "parameters": _FILTERS[:7],
+            "responses": {"200": _ok("application/x-ndjson", {"type": "string"}), **_err(400)}}},
+        "/api/v1/review/schema": {"get": {
+            "summary": "The bundle's verdict schema (the review form)", "responses": {"200": _ok(), **_err(503)}}},
+        "/api/v1/results/{id}/review": {"post": {
+            "summary": "Confirm or correct a result", "parameters": [_ID], "security": [{"bearer": []}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": review_body}}},
+            "responses": {"200": _ok(), **_err(400, 401, 403, 404, 413, 503)}}},
+    }
