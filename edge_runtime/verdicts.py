@@ -51,6 +51,7 @@ class VerdictServices:
         self.engine = RuleEngine(rules)
         self.messages = MessageOutbox(db_path)
         self.webhooks = WebhookOutbox(db_path)
+        self.webhooks.headers_for = self._webhook_headers
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
         self.reasks = 0
@@ -133,12 +134,23 @@ class VerdictServices:
                                                                           ensure_ascii=False))
                 elif isinstance(action, WebhookAction):
                     self.webhooks.put(str(action.url), body, key=f"{result.id}:{rule.name}:{i}",
-                                      headers=action.headers, timeout_s=action.timeout_s)
+                                      source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
                 elif isinstance(action, ReviewAction):
                     self.reviews.mark_pending(result.id, rule.name, patch=False)
             except Exception:  # one failed action must not stop the others
                 self.action_errors += 1
                 log.exception("rules: action %s of %s failed", action.type, rule.name)
+
+    def _webhook_headers(self, source: str) -> dict[str, str]:
+        """Headers of the rule action that queued a webhook, from the running config (secrets are
+        not written to the outbox). A rule removed since then sends none."""
+        name, _, index = source.rpartition(":")
+        for rule in self.engine.rules:
+            if rule.name == name and index.isdigit() and int(index) < len(rule.actions):
+                action = rule.actions[int(index)]
+                if isinstance(action, WebhookAction):
+                    return dict(action.headers)
+        return {}
 
     @staticmethod
     def _alert(result: Result) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """An at-least-once webhook outbox: POSTs queued in SQLite, delivered by one thread with backoff.
 
 A row leaves the table only after the receiver answered 2xx, so a receiver outage or a daemon restart
-loses nothing (each POST carries an `Idempotency-Key` for de-duplication). The table is bounded:
+loses nothing (each POST carries an `Idempotency-Key` for de-duplication). Request headers (often a
+secret) are not stored: `headers_for(source)` reads them from the running config at send time. The
+table is bounded:
 beyond `max_rows` the oldest rows are dropped and counted. 4xx answers other than 408/429 are
 permanent: the row is set aside (kept, counted, visible in status) instead of retried forever.
 """
@@ -14,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS webhook_outbox (
     seq        INTEGER PRIMARY KEY AUTOINCREMENT,
     url        TEXT NOT NULL,
-    headers    TEXT NOT NULL,
+    source     TEXT NOT NULL,              -- what queued it (rule:action); its headers come from the config
     body       TEXT NOT NULL,
     key        TEXT NOT NULL,
     timeout_s  REAL NOT NULL,
@@ -53,21 +56,20 @@ class WebhookOutbox:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.headers_for: Callable[[str], dict[str, str]] = lambda _source: {}
         self.delivered = 0
         self.dropped = 0
         self.attempts_failed = 0
         self.last_error: str | None = None
 
-    def put(self, url: str, body: dict[str, Any], key: str, headers: dict[str, str] | None = None,
-            timeout_s: float = 5.0) -> None:
+    def put(self, url: str, body: dict[str, Any], key: str, source: str = "", timeout_s: float = 5.0) -> None:
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
         if len(text) > MAX_BODY:
             raise ValueError(f"webhook body is larger than {MAX_BODY} bytes")
         now = time.time()
         with self._lock:
-            self._db.execute("INSERT INTO webhook_outbox (url, headers, body, key, timeout_s, created, next_try) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             (url, json.dumps(headers or {}), text, key, timeout_s, now, now))
+            self._db.execute("INSERT INTO webhook_outbox (url, source, body, key, timeout_s, created, next_try) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (url, source, text, key, timeout_s, now, now))
             over = self._db.execute("DELETE FROM webhook_outbox WHERE seq <= (SELECT seq FROM webhook_outbox "
                                     "ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount
         if over > 0:
@@ -102,7 +104,7 @@ class WebhookOutbox:
 
     def _next_due(self) -> tuple[int, str, str, str, str, float, int] | None:
         with self._lock:
-            row = self._db.execute("SELECT seq, url, headers, body, key, timeout_s, attempts FROM webhook_outbox "
+            row = self._db.execute("SELECT seq, url, source, body, key, timeout_s, attempts FROM webhook_outbox "
                                    "WHERE failed = 0 AND next_try <= ? ORDER BY next_try, seq LIMIT 1",
                                    (time.time(),)).fetchone()
         return tuple(row) if row else None
@@ -112,10 +114,10 @@ class WebhookOutbox:
             row = self._db.execute("SELECT MIN(next_try) FROM webhook_outbox WHERE failed = 0").fetchone()
         return 5.0 if row[0] is None else min(5.0, max(0.05, row[0] - time.time()))
 
-    def _attempt(self, seq: int, url: str, headers: str, body: str, key: str, timeout_s: float,
+    def _attempt(self, seq: int, url: str, source: str, body: str, key: str, timeout_s: float,
                  attempts: int) -> None:
         req = urllib.request.Request(url, data=body.encode(), method="POST", headers={
-            **json.loads(headers), "Content-Type": "application/json", "Idempotency-Key": key,
+            **self.headers_for(source), "Content-Type": "application/json", "Idempotency-Key": key,
             "User-Agent": "edge-runtime-webhook"})
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # the URL comes from the config

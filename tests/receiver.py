@@ -15,6 +15,7 @@ class Receiver:
         self.port = free_port()
         self.status = status
         self.received: list[tuple[str, dict[str, Any]]] = []  # (Idempotency-Key, body)
+        self.headers: dict[str, dict[str, str]] = {}  # Idempotency-Key -> request headers
         self._server: ThreadingHTTPServer | None = None
         self._lock = threading.Lock()
 
@@ -34,6 +35,7 @@ class Receiver:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with outer._lock:
                     outer.received.append((self.headers["Idempotency-Key"], body))
+                    outer.headers[self.headers["Idempotency-Key"]] = dict(self.headers)
                 self.send_response(outer.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -52,6 +52,7 @@ rules:
       - type: alert
       - type: webhook
         url: {hook}
+        headers: {{Authorization: Bearer hook-secret}}
       - type: review
 {extra}"""
 REASK = """\
@@ -163,6 +164,9 @@ def test_a_firing_rule_is_recorded_alerted_posted_and_counted(line: Line) -> Non
     assert alert["rule"] == "defect" and alert["evidence"] == result.evidence
     assert next(q for t, _, q in line.subscriber.raw() if t.endswith("/alert")) == 1  # QoS 1
     wait_for(lambda: f"{result.id}:defect:1" in line.receiver.keys(), 10, "the webhook")
+    assert line.receiver.headers[f"{result.id}:defect:1"]["Authorization"] == "Bearer hook-secret"
+    stored = b"".join(p.read_bytes() for p in line.data.glob("journal.sqlite3*"))  # the file and its WAL
+    assert b"hook-secret" not in stored  # not stored with the outbox
     assert result.review and result.review["state"] == "pending"
     _, _, metrics = http(line, "/metrics", token=None)
     fired = [ln for ln in metrics.decode().splitlines() if ln.startswith('edge_rule_firings_total{rule="defect"}')]
