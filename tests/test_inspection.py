@@ -349,3 +349,59 @@ def test_the_openapi_document_lists_the_inspection_endpoints(line: Line) -> None
                  "/api/v1/results/{id}/review"):
         assert path in doc["paths"], path
     assert {"evidence", "rules", "review"} <= set(doc["components"]["schemas"]["Result"]["properties"])
+
+
+def test_alerts_wait_in_the_journal_through_a_broker_outage(line: Line) -> None:
+    line.broker.stop()
+    wait_for(lambda: not line.daemon.mqtt.connected, 10, "the daemon to see the outage")  # type: ignore[union-attr]
+    try:
+        result = inspect(line)
+        assert line.daemon.verdicts.messages.backlog() >= 1  # on disk, not in paho's memory
+    finally:
+        line.broker.start()
+    alert = wait_for(lambda: [a for a in line.subscriber.on("/station-a/alert") if a["result_id"] == result.id],
+                     30, "the alert after the outage")
+    assert alert[0]["rule"] == "defect"
+    wait_for(lambda: line.daemon.verdicts.messages.backlog() == 0, 10, "the backlog to drain")
+
+
+def test_sighup_reloads_the_rules_of_a_running_daemon(tmp_path: Path, demo_dir: Path) -> None:
+    import os
+    import signal
+
+    from mjpeg import free_port
+
+    port = free_port()
+    config = tmp_path / "config.yaml"
+    base = (f"device_id: hup-1\ndata_dir: {tmp_path / 'data'}\nmodel: {{path: {demo_dir}, threads: 2}}\n"
+            f"mqtt: {{enabled: false}}\napi: {{host: 127.0.0.1, port: {port}}}\ncameras:\n  - name: cam\n"
+            f"    source: {write_sample_video(tmp_path / 'v.avi', frames=30)}\n    trigger: {{mode: on_demand}}\n")
+    rule = ("rules:\n  - name: {}\n    when: [{{field: verdict.defect, equals: true}}]\n"
+            "    actions: [{{type: review}}]\n")
+    config.write_text(base + rule.format("before-hup"))
+    proc = subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/api/v1/cameras/cam/trigger"
+
+    def trigger() -> Any:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST",
+                                                               headers={"Content-Type": "application/json"}),
+                                        timeout=30) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, ConnectionError):
+            return None
+
+    try:
+        first = wait_for(trigger, 60, "the daemon to answer a trigger")
+        assert [r["name"] for r in first["rules"]] == ["before-hup"]
+        config.write_text(base + rule.format("after-hup"))
+        os.kill(proc.pid, signal.SIGHUP)
+        wait_for(lambda: [r["name"] for r in (trigger() or {}).get("rules") or []] == ["after-hup"], 30,
+                 "the reloaded rule to fire")
+        assert proc.poll() is None  # a reload never ends the daemon
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()
