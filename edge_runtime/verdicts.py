@@ -106,7 +106,9 @@ class VerdictServices:
             records.append(record)
         result.rules = records
         with self._lock:
-            self._fired[result.id] = fired
+            # The worker runs before -> journal -> after for one result at a time; replacing (not adding)
+            # keeps this bounded when a journal write fails (disk full) and `after` never comes.
+            self._fired = {result.id: fired}
 
     def after_journal(self, result: Result) -> None:
         """Queue alerts and webhooks of the rules that fired (the result is durable now)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +111,17 @@ def test_a_wrong_rule_is_one_config_error_naming_its_line(text: str, message: st
 def test_a_valid_rules_section_loads() -> None:
     cfg = parse_config(CONFIG.replace('regex: "(unclosed"', "equals: scratch"), "config.yaml")
     assert cfg.rules[0].when[0].equals == "scratch" and cfg.rules[0].actions[0].type == "alert"
+
+
+def test_firings_of_results_that_never_reached_the_journal_do_not_pile_up(tmp_path: Path) -> None:
+    from edge_runtime.evidence import EvidenceConfig
+    from edge_runtime.result import FrameInfo, Result
+    from edge_runtime.verdicts import VerdictServices
+
+    services = VerdictServices(EvidenceConfig(enabled=False), [rule()], tmp_path, tmp_path / "j.sqlite3", set(),
+                               lambda: None)
+    for i in range(50):  # the journal write fails every time (disk full): after_journal never runs
+        services.before_journal(None, Result(device="d", camera="c", frame=FrameInfo(i, 1, 1), verdict={},
+                                             text="", model="m", timings_ms={}, prompt="p"))
+    assert len(services._fired) == 1
+    services.stop()
