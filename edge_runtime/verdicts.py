@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import EdgeRuntimeError
 from .evidence import EvidenceConfig, EvidenceStore
 from .outbox import MessageOutbox
 from .result import Result, utc_now
@@ -46,8 +47,11 @@ class VerdictServices:
         self.evidence_cfg = evidence
         self.evidence: EvidenceStore | None = None
         if evidence.enabled:
-            self.evidence = EvidenceStore(evidence, evidence.path or data_dir / "evidence", db_path, faults,
-                                          keep_undelivered=keep_undelivered)
+            root = evidence.path or data_dir / "evidence"
+            try:
+                self.evidence = EvidenceStore(evidence, root, db_path, faults, keep_undelivered=keep_undelivered)
+            except OSError as exc:  # a config mistake: one clear line, not a traceback
+                raise EdgeRuntimeError(f"evidence.path {root}: cannot be used ({exc.strerror or exc})") from None
         self.engine = RuleEngine(rules)
         self.messages = MessageOutbox(db_path)
         self.webhooks = WebhookOutbox(db_path)

@@ -405,3 +405,29 @@ def test_sighup_reloads_the_rules_of_a_running_daemon(tmp_path: Path, demo_dir: 
         proc.wait(timeout=30)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_an_image_deleted_by_retention_is_a_404_not_a_500(line: Line) -> None:
+    result = inspect(line)
+    found = line.daemon.verdicts.evidence.lookup(result.id)  # type: ignore[union-attr]
+    assert found is not None
+    store = line.daemon.verdicts.evidence
+    real_lookup = store.lookup  # type: ignore[union-attr]
+    found.path.unlink()  # retention ran between the lookup and the read
+    try:
+        store.lookup = lambda _id: found  # type: ignore[union-attr, method-assign]
+        status, _, body = http(line, f"/api/v1/results/{result.id}/image.jpg", token=None)
+    finally:
+        store.lookup = real_lookup  # type: ignore[union-attr, method-assign]
+    assert status == 404 and b"deleted by retention" in body
+
+
+def test_an_unusable_evidence_path_is_one_clear_error(tmp_path: Path) -> None:
+    from edge_runtime.errors import EdgeRuntimeError
+
+    (tmp_path / "file").write_text("not a folder")
+    cfg = load_config(None)
+    cfg.data_dir, cfg.evidence.path = tmp_path / "data", tmp_path / "file" / "ev"
+    cfg.mqtt.enabled = cfg.api.enabled = False
+    with pytest.raises(EdgeRuntimeError, match=r"^evidence.path .*/file/ev: cannot be used"):
+        Daemon(cfg)

@@ -86,11 +86,11 @@ def _evidence(result_id: str, thumbnail: bool) -> Any:
         why = "its image was not kept (passes are sampled) or was deleted by retention" if exists else \
             "no result with that id"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
-    try:
-        path = store.thumbnail(found) if thumbnail else found.path
-    except OSError:  # deleted by retention between the lookup and now, or unreadable
+    try:  # opened here: retention may delete the file between the lookup and now
+        handle = (store.thumbnail(found) if thumbnail else found.path).open("rb")
+    except OSError:
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: deleted by retention") from None
-    response = send_file(path, mimetype="image/jpeg", etag=found.sha256 + ("-t" if thumbnail else ""),
+    response = send_file(handle, mimetype="image/jpeg", etag=found.sha256 + ("-t" if thumbnail else ""),
                          conditional=True, max_age=86400)
     response.headers["Cache-Control"] = "private, max-age=86400, immutable"  # content-addressed
     return response
