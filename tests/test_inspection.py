@@ -431,3 +431,52 @@ def test_an_unusable_evidence_path_is_one_clear_error(tmp_path: Path) -> None:
     cfg.mqtt.enabled = cfg.api.enabled = False
     with pytest.raises(EdgeRuntimeError, match=r"^evidence.path .*/file/ev: cannot be used"):
         Daemon(cfg)
+
+
+def test_an_alert_queued_before_a_kill_9_is_sent_after_the_restart(tmp_path: Path, demo_dir: Path) -> None:
+    import os
+    import signal
+
+    from mjpeg import free_port
+
+    broker = Broker(tmp_path / "broker")  # not started: the alert cannot leave before the kill
+    port = free_port()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"device_id: k9\ndata_dir: {tmp_path / 'data'}\nmodel: {{path: {demo_dir}, threads: 2}}\n"
+        f"mqtt: {{host: 127.0.0.1, port: {broker.port}}}\napi: {{host: 127.0.0.1, port: {port}}}\n"
+        f"cameras:\n  - name: cam\n    source: {write_sample_video(tmp_path / 'v.avi', frames=30)}\n"
+        "    trigger: {mode: on_demand}\n"
+        "rules:\n  - name: d\n    when: [{field: verdict.defect, equals: true}]\n    actions: [{type: alert}]\n")
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def trigger() -> Any:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/cameras/cam/trigger", data=b"{}",
+                                     method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, ConnectionError):
+            return None
+
+    proc = start()
+    subscriber = None
+    try:
+        result = wait_for(trigger, 60, "a triggered result")
+        assert result["rules"][0]["name"] == "d"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        broker.start()
+        alerts = subscriber = Subscriber(broker.port, "edge/k9/+/alert")
+        proc = start()
+        wait_for(lambda: [a for a in alerts.on("/cam/alert") if a["result_id"] == result["id"]], 60,
+                 "the alert after the restart")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if subscriber is not None:
+            subscriber.close()
+        broker.stop()
