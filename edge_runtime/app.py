@@ -27,7 +27,7 @@ from .api import ApiServer
 from .bundle import Bundle, ensure_demo_bundle, load_bundle
 from .capture import Camera
 from .commands import command_table
-from .config import CameraConfig, Config, load_config
+from .config import CameraConfig, Config, ImageLimits, load_config
 from .errors import EdgeRuntimeError, StorageFull
 from .inspector import Inspector
 from .journal import Journal
@@ -46,6 +46,7 @@ from .scheduler import (
     ScheduleStats,
 )
 from .supervise import SupervisedThread
+from .verdicts import VerdictServices
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,10 @@ class UnknownCamera(EdgeRuntimeError):
 class CameraRig:
     """A running camera and its trigger loop."""
 
-    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool) -> None:
+    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool,
+                 limits: ImageLimits | None = None) -> None:
         self.cfg = cfg
-        self.camera = Camera(cfg)
+        self.camera = Camera(cfg, limits)  # folder cameras decode with the configured image limits
         self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined)
         self._jpeg: tuple[int, bytes] | None = None
 
@@ -117,6 +119,12 @@ class Daemon:
         self._telemetry_mark = (time.monotonic(), 0)
         # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
         self.faults: set[str] = set()
+        # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
+        self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
+                                        self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled)
+        self.worker.before_journal.append(self.verdicts.before_journal)
+        self.worker.after_journal.append(self.verdicts.after_journal)
+        self.services.append(self.verdicts)
         if config.mqtt.enabled:
             self._add_mqtt(config)
         self.api: ApiServer | None = None
@@ -145,6 +153,8 @@ class Daemon:
             self.mqtt.discovery = lambda: homeassistant_discovery(
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
         self.worker.listeners.append(self.mqtt.notify)
+        self.mqtt.messages = self.verdicts.messages  # alerts and reviews, sent from the journal's file too
+        self.verdicts.messages.notify = self.mqtt.notify
         self.services.append(self.mqtt)
 
     def _add_offload(self, config: Config) -> None:
@@ -288,6 +298,7 @@ class Daemon:
         self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
+        self.verdicts.reload(new.rules)
         for name, cfg in new_cams.items():
             if name not in self.rigs:
                 self._start_camera(cfg)
@@ -368,6 +379,7 @@ class Daemon:
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
             "offload": self.offload.status() if self.offload else {"enabled": False},
+            **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
         }
 
     def telemetry(self) -> dict[str, Any]:
@@ -405,7 +417,7 @@ class Daemon:
         if not cfg.enabled:
             log.info("daemon: camera %s is disabled", cfg.name)
             return
-        rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages)
+        rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages, self.config.images)
         rig.schedule.offload = self.offload
         if self.offload is not None:
             self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`

@@ -257,6 +257,13 @@ def cmd_config_validate(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_dataset_export(args: argparse.Namespace, config: Config) -> int:
+    from .review import export_from_config
+
+    print(json.dumps(export_from_config(config, Path(args.dir), args.all, args.camera)))
+    return 0
+
+
 def cmd_config_schema(args: argparse.Namespace, config: Config) -> int:
     print(json.dumps(config_schema(), indent=2))
     return 0
@@ -377,6 +384,14 @@ def build_parser() -> Parser:
     validate.set_defaults(func=cmd_config_validate, config_from="file")
     schema = p.command(csub, "schema", help="print the config's JSON schema")
     schema.set_defaults(func=cmd_config_schema)
+
+    dataset = sub.add_parser("dataset", help="training data from reviewed results")
+    dsub = dataset.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
+    dexport = dsub.add_parser("export", help="write images + metadata.jsonl (Hugging Face imagefolder layout)")
+    dexport.add_argument("dir", help="output folder (DIR/train/)")
+    dexport.add_argument("--all", action="store_true", help="also results nobody reviewed yet")
+    dexport.add_argument("--camera", help="only this camera")
+    dexport.set_defaults(func=cmd_dataset_export)
     return p
 
 

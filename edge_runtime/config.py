@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from .errors import ConfigError
 from .offload.config import OffloadConfig
+from .evidence import EvidenceConfig
+from .rules import Rule, validate_rules
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -258,6 +260,14 @@ class Config(_Section):
     ota: OtaConfig = Field(default_factory=OtaConfig, description="The over-the-air update agent.")
     offload: OffloadConfig = Field(default_factory=OffloadConfig,
                                    description="Offload and escalation to central servers (docs/scale-out.md).")
+    evidence: EvidenceConfig = Field(default_factory=EvidenceConfig, description="Images kept with verdicts.")
+    rules: list[Rule] = Field(default_factory=list, max_length=100, description="Rules evaluated on every "
+                              "verdict (docs/inspection.md).")
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_rules(cls, v: list[Rule]) -> list[Rule]:
+        return validate_rules(v)
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:

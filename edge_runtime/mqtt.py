@@ -72,6 +72,10 @@ class MqttService:
         self._discovered: set[str] = set()  # retained discovery topics we published (to clear them)
         self.parked = 0  # rows set aside by this process because paho refused them
         self._error_log = RateLimitedLog(log)
+        # Other messages queued in the journal's file (alerts, reviews: outbox.py), drained the same way.
+        self.messages: Any = None
+        self._msg_inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
+        self._msg_cursor = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -238,6 +242,19 @@ class MqttService:
             self._cursor = seq
             with self._lock:
                 self._inflight.append((info, seq))
+        if self.messages is not None:
+            for seq, topic, payload in self.messages.unsent(after_seq=self._msg_cursor, limit=room):
+                self._msg_cursor = seq
+                try:
+                    info = self.client.publish(f"{self.prefix}/{topic}", payload, qos=1)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    # As for results: one message paho refuses must not block the ones behind it.
+                    log.error("mqtt: message %d on %r cannot be published and is dropped: %s", seq, topic, exc)
+                    self.messages.mark_sent([seq])
+                    self.parked += 1
+                    continue
+                with self._lock:
+                    self._msg_inflight.append((info, seq))
 
     def _park(self, seq: int, camera: str, reason: str) -> None:
         log.error("mqtt: result %d of camera %r cannot be published and is set aside: %s", seq, camera, reason)
@@ -259,6 +276,11 @@ class MqttService:
                     self._acked = acked + self._acked
                 raise
             self.published += len(acked)
+        if self.messages is not None:
+            with self._lock:
+                done = [seq for info, seq in self._msg_inflight if info.is_published()]
+                self._msg_inflight = [(i, s) for i, s in self._msg_inflight if not i.is_published()]
+            self.messages.mark_sent(done)
 
     # ---- commands ------------------------------------------------------------------------------
 

@@ -41,6 +41,9 @@ class Result:
     prompt: str
     governor: dict[str, Any] | None = None
     energy_j: float | None = None
+    evidence: dict[str, Any] | None = None  # {uri, sha256, bytes, width, height} of the kept image
+    rules: list[dict[str, Any]] | None = None  # rules that fired: name, actions (and a re-ask's answer)
+    review: dict[str, Any] | None = None  # state (pending/confirmed/corrected) and correction
     id: str = field(default_factory=new_id)
     ts: str = field(default_factory=utc_now)
     # Who answered: {engine: edge|remote, endpoint, model}; remote results add reason (and

@@ -244,6 +244,9 @@ class InspectionWorker:
         self.gate = gate
         self.stats_for = stats_for
         self.listeners: list[ResultListener] = []
+        # Around the journal row of journaled results: evidence and rules (before), their actions (after).
+        self.before_journal: list[Callable[[np.ndarray | None, Result], None]] = []
+        self.after_journal: list[ResultListener] = []
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None
         self.inspected = 0
@@ -416,8 +419,12 @@ class InspectionWorker:
     def _deliver(self, request: InspectionRequest, result: Result) -> Result:
         """Journal first (durable before anyone else sees it), then counters, log and listeners."""
         if request.journal:
+            for hook in self.before_journal:
+                hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
             self.journal.add(result)  # raises StorageFull: then nobody sees this verdict
             self._full_log.reset()
+            for after in self.after_journal:
+                after(result)
         self.inspected += 1
         stats = self.stats_for(request.camera)
         if stats:

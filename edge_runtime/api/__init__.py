@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
                events: EventHub | None = None) -> Flask:
     """Build the app around a running daemon (passed in, never a global)."""
-    from . import openai, page, rest
+    from . import inspection, openai, page, rest
 
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = int(cfg.max_request_mb * 1024 * 1024)
@@ -37,6 +37,7 @@ def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
     app.extensions["edge_runtime_metrics"] = metrics
     for bp in (rest.bp, openai.bp, page.bp):
         app.register_blueprint(bp)
+    inspection.register(app, daemon, metrics.registry)  # evidence, queries, exports, review
 
     @app.get("/metrics")
     def prometheus() -> Response:

@@ -24,7 +24,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def openapi_document() -> dict[str, Any]:
     secured: list[dict[str, list[str]]] = [{"bearer": []}]
-    return {
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "edge-runtime", "version": __version__,
                  "description": "Inspection device API. Inference and mutating endpoints need a Bearer token "
@@ -106,3 +106,8 @@ def openapi_document() -> dict[str, Any]:
             "/": {"get": {"summary": "Status page for technicians", "responses": {"200": {"description": "HTML"}}}},
         },
     }
+    from .inspection import RESULT_FIELDS, openapi_paths  # issue 17: evidence, queries, review
+
+    doc["paths"].update(openapi_paths())
+    doc["components"]["schemas"]["Result"]["properties"].update(RESULT_FIELDS)
+    return doc

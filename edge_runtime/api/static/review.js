@@ -1,0 +1,156 @@
+// Inspections: the newest results with their evidence, a defect / review-queue filter, a result view
+// (image, verdict, timings, rules) and the technician's review form, built from the bundle's schema.
+"use strict";
+(() => {
+  const root = document.getElementById("inspection");
+  if (!root) return;
+  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+  const style = document.createElement("style");
+  style.textContent = `#inspection { grid-column: 1 / -1; }
+    #insp-list tr { cursor: pointer; } #insp-list tr.sel { outline: 2px solid #4aa3ff; }
+    #insp-list img { width: 64px; height: 48px; object-fit: contain; background: #000; border-radius: 3px; }
+    .insp-body { display: grid; gap: 1rem; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
+    #insp-image { width: 100%; max-height: 420px; object-fit: contain; background: #000; border-radius: 4px; }
+    #review-form label { display: grid; grid-template-columns: 8rem 1fr; gap: .5rem; margin: .3rem 0; }
+    #review-form input, #review-form select, #review-form button { font: inherit; padding: .3rem; }
+    #review-form .buttons { display: flex; gap: .5rem; margin-top: .5rem; }
+    #review-form button { min-height: 44px; min-width: 7rem; border-radius: 6px; border: 0; }`;
+  document.head.appendChild(style);
+  root.innerHTML = `<h2>Inspections
+      <select id="insp-filter" aria-label="show">
+        <option value="">all results</option><option value="defect=true">defects</option>
+        <option value="review=pending">review queue</option></select></h2>
+    <div class="insp-body">
+      <table><thead><tr><th></th><th>time</th><th>camera</th><th>verdict</th></tr></thead><tbody id="insp-list"></tbody></table>
+      <div id="insp-detail" hidden>
+        <img id="insp-image" alt="evidence">
+        <div id="insp-verdict" class="verdict"></div>
+        <div id="insp-info" class="kv"></div>
+        <form id="review-form"><h2>Review</h2><div id="review-fields"></div>
+          <label id="token-row" hidden><span>API token</span><input id="api-token" type="password" autocomplete="off"></label>
+          <label><span>note</span><input name="__note" maxlength="500"></label>
+          <div class="buttons"><button type="button" id="review-confirm" class="ok">Confirm</button>
+          <button type="button" id="review-correct" class="warn">Save correction</button></div>
+          <div id="review-status" role="status"></div></form>
+      </div></div>`;
+  const $ = (id) => document.getElementById(id);
+  let schema = null, newest = 0, current = null, busy = false;
+  const rows = new Map();
+
+  const verdictText = (v) => !v ? "—" : typeof v.defect === "boolean"
+    ? (v.defect ? `DEFECT${v.category ? " · " + v.category : ""}` : "OK") : JSON.stringify(v);
+  const cls = (v) => v && v.defect === true ? "bad" : v && v.defect === false ? "ok" : "";
+
+  function row(r) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = r.id;
+    const thumb = r.evidence ? `<img src="/api/v1/results/${encodeURIComponent(r.id)}/thumbnail.jpg" alt="">` : "";
+    const state = r.review ? ` <small>${esc(r.review.state)}</small>` : "";
+    tr.innerHTML = `<td>${thumb}</td><td>${esc(r.ts.slice(11, 19))}</td><td>${esc(r.camera)}</td>` +
+      `<td class="${cls(r.verdict)}">${esc(verdictText(r.verdict))}${state}</td>`;
+    tr.addEventListener("click", () => open(r.id));
+    return tr;
+  }
+
+  async function refresh(reset) {
+    if (busy) return;
+    busy = true;
+    try {
+      if (reset) { $("insp-list").innerHTML = ""; rows.clear(); newest = 0; }
+      const filter = $("insp-filter").value;
+      const q = `limit=20${filter ? "&" + filter : ""}${newest ? "&after=" + newest : ""}`;
+      const { results } = await (await fetch(`/api/v1/inspections?${q}`, { cache: "no-store" })).json();
+      const list = $("insp-list");
+      results.slice().reverse().forEach((r) => {
+        newest = Math.max(newest, r.journal_seq);
+        if (rows.has(r.id)) return;
+        const tr = row(r);
+        rows.set(r.id, tr);
+        list.insertBefore(tr, list.firstChild);
+      });
+      while (list.children.length > 20) { rows.delete(list.lastChild.dataset.id); list.removeChild(list.lastChild); }
+    } catch (e) { /* the status poll reports reachability */ } finally { busy = false; }
+  }
+
+  function field(name, spec, value) {
+    const id = `rv-${name}`;
+    let input;
+    if (spec.type === "boolean") input = `<input type="checkbox" id="${id}" name="${esc(name)}"${value ? " checked" : ""}>`;
+    else if (Array.isArray(spec.enum)) input = `<select id="${id}" name="${esc(name)}">` +
+      spec.enum.map((o) => `<option${o === value ? " selected" : ""}>${esc(o)}</option>`).join("") + "</select>";
+    else if (spec.type === "number" || spec.type === "integer") input = `<input type="number" id="${id}" name="${esc(name)}"` +
+      ` step="${spec.type === "integer" ? 1 : "any"}"${spec.minimum != null ? ` min="${spec.minimum}"` : ""}` +
+      `${spec.maximum != null ? ` max="${spec.maximum}"` : ""} value="${esc(value)}">`;
+    else input = `<input id="${id}" name="${esc(name)}"${spec.maxLength ? ` maxlength="${spec.maxLength}"` : ""} value="${esc(value)}">`;
+    return `<label><span>${esc(name)}</span>${input}</label>`;
+  }
+
+  function correction() {
+    const out = {};
+    Object.entries(schema.properties || {}).forEach(([name, spec]) => {
+      const el = $(`rv-${name}`);
+      if (!el) return;
+      if (spec.type === "boolean") out[name] = el.checked;
+      else if (spec.type === "number" || spec.type === "integer") out[name] = Number(el.value);
+      else out[name] = el.value;
+    });
+    return out;
+  }
+
+  async function open(id) {
+    const r = await (await fetch(`/api/v1/results/${encodeURIComponent(id)}`, { cache: "no-store" })).json();
+    current = r;
+    rows.forEach((tr, k) => tr.classList.toggle("sel", k === id));
+    $("insp-detail").hidden = false;
+    const img = $("insp-image");
+    img.hidden = !r.evidence;
+    if (r.evidence) img.src = r.evidence.uri;
+    $("insp-verdict").textContent = verdictText(r.verdict);
+    $("insp-verdict").className = "verdict " + cls(r.verdict);
+    const t = r.timings_ms || {};
+    $("insp-info").innerHTML = `<span>camera</span><b>${esc(r.camera)}</b><span>time</span><b>${esc(r.ts)}</b>` +
+      Object.entries(t).map(([k, v]) => `<span>${esc(k)} ms</span><b>${Number(v).toFixed(1)}</b>`).join("") +
+      `<span>rules</span><b>${esc((r.rules || []).map((x) => x.name).join(", ") || "none")}</b>` +
+      `<span>review</span><b id="insp-review">${esc(r.review ? r.review.state : "not reviewed")}</b>` +
+      `<span>model said</span><b>${esc(r.text)}</b>`;
+    const base = (r.review && r.review.correction) || r.verdict || {};
+    $("review-fields").innerHTML = Object.entries(schema.properties || {}).map(([n, s]) => field(n, s, base[n])).join("");
+    $("review-status").textContent = "";
+  }
+
+  async function send(action) {
+    if (!current) return;
+    const body = { action, note: $("review-form").elements.__note.value || undefined };
+    if (action === "correct") body.verdict = correction();
+    const headers = { "Content-Type": "application/json" };
+    const token = $("api-token").value;
+    if (token) { headers.Authorization = `Bearer ${token}`; sessionStorage.setItem("edge-token", token); }
+    const res = await fetch(`/api/v1/results/${encodeURIComponent(current.id)}/review`,
+      { method: "POST", headers, body: JSON.stringify(body) });
+    const data = await res.json();
+    $("review-status").textContent = res.ok ? `saved: ${data.review.state}` : `not saved: ${data.error.message}`;
+    $("review-status").className = res.ok ? "ok" : "bad";
+    if (res.ok) {
+      $("insp-review").textContent = data.review.state;
+      const fresh = row({ ...current, review: data.review });
+      const old = rows.get(current.id);
+      if (old) { old.replaceWith(fresh); rows.set(current.id, fresh); }
+    }
+  }
+
+  async function start() {
+    try {
+      const s = await (await fetch("/api/v1/review/schema", { cache: "no-store" })).json();
+      schema = s.schema || { properties: {} };
+      $("token-row").hidden = !s.token_required;
+      $("api-token").value = sessionStorage.getItem("edge-token") || "";
+    } catch (e) { schema = { properties: {} }; }
+    $("insp-filter").addEventListener("change", () => refresh(true));
+    $("review-confirm").addEventListener("click", () => send("confirm"));
+    $("review-correct").addEventListener("click", () => send("correct"));
+    await refresh(true);
+    // Polling with an `after` cursor costs one indexed query; it holds no server thread, unlike a stream.
+    setInterval(() => { if (!document.hidden) refresh(false); }, 500);
+  }
+  start();
+})();

@@ -1,0 +1,81 @@
+"""Messages other modules queue for MQTT (alerts, reviews), kept in the journal's SQLite file.
+
+The MQTT service drains this table beside the results: a row is marked sent only on PUBACK, so an
+alert or a review survives a broker outage and a `kill -9` exactly like a verdict does.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS mqtt_outbox (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic    TEXT NOT NULL,            -- below the device prefix, e.g. line-1/alert
+    payload  TEXT NOT NULL,
+    created  REAL NOT NULL,
+    sent     INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS mqtt_outbox_unsent ON mqtt_outbox (sent, seq);
+"""
+MAX_PAYLOAD = 256 * 1024  # an alert is a few hundred bytes; refuse anything that would bloat the file
+
+
+def open_db(path: Path) -> sqlite3.Connection:
+    """A connection of our own to the journal's file (WAL lets it share the file with the journal)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
+
+
+class MessageOutbox:
+    """(topic, payload) rows waiting for the broker; `notify` wakes the MQTT outbox."""
+
+    def __init__(self, path: Path, max_rows: int = 100_000) -> None:
+        self.max_rows = max_rows
+        self.notify: Callable[[], None] = lambda: None
+        self._lock = threading.Lock()
+        self._db = open_db(path)
+        self._db.executescript(_SCHEMA)
+
+    def put(self, topic: str, payload: str) -> int:
+        if len(payload) > MAX_PAYLOAD:
+            raise ValueError(f"message for {topic} is larger than {MAX_PAYLOAD} bytes")
+        with self._lock:
+            cur = self._db.execute("INSERT INTO mqtt_outbox (topic, payload, created) VALUES (?, ?, ?)",
+                                   (topic, payload, time.time()))
+            # Bounded: sent rows go first; unsent ones only when the table is full of them.
+            self._db.execute("DELETE FROM mqtt_outbox WHERE seq <= (SELECT seq FROM mqtt_outbox "
+                             "ORDER BY sent DESC, seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,))
+            seq = int(cur.lastrowid or 0)
+        self.notify()
+        return seq
+
+    def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]:
+        """(seq, topic below the prefix, payload), oldest first."""
+        with self._lock:
+            return self._db.execute(
+                "SELECT seq, topic, payload FROM mqtt_outbox WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
+                (after_seq, limit)).fetchall()
+
+    def mark_sent(self, seqs: list[int]) -> None:
+        if not seqs:
+            return
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("UPDATE mqtt_outbox SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
+            self._db.execute("DELETE FROM mqtt_outbox WHERE sent = 1 AND created < ?", (time.time() - 86400,))
+
+    def backlog(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM mqtt_outbox WHERE sent = 0").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,281 @@
+"""Review: corrections stored beside the results, the filtered result query, and dataset export.
+
+A review is a row in `reviews` (history) and the `review` field of the journaled result (so every
+reader of the result sees it). Confirm keeps the model's verdict as the label; correct stores the
+technician's verdict, validated against the bundle's schema. `export_dataset` writes what fine-tuning
+tools read: Hugging Face's `imagefolder` layout (`train/<file>.jpg` + `train/metadata.jsonl`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .outbox import MessageOutbox, open_db
+from .result import utc_now
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS reviews (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    result_id  TEXT NOT NULL,
+    state      TEXT NOT NULL,              -- pending | confirmed | corrected
+    correction TEXT,                       -- the corrected verdict (JSON), when corrected
+    note       TEXT,
+    reason     TEXT,                       -- pending: why it was queued (rule name, low confidence)
+    ts         TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reviews_result ON reviews (result_id, seq);
+"""
+STATES = ("pending", "confirmed", "corrected")
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$")
+
+
+class ReviewError(ValueError):
+    """A review or query parameter is wrong; `field` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class ResultFilter:
+    camera: str | None = None
+    defect: bool | None = None
+    category: str | None = None
+    since: str | None = None
+    until: str | None = None
+    review: str | None = None          # pending | confirmed | corrected | reviewed | none
+    below: float | None = None         # confidence below (the low-confidence part of the queue)
+    before: int | None = None          # cursor: journal seq, newest first
+    after: int | None = None           # only rows newer than this seq (live polling)
+    limit: int = 50
+    defect_field: str = "defect"
+
+    def check(self) -> ResultFilter:
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and not _TS.match(value):
+                raise ReviewError(f"{name} must be an RFC 3339 time, e.g. 2026-11-30T06:00:00Z", name)
+        if self.review is not None and self.review not in (*STATES, "reviewed", "none"):
+            raise ReviewError("review must be pending, confirmed, corrected, reviewed or none", "review")
+        if not 1 <= self.limit <= 1000:
+            raise ReviewError("limit must be between 1 and 1000", "limit")
+        for name in ("before", "after"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 2**63:
+                raise ReviewError(f"{name} must be a cursor from a previous page", name)
+        if self.camera is not None and len(self.camera) > 64:
+            raise ReviewError("camera is at most 64 characters", "camera")
+        if self.category is not None and len(self.category) > 200:
+            raise ReviewError("category is at most 200 characters", "category")
+        return self
+
+
+class ReviewStore:
+    """Writes reviews and answers result queries, on its own connection to the journal's file."""
+
+    def __init__(self, db_path: Path, messages: MessageOutbox | None = None) -> None:
+        self.messages = messages
+        self._lock = threading.Lock()
+        self._db = open_db(db_path)
+        self._db.executescript(_SCHEMA)
+        self.written = 0
+
+    # ---- writes ------------------------------------------------------------------------------------
+
+    def mark_pending(self, result_id: str, reason: str, patch: bool = True) -> None:
+        """Queue a journaled result for review (a rule's `review` action); `patch=False` when the
+        journaled body already says so."""
+        review = {"state": "pending", "reason": reason, "ts": utc_now()}
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT INTO reviews (result_id, state, reason, ts) VALUES (?, 'pending', ?, ?)",
+                             (result_id, reason, review["ts"]))
+            if patch:
+                self._patch(result_id, review)
+
+    def write(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None = None,
+              note: str | None = None, reviewer: str | None = None) -> dict[str, Any]:
+        """Confirm or correct a result; returns its new `review` object and queues the MQTT message."""
+        if action not in ("confirm", "correct"):
+            raise ReviewError("action must be 'confirm' or 'correct'", "action")
+        if action == "correct" and not isinstance(correction, dict):
+            raise ReviewError("a correction needs 'verdict': the corrected verdict object", "verdict")
+        if note is not None and (not isinstance(note, str) or len(note) > 500):
+            raise ReviewError("note must be a string of at most 500 characters", "note")
+        state = "confirmed" if action == "confirm" else "corrected"
+        review: dict[str, Any] = {"state": state, "ts": utc_now(),
+                                  "correction": correction if state == "corrected" else None}
+        if note:
+            review["note"] = note
+        if reviewer:
+            review["reviewer"] = reviewer
+        message = json.dumps({"id": result["id"], "device": result.get("device"), "camera": result["camera"],
+                              "ts": review["ts"], "verdict": result.get("verdict"), "review": review},
+                             separators=(",", ":"), ensure_ascii=False)
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("INSERT INTO reviews (result_id, state, correction, note, ts) VALUES (?, ?, ?, ?, ?)",
+                             (result["id"], state, json.dumps(correction) if correction else None, note,
+                              review["ts"]))
+            self._patch(result["id"], review)
+        self.written += 1
+        if self.messages is not None:
+            self.messages.put(f"{result['camera']}/review", message)
+        return review
+
+    def _patch(self, result_id: str, review: dict[str, Any]) -> None:
+        self._db.execute("UPDATE results SET body = json_set(body, '$.review', json(?)) WHERE id = ?",
+                         (json.dumps(review), result_id))
+
+    # ---- reads -------------------------------------------------------------------------------------
+
+    def query(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
+        """Newest first; returns the rows and the cursor of the next page (None on the last)."""
+        f.check()
+        where, args = _where(f)
+        sql = "SELECT seq, body FROM results"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, [*args, f.limit]).fetchall()
+        out = [{**json.loads(body), "journal_seq": seq} for seq, body in rows]
+        return out, (rows[-1][0] if len(rows) == f.limit else None)
+
+    def iterate(self, f: ResultFilter, page: int = 500) -> Iterator[dict[str, Any]]:
+        """Every matching row, page by page (exports stream this; memory stays one page)."""
+        f.limit = page
+        while True:
+            rows, cursor = self.query(f)
+            yield from rows
+            if cursor is None:
+                return
+            f.before = cursor
+
+    def history(self, result_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, correction, note, reason, ts FROM reviews WHERE result_id = ? "
+                                    "ORDER BY seq", (result_id,)).fetchall()
+        return [{"state": s, "correction": json.loads(c) if c else None, "note": n, "reason": r, "ts": t}
+                for s, c, n, r, t in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Results per review state (their latest review), from the small reviews table: status and
+        metrics call this every few seconds, so it must not scan the journal."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT state, COUNT(*) FROM reviews r WHERE seq = (SELECT MAX(seq) FROM reviews "
+                "WHERE result_id = r.result_id) GROUP BY state").fetchall()
+        return {str(s): int(n) for s, n in rows}
+
+    def apply_retention(self) -> None:
+        """Reviews of results the journal's retention deleted go too."""
+        with self._lock:
+            self._db.execute("DELETE FROM reviews WHERE result_id NOT IN (SELECT id FROM results)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _where(f: ResultFilter) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    args: list[Any] = []
+    if f.camera:
+        where.append("camera = ?")
+        args.append(f.camera)
+    if f.defect is not None:
+        where.append(f"json_extract(body, '$.verdict.{f.defect_field}') IS {'1' if f.defect else 'NOT 1'}")
+    if f.category:
+        where.append("json_extract(body, '$.verdict.category') = ?")
+        args.append(f.category)
+    if f.since:
+        where.append("ts >= ?")
+        args.append(f.since)
+    if f.until:
+        where.append("ts < ?")
+        args.append(f.until)
+    if f.below is not None:
+        where.append("json_extract(body, '$.verdict.confidence') < ?")
+        args.append(f.below)
+    if f.review == "none":
+        where.append("json_extract(body, '$.review.state') IS NULL")
+    elif f.review == "reviewed":
+        where.append("json_extract(body, '$.review.state') IN ('confirmed', 'corrected')")
+    elif f.review:
+        where.append("json_extract(body, '$.review.state') = ?")
+        args.append(f.review)
+    if f.before is not None:
+        where.append("seq < ?")
+        args.append(f.before)
+    if f.after is not None:
+        where.append("seq > ?")
+        args.append(f.after)
+    return where, args
+
+
+# ---- dataset export ---------------------------------------------------------------------------------
+
+def export_dataset(store: ReviewStore, image_for: Any, out_dir: Path, include_unreviewed: bool = False,
+                   camera: str | None = None) -> dict[str, int]:
+    """Write `out_dir/train/<id>.jpg` + `metadata.jsonl` (verdict, label, review) for reviewed results
+    with evidence. `image_for(result_id)` returns the image path or None. Rewrites metadata atomically."""
+    train = out_dir / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    f = ResultFilter(camera=camera, review=None if include_unreviewed else "reviewed")
+    written = skipped = 0
+    tmp = train / f".metadata-{time.time_ns()}.jsonl"
+    with tmp.open("w", encoding="utf-8") as meta:
+        for row in store.iterate(f):
+            src = image_for(row["id"])
+            if src is None:
+                skipped += 1
+                continue
+            name = f"{row['id']}.jpg"
+            if not (train / name).exists():
+                shutil.copyfile(src, train / f".{name}.tmp")
+                (train / f".{name}.tmp").replace(train / name)
+            review = row.get("review") or {}
+            label = review.get("correction") if review.get("state") == "corrected" else row.get("verdict")
+            meta.write(json.dumps({
+                "file_name": name, "id": row["id"], "camera": row["camera"], "ts": row["ts"],
+                "model": row.get("model"), "prompt": row.get("prompt"), "verdict": row.get("verdict"),
+                "label": label, "review_state": review.get("state"), "note": review.get("note"),
+            }, ensure_ascii=False) + "\n")
+            written += 1
+    tmp.replace(train / "metadata.jsonl")
+    return {"images": written, "skipped_without_image": skipped}
+
+
+def export_from_config(config: Any, out_dir: Path, include_unreviewed: bool = False,
+                       camera: str | None = None) -> dict[str, int]:
+    """`edge-runtime dataset export DIR`: reads the journal and the evidence store of a config
+    (the daemon may be running: SQLite WAL readers do not block it)."""
+    from .errors import EdgeRuntimeError
+    from .evidence import EvidenceStore
+
+    db_path = config.journal_path()
+    if not db_path.is_file():
+        raise EdgeRuntimeError(f"{db_path}: no journal here yet (check data_dir / journal.path)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EdgeRuntimeError(f"{out_dir}: exists and is not a folder")
+    store = ReviewStore(db_path)
+    evidence = EvidenceStore(config.evidence, config.evidence.path or config.data_dir / "evidence", db_path)
+    try:
+        def image_for(result_id: str) -> Path | None:
+            found = evidence.lookup(result_id)
+            return found.path if found else None
+
+        return export_dataset(store, image_for, out_dir, include_unreviewed, camera)
+    finally:
+        evidence.close()
+        store.close()

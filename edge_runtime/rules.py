@@ -1,0 +1,201 @@
+"""Rules that act on verdicts: validated `rules:` config models and the evaluator.
+
+A rule fires when all its conditions hold for a result (fields by dotted path: `verdict.category`,
+`camera`, `timings_ms.total`), its confidence threshold is met, and — with debounce — when it matched
+on at least N of the last M results of that camera. Its actions are carried out by the wiring
+(`verdicts.py`): an MQTT alert, a webhook, a second question on the same frame, a review mark.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import deque
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+
+_MISSING = object()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+_PATH = r"^[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,4}$"
+
+
+class Condition(_Model):
+    """One test on a result field; exactly one operator."""
+
+    field: str = Field(pattern=_PATH, description="Dotted path into the result, e.g. verdict.category.")
+    equals: str | int | float | bool | None = Field(None, description="Field equals this value.")
+    in_: list[str | int | float | bool] | None = Field(None, alias="in", max_length=256,
+                                                       description="Field is one of these values.")
+    lt: float | None = Field(None, description="Field is a number less than this.")
+    gt: float | None = Field(None, description="Field is a number greater than this.")
+    regex: str | None = Field(None, max_length=200, description="Field is a string this regex searches.")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_operator(self) -> Condition:
+        given = [k for k in ("equals", "in_", "lt", "gt", "regex") if k in self.model_fields_set]
+        if len(given) != 1:
+            raise ValueError("give exactly one of equals, in, lt, gt, regex")
+        return self
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from None
+        return v
+
+    def holds(self, result: dict[str, Any]) -> bool:
+        value = lookup(result, self.field)
+        if value is _MISSING:
+            return False
+        if "equals" in self.model_fields_set:
+            return _same(value, self.equals)
+        if self.in_ is not None:
+            return any(_same(value, v) for v in self.in_)
+        if self.regex is not None:
+            return isinstance(value, str) and re.search(self.regex, value[:10_000]) is not None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False
+        return value < self.lt if self.lt is not None else value > (self.gt if self.gt is not None else 0)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # JSON true must not equal 1: compare booleans only with booleans.
+    return (isinstance(a, bool) == isinstance(b, bool)) and a == b
+
+
+def lookup(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _MISSING
+        data = data[part]
+    return data
+
+
+class Debounce(_Model):
+    count: int = Field(ge=1, le=100, description="Fire when the conditions held this many times …")
+    of: int = Field(ge=1, le=100, description="… within the last this many results of the camera.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> Debounce:
+        if self.count > self.of:
+            raise ValueError("debounce.count cannot be larger than debounce.of")
+        return self
+
+
+class AlertAction(_Model):
+    type: Literal["alert"] = Field(description="Publish on <prefix>/<camera>/alert (QoS 1, from the journal).")
+
+
+class WebhookAction(_Model):
+    type: Literal["webhook"] = Field(description="POST the alert to a URL, at least once.")
+    url: HttpUrl = Field(description="POST the alert as JSON here, at least once (the outbox retries).")
+    headers: dict[str, str] = Field(default_factory=dict, max_length=16,
+                                    description="Extra request headers (e.g. an Authorization with ${ENV}).")
+    timeout_s: float = Field(5, gt=0, le=60, description="Per-attempt timeout.")
+
+
+class ReaskAction(_Model):
+    type: Literal["reask"] = Field(description="Ask a second question about the same frame.")
+    prompt: str = Field(min_length=1, max_length=2000, description="Second question on the same frame; "
+                        "its answer is attached to the firing.")
+
+
+class ReviewAction(_Model):
+    type: Literal["review"] = Field(description="Put the result in the review queue.")
+
+
+Action = Annotated[AlertAction | WebhookAction | ReaskAction | ReviewAction, Field(discriminator="type")]
+
+
+class Rule(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,48}$", description="Rule name (in results and metrics).")
+    enabled: bool = Field(True, description="false keeps the rule but never evaluates it.")
+    cameras: list[str] = Field(default_factory=list, description="Only these cameras (empty: all).")
+    when: list[Condition] = Field(default_factory=list, max_length=32,
+                                  description="Conditions that must all hold.")
+    min_confidence: float | None = Field(None, ge=0, le=1, description="Also require confidence >= this.")
+    confidence_field: str = Field("verdict.confidence", pattern=_PATH,
+                                  description="Where the confidence is read for min_confidence.")
+    debounce: Debounce | None = Field(None, description="Fire only when matched N of the last M results.")
+    cooldown_s: float = Field(0, ge=0, le=86400, description="Least seconds between two firings per camera.")
+    actions: list[Action] = Field(min_length=1, max_length=8, description="What happens when it fires.")
+
+
+def validate_rules(rules: list[Rule]) -> list[Rule]:
+    names = [r.name for r in rules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"rule names must be unique; repeated: {', '.join(dupes)}")
+    return rules
+
+
+class RuleEngine:
+    """Evaluates every rule on every result; keeps each camera's debounce window. Thread-safe."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self._lock = threading.Lock()
+        self.rules: list[Rule] = []
+        self._history: dict[tuple[str, str], deque[bool]] = {}
+        self._last_fired: dict[tuple[str, str], float] = {}
+        self.fired: dict[str, int] = {}
+        self.reload(rules)
+
+    def reload(self, rules: list[Rule]) -> None:
+        """New rules (SIGHUP); an unchanged rule keeps its debounce window and counters."""
+        with self._lock:
+            old = {r.name: r for r in self.rules}
+            keep = {r.name for r in rules if old.get(r.name) == r}
+            self._history = {k: v for k, v in self._history.items() if k[0] in keep}
+            self._last_fired = {k: v for k, v in self._last_fired.items() if k[0] in keep}
+            self.rules = list(rules)
+            for r in rules:
+                self.fired.setdefault(r.name, 0)
+
+    def evaluate(self, result: dict[str, Any], now: float | None = None) -> list[Rule]:
+        """The rules that fire for this result (in config order); updates windows and counters."""
+        now = time.monotonic() if now is None else now
+        camera = str(result.get("camera", ""))
+        fired: list[Rule] = []
+        with self._lock:
+            for rule in self.rules:
+                if not rule.enabled or (rule.cameras and camera not in rule.cameras):
+                    continue
+                matched = all(c.holds(result) for c in rule.when) and self._confident(rule, result)
+                key = (rule.name, camera)
+                if rule.debounce is not None:
+                    window = self._history.setdefault(key, deque(maxlen=rule.debounce.of))
+                    window.append(matched)
+                    matched = matched and sum(window) >= rule.debounce.count
+                if not matched:
+                    continue
+                last = self._last_fired.get(key)
+                if last is not None and now - last < rule.cooldown_s:
+                    continue
+                self._last_fired[key] = now
+                self.fired[rule.name] = self.fired.get(rule.name, 0) + 1
+                fired.append(rule)
+        return fired
+
+    @staticmethod
+    def _confident(rule: Rule, result: dict[str, Any]) -> bool:
+        if rule.min_confidence is None:
+            return True
+        value = lookup(result, rule.confidence_field)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= rule.min_confidence
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"rules": [r.name for r in self.rules], "fired": dict(self.fired)}

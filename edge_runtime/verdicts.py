@@ -1,0 +1,186 @@
+"""What happens to a verdict around the journal: evidence, rules and their actions, review.
+
+`before_journal` runs on the inspection worker between the verdict and its journal row, so the row
+(and every MQTT/REST copy of it) already carries `evidence`, `rules` and a pending `review`.
+`after_journal` queues the side effects (MQTT alerts, webhooks) once the result is durable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import EdgeRuntimeError
+from .evidence import EvidenceConfig, EvidenceStore
+from .outbox import MessageOutbox
+from .result import Result, utc_now
+from .review import ReviewStore
+from .rules import AlertAction, ReaskAction, ReviewAction, Rule, RuleEngine, WebhookAction
+from .webhooks import WebhookOutbox
+
+log = logging.getLogger(__name__)
+RETENTION_EVERY_S = 60.0
+
+
+def full_frame(image: np.ndarray) -> np.ndarray:
+    """The camera frame an ROI crop was cut from: capture crops by slicing, so the crop is a view
+    whose `base` is the whole frame. Anything else (an upload, a copy) is its own full frame."""
+    base = image.base
+    if isinstance(base, np.ndarray) and base.ndim == image.ndim and base.shape[-1:] == image.shape[-1:] \
+            and base.shape[0] >= image.shape[0] and base.shape[1] >= image.shape[1]:
+        return base
+    return image
+
+
+class VerdictServices:
+    """Evidence store, rule engine, MQTT message outbox, webhook outbox and reviews, wired together."""
+
+    def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
+                 faults: set[str], get_inspector: Callable[[], Any], keep_undelivered: bool = True) -> None:
+        self.evidence_cfg = evidence
+        self.evidence: EvidenceStore | None = None
+        if evidence.enabled:
+            root = evidence.path or data_dir / "evidence"
+            try:
+                self.evidence = EvidenceStore(evidence, root, db_path, faults, keep_undelivered=keep_undelivered)
+            except OSError as exc:  # a config mistake: one clear line, not a traceback
+                raise EdgeRuntimeError(f"evidence.path {root}: cannot be used ({exc.strerror or exc})") from None
+        self.engine = RuleEngine(rules)
+        self.messages = MessageOutbox(db_path)
+        self.webhooks = WebhookOutbox(db_path)
+        self.webhooks.headers_for = self._webhook_headers
+        self.reviews = ReviewStore(db_path, self.messages)
+        self.get_inspector = get_inspector
+        self.reasks = 0
+        self.action_errors = 0
+        self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
+        self._lock = threading.Lock()
+        self._retention_at = time.monotonic()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.webhooks.start()
+        if self.evidence is not None:
+            self.evidence.apply_retention()
+
+    def stop(self) -> None:
+        self.webhooks.close()
+        self.messages.close()
+        self.reviews.close()
+        if self.evidence is not None:
+            self.evidence.close()
+
+    def reload(self, rules: list[Rule]) -> None:
+        self.engine.reload(rules)
+        log.info("rules: %d loaded", len(rules))
+
+    # ---- around the journal --------------------------------------------------------------------------
+
+    def before_journal(self, image: np.ndarray | None, result: Result) -> None:
+        """Keep the evidence, evaluate the rules, run re-asks; never raises."""
+        if self.evidence is not None and image is not None:
+            try:
+                kept = full_frame(image) if self.evidence_cfg.full_frame else image
+                result.evidence = self.evidence.save(kept, result.id, result.verdict)
+            except Exception:  # evidence is an extra: the verdict goes on without it
+                log.exception("evidence: saving %s failed", result.id)
+        try:
+            fired = self.engine.evaluate(result.to_dict())
+        except Exception:  # a rule bug must not lose the verdict
+            log.exception("rules: evaluation failed")
+            return
+        if not fired:
+            return
+        records = []
+        for rule in fired:
+            record: dict[str, Any] = {"name": rule.name, "actions": [a.type for a in rule.actions]}
+            for action in rule.actions:
+                if isinstance(action, ReaskAction) and image is not None:
+                    record["reask"] = self._reask(image, result, action)
+                if isinstance(action, ReviewAction) and result.review is None:
+                    result.review = {"state": "pending", "reason": rule.name, "ts": utc_now()}
+            records.append(record)
+        result.rules = records
+        with self._lock:
+            # The worker runs before -> journal -> after for one result at a time; replacing (not adding)
+            # keeps this bounded when a journal write fails (disk full) and `after` never comes.
+            self._fired = {result.id: fired}
+
+    def after_journal(self, result: Result) -> None:
+        """Queue alerts and webhooks of the rules that fired (the result is durable now)."""
+        with self._lock:
+            fired = self._fired.pop(result.id, [])
+        if fired:
+            payload = self._alert(result)
+            for rule in fired:
+                self._act(rule, result, payload)
+        if time.monotonic() - self._retention_at > RETENTION_EVERY_S:
+            self._retention_at = time.monotonic()
+            try:
+                if self.evidence is not None:
+                    self.evidence.apply_retention()
+                self.reviews.apply_retention()
+            except Exception:  # retention runs again in a minute
+                log.exception("evidence: retention failed")
+
+    def _act(self, rule: Rule, result: Result, payload: dict[str, Any]) -> None:
+        body = {**payload, "rule": rule.name}
+        for i, action in enumerate(rule.actions):
+            try:
+                if isinstance(action, AlertAction):
+                    self.messages.put(f"{result.camera}/alert", json.dumps(body, separators=(",", ":"),
+                                                                          ensure_ascii=False))
+                elif isinstance(action, WebhookAction):
+                    self.webhooks.put(str(action.url), body, key=f"{result.id}:{rule.name}:{i}",
+                                      source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
+                elif isinstance(action, ReviewAction):
+                    self.reviews.mark_pending(result.id, rule.name, patch=False)
+            except Exception:  # one failed action must not stop the others
+                self.action_errors += 1
+                log.exception("rules: action %s of %s failed", action.type, rule.name)
+
+    def _webhook_headers(self, source: str) -> dict[str, str]:
+        """Headers of the rule action that queued a webhook, from the running config (secrets are
+        not written to the outbox). A rule removed since then sends none."""
+        name, _, index = source.rpartition(":")
+        for rule in self.engine.rules:
+            if rule.name == name and index.isdigit() and int(index) < len(rule.actions):
+                action = rule.actions[int(index)]
+                if isinstance(action, WebhookAction):
+                    return dict(action.headers)
+        return {}
+
+    @staticmethod
+    def _alert(result: Result) -> dict[str, Any]:
+        return {"result_id": result.id, "device": result.device, "camera": result.camera, "ts": result.ts,
+                "verdict": result.verdict, "evidence": result.evidence, "rules": result.rules}
+
+    def _reask(self, image: np.ndarray, result: Result, action: ReaskAction) -> dict[str, Any]:
+        """A second question on the same frame, answered now on this (the inspection) thread."""
+        t0 = time.perf_counter()
+        try:
+            second = self.get_inspector().inspect(image, camera=result.camera, prompt=action.prompt)
+        except Exception as exc:  # noqa: BLE001 - the first verdict stands; the failure is recorded
+            return {"prompt": action.prompt, "error": f"{type(exc).__name__}: {exc}"}
+        self.reasks += 1
+        return {"prompt": action.prompt, "verdict": second.verdict, "text": second.text,
+                "ms": round((time.perf_counter() - t0) * 1000, 1)}
+
+    # ---- reporting -----------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "evidence": self.evidence.status() if self.evidence is not None else {"enabled": False},
+            "rules": {**self.engine.status(), "reasks": self.reasks, "action_errors": self.action_errors,
+                      "alerts_backlog": self.messages.backlog()},
+            "webhooks": self.webhooks.status(),
+            "reviews": self.reviews.counts(),
+        }
