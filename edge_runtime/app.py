@@ -247,6 +247,8 @@ class Daemon:
                 self.rigs.pop(name).stop()
                 log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
         self.config = new
+        if self.api is not None and (restart := self.api.apply(new.api)):
+            log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))
         for name, cfg in new_cams.items():
             if name not in self.rigs:
                 self._start_camera(cfg)
