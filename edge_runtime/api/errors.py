@@ -31,10 +31,15 @@ def invalid(field: str, message: str, status: int = 400) -> ApiError:
     return ApiError(status, "invalid_request_error", f"{field}: {message}", field=field)
 
 
+_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def from_validation(exc: ValidationError, prefix: str = "") -> ApiError:
     """The first pydantic error as one line naming its field (e.g. `messages.0.content`)."""
     err = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
+    # pydantic puts union member tags in the path ("str", "constrained-str", "list[ContentPart]"): drop them
+    parts = [str(p) for p in err["loc"] if isinstance(p, int) or not (p in _TAGS or "[" in p or "-" in p)]
+    where = ".".join(parts) or "body"
     return invalid(f"{prefix}{where}" if where != "body" or not prefix else prefix.rstrip("."), err["msg"])
 
 
