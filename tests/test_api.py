@@ -185,7 +185,8 @@ def test_openapi_document_lists_every_endpoint(client: FlaskClient) -> None:
                  "/v1/chat/completions", "/v1/models", "/metrics", "/"):
         assert path in doc["paths"], path
     # Generated from the routes: every route of the app is in the document.
-    rules = {r.rule.replace("<", "{").replace(">", "}").replace("path:", "") for r in client.application.url_map.iter_rules()}
+    rules = {r.rule.replace("<", "{").replace(">", "}").replace("path:", "")
+             for r in client.application.url_map.iter_rules()}
     assert rules == set(doc["paths"])
 
 
