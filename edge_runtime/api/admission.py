@@ -27,7 +27,7 @@ MAX_JSON_DEPTH = 32  # a request body is never legitimately deeper; json.loads r
 
 def slots(threads: int) -> tuple[int, int]:
     """(event streams, inference requests) that may hold a thread at once, out of `api.threads`."""
-    streams = max(1, threads // 3)
+    streams = max(1, threads // 2)
     return streams, max(1, threads - streams)
 
 

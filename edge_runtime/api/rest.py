@@ -41,6 +41,7 @@ from .models import (
 from .openapi import doc, openapi_document
 
 bp = Blueprint("rest", __name__)
+KEEPALIVE_S = 5.0
 
 
 def daemon() -> Any:
@@ -276,7 +277,8 @@ def events() -> Any:
             deadline = time.monotonic() + lifetime
             while not hub.closed and (left := deadline - time.monotonic()) > 0:
                 try:
-                    item = q.get(timeout=min(15.0, left))
+                    # A closed browser is noticed only when a write fails: keep-alive often.
+                    item = q.get(timeout=min(KEEPALIVE_S, left))
                 except queue.Empty:
                     yield ": keep-alive\n\n"
                     continue
