@@ -74,7 +74,8 @@ class ApiServer:
     def __init__(self, daemon: Any, cfg: ApiConfig, stream_seconds: float = STREAM_SECONDS) -> None:
         self.cfg = cfg
         self.events = EventHub()
-        self.metrics = Metrics(daemon.status, getattr(daemon, "health", None))
+        # Looked up at scrape time, not bound now: what the daemon reports may be replaced or extended.
+        self.metrics = Metrics(lambda: daemon.status(), lambda: daemon.health())
         self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
         daemon.worker.listeners.append(self._on_result)
         self._server: Any = None
