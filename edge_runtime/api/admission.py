@@ -1,5 +1,5 @@
 """Admission before cost: inference requests and event streams are counted before their bodies are
-parsed or decoded, and refused at once (429/503 with Retry-After) beyond the bound.
+parsed or decoded, and refused at once (429 with Retry-After) beyond the bound.
 
 Why: waitress has a fixed pool of threads. A request that waits for a verdict, or an event stream,
 holds one. Left unbounded they take every thread, and `/healthz` queues behind them. So long-lived
@@ -58,16 +58,15 @@ class Admission:
         self.pixels = 0
         self.refused = 0
 
-    def _busy(self, message: str, status: int = 429) -> ApiError:
+    def _busy(self, message: str) -> ApiError:
+        # 429, not 503: the client asked for more than its share; 5xx stays for faults of ours.
         self.refused += 1
-        return ApiError(status, "overloaded" if status == 429 else "unavailable", f"{message}; retry shortly",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+        return ApiError(429, "overloaded", f"{message}; retry shortly", headers={"Retry-After": str(RETRY_AFTER_S)})
 
-    def enter(self, status: int = 429) -> Ticket:
+    def enter(self) -> Ticket:
         with self._lock:
             if self.in_flight >= self.max_requests:
-                raise self._busy(f"{self.in_flight} {self.what} are in flight, the most this device takes",
-                                 status)
+                raise self._busy(f"{self.in_flight} {self.what} are in flight, the most this device takes")
             self.in_flight += 1
         return Ticket(self)
 

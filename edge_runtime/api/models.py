@@ -56,7 +56,7 @@ class FrameInfoModel(BaseModel):
 class ResultModel(BaseModel):
     """One verdict, as journaled and published over MQTT."""
 
-    model_config = ConfigDict(extra="allow", title="Result")
+    model_config = ConfigDict(extra="allow")
     id: str
     device: str
     camera: str
@@ -163,17 +163,11 @@ class ChatRequest(BaseModel):
     temperature: float = Field(0.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     seed: int | None = Field(None, ge=-1, le=2**32 - 1, description="-1 or empty: a random seed")
-    stop: Annotated[str, Field(max_length=64)] | Annotated[list[str], Field(max_length=4)] | None = None
+    stop: (Annotated[str, Field(min_length=1, max_length=64)]
+           | Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=4)] | None) = None
     stream: bool = False
     n: int = Field(1, ge=1, le=1)
     response_format: ResponseFormat | None = None
-
-    @model_validator(mode="after")
-    def _short_stops(self) -> ChatRequest:
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if any(len(s) > 64 for s in stops):
-            raise ValueError("each stop string has at most 64 characters")
-        return self
 
 
 class ModelCard(BaseModel):

@@ -24,8 +24,8 @@ _ERROR_TEXT = {400: "Invalid request: `error.field` names the field", 401: "Miss
                403: "Remote caller without a configured token", 404: "Not found",
                405: "Method not allowed (see Allow)", 409: "Camera has no frame yet",
                413: "Body or image too large", 415: "Wrong content type",
-               429: "Too many inference requests in flight, or the queue is full (see Retry-After)",
-               503: "Not ready or degraded, or too many event streams (see Retry-After)",
+               429: "Too many requests or event streams in flight, or the queue is full (see Retry-After)",
+               503: "Not ready or degraded (see Retry-After)",
                504: "No verdict in time"}
 
 
@@ -54,7 +54,7 @@ def doc(summary: str, *, query: type[BaseModel] | None = None, body: dict[str, t
 
 
 def _ref(model: type[BaseModel]) -> dict[str, Any]:
-    return {"$ref": f"#/components/schemas/{model.model_json_schema()['title']}"}
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:

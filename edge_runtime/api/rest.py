@@ -249,14 +249,14 @@ class Closing:
 
 @bp.get("/api/v1/events")
 @doc("Server-sent events: `result` per new verdict, each with an id; a stream ends after a while and the "
-     "browser resumes it with Last-Event-ID", query=EventsQuery, response="text/event-stream", errors=(400, 503))
+     "browser resumes it with Last-Event-ID", query=EventsQuery, response="text/event-stream", errors=(400, 429))
 def events() -> Any:
     query: EventsQuery = validate(EventsQuery, request.args.to_dict())
     after = query.last_event_id
     header = request.headers.get("Last-Event-ID", "").strip()
     if header:
         after = validate(EventsQuery, {"last_event_id": header}).last_event_id
-    ticket = current_app.extensions["edge_runtime_streams"].enter(status=503)
+    ticket = current_app.extensions["edge_runtime_streams"].enter()
     hub: EventHub = current_app.extensions["edge_runtime_events"]
     lifetime = float(current_app.config["EDGE_STREAM_SECONDS"])
     q, backlog = hub.subscribe(after)

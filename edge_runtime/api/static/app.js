@@ -146,7 +146,7 @@ async function loadRecent() {
 
 function listen() {
   // The server ends each stream after a while; EventSource reconnects by itself with Last-Event-ID.
-  // A refused connection (503: too many streams) closes it for good, so retry by hand from the last id.
+  // A refused connection (429: too many streams) closes it for good, so retry by hand from the last id.
   const url = "/api/v1/events" + (lastEventId != null ? `?last_event_id=${lastEventId}` : "");
   const es = new EventSource(url);
   es.addEventListener("open", () => { $("live").textContent = "live"; $("live").className = "badge ok"; });
