@@ -50,7 +50,7 @@ def fuzz_live_daemon(tmp: Path, examples: int) -> tuple[int, Counter[int], str]:
             [str(bin_dir / "schemathesis"), "run", f"{base}/api/v1/openapi.json", "--checks", "not_a_server_error",
              "--max-examples", str(examples), "--exclude-path", "/api/v1/events", "--request-timeout", "60",
              "--generation-deterministic", "--report", "har", "--report-dir", str(tmp / "report")],
-            capture_output=True, text=True, timeout=1800, check=False)
+            capture_output=True, text=True, timeout=1800, check=False, cwd=tmp)  # its cache stays in tmp
         (tmp / "schemathesis.out").write_text(run.stdout + run.stderr)
         (har,) = (tmp / "report").glob("*.json")
         entries = json.loads(har.read_text())["log"]["entries"]
