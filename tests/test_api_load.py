@@ -51,6 +51,13 @@ def health_latencies(base: str, probes: int = 20) -> list[float]:
     return out
 
 
+def report(what: str, latencies: list[float]) -> None:
+    """Printed with `pytest -s` (the figures in docs/reliability.md)."""
+    ordered = sorted(latencies)
+    print(f"\n{what}: /healthz p50 {ordered[len(ordered) // 2] * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms "
+          f"({len(ordered)} probes)")
+
+
 def idle_sockets(base: str, count: int) -> list[socket.socket]:
     port = base.rsplit(":", 1)[1]
     return [socket.create_connection(("127.0.0.1", int(port)), timeout=5) for _ in range(count)]
@@ -70,6 +77,8 @@ def test_health_is_fast_with_event_streams_and_idle_connections_open(base: str) 
         refused = next(s for s in streams if s.status_code == 429)
         assert refused.headers["Retry-After"] and refused.json()["error"]["type"] == "overloaded"
         latencies = health_latencies(base)
+        report(f"{len(streams)} event streams ({codes.count(200)} admitted) + {len(idle)} idle connections",
+               latencies)
         ready = requests.get(f"{base}/readyz", timeout=5)
         assert ready.status_code == 200 and ready.json()["state"] == "ok"
         assert max(latencies) < 1.0, latencies
@@ -154,6 +163,8 @@ def test_overload_is_refused_at_once_and_health_stays_fast(base: str) -> None:
         latencies = health_latencies(base, 10)
         outcomes = list(attack)
     refused = [o for o in outcomes if o[0] == 429]
+    report(f"100 concurrent /api/v1/infer ({len(refused)} refused with 429, slowest refusal "
+           f"{max(o[1] for o in refused) * 1000:.0f} ms)", latencies)
     assert {o[0] for o in outcomes} <= {200, 429}
     assert len(refused) >= 80 and all(o[2] for o in refused)
     assert max(o[1] for o in refused) < 3.0  # at once, not after queueing (2-core machine, 100 threads)
@@ -208,8 +219,8 @@ def test_fifty_concurrent_49_megapixel_pngs_leave_memory_bounded(base: str) -> N
     # One 49-MP image decodes at a time (147 MB of BGR, plus OpenCV's working copies).
     assert peak[0] - baseline < 700, (baseline, peak[0])
     assert max(latencies) < 1.0, latencies
-    print(f"\nRSS baseline {baseline:.0f} MB, peak {peak[0]:.0f} MB; 429: {codes.count(429)}/50; "
-          f"healthz max {max(latencies) * 1000:.0f} ms")
+    report(f"50 concurrent 49-MP PNGs (RSS {baseline:.0f} MB before, peak {peak[0]:.0f} MB; "
+           f"{codes.count(429)} refused with 429)", latencies)
 
 
 def test_stop_ends_streams_and_connections_promptly(tmp_path: Path, demo_dir: Path) -> None:

@@ -28,6 +28,7 @@ from .openapi import doc
 from .rest import Closing, admission, daemon, decode_base64, decode_upload, json_body, submit, validate, wait_result
 
 bp = Blueprint("openai", __name__)
+MIN_TEMPERATURE = 1e-3
 
 
 def _model_id() -> str:
@@ -165,7 +166,10 @@ def _chat(ticket: Ticket) -> Any:
     max_tokens = asked or inspector.max_tokens
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     seed = req.seed if req.seed is not None and req.seed >= 0 else random.randrange(2**32)
-    sampling = Sampling(req.temperature, req.top_p, seed)
+    # Below MIN_TEMPERATURE sampling is greedy in all but name, and a denormal one (2e-313, found by
+    # fuzzing) overflows the sampler's division into NaN probabilities: take it as greedy.
+    temperature = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
+    sampling = Sampling(temperature, req.top_p, seed)
     deltas: queue.Queue[str | None] = queue.Queue()
 
     def job(inspector: Any) -> Any:
