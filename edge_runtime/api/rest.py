@@ -199,7 +199,7 @@ def infer() -> Any:
             upload = request.files.get("image")
             if upload is None:
                 raise invalid("image", "the multipart field 'image' is missing")
-            form = validate(InferMultipart, {"image": b"-", "prompt": request.form.get("prompt")})
+            form = validate(TriggerBody, {"prompt": request.form.get("prompt")})  # the form's prompt field
             data, prompt = upload.read(), form.prompt
         elif request.is_json:
             body = validate(InferJson, json_body())
@@ -223,8 +223,6 @@ def trigger(name: str) -> Any:
             raise ApiError(404, "not_found", f"no camera named {name[:64]!r}", field="name")
         try:
             future = submit(d.trigger, name, body.prompt)
-        except ApiError:
-            raise
         except EdgeRuntimeError as exc:
             raise ApiError(409, "no_frame", str(exc), field="name") from None
         return jsonify(wait_result(future).to_dict())
