@@ -76,6 +76,12 @@ def test_chat_seed_minus_one_means_a_random_seed(client: FlaskClient) -> None:
     assert error["field"] == "seed"
 
 
+def test_chat_takes_json_sent_as_a_form_like_curl_d_does(client: FlaskClient) -> None:
+    reply = client.post("/v1/chat/completions", data=json.dumps(chat()),
+                        content_type="application/x-www-form-urlencoded")
+    assert reply.status_code == 200, reply.json
+
+
 def test_chat_denormal_temperature_is_greedy_not_a_crash(client: FlaskClient) -> None:
     # Found by schemathesis: 2.2250738585e-313 made the sampler's probabilities NaN (500).
     reply = client.post("/v1/chat/completions", json=chat(temperature=2.2250738585e-313))

@@ -129,7 +129,7 @@ def _conversation(messages: list[Message]) -> tuple[str | None, str, tuple[bytes
 
 @bp.post("/v1/chat/completions")
 @doc("OpenAI-compatible chat completions with image_url parts", body={"application/json": ChatRequest},
-     response=AnyObject, errors=(400, 401, 403, 404, 413, 415, 429, 504), secured=True, body_required=True)
+     response=AnyObject, errors=(400, 401, 403, 404, 413, 429, 504), secured=True, body_required=True)
 @require_access
 def chat_completions() -> Any:
     ticket = admission().enter()  # before the body is parsed or any image decoded
@@ -144,7 +144,7 @@ def chat_completions() -> Any:
 
 
 def _chat(ticket: Ticket) -> Any:
-    req: ChatRequest = validate(ChatRequest, json_body())
+    req: ChatRequest = validate(ChatRequest, json_body(force=True))
     d = daemon()
     inspector = d.inspector
     if inspector is None:

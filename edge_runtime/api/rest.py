@@ -60,9 +60,10 @@ def validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
         raise from_validation(exc, prefix) from None
 
 
-def json_body() -> Any:
-    """The request's JSON, size-bounded by MAX_CONTENT_LENGTH and depth-bounded before it is parsed."""
-    if not request.is_json:
+def json_body(force: bool = False) -> Any:
+    """The request's JSON, size-bounded by MAX_CONTENT_LENGTH and depth-bounded before it is parsed.
+    `force`: whatever the Content-Type says (OpenAI clients and `curl -d` differ on it)."""
+    if not force and not request.is_json:
         raise ApiError(415, "unsupported_media_type", "send application/json", field="body")
     return parse_json(request.get_data(cache=True))
 
