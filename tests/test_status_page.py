@@ -90,10 +90,12 @@ def test_status_page_renders_and_updates_live(daemon: Daemon, browser: Any) -> N
             page.wait_for_selector("#live.ok", timeout=10000)
             before = page.eval_on_selector_all("#results tr", "rows => rows.length")
             result = daemon.trigger("station-a").result(timeout=10)  # a new verdict arrives
+            page.wait_for_function(f"seen.has({json.dumps(result.id)})", timeout=10000)
             page.wait_for_function(f"document.querySelectorAll('#results tr').length > {before}", timeout=10000)
             assert page.inner_text("#results tr:first-child td:nth-child(2)") == "station-a"
-            frame_ok = page.eval_on_selector('[data-camera="station-a"] img', "i => i.complete && i.naturalWidth > 0")
-            assert frame_ok and result.id
+            # The frame's src is refreshed on every poll and result: wait for one load to finish.
+            page.wait_for_function("(() => { const i = document.querySelector('[data-camera=\"station-a\"] img');"
+                                   " return i.complete && i.naturalWidth > 0; })()", timeout=10000)
             page.wait_for_timeout(300)
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "status_page.png"), full_page=True)
