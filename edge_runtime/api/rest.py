@@ -170,7 +170,7 @@ def results() -> Any:
 def result(result_id: str) -> Any:
     found = daemon().journal.get(result_id[:128])
     if found is None:
-        raise ApiError(404, "not_found", f"no result with id {result_id[:128]!r}", field="id")
+        raise ApiError(404, "not_found", f"no result with id {result_id[:128]!r}", field="result_id")
     return jsonify(found)
 
 
