@@ -14,7 +14,7 @@ TORCH ?= torch==2.13.0
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
 SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
 
-.PHONY: venv export-deps demo test lint typecheck system-deps clean bench test-image test-ota
+.PHONY: venv export-deps demo test lint typecheck system-deps clean bench test-image test-ota test-robustness
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ typecheck: venv
 
 test: venv export-deps system-deps lint typecheck
 	$(BIN)/python -m pytest
+
+# Slow, not part of `make test`: the robustness suites (large fuzzing runs, attacks, soak). Mark a
+# slow test `@pytest.mark.robustness` (tests/robustness/ holds them) and it runs here, not in `make test`.
+test-robustness: venv export-deps system-deps
+	$(BIN)/python -m pytest -m robustness
 
 # Slow, not part of `make test` (needs root and a Docker engine): builds the x86 image and waits for healthy.
 test-image:

@@ -299,6 +299,8 @@ class Daemon:
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
         self.verdicts.reload(new.rules)
+        if self.api is not None and (restart := self.api.apply(new.api)):
+            log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))
         for name, cfg in new_cams.items():
             if name not in self.rigs:
                 self._start_camera(cfg)

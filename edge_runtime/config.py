@@ -15,8 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
-from .offload.config import OffloadConfig
 from .evidence import EvidenceConfig
+from .offload.config import OffloadConfig
 from .rules import Rule, validate_rules
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]

@@ -20,6 +20,7 @@ LIVE = (
     "api.token",  # rotated by the API server on reload (api/)
     "api.allow_remote_image_urls", "api.request_timeout_s",
     "ota",  # read by the update agent, a separate process
+    "rules",  # re-evaluated from the next verdict on (verdicts.py)
 )
 
 

@@ -188,8 +188,6 @@ def test_sigterm_while_starting_up_exits_0_without_a_traceback(tmp_path: Path, d
     assert "Traceback" not in err, err
 
 
-@pytest.mark.xfail(reason="mqtt.py _on_disconnect logs a WARNING on a clean stop (core engineer's file; "
-                   "see the capture report)", strict=False)
 def test_ctrl_c_with_a_broker_logs_no_warning(tmp_path: Path, demo_dir: Path) -> None:
     import signal
 

@@ -15,25 +15,44 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..config import ApiConfig
 from ..errors import EdgeRuntimeError
+from .admission import QUICK_THREADS, Admission, slots
 from .errors import register_error_handlers
 from .events import EventHub
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+STREAM_SECONDS = 300  # an event stream ends after this and the browser resumes it (Last-Event-ID)
+# waitress: idle or slow connections are closed after CHANNEL_TIMEOUT_S without a byte; the
+# maintenance pass that closes them runs every CLEANUP_S. poll() instead of select() so more than
+# 1024 descriptors cannot break the loop.
+CHANNEL_TIMEOUT_S = 10
+CLEANUP_S = 2
+CONNECTION_LIMIT = 500
+# Settings that take effect only when the server is built (see ApiServer.apply).
+RESTART_SETTINGS = ("enabled", "host", "port", "threads")
+
 
 def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
-               events: EventHub | None = None) -> Flask:
+               events: EventHub | None = None, stream_seconds: float = STREAM_SECONDS) -> Flask:
     """Build the app around a running daemon (passed in, never a global)."""
     from . import inspection, openai, page, rest
 
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = int(cfg.max_request_mb * 1024 * 1024)
     app.config["EDGE_API_TOKEN"] = cfg.token.get_secret_value() if cfg.token else None
+    app.config["EDGE_STREAM_SECONDS"] = stream_seconds
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["edge_runtime"] = daemon
     app.extensions["edge_runtime_events"] = events or EventHub()
+    max_streams, max_inference = slots(cfg.threads)
+    # Pixels in flight: room for one image of the largest accepted size, or many small ones.
+    max_pixels = daemon.config.images.max_pixels
+    app.extensions["edge_runtime_admission"] = Admission(max_inference, max_pixels)
+    app.extensions["edge_runtime_streams"] = Admission(max_streams, 0, "event streams")
     metrics = metrics or Metrics(daemon.status)
+    metrics.admission = {"inference": app.extensions["edge_runtime_admission"],
+                         "events": app.extensions["edge_runtime_streams"]}
     app.extensions["edge_runtime_metrics"] = metrics
     for bp in (rest.bp, openai.bp, page.bp):
         app.register_blueprint(bp)
@@ -41,8 +60,11 @@ def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
 
     @app.get("/metrics")
     def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+        # content_type, not mimetype: the latter would append a second charset.
+        return Response(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
+    from .openapi import doc
+    doc("Prometheus metrics", response="text/plain")(prometheus)
     register_error_handlers(app)
     return app
 
@@ -50,15 +72,16 @@ def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
 class ApiServer:
     """Serves the app with waitress in a background thread; a daemon service (start/stop)."""
 
-    def __init__(self, daemon: Any, cfg: ApiConfig) -> None:
+    def __init__(self, daemon: Any, cfg: ApiConfig, stream_seconds: float = STREAM_SECONDS) -> None:
         self.cfg = cfg
         self.events = EventHub()
-        self.metrics = Metrics(daemon.status)
-        self.app = create_app(daemon, cfg, self.metrics, self.events)
+        # Looked up at scrape time, not bound now: what the daemon reports may be replaced or extended.
+        self.metrics = Metrics(lambda: daemon.status(), lambda: daemon.health())
+        self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
         daemon.worker.listeners.append(self._on_result)
         self._server: Any = None
+        self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
 
     def _on_result(self, result: Any) -> None:
         self.metrics.observe(result)
@@ -68,32 +91,61 @@ class ApiServer:
     def port(self) -> int:
         return int(self._server.effective_port) if self._server else self.cfg.port
 
+    def apply(self, cfg: ApiConfig) -> list[str]:
+        """Apply what can change live (token, body limit, timeouts: read per request); return the
+        names of changed settings that need a restart."""
+        old, self.cfg = self.cfg, cfg
+        self.app.config["EDGE_API_TOKEN"] = cfg.token.get_secret_value() if cfg.token else None
+        restart = [name for name in RESTART_SETTINGS if getattr(old, name) != getattr(cfg, name)]
+        if self._server is not None and cfg.max_request_mb * 1024 * 1024 > self._server.adj.max_request_body_size:
+            restart.append("max_request_mb")  # waitress refuses bodies over the bound it started with
+        else:
+            self.app.config["MAX_CONTENT_LENGTH"] = int(cfg.max_request_mb * 1024 * 1024)
+        return restart
+
+    @staticmethod
+    def _body_bound(cfg: ApiConfig) -> int:
+        # waitress stops buffering a body past this (a plain-text 413); below it, Flask answers the
+        # JSON 413 for bodies over api.max_request_mb. Twice the limit leaves room to raise it live.
+        return int(cfg.max_request_mb * 1024 * 1024) * 2 + 1024 * 1024
+
     def start(self) -> None:
         from waitress import create_server
 
         try:
-            self._server = create_server(self.app, host=self.cfg.host, port=self.cfg.port, threads=self.cfg.threads,
-                                         ident="edge-runtime", channel_timeout=120,
-                                         clear_untrusted_proxy_headers=True)
+            self._server = create_server(
+                self.app, map=self._map, host=self.cfg.host, port=self.cfg.port,
+                # api.threads for long requests (verdicts, streams), QUICK_THREADS kept for the rest.
+                threads=self.cfg.threads + QUICK_THREADS, ident="edge-runtime",
+                channel_timeout=CHANNEL_TIMEOUT_S, cleanup_interval=CLEANUP_S,
+                connection_limit=CONNECTION_LIMIT, asyncore_use_poll=True,
+                max_request_body_size=self._body_bound(self.cfg),
+                clear_untrusted_proxy_headers=True)
         except OSError as exc:
             raise EdgeRuntimeError(f"the API cannot listen on {self.cfg.host}:{self.cfg.port} ({exc.strerror}); "
                                    "change api.port or stop the program using it") from None
-        self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
         self._thread.start()
         log.info("api: serving on http://%s:%d/ (status page, REST, OpenAI, /metrics)", self.cfg.host, self.port)
 
-    def _serve(self) -> None:
-        # waitress's own run() loops forever; closing its sockets from another thread races its select().
-        # Turning the loop here lets stop() end it first and close the sockets afterwards.
-        server = self._server
-        socket_map = getattr(server, "_map", None) or getattr(server, "map", None)
-        while not self._stopping.is_set():
-            server.asyncore.loop(timeout=0.2, map=socket_map, use_poll=server.adj.asyncore_use_poll, count=1)
-
     def stop(self) -> None:
         self.events.close()
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(3)
-        if self._server is not None:
-            self._server.close()
+        server = self._server
+        if server is None:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            # Close every socket from inside the loop's own thread (waitress's trigger runs the thunk
+            # there), so nothing races its poll(); an empty map then ends run().
+            server.trigger.pull_trigger(self._close_all)
+            self._thread.join(5)
+        else:
+            self._close_all()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        self._server = None
+
+    def _close_all(self) -> None:
+        for dispatcher in list(self._map.values()):
+            try:
+                dispatcher.close()
+            except OSError:  # already closed by its peer
+                pass

@@ -1,4 +1,8 @@
-"""JSON errors for every failure: a message and a code, never an HTML page or a traceback."""
+"""JSON errors for every failure: a message, a type and the field at fault; never HTML or a traceback.
+
+Client mistakes are 4xx and name the request field (`field`, and `param` as OpenAI clients read it);
+5xx is left for faults of ours.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +10,69 @@ import logging
 from typing import Any
 
 from flask import Flask, jsonify, request
+from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
+
+from ..errors import ImageError, ImageTooLarge, InputError
 
 log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None,
+                 field: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.field = status, code, message, field
         self.headers = headers or {}
 
 
-def _body(status: int, code: str, message: str) -> dict[str, Any]:
-    # OpenAI clients read error.message/type/code; our own clients read the same object.
-    return {"error": {"message": message, "type": code, "code": status}}
+def invalid(field: str, message: str, status: int = 400) -> ApiError:
+    """A 4xx naming the request field (dotted path)."""
+    return ApiError(status, "invalid_request_error", f"{field}: {message}", field=field)
+
+
+_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def from_validation(exc: ValidationError, prefix: str = "") -> ApiError:
+    """The first pydantic error as one line naming its field (e.g. `messages.0.content`)."""
+    err = exc.errors(include_url=False)[0]
+    # pydantic puts union member tags in the path ("str", "constrained-str", "list[ContentPart]"): drop them
+    parts = [str(p) for p in err["loc"] if isinstance(p, int) or not (p in _TAGS or "[" in p or "-" in p)]
+    where = ".".join(parts) or "body"
+    return invalid(f"{prefix}{where}" if where != "body" or not prefix else prefix.rstrip("."), err["msg"])
+
+
+def from_input_error(exc: InputError) -> ApiError:
+    status = exc.status if 400 <= exc.status < 500 else 400
+    return ApiError(status, "invalid_request_error", str(exc), field=exc.field)
+
+
+def from_image_error(exc: ImageError, field: str) -> ApiError:
+    if isinstance(exc, ImageTooLarge):
+        return ApiError(413, "image_too_large", str(exc), field=field)
+    return ApiError(400, "invalid_image", str(exc), field=field)
+
+
+def body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
+    # OpenAI clients read error.message/type/code/param; our own clients read the same object.
+    error: dict[str, Any] = {"message": message, "type": code, "code": status}
+    if field is not None:
+        error["field"] = error["param"] = field
+    return {"error": error}
 
 
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def api_error(exc: ApiError) -> Any:
-        response = jsonify(_body(exc.status, exc.code, exc.message))
+        response = jsonify(body(exc.status, exc.code, exc.message, exc.field))
         response.status_code = exc.status
         response.headers.update(exc.headers)
         return response
+
+    @app.errorhandler(InputError)
+    def input_error(exc: InputError) -> Any:
+        return api_error(from_input_error(exc))
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
@@ -38,13 +81,18 @@ def register_error_handlers(app: Flask) -> None:
         if status == 413:
             limit = app.config.get("MAX_CONTENT_LENGTH") or 0
             message = f"the request body is larger than the limit of {limit // (1024 * 1024)} MB"
-        response = jsonify(_body(status, exc.name.lower().replace(" ", "_"), message))
+        response = jsonify(body(status, exc.name.lower().replace(" ", "_"), message))
         response.status_code = status
+        if status == 405 and exc.response is None:
+            # werkzeug keeps the allowed methods on the exception; clients need them in `Allow`.
+            valid = getattr(exc, "valid_methods", None)
+            if valid:
+                response.headers["Allow"] = ", ".join(sorted(valid))
         return response
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> Any:
         log.exception("api: %s %s failed", request.method, request.path)
-        response = jsonify(_body(500, "internal_error", f"{type(exc).__name__}: {exc}"))
+        response = jsonify(body(500, "internal_error", f"{type(exc).__name__}: {exc}"))
         response.status_code = 500
         return response

@@ -16,16 +16,23 @@ from prometheus_client.registry import Collector
 from ..offload.metrics import offload_metrics
 from ..result import STAGES, Result
 
-_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000)
+# Seconds, as Prometheus names and units want them (1 ms .. 30 s).
+_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 _CAMERA_STATES = ("connecting", "streaming", "reconnecting", "failed", "ended", "stopped")
 
 
 class StatusCollector(Collector):
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
-        self.status = status
+    def __init__(self, status: Callable[[], dict[str, Any]],
+                 health: Callable[[], dict[str, Any]] | None = None,
+                 admission: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.status, self.health, self.admission = status, health, admission
 
     def collect(self) -> Iterator[Any]:
         s = self.status()
+        yield from health_metrics(s.get("health") or (self.health() if self.health else None))
+        yield from thread_metrics(s.get("threads"))
+        if self.admission is not None:
+            yield from admission_metrics(self.admission())
         frames = CounterMetricFamily("edge_camera_frames", "Frames per camera by outcome",
                                      labels=["camera", "outcome"])
         state = GaugeMetricFamily("edge_camera_state", "1 for the camera's current state",
@@ -55,6 +62,40 @@ class StatusCollector(Collector):
         yield from offload_metrics(s.get("offload"))
 
 
+def health_metrics(health: dict[str, Any] | None) -> Iterator[Any]:
+    if not health:
+        return
+    yield GaugeMetricFamily("edge_runtime_ready", "1 when ready and not degraded",
+                            value=1.0 if health.get("ready") else 0.0)
+    degraded = GaugeMetricFamily("edge_runtime_degraded", "1 per fault that stops inspection or delivery",
+                                 labels=["reason"])
+    for reason in health.get("reasons") or []:
+        degraded.add_metric([str(reason)], 1.0)
+    yield degraded
+
+
+def thread_metrics(threads: dict[str, Any] | None) -> Iterator[Any]:
+    """Supervised pipeline threads, when the daemon reports them ({name: {alive, restarts}})."""
+    if not threads:
+        return
+    alive = GaugeMetricFamily("edge_runtime_thread_alive", "1 while the thread runs", labels=["thread"])
+    restarts = CounterMetricFamily("edge_runtime_thread_restarts", "Restarts after the thread died",
+                                   labels=["thread"])
+    for name, t in threads.items():
+        alive.add_metric([name], 1.0 if t.get("alive") else 0.0)
+        restarts.add_metric([name], t.get("restarts", 0))
+    yield from (alive, restarts)
+
+
+def admission_metrics(gates: dict[str, Any]) -> Iterator[Any]:
+    in_flight = GaugeMetricFamily("edge_api_in_flight", "Admitted requests holding a thread", labels=["kind"])
+    refused = CounterMetricFamily("edge_api_refused", "Requests refused at admission (429/503)", labels=["kind"])
+    for kind, gate in gates.items():
+        in_flight.add_metric([kind], gate.in_flight)
+        refused.add_metric([kind], gate.refused)
+    yield from (in_flight, refused)
+
+
 def governor_metrics(gov: dict[str, Any] | None) -> Iterator[Any]:
     if not gov:
         return
@@ -74,20 +115,22 @@ def governor_metrics(gov: dict[str, Any] | None) -> Iterator[Any]:
 class Metrics:
     """The registry plus the result-driven instruments."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]],
+                 health: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.stage = Histogram("edge_stage_latency_ms", "Pipeline stage latency in milliseconds",
-                               ["stage"], buckets=_BUCKETS_MS, registry=self.registry)
+        self.admission: dict[str, Any] = {}  # filled by the app factory: kind -> Admission
+        self.stage = Histogram("edge_stage_latency_seconds", "Pipeline stage latency in seconds",
+                               ["stage"], buckets=_BUCKETS_S, registry=self.registry)
         self.results = Counter("edge_results", "Results by camera and verdict", ["camera", "verdict"],
                                registry=self.registry)
         self.energy = Counter("edge_inspection_energy_joules", "Energy spent on inspections",
                               registry=self.registry)
-        self.registry.register(StatusCollector(status))
+        self.registry.register(StatusCollector(status, health, lambda: self.admission))
 
     def observe(self, result: Result) -> None:
         for stage in STAGES:
             if stage in result.timings_ms:
-                self.stage.labels(stage).observe(result.timings_ms[stage])
+                self.stage.labels(stage).observe(result.timings_ms[stage] / 1000.0)
         defect = result.verdict.get("defect")
         label = "defect" if defect is True else "ok" if defect is False else "other"
         self.results.labels(result.camera, label).inc()

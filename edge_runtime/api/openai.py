@@ -7,59 +7,28 @@ json_schema/json_object constrain the output with the same strict grammar as ins
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import queue
+import random
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Generator
+from typing import Any
 
-from flask import Blueprint, Response, jsonify, request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from flask import Blueprint, Response, jsonify
 
 from ..grammar import schema_to_grammar
 from ..language import Sampling
 from ..scheduler import InspectionRequest
+from .admission import Ticket
 from .auth import require_access
-from .errors import ApiError
-from .rest import daemon, decode_upload, submit, wait_result
+from .errors import ApiError, invalid
+from .models import CHARS_PER_TOKEN, MAX_TEXT_CHARS, AnyObject, ChatRequest, ContentPart, Message, ModelList
+from .openapi import doc
+from .rest import Closing, admission, daemon, decode_base64, decode_upload, json_body, submit, validate, wait_result
 
 bp = Blueprint("openai", __name__)
-
-
-class ImageUrl(BaseModel):
-    url: str
-    detail: str | None = None
-
-
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["text", "image_url"]
-    text: str | None = None
-    image_url: ImageUrl | None = None
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # vLLM clients send many optional knobs
-    model: str | None = None
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=8192)
-    max_completion_tokens: int | None = Field(None, ge=1, le=8192)
-    temperature: float = Field(0.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    n: int = Field(1, ge=1, le=1)
-    response_format: dict[str, Any] | None = None
+MIN_TEMPERATURE = 1e-3
 
 
 def _model_id() -> str:
@@ -67,6 +36,7 @@ def _model_id() -> str:
 
 
 @bp.get("/v1/models")
+@doc("OpenAI-compatible model list", response=ModelList)
 def models() -> Any:
     d = daemon()
     data = []
@@ -93,46 +63,60 @@ def _grammar(fmt: dict[str, Any] | None) -> str | None:
     raise ApiError(400, "invalid_request_error", f"unsupported response_format type {fmt['type']!r}")
 
 
-def _image_bytes(url: str) -> bytes:
+def _image_bytes(url: str, field: str) -> bytes:
     if url.startswith("data:"):
-        header, _, payload = url.partition(",")
+        header = url[:url.find(",")] if "," in url else url[:64]
         if ";base64" not in header:
-            raise ApiError(400, "invalid_request_error", "image data URLs must be base64 encoded")
-        try:
-            return base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError(400, "invalid_request_error", "the image data URL is not valid base64") from None
+            raise invalid(field, "image data URLs must be base64 encoded")
+        return decode_base64(url, field)
     if url.startswith(("http://", "https://")):
         if not daemon().config.api.allow_remote_image_urls:
-            raise ApiError(400, "invalid_request_error",
-                           "remote image URLs are disabled on this device; send a data: URL "
-                           "(or enable api.allow_remote_image_urls)")
+            raise invalid(field, "remote image URLs are disabled on this device; send a data: URL "
+                          "(or enable api.allow_remote_image_urls)")
         import urllib.request
 
         limit = int(daemon().config.api.max_request_mb * 1024 * 1024)
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            data: bytes = resp.read(limit + 1)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                data: bytes = resp.read(limit + 1)
+        except (OSError, ValueError) as exc:
+            raise invalid(field, f"the image could not be fetched ({exc})") from None
         if len(data) > limit:
-            raise ApiError(413, "image_too_large", "the remote image is larger than the request limit")
+            raise ApiError(413, "image_too_large", f"{field}: the remote image is larger than the request limit",
+                           field=field)
         return data
-    raise ApiError(400, "invalid_request_error", "image_url must be a data: URL or an http(s) URL")
+    raise invalid(field, "image_url must be a data: URL or an http(s) URL")
 
 
-def _conversation(messages: list[Message]) -> tuple[str | None, str, bytes | None]:
-    """(system text, conversation text for the prompt slot, the image bytes if any)."""
+def _check_text(messages: list[Message], context: int) -> None:
+    """Refuse text that cannot fit the context before anything is tokenized (a cheap character bound;
+    the model layer makes the exact token check)."""
+    total = 0
+    for m in messages:
+        parts = [m.content] if isinstance(m.content, str) else [p.text or "" for p in (m.content or [])]
+        total += sum(len(p) for p in parts)
+    limit = min(MAX_TEXT_CHARS, context * CHARS_PER_TOKEN)
+    if total > limit:
+        raise invalid("messages", f"the text has {total} characters; this model's context of {context} tokens "
+                      f"takes at most about {limit}")
+
+
+def _conversation(messages: list[Message]) -> tuple[str | None, str, tuple[bytes, str] | None]:
+    """(system text, conversation text for the prompt slot, the image bytes and their field if any)."""
     system: list[str] = []
     turns: list[str] = []
-    image: bytes | None = None
-    for m in messages:
+    image: tuple[bytes, str] | None = None
+    for i, m in enumerate(messages):
         parts = [ContentPart(type="text", text=m.content)] if isinstance(m.content, str) else (m.content or [])
         text = []
-        for part in parts:
+        for j, part in enumerate(parts):
             if part.type == "text" and part.text:
                 text.append(part.text)
             elif part.type == "image_url" and part.image_url is not None:
+                field = f"messages.{i}.content.{j}.image_url.url"
                 if image is not None:
-                    raise ApiError(400, "invalid_request_error", "this model takes one image per request")
-                image = _image_bytes(part.image_url.url)
+                    raise invalid(field, "this model takes one image per request")
+                image = (_image_bytes(part.image_url.url, field), field)
         joined = "\n".join(text)
         if m.role in ("system", "developer"):
             system.append(joined)
@@ -144,23 +128,48 @@ def _conversation(messages: list[Message]) -> tuple[str | None, str, bytes | Non
 
 
 @bp.post("/v1/chat/completions")
+@doc("OpenAI-compatible chat completions with image_url parts", body={"application/json": ChatRequest},
+     response=AnyObject, errors=(400, 401, 403, 404, 413, 429, 504), secured=True, body_required=True)
 @require_access
 def chat_completions() -> Any:
+    ticket = admission().enter()  # before the body is parsed or any image decoded
     try:
-        req = ChatRequest.model_validate(request.get_json(force=True, silent=False))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ApiError(400, "invalid_request_error", f"{where}: {err['msg']}") from None
+        response = _chat(ticket)
+    except BaseException:
+        ticket.release()
+        raise
+    if not response.is_streamed:
+        ticket.release()
+    return response
+
+
+def _chat(ticket: Ticket) -> Any:
+    req: ChatRequest = validate(ChatRequest, json_body(force=True))
     d = daemon()
-    if req.model and req.model not in (_model_id(), d.inspector.model_name, "default"):
-        raise ApiError(404, "model_not_found", f"model {req.model!r} is not served here; see /v1/models")
+    inspector = d.inspector
+    if inspector is None:
+        raise ApiError(503, "not_ready", "the model is not loaded yet", headers={"Retry-After": "5"})
+    if req.model and req.model not in (_model_id(), inspector.model_name, "default"):
+        raise ApiError(404, "model_not_found", f"model {req.model[:128]!r} is not served here; see /v1/models",
+                       field="model")
+    context = d.config.model.context_size
+    asked = req.max_completion_tokens or req.max_tokens
+    if asked is not None and asked >= context:
+        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        raise invalid(name, f"{asked} is not less than this model's context of {context} tokens "
+                      "(prompt and answer share it)")
+    _check_text(req.messages, context)
     system, prompt, image_bytes = _conversation(req.messages)
-    frame = decode_upload(image_bytes) if image_bytes is not None else None
-    grammar = _grammar(req.response_format)
-    max_tokens = req.max_completion_tokens or req.max_tokens or d.inspector.max_tokens
+    frame = decode_upload(image_bytes[0], ticket, image_bytes[1]) if image_bytes is not None else None
+    fmt = req.response_format.model_dump(by_alias=True, exclude_none=True) if req.response_format else None
+    grammar = _grammar(fmt)
+    max_tokens = asked or inspector.max_tokens
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    sampling = Sampling(req.temperature, req.top_p, req.seed if req.seed is not None else 0)
+    seed = req.seed if req.seed is not None and req.seed >= 0 else random.randrange(2**32)
+    # Below MIN_TEMPERATURE sampling is greedy in all but name, and a denormal one (2e-313, found by
+    # fuzzing) overflows the sampler's division into NaN probabilities: take it as greedy.
+    temperature = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
+    sampling = Sampling(temperature, req.top_p, seed)
     deltas: queue.Queue[str | None] = queue.Queue()
 
     def job(inspector: Any) -> Any:
@@ -185,12 +194,12 @@ def chat_completions() -> Any:
                       "total_tokens": gen.prompt_tokens + gen.tokens},
         })
     stream = _stream(future, deltas, completion_id, created, _model_id(), d.config.api.request_timeout_s)
-    return Response(stream, mimetype="text/event-stream",
+    return Response(Closing(stream, ticket.release), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 def _stream(future: Any, deltas: queue.Queue[str | None], cid: str, created: int, model: str,
-            timeout: float) -> Iterator[str]:
+            timeout: float) -> Generator[str, None, None]:
     """OpenAI chunk events; runs after the view returned, so it gets what it needs as arguments."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:

@@ -1,113 +1,133 @@
-"""The OpenAPI 3.1 document of the HTTP API (served at /api/v1/openapi.json)."""
+"""The OpenAPI 3.1 document, generated from the routes and their pydantic models.
+
+Each view carries its spec (`@doc`) beside its route; the document walks Flask's URL map and
+pydantic's `models_json_schema`, so validation, docs and fuzzing read one source and a new route
+without a spec fails a test. Why not a framework (flask-openapi3, spectree): see docs/decisions.md.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from flask import current_app
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
 from .. import __version__
 
-_ERROR = {"$ref": "#/components/schemas/Error"}
-_RESULT = {"$ref": "#/components/schemas/Result"}
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ERROR_TEXT = {400: "Invalid request: `error.field` names the field", 401: "Missing or wrong token",
+               403: "Remote caller without a configured token", 404: "Not found",
+               405: "Method not allowed (see Allow)", 409: "Camera has no frame yet",
+               413: "Body or image too large", 415: "Wrong content type",
+               429: "Too many requests or event streams in flight, or the queue is full (see Retry-After)",
+               503: "Not ready or degraded (see Retry-After)",
+               504: "No verdict in time"}
+
+
+@dataclass
+class Spec:
+    summary: str
+    query: type[BaseModel] | None = None
+    body: dict[str, type[BaseModel]] = field(default_factory=dict)
+    response: type[BaseModel] | str | None = None  # a model (JSON) or a media type
+    errors: tuple[int, ...] = ()
+    secured: bool = False
+    body_required: bool = False
+
+
+def doc(summary: str, *, query: type[BaseModel] | None = None, body: dict[str, type[BaseModel]] | None = None,
+        response: type[BaseModel] | str | None = None, errors: tuple[int, ...] = (),
+        secured: bool = False, body_required: bool = False) -> Callable[[F], F]:
+    """Attach the OpenAPI description to a view (read back from the URL map)."""
+
+    def attach(view: F) -> F:
+        setattr(view, "__openapi__", Spec(summary, query, body or {}, response, errors, secured,  # noqa: B010
+                                          body_required))
+        return view
+
+    return attach
+
+
+def _ref(model: type[BaseModel]) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
 def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Bad request or image", 401: "Missing or wrong token", 403: "Remote caller without token",
-            404: "Not found", 409: "Camera has no frame yet", 413: "Body or image too large",
-            415: "Wrong content type", 429: "Inspection queue full (see Retry-After)",
-            503: "Not ready", 504: "No verdict in time"}
-    return {str(c): _json(_ERROR, text[c]) for c in codes}
+def _models(specs: list[Spec]) -> list[type[BaseModel]]:
+    from .models import ErrorBody
+
+    found: list[type[BaseModel]] = [ErrorBody]
+    for s in specs:
+        candidates = [s.query, s.response, *s.body.values()]
+        found += [m for m in candidates if isinstance(m, type) and issubclass(m, BaseModel) and m not in found]
+    return found
+
+
+def _operation(spec: Spec, path_params: list[str]) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": spec.summary}
+    params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string", "maxLength": 128}}
+              for p in path_params]
+    if spec.query is not None:
+        schema = spec.query.model_json_schema()
+        for name, prop in schema.get("properties", {}).items():
+            prop = {k: v for k, v in prop.items() if k not in ("title", "default")}
+            if "anyOf" in prop:  # `int | None` is "may be left out" in a query string
+                prop = {**next(a for a in prop.pop("anyOf") if a.get("type") != "null"), **prop}
+            params.append({"name": name, "in": "query", "required": False, "schema": prop,
+                           **({"description": prop["description"]} if "description" in prop else {})})
+    if params:
+        op["parameters"] = params
+    if spec.body:
+        op["requestBody"] = {"required": spec.body_required,
+                             "content": {t: {"schema": _ref(m)} for t, m in spec.body.items()}}
+    if isinstance(spec.response, str):
+        ok: dict[str, Any] = {"description": "OK", "content": {spec.response: {}}}
+    elif spec.response is not None:
+        ok = _json(_ref(spec.response))
+    else:
+        ok = {"description": "OK"}
+    error = {"$ref": "#/components/schemas/ErrorBody"}
+    op["responses"] = {"200": ok, **{str(c): _json(error, _ERROR_TEXT[c]) for c in spec.errors}}
+    if spec.secured:
+        op["security"] = [{"bearer": []}]
+    return op
 
 
 def openapi_document() -> dict[str, Any]:
-    secured: list[dict[str, list[str]]] = [{"bearer": []}]
+    """Walk the app's routes; every documented view becomes an operation."""
+    paths: dict[str, dict[str, Any]] = {}
+    specs: list[Spec] = []
+    for rule in current_app.url_map.iter_rules():
+        spec = getattr(current_app.view_functions[rule.endpoint], "__openapi__", None)
+        if spec is None:
+            continue
+        path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            paths.setdefault(path, {})[method.lower()] = _operation(spec, list(rule.arguments))
+        specs.append(spec)
+    _, schemas = models_json_schema([(m, "validation") for m in _models(specs)],
+                                    ref_template="#/components/schemas/{model}")
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "edge-runtime", "version": __version__,
                  "description": "Inspection device API. Inference and mutating endpoints need a Bearer token "
                                 "when one is configured, otherwise they answer loopback clients only."},
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {
-                    "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                                                     "code": {"type": "integer"}}}}},
-                "Result": {"type": "object", "required": ["id", "device", "camera", "ts", "frame", "verdict",
-                                                          "text", "model", "timings_ms"],
-                           "properties": {
-                               "id": {"type": "string"}, "device": {"type": "string"},
-                               "camera": {"type": "string"}, "ts": {"type": "string", "format": "date-time"},
-                               "frame": {"type": "object", "properties": {
-                                   "seq": {"type": "integer"}, "width": {"type": "integer"},
-                                   "height": {"type": "integer"}}},
-                               "verdict": {"type": "object", "description": "Valid against the bundle's schema"},
-                               "text": {"type": "string"}, "model": {"type": "string"},
-                               "prompt": {"type": "string"},
-                               "timings_ms": {"type": "object", "additionalProperties": {"type": "number"}},
-                               "governor": {"type": ["object", "null"]},
-                               "energy_j": {"type": ["number", "null"]}}},
-            },
-        },
-        "paths": {
-            "/healthz": {"get": {"summary": "Process is alive", "responses": {"200": _json({"type": "object"})}}},
-            "/readyz": {"get": {"summary": "Model loaded and warmed up",
-                                "responses": {"200": _json({"type": "object"}), **_errors(503)}}},
-            "/api/v1/status": {"get": {"summary": "Device, model, cameras, queue, MQTT, governor",
-                                       "responses": {"200": _json({"type": "object"})}}},
-            "/api/v1/results": {"get": {
-                "summary": "Results from the journal, newest first",
-                "parameters": [
-                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-                    {"name": "camera", "in": "query", "schema": {"type": "string"}},
-                    {"name": "since", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-                    {"name": "until", "in": "query", "schema": {"type": "string", "format": "date-time"}},
-                    {"name": "before", "in": "query", "description": "journal_seq cursor from next_before",
-                     "schema": {"type": "integer"}}],
-                "responses": {"200": _json({"type": "object", "properties": {
-                    "results": {"type": "array", "items": _RESULT},
-                    "next_before": {"type": ["integer", "null"]}}}), **_errors(400)}}},
-            "/api/v1/results/{id}": {"get": {
-                "summary": "One result", "parameters": [{"name": "id", "in": "path", "required": True,
-                                                          "schema": {"type": "string"}}],
-                "responses": {"200": _json(_RESULT), **_errors(404)}}},
-            "/api/v1/cameras/{name}/frame.jpg": {"get": {
-                "summary": "Latest frame of a camera",
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "JPEG", "content": {"image/jpeg": {}}}, **_errors(404)}}},
-            "/api/v1/cameras/{name}/trigger": {"post": {
-                "summary": "Inspect the camera's newest frame now", "security": secured,
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                    "type": "object", "properties": {"prompt": {"type": "string"}}}}}},
-                "responses": {"200": _json(_RESULT), **_errors(401, 403, 404, 409, 429, 504)}}},
-            "/api/v1/infer": {"post": {
-                "summary": "Inspect an uploaded image", "security": secured,
-                "requestBody": {"required": True, "content": {
-                    "multipart/form-data": {"schema": {"type": "object", "required": ["image"], "properties": {
-                        "image": {"type": "string", "format": "binary"}, "prompt": {"type": "string"}}}},
-                    "application/json": {"schema": {"type": "object", "required": ["image"], "properties": {
-                        "image": {"type": "string", "contentEncoding": "base64"},
-                        "prompt": {"type": "string"}}}}}},
-                "responses": {"200": _json(_RESULT), **_errors(400, 401, 403, 413, 415, 429, 504)}}},
-            "/api/v1/events": {"get": {"summary": "Server-sent events: `result` per new verdict",
-                                       "responses": {"200": {"description": "text/event-stream"}}}},
-            "/api/v1/openapi.json": {"get": {"summary": "This document",
-                                             "responses": {"200": _json({"type": "object"})}}},
-            "/v1/models": {"get": {"summary": "OpenAI-compatible model list",
-                                   "responses": {"200": _json({"type": "object"})}}},
-            "/v1/chat/completions": {"post": {
-                "summary": "OpenAI-compatible chat completions with image_url parts", "security": secured,
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}},
-                "responses": {"200": _json({"type": "object"}), **_errors(400, 401, 403, 413, 429, 504)}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text"}}}},
-            "/": {"get": {"summary": "Status page for technicians", "responses": {"200": {"description": "HTML"}}}},
-        },
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+                       "schemas": schemas.get("$defs", {})},
+        "paths": dict(sorted(paths.items())),
     }
     from .inspection import RESULT_FIELDS, openapi_paths  # issue 17: evidence, queries, review
 
     doc["paths"].update(openapi_paths())
-    doc["components"]["schemas"]["Result"]["properties"].update(RESULT_FIELDS)
+    result = doc["components"]["schemas"].get("ResultModel")
+    if result is not None:
+        result.setdefault("properties", {}).update(RESULT_FIELDS)
     return doc

@@ -1,4 +1,8 @@
-"""REST endpoints of DESIGN.md: health, status, results, frames, infer, trigger, live events."""
+"""REST endpoints of DESIGN.md: health, status, results, frames, infer, trigger, live events.
+
+Inference requests pass admission (count and pixels in flight) before their body is parsed, and
+every input is bounded by the request models in `models.py` before it costs a decode.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +10,62 @@ import base64
 import binascii
 import json
 import queue
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from pydantic import BaseModel, ValidationError
 
-from ..errors import EdgeRuntimeError, ImageError, ImageTooLarge
+from ..errors import EdgeRuntimeError, ImageError, InputError, StorageFull
 from ..scheduler import QueueFull
 from ..vision import decode_image
+from .admission import RETRY_AFTER_S, Admission, Ticket, image_size, parse_json
 from .auth import require_access
-from .errors import ApiError
-from .openapi import openapi_document
+from .errors import ApiError, from_image_error, from_input_error, from_validation, invalid
+from .events import SHUTDOWN, EventHub
+from .models import (
+    Alive,
+    AnyObject,
+    EventsQuery,
+    InferJson,
+    InferMultipart,
+    Readiness,
+    ResultModel,
+    ResultsPage,
+    ResultsQuery,
+    TriggerBody,
+)
+from .openapi import doc, openapi_document
 
 bp = Blueprint("rest", __name__)
-RETRY_AFTER_S = 2
+KEEPALIVE_S = 5.0
 
 
 def daemon() -> Any:
     return current_app.extensions["edge_runtime"]
+
+
+def admission() -> Admission:
+    gate: Admission = current_app.extensions["edge_runtime_admission"]
+    return gate
+
+
+def validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(exc, prefix) from None
+
+
+def json_body(force: bool = False) -> Any:
+    """The request's JSON, size-bounded by MAX_CONTENT_LENGTH and depth-bounded before it is parsed.
+    `force`: whatever the Content-Type says (OpenAI clients and `curl -d` differ on it)."""
+    if not force and not request.is_json:
+        raise ApiError(415, "unsupported_media_type", "send application/json", field="body")
+    return parse_json(request.get_data(cache=True))
 
 
 def wait_result(future: Future[Any]) -> Any:
@@ -34,51 +74,89 @@ def wait_result(future: Future[Any]) -> Any:
         return future.result(timeout=timeout)
     except FutureTimeout:
         raise ApiError(504, "timeout", f"no verdict within {timeout:.0f} s") from None
+    except InputError as exc:  # the model layer refused the input (e.g. longer than the context)
+        raise from_input_error(exc) from None
+    except ImageError as exc:
+        raise from_image_error(exc, "image") from None
+    except StorageFull as exc:
+        raise storage_full(exc) from None
     except EdgeRuntimeError as exc:
         raise ApiError(500, "inference_failed", str(exc)) from None
 
 
-def submit(fn: Any, *args: Any, **kwargs: Any) -> Future[Any]:
+def submit(fn: Callable[..., Future[Any]], *args: Any, **kwargs: Any) -> Future[Any]:
     """Put work on the shared inspection queue; a full queue is 429 with Retry-After."""
     try:
         return fn(*args, **kwargs)
     except QueueFull as exc:
         raise ApiError(429, "queue_full", f"{exc}; retry shortly",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except InputError as exc:
+        raise from_input_error(exc) from None
+    except StorageFull as exc:
+        raise storage_full(exc) from None
 
 
-def decode_upload(data: bytes) -> Any:
+def storage_full(exc: StorageFull) -> ApiError:
+    """The device cannot journal verdicts now (disk full): a fault of the device, healing by itself."""
+    return ApiError(503, "storage_full", str(exc), headers={"Retry-After": str(RETRY_AFTER_S * 5)})
+
+
+def decode_base64(text: str, field: str) -> bytes:
+    """Base64 (or a data: URL's payload) to bytes, its size checked before anything is decoded."""
+    payload = text.split(",", 1)[-1] if text.startswith("data:") else text
+    limit = int(daemon().config.api.max_request_mb * 1024 * 1024)
+    if len(payload) // 4 * 3 > limit:
+        raise ApiError(413, "image_too_large", f"{field}: the image is larger than {limit // (1024 * 1024)} MB",
+                       field=field)
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(field, "not valid base64") from None
+
+
+def decode_upload(data: bytes, ticket: Ticket | None = None, field: str = "image") -> Any:
+    """Reserve the image's pixels (read from its header) with admission, then decode it."""
     limits = daemon().config.images
+    size = image_size(data)
+    if ticket is not None and size is not None and size[0] * size[1] <= limits.max_pixels:
+        ticket.reserve_pixels(size[0], size[1], field)
     try:
         return decode_image(data, limits.max_pixels, limits.min_side)
-    except ImageTooLarge as exc:
-        raise ApiError(413, "image_too_large", str(exc)) from None
     except ImageError as exc:
-        raise ApiError(400, "invalid_image", str(exc)) from None
+        raise from_image_error(exc, field) from None
 
 
 # ---- health and status ---------------------------------------------------------------------
 
 @bp.get("/healthz")
+@doc("Process is alive (answers in milliseconds whatever else runs)", response=Alive)
 def healthz() -> Any:
     return jsonify(status="ok")
 
 
 @bp.get("/readyz")
+@doc("Model loaded and warmed up, no fault (else 503 with state and reasons)", response=Readiness,
+     errors=(503,))
 def readyz() -> Any:
     d = daemon()
-    ready = bool(d.inspector and d.inspector.ready and d.alive())
-    response = jsonify(ready=ready, model=d.inspector.model_name if d.inspector else None)
-    response.status_code = 200 if ready else 503
+    health = d.health()  # cheap by contract: no journal query
+    inspector = d.inspector
+    response = jsonify(**health, model=inspector.model_name if inspector else None)
+    response.status_code = 200 if health["ready"] and health["state"] == "ok" else 503
+    if response.status_code == 503:
+        response.headers["Retry-After"] = "5"
     return response
 
 
 @bp.get("/api/v1/status")
+@doc("Device, model, cameras, queue, journal, MQTT, governor, health", response=AnyObject)
 def status() -> Any:
     return jsonify(daemon().status())
 
 
 @bp.get("/api/v1/openapi.json")
+@doc("This document", response=AnyObject)
 def openapi() -> Any:
     return jsonify(openapi_document())
 
@@ -86,104 +164,139 @@ def openapi() -> Any:
 # ---- results -------------------------------------------------------------------------------
 
 @bp.get("/api/v1/results")
+@doc("Results from the journal, newest first", query=ResultsQuery, response=ResultsPage, errors=(400,))
 def results() -> Any:
-    args = request.args
-    try:
-        limit = int(args.get("limit", 50))
-        before = int(args["before"]) if "before" in args else None
-    except ValueError:
-        raise ApiError(400, "bad_request", "limit and before must be integers") from None
-    if not 1 <= limit <= 1000:
-        raise ApiError(400, "bad_request", "limit must be between 1 and 1000")
-    rows = daemon().journal.query(camera=args.get("camera"), since=args.get("since"), until=args.get("until"),
-                                  limit=limit, before_seq=before)
-    next_before = rows[-1]["journal_seq"] if len(rows) == limit else None
-    return jsonify(results=rows, next_before=next_before)
+    q: ResultsQuery = validate(ResultsQuery, request.args.to_dict())
+    last_event_id = current_app.extensions["edge_runtime_events"].last_id  # before the query: no gap
+    rows = daemon().journal.query(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
+                                  before_seq=q.before)
+    next_before = rows[-1]["journal_seq"] if len(rows) == q.limit else None
+    return jsonify(results=rows, next_before=next_before, last_event_id=last_event_id)
 
 
 @bp.get("/api/v1/results/<result_id>")
+@doc("One result", response=ResultModel, errors=(404,))
 def result(result_id: str) -> Any:
-    found = daemon().journal.get(result_id)
+    found = daemon().journal.get(result_id[:128])
     if found is None:
-        raise ApiError(404, "not_found", f"no result with id {result_id!r}")
+        raise ApiError(404, "not_found", f"no result with id {result_id[:128]!r}", field="result_id")
     return jsonify(found)
 
 
 @bp.get("/api/v1/cameras/<name>/frame.jpg")
+@doc("Latest frame of a camera", response="image/jpeg", errors=(404,))
 def frame(name: str) -> Any:
     try:
         jpeg = daemon().latest_jpeg(name)
     except EdgeRuntimeError as exc:
-        raise ApiError(404, "not_found", str(exc)) from None
+        raise ApiError(404, "not_found", str(exc), field="name") from None
     if jpeg is None:
-        raise ApiError(404, "no_frame", f"camera {name!r} has not delivered a frame yet")
+        raise ApiError(404, "no_frame", f"camera {name!r} has not delivered a frame yet", field="name")
     return Response(jpeg, mimetype="image/jpeg", headers={"Cache-Control": "no-store"})
 
 
 # ---- inference -------------------------------------------------------------------------------
 
 @bp.post("/api/v1/infer")
+@doc("Inspect an uploaded image (not journaled)", body={"multipart/form-data": InferMultipart,
+                                                          "application/json": InferJson},
+     response=ResultModel, errors=(400, 401, 403, 413, 415, 429, 504), secured=True, body_required=True)
 @require_access
 def infer() -> Any:
     """multipart: `image` file + optional `prompt`; or JSON {"image": base64, "prompt": ...}."""
-    if request.mimetype == "multipart/form-data":
-        upload = request.files.get("image")
-        if upload is None:
-            raise ApiError(400, "bad_request", "multipart field 'image' is missing")
-        data, prompt = upload.read(), request.form.get("prompt")
-    elif request.is_json:
-        body = request.get_json(silent=True)
-        if not isinstance(body, dict) or not isinstance(body.get("image"), str):
-            raise ApiError(400, "bad_request", "JSON body needs 'image' as a base64 string")
-        try:
-            data = base64.b64decode(body["image"].split(",", 1)[-1], validate=True)
-        except (binascii.Error, ValueError):
-            raise ApiError(400, "bad_request", "'image' is not valid base64") from None
-        prompt = body.get("prompt")
-    else:
-        raise ApiError(415, "unsupported_media_type", "send multipart/form-data or application/json")
-    if prompt is not None and (not isinstance(prompt, str) or len(prompt) > 4000):
-        raise ApiError(400, "bad_request", "'prompt' must be a string of at most 4000 characters")
-    image = decode_upload(data)
-    return jsonify(wait_result(submit(daemon().submit_image, image, prompt)).to_dict())
+    with admission().admitted() as ticket:  # before the body is parsed or decoded
+        if request.mimetype == "multipart/form-data":
+            upload = request.files.get("image")
+            if upload is None:
+                raise invalid("image", "the multipart field 'image' is missing")
+            form = validate(TriggerBody, {"prompt": request.form.get("prompt")})  # the form's prompt field
+            data, prompt = upload.read(), form.prompt
+        elif request.is_json:
+            body = validate(InferJson, json_body())
+            data, prompt = decode_base64(body.image, "image"), body.prompt
+        else:
+            raise ApiError(415, "unsupported_media_type", "send multipart/form-data or application/json",
+                           field="body")
+        image = decode_upload(data, ticket)
+        return jsonify(wait_result(submit(daemon().submit_image, image, prompt)).to_dict())
 
 
 @bp.post("/api/v1/cameras/<name>/trigger")
+@doc("Inspect the camera's newest frame now (journaled and published)", body={"application/json": TriggerBody},
+     response=ResultModel, errors=(400, 401, 403, 404, 409, 429, 504), secured=True)
 @require_access
 def trigger(name: str) -> Any:
-    body = request.get_json(silent=True) if request.data else {}
-    prompt = body.get("prompt") if isinstance(body, dict) else None
-    d = daemon()
-    if name not in d.rigs:
-        raise ApiError(404, "not_found", f"no camera named {name!r}")
-    try:
-        future = submit(d.trigger, name, prompt)
-    except EdgeRuntimeError as exc:
-        raise ApiError(409, "no_frame", str(exc)) from None
-    return jsonify(wait_result(future).to_dict())
+    with admission().admitted():
+        body = validate(TriggerBody, json_body() if request.get_data(cache=True).strip() else {})
+        d = daemon()
+        if name not in d.rigs:
+            raise ApiError(404, "not_found", f"no camera named {name[:64]!r}", field="name")
+        try:
+            future = submit(d.trigger, name, body.prompt)
+        except (StorageFull, ApiError):
+            raise
+        except EdgeRuntimeError as exc:
+            raise ApiError(409, "no_frame", str(exc), field="name") from None
+        return jsonify(wait_result(future).to_dict())
+
+
+class Closing:
+    """An iterable whose close() runs `on_close` even when the generator never started (a client
+    that left before the first byte), so stream slots and subscriptions are always given back."""
+
+    def __init__(self, gen: Generator[str, None, None], on_close: Callable[[], None]) -> None:
+        self.gen, self.on_close = gen, on_close
+
+    def __iter__(self) -> Iterator[str]:
+        return self.gen
+
+    def close(self) -> None:
+        self.gen.close()
+        self.on_close()
 
 
 # ---- live events -----------------------------------------------------------------------------
 
 @bp.get("/api/v1/events")
+@doc("Server-sent events: `result` per new verdict, each with an id; a stream ends after a while and the "
+     "browser resumes it with Last-Event-ID", query=EventsQuery, response="text/event-stream", errors=(400, 429))
 def events() -> Any:
-    """Server-sent events: `result` for every new verdict; a comment every 15 s keeps proxies open."""
-    hub = current_app.extensions["edge_runtime_events"]
-    q = hub.subscribe()
+    query: EventsQuery = validate(EventsQuery, request.args.to_dict())
+    after = query.last_event_id
+    header = request.headers.get("Last-Event-ID", "").strip()
+    if header:
+        after = validate(EventsQuery, {"last_event_id": header}).last_event_id
+    ticket = current_app.extensions["edge_runtime_streams"].enter()
+    hub: EventHub = current_app.extensions["edge_runtime_events"]
+    lifetime = float(current_app.config["EDGE_STREAM_SECONDS"])
+    q, backlog = hub.subscribe(after)
 
-    def stream() -> Iterator[str]:
+    def frame(event_id: int, event: dict[str, Any]) -> str:
+        return f"id: {event_id}\nevent: result\ndata: {json.dumps(event)}\n\n"
+
+    def release() -> None:
+        hub.unsubscribe(q)
+        ticket.release()
+
+    def stream() -> Generator[str, None, None]:
+        # Ends after `lifetime` so no stream holds a thread for good; `retry` brings the browser back.
         try:
-            yield "retry: 3000\n\n"
-            while not hub.closed:
+            yield "retry: 1000\n\n"
+            for event_id, event in backlog:
+                yield frame(event_id, event)
+            deadline = time.monotonic() + lifetime
+            while not hub.closed and (left := deadline - time.monotonic()) > 0:
                 try:
-                    event = q.get(timeout=15)
+                    # A closed browser is noticed only when a write fails: keep-alive often.
+                    item = q.get(timeout=min(KEEPALIVE_S, left))
                 except queue.Empty:
                     yield ": keep-alive\n\n"
                     continue
-                if event.get("type") != "shutdown":
-                    yield f"event: result\ndata: {json.dumps(event)}\n\n"
+                if item is SHUTDOWN:
+                    break
+                yield frame(*item)
         finally:
-            hub.unsubscribe(q)
+            release()
 
-    return Response(stream(), mimetype="text/event-stream",
+    return Response(Closing(stream(), release), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

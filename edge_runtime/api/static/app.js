@@ -3,6 +3,9 @@
 const $ = (id) => document.getElementById(id);
 const latencies = [];
 const temps = [];
+const powers = [];
+const seen = new Set(); // result ids shown: the first page and the stream may overlap
+let lastEventId = null; // resume point for the event stream (Last-Event-ID)
 const STAGE_COLORS = { capture: "#6c7a89", preprocess: "#9b59b6", encode: "#4aa3ff", prefill: "#2fa84f", decode: "#d9a42b" };
 
 function esc(s) { return String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]); }
@@ -14,12 +17,24 @@ function verdictText(v) {
 }
 function verdictClass(v) { return v && v.defect === true ? "bad" : v && v.defect === false ? "ok" : ""; }
 
-function line(svg, values) {
+// A line chart; fromZero=false scales between the lowest and highest value (temperatures).
+function line(svg, raw, fromZero = true, unit = "") {
+  const values = raw.filter(Number.isFinite);
   if (!values.length) { svg.innerHTML = ""; return; }
-  const max = Math.max(...values) * 1.1 || 1;
+  let lo = fromZero ? 0 : Math.min(...values);
+  let hi = Math.max(...values);
+  if (hi - lo < 1e-9) { lo -= fromZero ? 0 : 1; hi += 1; }
+  if (fromZero) hi *= 1.1; else { const pad = (hi - lo) * 0.1; lo -= pad; hi += pad; }
   const step = values.length > 1 ? 300 / (values.length - 1) : 0;
-  const pts = values.map((v, i) => `${(i * step).toFixed(1)},${(80 - (v / max) * 76).toFixed(1)}`).join(" ");
-  svg.innerHTML = `<polyline points="${pts}"/><text x="4" y="12" fill="#8b96a1" font-size="10">${max.toFixed(0)}</text>`;
+  const y = (v) => (78 - ((v - lo) / (hi - lo)) * 74).toFixed(1);
+  const pts = values.map((v, i) => `${(i * step).toFixed(1)},${y(v)}`).join(" ");
+  const label = (v, yy) => `<text x="4" y="${yy}" fill="#8b96a1" font-size="10">${v.toFixed(hi - lo < 10 ? 1 : 0)}${unit}</text>`;
+  svg.innerHTML = `<polyline points="${pts}"/>${label(hi, 11)}${fromZero ? "" : label(lo, 77)}`;
+}
+
+function legend() {
+  $("stage-legend").innerHTML = Object.entries(STAGE_COLORS)
+    .map(([k, c]) => `<span><i style="background:${c}"></i>${k}</span>`).join("");
 }
 
 function stages(t) {
@@ -64,6 +79,9 @@ function refreshFrame(name) {
 }
 
 function addResult(r) {
+  if (!r || !r.id || seen.has(r.id)) return;
+  seen.add(r.id);
+  if (seen.size > 500) seen.delete(seen.values().next().value);
   const row = document.createElement("tr");
   row.innerHTML = `<td>${esc(r.ts.slice(11, 19))}</td><td>${esc(r.camera)}</td>` +
     `<td class="${verdictClass(r.verdict)}">${esc(verdictText(r.verdict))}</td><td>${r.timings_ms.total.toFixed(0)}</td>`;
@@ -93,17 +111,23 @@ async function poll() {
       `<span>version</span><b>${esc(s.version)}</b><span>uptime</span><b>${Math.round(s.uptime_s)} s</b>` +
       `<span>queue</span><b>${s.inspection.queue_depth}/${s.inspection.queue_size}</b>` +
       `<span>journal</span><b>${s.journal.total}${m.enabled ? ` (${s.journal.unsent} not yet on MQTT)` : ""}</b>`;
+    const h = s.health || { state: "ok", reasons: [] };
+    $("banner").hidden = h.state !== "degraded";
+    $("banner").textContent = h.state === "degraded" ? `Degraded: ${(h.reasons || []).join("; ") || "not ready"}` : "";
     const g = s.governor;
     $("governor-panel").hidden = !g;
     if (g) {
       $("governor").textContent = g.level;
       $("governor").className = "badge " + (g.level === "normal" ? "ok" : g.level === "paused" ? "bad" : "warn");
-      const hottest = Math.max(...Object.values(g.temperatures || { none: 0 }));
-      temps.push(hottest);
+      const readings = Object.values(g.temperatures || {}).filter(Number.isFinite);
+      if (readings.length) temps.push(Math.max(...readings)); // no sensors: no point, not -Infinity
       if (temps.length > 120) temps.shift();
-      line($("thermal"), temps);
+      line($("thermal"), temps, false, " °C");
+      if (Number.isFinite(g.power_w)) powers.push(g.power_w);
+      if (powers.length > 120) powers.shift();
+      line($("power"), powers, true, " W");
       $("thermal-now").innerHTML = Object.entries(g.temperatures || {}).map(([k, v]) => `<span>${esc(k)}</span><b>${v.toFixed(1)} °C</b>`).join("") +
-        (g.power_w != null ? `<span>power</span><b>${g.power_w.toFixed(1)} W</b>` : "") +
+        (Number.isFinite(g.power_w) ? `<span>power</span><b>${g.power_w.toFixed(1)} W</b>` : "") +
         (g.reasons && g.reasons.length ? `<span>why</span><b>${esc(g.reasons.join("; "))}</b>` : "");
     }
   } catch (e) {
@@ -114,17 +138,28 @@ async function poll() {
 
 async function loadRecent() {
   try {
-    const { results } = await (await fetch("/api/v1/results?limit=20", { cache: "no-store" })).json();
-    results.reverse().forEach(addResult);
+    const page = await (await fetch("/api/v1/results?limit=20", { cache: "no-store" })).json();
+    lastEventId = page.last_event_id; // events after this one are replayed by the stream
+    page.results.reverse().forEach(addResult);
   } catch (e) { /* the poll loop reports reachability */ }
 }
 
 function listen() {
-  const es = new EventSource("/api/v1/events");
+  // The server ends each stream after a while; EventSource reconnects by itself with Last-Event-ID.
+  // A refused connection (429: too many streams) closes it for good, so retry by hand from the last id.
+  const url = "/api/v1/events" + (lastEventId != null ? `?last_event_id=${lastEventId}` : "");
+  const es = new EventSource(url);
   es.addEventListener("open", () => { $("live").textContent = "live"; $("live").className = "badge ok"; });
-  es.addEventListener("result", (ev) => addResult(JSON.parse(ev.data)));
-  es.addEventListener("error", () => { $("live").textContent = "reconnecting"; $("live").className = "badge warn"; });
+  es.addEventListener("result", (ev) => {
+    if (ev.lastEventId) lastEventId = Number(ev.lastEventId);
+    addResult(JSON.parse(ev.data));
+  });
+  es.addEventListener("error", () => {
+    $("live").textContent = "reconnecting"; $("live").className = "badge warn";
+    if (es.readyState === EventSource.CLOSED) setTimeout(listen, 5000);
+  });
 }
 
+legend();
 poll().then(loadRecent).then(listen);
 setInterval(poll, 3000);

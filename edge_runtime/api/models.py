@@ -1,0 +1,183 @@
+"""Request and response models of the HTTP API: validation, the OpenAPI document and fuzzing read these.
+
+Every bound a client can hit is here (lengths, counts, ranges), so a bad request is refused with a
+4xx naming its field before it costs a decode, a tokenization or a grammar.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_PROMPT_CHARS = 4000  # REST and trigger prompts: an inspection question, not a document
+MAX_MESSAGES = 64
+MAX_PARTS = 16
+MAX_TEXT_CHARS = 262_144  # absolute cap on one OpenAI request's text; the context bound is usually lower
+CHARS_PER_TOKEN = 8  # generous: real text averages ~4, so a text over ctx*8 chars cannot fit
+INT64_MAX = 2**63 - 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- shared responses ---------------------------------------------------------------------------
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: int
+    field: str | None = Field(None, description="The request field at fault (dotted path), when one is")
+    param: str | None = Field(None, description="Same as `field`, as OpenAI clients read it")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Alive(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    ready: bool
+    state: Literal["ok", "starting", "degraded"]
+    reasons: list[str] = Field(description="Why the device is degraded (e.g. `disk full`)")
+    model: str | None = None
+
+
+class FrameInfoModel(BaseModel):
+    seq: int
+    width: int
+    height: int
+
+
+class ResultModel(BaseModel):
+    """One verdict, as journaled and published over MQTT."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    device: str
+    camera: str
+    ts: str = Field(description="RFC 3339 UTC")
+    frame: FrameInfoModel
+    verdict: dict[str, Any] = Field(description="Valid against the bundle's schema")
+    text: str
+    model: str
+    timings_ms: dict[str, float]
+    prompt: str | None = None
+    governor: dict[str, Any] | None = None
+    energy_j: float | None = None
+    journal_seq: int | None = Field(None, description="Journal order; the `before` cursor")
+
+
+class ResultsPage(BaseModel):
+    results: list[ResultModel]
+    next_before: int | None = Field(description="Pass as `before` for the next (older) page")
+    last_event_id: int = Field(description="Pass to /api/v1/events as `last_event_id` to miss nothing")
+
+
+class AnyObject(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- REST requests --------------------------------------------------------------------------------
+
+class ResultsQuery(_Strict):
+    model_config = ConfigDict(extra="ignore")  # cache-busting parameters are harmless
+    limit: int = Field(50, ge=1, le=1000)
+    before: int | None = Field(None, ge=0, le=INT64_MAX, description="journal_seq cursor from next_before")
+    camera: str | None = Field(None, max_length=64)
+    since: str | None = Field(None, max_length=40, description="RFC 3339 timestamp")
+    until: str | None = Field(None, max_length=40, description="RFC 3339 timestamp")
+
+
+class EventsQuery(_Strict):
+    model_config = ConfigDict(extra="ignore")
+    last_event_id: int | None = Field(None, ge=0, le=INT64_MAX,
+                                      description="Replay events after this id (also read from Last-Event-ID)")
+
+
+class InferJson(_Strict):
+    image: str = Field(min_length=1, description="Base64 (or a data: URL) of a JPEG/PNG/BMP/TIFF/WebP image",
+                       json_schema_extra={"contentEncoding": "base64"})
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+
+
+class InferMultipart(_Strict):
+    image: bytes = Field(json_schema_extra={"format": "binary"})
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+
+
+class TriggerBody(_Strict):
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+
+
+# ---- OpenAI-compatible ---------------------------------------------------------------------------
+
+class ImageUrl(BaseModel):
+    url: str = Field(min_length=1)
+    detail: str | None = Field(None, max_length=16)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "image_url"]
+    text: str | None = Field(None, max_length=MAX_TEXT_CHARS)
+    image_url: ImageUrl | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+              | Annotated[list[ContentPart], Field(max_length=MAX_PARTS)] | None) = None
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = Field("response", max_length=64)
+    description: str | None = Field(None, max_length=1024)
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_needed(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema is required when type is json_schema")
+        return self
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # vLLM clients send many optional knobs
+    model: str | None = Field(None, max_length=128)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1, le=131072, description="At most the model's context")
+    max_completion_tokens: int | None = Field(None, ge=1, le=131072)
+    temperature: float = Field(0.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(None, ge=-1, le=2**32 - 1, description="-1 or empty: a random seed")
+    stop: (Annotated[str, Field(min_length=1, max_length=64)]
+           | Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=4)] | None) = None
+    stream: bool = False
+    n: int = Field(1, ge=1, le=1)
+    response_format: ResponseFormat | None = None
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
