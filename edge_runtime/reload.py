@@ -7,7 +7,9 @@ that silently kept its old value (a rotated API token that still let the old one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from pydantic import BaseModel
 
 from .config import Config
 
@@ -56,13 +58,25 @@ def describe_changes(old: Config, new: Config) -> Changes:
 
 
 def restart_only(old: Config, new: Config) -> Config:
-    """`new`, with every restart-only setting kept at its running value (so status tells the truth)."""
-    merged = new.model_dump()
-    running = old.model_dump()
+    """`new`, with every restart-only setting kept at its running value (so status tells the truth).
+
+    Built by copying validated objects, not by dumping and re-validating: a round trip through
+    `model_dump()` turns unset options into explicit nulls that some validators (rules) refuse.
+    """
+    merged: Any = new
     for key in describe_changes(old, new).restart_needed:
-        *parents, leaf = key.split(".")
-        src, dst = running, merged
-        for p in parents:
-            src, dst = src[p], dst[p]
-        dst[leaf] = src[leaf]
-    return Config.model_validate(merged)
+        merged = _keep(merged, old, key.split("."))
+    return cast(Config, merged)
+
+
+def _keep(new: Any, old: Any, path: list[str]) -> Any:
+    """`new` with the value at `path` taken from `old` (through pydantic models and dicts)."""
+    head, *rest = path
+    if isinstance(new, BaseModel):
+        value = getattr(old, head) if not rest else _keep(getattr(new, head), getattr(old, head), rest)
+        return new.model_copy(update={head: value})
+    if isinstance(new, dict):
+        if head not in old:
+            return {k: v for k, v in new.items() if k != head}
+        return {**new, head: old[head] if not rest or head not in new else _keep(new[head], old[head], rest)}
+    return old  # a list or a leaf: keep the running value whole

@@ -41,14 +41,14 @@ def client(daemon: Daemon) -> FlaskClient:
 
 def test_readiness_is_503_with_state_and_reasons_while_degraded(client: FlaskClient, daemon: Daemon) -> None:
     assert client.get("/readyz").json["state"] == "ok"
-    daemon.faults.add("disk full")
+    daemon.faults.add("offload endpoints down")
     try:
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.headers["Retry-After"]
-        assert ready.json["state"] == "degraded" and ready.json["reasons"] == ["disk full"]
+        assert ready.json["state"] == "degraded" and ready.json["reasons"] == ["offload endpoints down"]
         assert client.get("/healthz").status_code == 200  # alive all the same
     finally:
-        daemon.faults.discard("disk full")
+        daemon.faults.discard("offload endpoints down")
     assert client.get("/readyz").status_code == 200
 
 
@@ -75,12 +75,12 @@ def test_metrics_latency_is_in_seconds(client: FlaskClient, daemon: Daemon) -> N
 
 def test_metrics_expose_readiness_and_degraded_reasons(client: FlaskClient, daemon: Daemon) -> None:
     assert "edge_runtime_ready 1.0" in client.get("/metrics").get_data(as_text=True)
-    daemon.faults.add("disk full")
+    daemon.faults.add("offload endpoints down")
     try:
         text = client.get("/metrics").get_data(as_text=True)
-        assert 'edge_runtime_degraded{reason="disk full"} 1.0' in text and "edge_runtime_ready 0.0" in text
+        assert 'edge_runtime_degraded{reason="offload endpoints down"} 1.0' in text and "edge_runtime_ready 0.0" in text
     finally:
-        daemon.faults.discard("disk full")
+        daemon.faults.discard("offload endpoints down")
 
 
 def test_metrics_render_thread_restarts_when_status_has_them(client: FlaskClient, daemon: Daemon,

@@ -5,7 +5,6 @@ and every result in the device's journal arrives centrally."""
 from __future__ import annotations
 
 import json
-import os
 import string
 import threading
 import time
@@ -73,8 +72,7 @@ def brokers(tmp_path: Path) -> Iterator[tuple[Broker, Broker]]:
     central.stop()
 
 
-LONG = [pytest.mark.robustness,
-        pytest.mark.skipif(not os.environ.get("EDGE_TEST_ROBUSTNESS"), reason="set EDGE_TEST_ROBUSTNESS=1")]
+LONG = [pytest.mark.robustness]  # in `make test-robustness`
 
 
 @pytest.mark.parametrize("made_during_outage", [8, pytest.param(120, marks=LONG, id="long-outage")])

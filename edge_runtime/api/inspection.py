@@ -257,7 +257,7 @@ def _q(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
 
-_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
+_ID = {"name": "result_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
 _FILTERS = [
     _q("camera", {"type": "string", "maxLength": 64}, "Only this camera"),
     _q("defect", {"type": "string", "enum": ["true", "false"]}, "Defects only, or passes only"),
@@ -280,22 +280,23 @@ def openapi_paths() -> dict[str, Any]:
         "verdict": {"type": "object", "description": "The corrected verdict (valid against the bundle's schema)"},
         "note": {"type": "string", "maxLength": 500}}}
     return {
-        "/api/v1/results/{id}/image.jpg": {"get": {
+        "/api/v1/results/{result_id}/image.jpg": {"get": {
             "summary": "The result's evidence image", "parameters": [_ID], "responses": {"200": jpeg, **_err(404)}}},
-        "/api/v1/results/{id}/thumbnail.jpg": {"get": {
+        "/api/v1/results/{result_id}/thumbnail.jpg": {"get": {
             "summary": "Its thumbnail", "parameters": [_ID], "responses": {"200": jpeg, **_err(404)}}},
         "/api/v1/inspections": {"get": {
             "summary": "Results filtered, newest first, with a cursor", "parameters": _FILTERS,
             "responses": {"200": _ok(), **_err(400)}}},
-        "/api/v1/inspections/export.csv": {"get": {
-            "summary": "Filtered results as CSV (streamed)", "parameters": _FILTERS[:7],
-            "responses": {"200": _ok("text/csv", {"type": "string"}), **_err(400)}}},
-        "/api/v1/inspections/export.jsonl": {"get": {
-            "summary": "Filtered results as JSON lines (streamed)", "parameters": _FILTERS[:7],
-            "responses": {"200": _ok("application/x-ndjson", {"type": "string"}), **_err(400)}}},
+        "/api/v1/inspections/export.{fmt}": {"get": {
+            "summary": "Filtered results as CSV or JSON lines (streamed)",
+            "parameters": [{"name": "fmt", "in": "path", "required": True,
+                            "schema": {"type": "string", "enum": ["csv", "jsonl"]}}, *_FILTERS[:7]],
+            "responses": {"200": {"description": "CSV or JSON lines", "content": {
+                "text/csv": {"schema": {"type": "string"}},
+                "application/x-ndjson": {"schema": {"type": "string"}}}}, **_err(400, 404)}}},
         "/api/v1/review/schema": {"get": {
             "summary": "The bundle's verdict schema (the review form)", "responses": {"200": _ok(), **_err(503)}}},
-        "/api/v1/results/{id}/review": {"post": {
+        "/api/v1/results/{result_id}/review": {"post": {
             "summary": "Confirm or correct a result", "parameters": [_ID], "security": [{"bearer": []}],
             "requestBody": {"required": True, "content": {"application/json": {"schema": review_body}}},
             "responses": {"200": _ok(), **_err(400, 401, 403, 404, 413, 503)}}},
