@@ -77,6 +77,8 @@ def models() -> Any:
 
 
 def _grammar(fmt: dict[str, Any] | None) -> str | None:
+    from ..errors import InputError
+
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt["type"] == "json_object":
@@ -88,6 +90,8 @@ def _grammar(fmt: dict[str, Any] | None) -> str | None:
             raise ApiError(400, "invalid_request_error", "response_format.json_schema.schema must be an object")
         try:
             return schema_to_grammar(schema)
+        except InputError as exc:  # over the complexity budget: the message names field and limit
+            raise ApiError(exc.status, "invalid_request_error", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for odd schemas
             raise ApiError(400, "invalid_request_error", f"unsupported JSON schema: {exc}") from None
     raise ApiError(400, "invalid_request_error", f"unsupported response_format type {fmt['type']!r}")
