@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from edge_runtime.bundle import Bundle
+from edge_runtime.config import Config
 from edge_runtime.errors import InputError
 from edge_runtime.inspector import Inspector
 from edge_runtime.token_cache import TokenCache
@@ -36,13 +38,20 @@ def test_max_tokens_beyond_the_context_names_max_tokens(inspector: Inspector) ->
     assert err.value.field == "max_tokens" and "at most" in str(err.value)
 
 
-def test_tokenization_cache_holds_its_byte_budget_not_64_entries(inspector: Inspector) -> None:
-    cache = inspector._token_cache
-    limit = inspector.max_prompt_bytes
-    for i in range(40):  # distinct prompts, each as long as the context allows
-        inspector.sequence(f"{i} " + "ab " * (limit // 4), None)
-    assert cache.size <= cache.budget
-    assert cache.size == sum(TokenCache.cost(t, ids) for t, ids in cache._items.items())
+def test_tokenization_cache_holds_its_byte_budget_not_64_entries(demo_bundle: Bundle, config: Config) -> None:
+    budget = 300_000
+    settings = config.model.model_copy(update={"token_cache_bytes": budget, "warmup": False})
+    ins = Inspector(demo_bundle, settings, config.device_id)
+    try:
+        limit = ins.max_prompt_bytes
+        n = 3 * budget // limit + 8  # fewer than 64 distinct prompts near the byte bound, over the budget
+        for i in range(n):
+            ins.sequence(f"{i} " + "ab " * (limit // 4), None)
+        cache = ins._token_cache
+        assert n < 64 and 0 < cache.size <= budget
+        assert cache.size == sum(TokenCache.cost(t, ids) for t, ids in cache._items.items())
+    finally:
+        ins.close()
 
 
 def test_token_cache_evicts_least_recently_used_and_skips_giants() -> None:
