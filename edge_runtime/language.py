@@ -246,6 +246,7 @@ class LanguageModel:
             llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
         pickers = [TokenPicker(self, grammar, GREEDY) for _ in items]
         out: list[list[bytes]] = [[] for _ in items]
+        ids: list[list[int]] = [[] for _ in items]
         pos, pending, prompt_tokens, prefill_ms = [], [], [], []
         try:
             for seq, (_, image, suffix) in enumerate(items):
@@ -276,6 +277,7 @@ class LanguageModel:
                         step += pickers[seq].forced(min(room, max_tokens - len(out[seq]) - 1))
                     out[seq].extend(p for _, p in step)
                     feed[seq] = [t for t, _ in step]
+                    ids[seq].extend(feed[seq])
                     if len(out[seq]) < max_tokens:
                         stepping.append(seq)
                 active = stepping
@@ -301,7 +303,8 @@ class LanguageModel:
             for picker in pickers:
                 picker.close()
         return [Generation(b"".join(o).decode("utf-8", errors="replace"), len(o), prompt_tokens[i],
-                           prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0)
+                           prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0,
+                           ids[i])
                 for i, o in enumerate(out)]
 
     def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Any
