@@ -25,11 +25,11 @@ start)
     echo "rc=$? seconds=$(( $(date +%s) - t0 ))" > /tmp/llb/done' < /dev/null > /dev/null 2>&1 &
   echo "build started"; ls -la /root/c ;;
 stash)
-  cp "$WHL"/ort.part.* "$WHL"/gemma3*.whl /root/c/ 2>/dev/null || true
+  cp "$WHL"/ort.part.* "$WHL"/*.whl /root/c/ 2>/dev/null || true
   ls -la /root/c; cat /tmp/llb/done 2>/dev/null || tail -c 300 /tmp/llb/build.log ;;
 bench)
   while [ ! -f /tmp/llb/done ]; do sleep 5; done; cat /tmp/llb/done; tail -3 /tmp/llb/build.log
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/llb/wheel/*.whl /root/c/gemma3*.whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/llb/wheel/*.whl /root/c/*.whl
   if [ ! -d /tmp/ortgpu/onnxruntime ]; then
     cat /root/c/ort.part.* > /root/c/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
     python3 -m pip install -q --no-index --no-deps --target /tmp/ortgpu \
