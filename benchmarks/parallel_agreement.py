@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import edge_runtime.engines  # noqa: F401  # onnxruntime first, then llama_cpp
 from edge_runtime.bench import bench_images
 from edge_runtime.bundle import load_bundle
@@ -42,8 +44,40 @@ def main() -> None:
                   f"path's token there: {gap:.4f}\n"
                   f"  single : {s.text!r}\n  batched: {b.text!r}")
         print(f"same verdicts {same}/4 (fast_forward off, greedy)")
+        first_token_logits(ins, items)
     finally:
         ins.close()
+
+
+def first_token_logits(ins: Inspector, items: list) -> None:  # type: ignore[type-arg]
+    """Logits after each prompt: the one-at-a-time context against the parallel-sequence context.
+    Each prompt is prefilled alone in both, so a difference here comes from the contexts (unified KV
+    cache, shared-prefix copy, cache size), not from several sequences sharing a decode step."""
+    from edge_runtime.engines import llama_cpp
+    from edge_runtime.language import image_segments
+
+    lm = ins.language
+    prefix = items[0][0]
+    cells = len(prefix) * len(items) + sum(sum(len(s) for s in image_segments(im)) + len(sf) + ins.max_tokens
+                              for _, im, sf in items)
+    ctx = lm._parallel_context(len(items), cells)
+    for copy_prefix in (True, False):
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        if copy_prefix:  # as generate_batch does: the prefix once, copied to every sequence first
+            lm._decode_tokens(prefix, 0, want_last_logits=False, seq=0, ctx=ctx)
+            for seq in range(1, len(items)):
+                llama_cpp.llama_memory_seq_cp(llama_cpp.llama_get_memory(ctx), 0, seq, -1, -1)
+        diffs = []
+        for seq, (pre, image, suffix) in enumerate(items):
+            if not copy_prefix:
+                lm._decode_tokens(pre, 0, want_last_logits=False, seq=seq, ctx=ctx)
+            p = lm._decode_segments(image_segments(image), len(pre), want_last_logits=not suffix, seq=seq, ctx=ctx)
+            lm._decode_tokens(suffix, p, want_last_logits=True, seq=seq, ctx=ctx)
+            par = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(lm.n_vocab,)).copy()
+            one = lm.prompt_logits(pre, image, suffix)
+            diffs.append(float(np.abs(par - one).max()))
+        print(f"first-token logits, parallel context ({'prefix copied' if copy_prefix else 'prefix per seq'})"
+              f" vs one at a time: max |diff| per frame {[round(d, 5) for d in diffs]}")
 
 
 if __name__ == "__main__":

@@ -334,6 +334,13 @@ class LanguageModel:
             params.kv_unified = True
             params.n_threads = params.n_threads_batch = self._threads
             params.type_k = params.type_v = self._kv_type
+            # The numerics of the one-at-a-time context: llama.cpp's defaults differ from
+            # llama-cpp-python's (flash attention auto vs off, RoPE scaling), and those differences
+            # alone changed 2 of 4 real-weight verdicts on the H200.
+            main = self.llm.context_params
+            params.flash_attn_type = main.flash_attn_type
+            params.yarn_attn_factor, params.yarn_beta_fast = main.yarn_attn_factor, main.yarn_beta_fast
+            params.yarn_beta_slow = main.yarn_beta_slow
             self._par_ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
             if not self._par_ctx:
                 raise InferenceError("llama.cpp could not create a context for parallel sequences")
