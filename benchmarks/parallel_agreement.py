@@ -8,7 +8,9 @@ batched kernels' rounding decided it, not a bug in the sequence bookkeeping).
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +24,30 @@ from edge_runtime.vision import decode_image
 
 
 def main() -> None:
+    if os.environ.get("KV_UNIFIED") == "0":  # experiment: one KV stream per sequence in the batch context
+        from edge_runtime.engines import llama_cpp
+
+        real = llama_cpp.llama_init_from_model
+
+        def split_streams(model, params):  # type: ignore[no-untyped-def]
+            params.kv_unified = False
+            return real(model, params)
+
+        llama_cpp.llama_init_from_model = split_streams
     bundle = load_bundle(Path(sys.argv[1]))
     settings = load_config(Path(sys.argv[2]) if len(sys.argv) > 2 else None).model
     ins = Inspector(bundle, settings.model_copy(update={"fast_forward": False}), "bench")
     try:
         items = [ins.sequence(ins.default_prompt, ins.encode(decode_image(d))) for d in bench_images(4)]
         single = [ins.generate(*it, ins.grammar, ins.max_tokens) for it in items]
+        ins.language.generate_batch(items, ins.grammar, ins.max_tokens)  # warm the batch context
+        t0 = time.perf_counter()
         batched = ins.language.generate_batch(items, ins.grammar, ins.max_tokens)
+        elapsed = time.perf_counter() - t0
+        one = sum(g.decode_ms for g in single) / 1000
+        print(f"generation: {sum(g.tokens for g in batched) / batched[0].decode_ms * 1000:.0f} tok/s as 4 parallel "
+              f"sequences ({elapsed * 1000:.0f} ms with prefill) vs {sum(g.tokens for g in single) / one:.0f} tok/s "
+              "one at a time")
         same = 0
         for i, (s, b) in enumerate(zip(single, batched, strict=True)):
             if s.text == b.text:

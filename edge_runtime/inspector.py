@@ -71,7 +71,7 @@ class Inspector:
         self.language = LanguageModel(
             bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
             settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
-            settings.constraint_engine, settings.fast_forward, m.files.language.sha256)
+            settings.constraint_engine, settings.fast_forward, m.files.language.sha256, settings.batch_kv_cache)
         try:
             vision_path = bundle.vision_path
             if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:

@@ -87,3 +87,18 @@ def test_forced_tokens_are_decoded_in_one_batch(inspector: Inspector, monkeypatc
     # One token a decode would need a decode per token plus the prefill's; the keys the grammar
     # forces (`"category":`, `"confidence":`, ...) come several tokens a decode.
     assert len(decodes) < gen.tokens - 5, (len(decodes), gen.tokens)
+
+
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_parallel_sequences_give_exactly_the_one_at_a_time_verdicts(demo_bundle: Bundle, config: Config,
+                                                                    fast_forward: bool) -> None:
+    settings = config.model.model_copy(update={"fast_forward": fast_forward, "warmup": False})
+    ins = Inspector(demo_bundle, settings, config.device_id)
+    try:
+        prefix, suffix = ins.prompt_parts(ins.default_prompt)
+        items = [(prefix, ins.encode(f).embeds, suffix) for f in synthetic_frames(4, seed=21)]
+        one_at_a_time = [ins.generate(*item, ins.grammar, 200).token_ids for item in items]
+        parallel = [g.token_ids for g in ins.language.generate_batch(items, ins.grammar, 200)]
+    finally:
+        ins.close()
+    assert parallel == one_at_a_time
