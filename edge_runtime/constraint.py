@@ -31,6 +31,8 @@ _TOKENIZERS_KEEP = 2
 _TOKENIZERS_LOCK = threading.Lock()
 # Per-step work is bounded (llguidance's fuel limits); grammar size is bounded by schema_budget.
 _LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+_MATCHER_GRAMMARS = 16  # grammars whose spare matchers are kept
+_MATCHERS_PER_GRAMMAR = 8  # a batch of cameras needs one each
 
 
 class VocabTokenizer:
@@ -45,6 +47,8 @@ class VocabTokenizer:
         if not self._model:
             raise InferenceError(f"{path}: llama.cpp could not read the vocabulary")
         vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.lock = threading.Lock()
+        self.matchers: dict[str, list[Any]] = {}  # reset matchers by grammar, for reuse
         self.tokenizer, pieces = _build_tokenizer(vocab, n_vocab, eog)
         # Token ids by first byte, for the exact greedy choice where the grammar forces text.
         first = np.array([p[0] if p else 256 for p in pieces], dtype=np.int32)
@@ -107,13 +111,32 @@ class GuidedPicker:
 
     def __init__(self, vocab: VocabTokenizer, gbnf: str, n_vocab: int, eog: frozenset[int]) -> None:
         self.vocab = vocab  # keeps the vocabulary alive while this matcher lives
-        self.matcher = llguidance.LLMatcher(vocab.tokenizer, lark_for(gbnf), log_level=0, limits=_LIMITS)
-        if self.matcher.is_error():
-            raise InferenceError(f"the grammar could not be compiled: {self.matcher.get_error()[:200]}")
+        self._key = lark_for(gbnf)
+        # A new LLMatcher costs ~5 ms (its lexer is built); a finished one is reset and reused.
+        with vocab.lock:
+            spare = vocab.matchers.get(self._key)
+            matcher = spare.pop() if spare else None
+        if matcher is None:
+            matcher = llguidance.LLMatcher(vocab.tokenizer, self._key, log_level=0, limits=_LIMITS)
+            if matcher.is_error():
+                raise InferenceError(f"the grammar could not be compiled: {matcher.get_error()[:200]}")
+        self.matcher: Any = matcher
         self.n_vocab = n_vocab
         self.eog = eog
         self.mask = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
         self.full_masks = 0  # steps whose best raw logit the grammar refused (for the bench)
+
+    def close(self) -> None:
+        """Hand the matcher back for the next generation under the same grammar (bounded pool)."""
+        matcher, self.matcher = self.matcher, None
+        if matcher is None or matcher.is_error() or not matcher.reset():
+            return
+        with self.vocab.lock:
+            if self._key not in self.vocab.matchers and len(self.vocab.matchers) >= _MATCHER_GRAMMARS:
+                self.vocab.matchers.pop(next(iter(self.vocab.matchers)))
+            spare = self.vocab.matchers.setdefault(self._key, [])
+            if len(spare) < _MATCHERS_PER_GRAMMAR:
+                spare.append(matcher)
 
     def allowed(self) -> np.ndarray:
         """Bool per token: may it come next? Computed in Rust with the GIL released."""

@@ -224,6 +224,9 @@ class TokenPicker:
         return delta.decode("utf-8")
 
     def close(self) -> None:
+        if self.guide is not None:
+            self.guide.close()
+            self.guide = None
         if self.grammar is not None:
             llama_cpp.llama_sampler_free(self.grammar)
             self.grammar = None
