@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import BundleError
+from .errors import BundleError, InputError
 
 MANIFEST = "bundle.yaml"
 
@@ -177,6 +177,12 @@ def load_bundle(root: Path | str, verify_checksums: bool = True) -> Bundle:
 def _check_schema(manifest_path: Path, schema: dict[str, Any]) -> None:
     from jsonschema import Draft202012Validator, SchemaError
 
+    from .schema_budget import check_schema_budget
+
+    try:  # the same complexity budget as a client's schema, before anything recursive reads it
+        check_schema_budget(schema, "verdict_schema")
+    except InputError as exc:
+        raise BundleError(f"{manifest_path}: {exc}") from None
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

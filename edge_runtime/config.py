@@ -51,6 +51,19 @@ class ModelConfig(_Section):
         True, description="Keep the KV cache of the fixed prompt prefix between inspections.")
     verify_checksums: bool = Field(True, description="Check the bundle's sha256 sums at load.")
     warmup: bool = Field(True, description="Run one inspection at load so the first real one is fast.")
+    constraint_engine: Literal["llguidance", "gbnf"] = Field(
+        "llguidance", description="JSON constraint engine: llguidance (token masks in Rust, only when the "
+        "best token is refused; forced tokens in one batch) or gbnf (llama.cpp's grammar sampler).")
+    fast_forward: bool = Field(
+        True, description="llguidance: decode the tokens the grammar forces in one batch. Off: one token "
+        "per step, exactly the tokens greedy decoding picks (docs/benchmarks.md).")
+    batch_kv_cache: Literal["per_sequence", "unified"] = Field(
+        "per_sequence", description="KV cache of cameras generated as parallel sequences: per_sequence "
+        "gives each its own stream (verdicts bit-identical to one at a time); unified shares one buffer "
+        "(~15% more batched tokens/s on a 1.5B model, but verdicts may differ from one at a time).")
+    token_cache_bytes: int = Field(
+        4 * 1024 * 1024, ge=0, le=1 << 30,
+        description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")
 
 
 class ImageLimits(_Section):

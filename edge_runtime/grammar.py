@@ -14,7 +14,10 @@ from typing import Any
 
 from .engines import llama_cpp  # noqa: F401  # isort: skip - the engines' safe load order
 
+from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+
+from .schema_budget import FIELD, check_grammar_size, check_schema_budget
 
 # Any character but quote, backslash and the control characters, or a JSON escape.
 STRICT_CHAR = (
@@ -23,6 +26,27 @@ STRICT_CHAR = (
 # Enumerating integer literals stays cheap for ranges up to this size.
 _MAX_ENUMERATED = 1000
 _FRACTION_DIGITS = 4
+# The converter's number allows a 16-digit exponent (`937E+6093719609609609` parses as infinity):
+# numbers here have at most 16 integral and 15 fraction digits and no exponent.
+BOUNDED_NUMBER = '("-"? integral-part) ("." decimal-part)? space'
+
+
+def _flat_repetition(item_rule: str, min_items: int, max_items: int | None, separator_rule: str | None = None,
+                     item_rule_is_literal: bool = False) -> str:
+    """`item{m,n}` instead of the converter's `(item (item (...)?)?)?`: the same language, but its
+    nesting depth no longer grows with maxLength/maxItems (a recursive parser's stack did)."""
+    del item_rule_is_literal
+    if not separator_rule:
+        return f"({item_rule}){{{min_items},{'' if max_items is None else max_items}}}"
+    if max_items == 0:
+        return ""
+    rest_hi = "" if max_items is None else max_items - 1
+    tail = f"({separator_rule} {item_rule}){{{max(min_items - 1, 0)},{rest_hi}}}"
+    body = f"{item_rule} {tail}"
+    return body if min_items > 0 else f"({body})?"
+
+
+llama_grammar._build_repetition = _flat_repetition  # the converter looks it up per call
 
 
 class _StrictConverter(SchemaConverter):
@@ -66,9 +90,16 @@ def _grammar_for(schema_json: str) -> str:
     converter.visit(schema, "")
     if "char" in converter._rules:
         converter._rules["char"] = STRICT_CHAR
+    if "number" in converter._rules:
+        converter._rules["number"] = BOUNDED_NUMBER
     return str(converter.format_grammar())
 
 
-def schema_to_grammar(schema: dict[str, Any]) -> str:
-    """The GBNF text for `schema` (cached: a bundle's schema is converted once)."""
-    return _grammar_for(json.dumps(schema))
+def schema_to_grammar(schema: dict[str, Any], field: str = FIELD) -> str:
+    """The GBNF text for `schema` (cached: a bundle's schema is converted once).
+
+    The schema passes the complexity budget first (InputError naming `field` otherwise)."""
+    check_schema_budget(schema, field)
+    grammar = _grammar_for(json.dumps(schema))
+    check_grammar_size(grammar, field)
+    return grammar

@@ -24,10 +24,11 @@ from jsonschema import Draft202012Validator
 
 from .bundle import Bundle, ImageLayout
 from .config import ModelConfig
-from .errors import BundleError, InferenceError
+from .errors import BundleError, InferenceError, InputError
 from .grammar import schema_to_grammar
 from .language import GREEDY, Generation, ImagePart, LanguageModel, Sampling
 from .result import FrameInfo, Result
+from .token_cache import TokenCache
 from .vision import Preprocessor, VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ class Inspector:
         self.preprocessor = Preprocessor(m.preprocess)
         self.language = LanguageModel(
             bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
-            settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type)
+            settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
+            settings.constraint_engine, settings.fast_forward, m.files.language.sha256, settings.batch_kv_cache)
         try:
             vision_path = bundle.vision_path
             if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
@@ -83,7 +85,8 @@ class Inspector:
         self.max_tokens = settings.max_tokens or m.generation.max_tokens
         self.grammar = schema_to_grammar(m.verdict_schema)
         self.validator = Draft202012Validator(m.verdict_schema)
-        self._token_cache: dict[str, list[int]] = {}
+        self._token_cache = TokenCache(settings.token_cache_bytes)
+        self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
         self._image_token = -1
         if m.vision.layout is not None:
             ids = self.language.tokenize(m.vision.layout.image_token)
@@ -119,7 +122,7 @@ class Inspector:
         t2 = time.perf_counter()
         return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
 
-    def sequence(self, prompt: str, enc: Encoded | None, system: str | None = None
+    def sequence(self, prompt: str, enc: Encoded | None, system: str | None = None, field: str = "messages"
                  ) -> tuple[list[int], ImagePart, list[int]]:
         """(prefix, image part, suffix) of one inspection: the prompt template with the image in place.
 
@@ -132,21 +135,30 @@ class Inspector:
         if layout is None:
             text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
             before, after = text.split(_IMAGE)
-            return self._tokenize(before), None if enc is None else enc.embeds, self._tokenize(after)
+            return (self._tokenize(before, field), None if enc is None else enc.embeds,
+                    self._tokenize(after, field))
         image_text = "" if enc is None else image_prompt(layout, self.bundle.manifest.vision.image_tokens, enc.grid)
         ids = self._tokenize(
-            p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt))
+            p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt),
+            field)
         if enc is None:
             return ids, None, []
         return split_at_image_tokens(ids, self._image_token, enc.embeds)
 
-    def _tokenize(self, text: str) -> list[int]:
-        """The same prompt texts come back every frame (one per question and tile grid): tokenize once."""
+    def _tokenize(self, text: str, field: str = "messages") -> list[int]:
+        """The same prompt texts come back every frame (one per question and tile grid): tokenize once.
+
+        A text too long to fit the context is refused before it is tokenized (InputError naming
+        `field`): no token can hold more than `max_token_bytes` bytes, so a longer text cannot fit."""
         ids = self._token_cache.get(text)
         if ids is None:
-            if len(self._token_cache) >= 64:
-                self._token_cache.clear()
-            ids = self._token_cache[text] = self.language.tokenize(text)
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > self.max_prompt_bytes:
+                raise InputError(f"{field}: the prompt is {size} bytes; the model's context of "
+                                 f"{self.language.n_ctx} tokens holds at most {self.max_prompt_bytes}",
+                                 field=field)
+            ids = self.language.tokenize(text)
+            self._token_cache.put(text, ids)
         return list(ids)
 
     def prompt_parts(self, prompt: str) -> tuple[list[int], list[int]]:
@@ -169,7 +181,7 @@ class Inspector:
         enc = encoded or self.encode(frame)
         t0 = time.perf_counter()
         question = prompt or self.default_prompt
-        prefix, image, suffix = self.sequence(question, enc)
+        prefix, image, suffix = self.sequence(question, enc, field="prompt")
         gen = self.generate(prefix, image, suffix, self.grammar, self.max_tokens)
         return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0)
 

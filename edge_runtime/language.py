@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BundleError, InferenceError
+from .constraint import VocabTokenizer, tokenizer_for
+from .errors import BundleError, InferenceError, InputError
+from .picker import Candidates, TokenPicker
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,14 @@ class LanguageModel:
     """Owns the llama.cpp model, context and batches; `close()` frees them. Not thread-safe."""
 
     def __init__(self, path: Path, context_size: int, threads: int, gpu_layers: int,
-                 batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16") -> None:
+                 batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16",
+                 constraint_engine: str = "llguidance", fast_forward: bool = True, model_key: str = "",
+                 batch_kv_cache: str = "per_sequence") -> None:
+        self.batch_kv_cache = batch_kv_cache
+        self.constraint_engine = constraint_engine
+        self.fast_forward = fast_forward and constraint_engine == "llguidance"
+        self._model_key = model_key or str(path)
+        self._path = str(path)
         self._kv_type = _GGML_TYPES[kv_cache_type]
         try:
             self._llm: llama_cpp.Llama | None = llama_cpp.Llama(
@@ -94,11 +103,14 @@ class LanguageModel:
         self._par_n_ctx = 0
         # Per-token lookups done once per model, not once per generated token.
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._probe = ctypes.create_string_buffer(256)
         self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self._pieces: dict[int, bytes] = {}
+        # The longest token's bytes: a text longer than n_ctx times this cannot fit the context.
+        self.max_token_bytes = max(1, max(self._piece_length(t) for t in range(self.n_vocab)))
         # Full-vocabulary candidate arrays for the grammar pass, one per sequence sampled at once,
         # kept between generations (1.8 MB each for a 150k vocabulary).
-        self._candidate_pool: list[_Candidates] = []
+        self._candidate_pool: list[Candidates] = []
         # Sequences of one batch pick their next tokens in parallel: the grammar pass runs in C with
         # the GIL released, and it costs more CPU per token than a GPU decode step.
         self._pickers_pool: ThreadPoolExecutor | None = None
@@ -108,6 +120,10 @@ class LanguageModel:
         if self._llm is None:
             raise RuntimeError("language model is closed")
         return self._llm
+
+    def guidance_tokenizer(self) -> VocabTokenizer:
+        """llguidance's view of this model's vocabulary (built once per model checksum)."""
+        return tokenizer_for(self._path, self.n_vocab, self.eog, self._model_key)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
@@ -126,7 +142,7 @@ class LanguageModel:
         prefill_ms = (time.perf_counter() - t0) * 1000
 
         prompt_tokens = pos
-        picker = _TokenPicker(self, grammar, sampling or GREEDY)
+        picker = TokenPicker(self, grammar, sampling or GREEDY)
         out: list[bytes] = []
         ids: list[int] = []
         finish = "length"
@@ -137,8 +153,11 @@ class LanguageModel:
                 if token < 0:
                     finish = "stop"
                     break
-                out.append(piece)
-                ids.append(token)
+                step = [(token, piece)]
+                if self.fast_forward:
+                    step += picker.forced(max_tokens - len(ids) - 1)
+                out.extend(p for _, p in step)
+                ids.extend(t for t, _ in step)
                 if stop and any(s in picker.emitted.decode("utf-8", "ignore") for s in stop):
                     finish = "stop"
                     break
@@ -146,7 +165,10 @@ class LanguageModel:
                     delta = picker.text_so_far_delta()
                     if delta:
                         on_text(delta)
-                pos = self._decode_tokens([token], pos, want_last_logits=True)
+                if len(ids) >= max_tokens:
+                    break
+                # The chosen token and the ones the grammar forces after it: one llama_decode.
+                pos = self._decode_tokens([t for t, _ in step], pos, want_last_logits=True)
         finally:
             picker.close()
         decode_ms = (time.perf_counter() - t1) * 1000
@@ -172,9 +194,13 @@ class LanguageModel:
                       ) -> tuple[list[int], list[np.ndarray | list[int]], list[int]]:
         segments = image_segments(image)
         prompt_tokens = len(prefix) + sum(len(seg) for seg in segments) + len(suffix)
+        if prompt_tokens >= self.n_ctx:
+            raise InputError(f"messages: the prompt is {prompt_tokens} tokens, the context holds "
+                             f"{self.n_ctx}", field="messages")
         if prompt_tokens + max_tokens > self.n_ctx:
-            raise InferenceError(f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-                                 f"exceeds the context size {self.n_ctx}")
+            raise InputError(f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the context size {self.n_ctx}; at most {self.n_ctx - prompt_tokens} "
+                             "fit", field="max_tokens")
         for seg in segments:
             if isinstance(seg, np.ndarray) and seg.shape[1] != self.n_embd:
                 raise InferenceError(f"image embeddings are {seg.shape[1]} wide, the language "
@@ -209,8 +235,11 @@ class LanguageModel:
         prefix = items[0][0]
         # The sequences share the prefix's KV cells (llama_memory_seq_cp in a unified cache); each
         # needs its own cells for its image, question and answer.
-        cells = len(prefix) + sum(sum(len(s) for s in image_segments(image)) + len(suffix) + max_tokens
-                                  for _, image, suffix in items)
+        own = [sum(len(s) for s in image_segments(image)) + len(suffix) + max_tokens for _, image, suffix in items]
+        if self.batch_kv_cache == "unified":
+            cells = len(prefix) + sum(own)
+        else:  # one stream per sequence, each with room for the longest sequence
+            cells = max(len(items), 4) * (len(prefix) + max(own))
         ctx = self._parallel_context(len(items), cells)
         memory = llama_cpp.llama_get_memory(ctx)
         llama_cpp.llama_memory_clear(memory, True)
@@ -220,8 +249,9 @@ class LanguageModel:
         self._decode_tokens(prefix, 0, want_last_logits=False, seq=0, ctx=ctx)
         for seq in range(1, len(items)):
             llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
-        pickers = [_TokenPicker(self, grammar, GREEDY) for _ in items]
+        pickers = [TokenPicker(self, grammar, GREEDY) for _ in items]
         out: list[list[bytes]] = [[] for _ in items]
+        ids: list[list[int]] = [[] for _ in items]
         pos, pending, prompt_tokens, prefill_ms = [], [], [], []
         try:
             for seq, (_, image, suffix) in enumerate(items):
@@ -238,6 +268,8 @@ class LanguageModel:
             finish = ["length"] * len(items)
             active = list(range(len(items)))
             batch = self._tokens
+            feed: list[list[int]] = [[] for _ in items]
+            room = max(0, self.n_batch // len(items) - 1)  # forced tokens per sequence that fit one batch
             for _ in range(max_tokens):
                 stepping = []
                 for seq in active:
@@ -245,35 +277,46 @@ class LanguageModel:
                     if token < 0:
                         finish[seq] = "stop"
                         continue
-                    out[seq].append(piece)
+                    step = [(token, piece)]
+                    if self.fast_forward:
+                        step += pickers[seq].forced(min(room, max_tokens - len(out[seq]) - 1))
+                    out[seq].extend(p for _, p in step)
+                    feed[seq] = [t for t, _ in step]
+                    ids[seq].extend(feed[seq])
                     if len(out[seq]) < max_tokens:
                         stepping.append(seq)
                 active = stepping
                 if not active:
                     break
-                batch.n_tokens = len(active)
-                for i, seq in enumerate(active):
-                    batch.token[i] = pending[seq][0]
-                    batch.pos[i] = pos[seq]
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = seq
-                    batch.logits[i] = 1
-                    pos[seq] += 1
+                i, rows = 0, []
+                for seq in active:
+                    for k, tok in enumerate(feed[seq]):
+                        batch.token[i] = tok
+                        batch.pos[i] = pos[seq]
+                        batch.n_seq_id[i] = 1
+                        batch.seq_id[i][0] = seq
+                        batch.logits[i] = int(k == len(feed[seq]) - 1)
+                        pos[seq] += 1
+                        i += 1
+                    rows.append(i - 1)
+                batch.n_tokens = i
                 self._decode(batch, ctx)
-                for seq, choice in zip(active, self._pick_all(pickers, active, ctx), strict=True):
+                for seq, choice in zip(active, self._pick_all(pickers, active, rows, ctx), strict=True):
                     pending[seq] = choice
             decode_ms = (time.perf_counter() - t2) * 1000
         finally:
             for picker in pickers:
                 picker.close()
         return [Generation(b"".join(o).decode("utf-8", errors="replace"), len(o), prompt_tokens[i],
-                           prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0)
+                           prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0,
+                           ids[i])
                 for i, o in enumerate(out)]
 
-    def _pick_all(self, pickers: list[_TokenPicker], active: list[int], ctx: Any) -> list[tuple[int, bytes]]:
-        """Next token of each active sequence; batch row i holds the logits of sequence active[i]."""
-        def pick(row: int) -> tuple[int, bytes]:
-            return pickers[active[row]].next_token(ctx, row)
+    def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Any
+                  ) -> list[tuple[int, bytes]]:
+        """Next token of each active sequence; batch row rows[i] holds the logits of sequence active[i]."""
+        def pick(i: int) -> tuple[int, bytes]:
+            return pickers[active[i]].next_token(ctx, rows[i])
 
         if self.n_vocab < _PARALLEL_PICK_VOCAB or len(active) == 1:
             return [pick(row) for row in range(len(active))]
@@ -293,9 +336,20 @@ class LanguageModel:
             params.n_ctx = n_ctx
             params.n_batch = params.n_ubatch = self.n_batch
             params.n_seq_max = max(sequences, 4)
-            params.kv_unified = True
+            # Unified: all sequences share one KV buffer (the most batch throughput). Per sequence:
+            # each has its own stream, so a sequence's attention runs exactly as in the one-at-a-time
+            # context; on the H200 the unified cache changed the first-token logits of sequences 1..3
+            # (max |diff| 0.11-2.9) and with them 2 of 4 verdicts (docs/benchmarks.md).
+            params.kv_unified = self.batch_kv_cache == "unified"
             params.n_threads = params.n_threads_batch = self._threads
             params.type_k = params.type_v = self._kv_type
+            # The numerics of the one-at-a-time context: llama.cpp's defaults differ from
+            # llama-cpp-python's (flash attention auto vs off, RoPE scaling), and those differences
+            # alone changed 2 of 4 real-weight verdicts on the H200.
+            main = self.llm.context_params
+            params.flash_attn_type = main.flash_attn_type
+            params.yarn_attn_factor, params.yarn_beta_fast = main.yarn_attn_factor, main.yarn_beta_fast
+            params.yarn_beta_slow = main.yarn_beta_slow
             self._par_ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
             if not self._par_ctx:
                 raise InferenceError("llama.cpp could not create a context for parallel sequences")
@@ -361,10 +415,10 @@ class LanguageModel:
             self._cached_prefix = []
             raise InferenceError(f"llama_decode failed with code {rc}")
 
-    def borrow_candidates(self) -> _Candidates:
-        return self._candidate_pool.pop() if self._candidate_pool else _Candidates(self.n_vocab)
+    def borrow_candidates(self) -> Candidates:
+        return self._candidate_pool.pop() if self._candidate_pool else Candidates(self.n_vocab)
 
-    def return_candidates(self, candidates: _Candidates) -> None:
+    def return_candidates(self, candidates: Candidates) -> None:
         self._candidate_pool.append(candidates)
 
     def _piece(self, token: int) -> bytes:
@@ -372,6 +426,10 @@ class LanguageModel:
         if piece is None:
             piece = self._pieces[token] = self._render_piece(token)
         return piece
+
+    def _piece_length(self, token: int) -> int:
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, self._probe, 256, 0, True)
+        return abs(n)
 
     def _render_piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -397,167 +455,6 @@ class LanguageModel:
 
 
 _GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type values for the KV cache
-_NEG_INF = np.float32(-np.inf)
-_SHORTLIST = 64  # top logits checked against the grammar before a full-vocabulary pass
-_SHORTLIST_PATIENCE = 4  # misses in a row before the shortlist is tried only now and then
 # Below this vocabulary size a token pick costs less than handing it to a thread (the demo bundle's
 # 4-camera batch ran at 0.83x with threads on the H200, 150k-token vocabularies at 2.6-2.9x).
 _PARALLEL_PICK_VOCAB = 16_384
-
-
-class _TokenPicker:
-    """Chooses each next token: grammar first, then greedy or temperature sampling.
-
-    llama.cpp's grammar decodes UTF-8 leniently (it accepts bytes like 0xF8 and overlong forms),
-    so a byte-level vocabulary could otherwise emit bytes that strict JSON parsers reject; every
-    candidate is checked to keep the output a valid UTF-8 prefix.
-    """
-
-    def __init__(self, lm: LanguageModel, grammar: str | None, sampling: Sampling) -> None:
-        self.lm = lm
-        self.sampling = sampling
-        self.rng = np.random.default_rng(sampling.seed)
-        self.n_vocab = lm.n_vocab
-        self.grammar = None
-        if grammar:
-            self.grammar = llama_cpp.llama_sampler_init_grammar(lm._vocab, grammar.encode(), b"root")
-            if not self.grammar:
-                raise InferenceError("the JSON schema could not be turned into a llama.cpp grammar")
-        self._candidates: _Candidates | None = None  # borrowed from the model on the first full pass
-        self.shortlist = _SHORTLIST
-        self._short = np.zeros(min(_SHORTLIST, self.n_vocab), dtype=_TOKEN_DATA)
-        self._short_c = llama_cpp.llama_token_data_array(
-            self._short.ctypes.data_as(llama_cpp.llama_token_data_p), self._short.shape[0], -1, False)
-        self._misses = 0  # shortlist misses in a row
-        self._steps = 0
-        self.pending = b""  # bytes of an unfinished UTF-8 character
-        self.emitted = b""
-        self._reported = 0
-
-    def next_token(self, ctx: Any = None, index: int = -1) -> tuple[int, bytes]:
-        """(token, its bytes), or (-1, b"") at end of generation. `index`: which logits row of the batch."""
-        ptr = llama_cpp.llama_get_logits_ith(ctx or self.lm.llm.ctx, index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        if self.grammar is not None and self.sampling.temperature <= 0 and self.shortlist and self._try_shortlist():
-            # Exact fast path for greedy decoding: the constrained argmax is the best grammar-accepted
-            # token; if one of the top-K logits is accepted, nothing outside them can beat it, so the
-            # full-vocabulary grammar pass (milliseconds on a 150k vocabulary) is skipped.
-            chosen = self._from_shortlist(logits)
-            self._misses = 0 if chosen is not None else self._misses + 1
-            if chosen is not None:
-                return chosen
-        if self.grammar is None:
-            scores = logits.copy()
-        else:
-            if self._candidates is None:
-                self._candidates = self.lm.borrow_candidates()
-            cand, arr = self._candidates.data, self._candidates.c_array
-            cand["logit"] = logits
-            arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
-            llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(arr))
-            scores = cand["logit"].copy()
-        while True:
-            token = self._choose(scores)
-            if token < 0:
-                return -1, b""
-            chosen = self._take(token)
-            if chosen is not None:
-                return chosen
-            scores[token] = _NEG_INF
-
-    def _try_shortlist(self) -> bool:
-        """After a run of misses (a model whose top logits the grammar keeps rejecting, e.g. random
-        weights) try the shortlist only on every 8th token, so it costs ~nothing when it cannot help."""
-        self._steps += 1
-        return self._misses < _SHORTLIST_PATIENCE or self._steps % 8 == 0
-
-    def _take(self, token: int) -> tuple[int, bytes] | None:
-        """Accept `token` if it keeps the output valid UTF-8 (and ends only between characters)."""
-        if token in self.lm.eog:
-            return None if self.pending else (-1, b"")  # never stop inside a character
-        piece = self.lm._piece(token)
-        if not self.sampling.valid_utf8:
-            self.emitted += piece
-            if self.grammar is not None:
-                llama_cpp.llama_sampler_accept(self.grammar, token)
-            return token, piece
-        ok, pending = _utf8_prefix(self.pending + piece)
-        if not ok or (not piece and self.grammar is not None):
-            return None
-        self.pending = pending
-        self.emitted += piece
-        if self.grammar is not None:
-            llama_cpp.llama_sampler_accept(self.grammar, token)
-        return token, piece
-
-    def _from_shortlist(self, logits: np.ndarray) -> tuple[int, bytes] | None:
-        k = self._short.shape[0]
-        top = np.argpartition(logits, -k)[-k:]
-        top = top[np.lexsort((top, -logits[top]))]  # best first; ties by token id, as np.argmax breaks them
-        short = self._short
-        short["id"], short["logit"] = top, logits[top]
-        arr = self._short_c
-        arr.size, arr.selected, arr.sorted = k, -1, False
-        llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(arr))
-        for token, logit in zip(short["id"].tolist(), short["logit"].tolist(), strict=True):
-            if logit != float("-inf"):
-                chosen = self._take(int(token))
-                if chosen is not None:
-                    return chosen
-        return None  # nothing acceptable in the shortlist: take the full pass
-
-    def _choose(self, scores: np.ndarray) -> int:
-        best = int(np.argmax(scores))
-        if not np.isfinite(scores[best]):
-            return -1  # nothing allowed: treat as the end
-        if self.sampling.temperature <= 0:
-            return best
-        finite = np.isfinite(scores)
-        z = (scores[finite] - scores[best]) / self.sampling.temperature
-        probs = np.exp(z)
-        probs /= probs.sum()
-        ids = np.flatnonzero(finite)
-        if self.sampling.top_p < 1.0:
-            order = np.argsort(-probs)
-            keep = order[: int(np.searchsorted(np.cumsum(probs[order]), self.sampling.top_p)) + 1]
-            ids, probs = ids[keep], probs[keep] / probs[keep].sum()
-        return int(self.rng.choice(ids, p=probs))
-
-    def text_so_far_delta(self) -> str:
-        """Complete characters emitted since the last call (for streaming)."""
-        complete = self.emitted[: len(self.emitted) - len(self.pending)]
-        delta = complete[self._reported:]
-        self._reported = len(complete)
-        return delta.decode("utf-8")
-
-    def close(self) -> None:
-        if self.grammar is not None:
-            llama_cpp.llama_sampler_free(self.grammar)
-            self.grammar = None
-        if self._candidates is not None:
-            self.lm.return_candidates(self._candidates)
-            self._candidates = None
-
-
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-
-class _Candidates:
-    """A llama_token_data array over the whole vocabulary, with a numpy view for filling logits."""
-
-    def __init__(self, n_vocab: int) -> None:
-        self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
-        self.data["id"] = np.arange(n_vocab, dtype=np.int32)
-        self.c_array = llama_cpp.llama_token_data_array(
-            self.data.ctypes.data_as(llama_cpp.llama_token_data_p), n_vocab, -1, False)
-
-
-def _utf8_prefix(data: bytes) -> tuple[bool, bytes]:
-    """Is `data` valid UTF-8 up to a possibly unfinished last character? Returns (ok, unfinished)."""
-    try:
-        data.decode("utf-8")
-        return True, b""
-    except UnicodeDecodeError as exc:
-        if exc.reason == "unexpected end of data" and exc.end == len(data):
-            return True, data[exc.start:]
-        return False, b""

@@ -43,3 +43,12 @@ def inspector(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
     ins = Inspector(demo_bundle, config.model, config.device_id)
     yield ins
     ins.close()
+
+
+@pytest.fixture(scope="session")
+def gbnf_inspector(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
+    """The same inspector on llama.cpp's GBNF grammar sampler (model.constraint_engine: gbnf)."""
+    settings = config.model.model_copy(update={"constraint_engine": "gbnf", "warmup": False})
+    ins = Inspector(demo_bundle, settings, config.device_id)
+    yield ins
+    ins.close()

@@ -21,6 +21,8 @@ def test_bench_reports_stages_ratios_and_a_plot(tmp_path: Path, demo_dir: Path) 
     assert all(v["p95"] >= v["p50"] > 0 for v in report["stages_ms"].values())
     assert report["raw"]["gen_tok_s"] > 0 and report["tokens"]["gen_tok_s"] > 0
     assert 0 < report["ratios"]["generation_throughput_ours_vs_raw"]
+    assert report["raw"]["gen_tok_s_unconstrained"] > 0 and report["tokens"]["engine"] == "llguidance"
+    assert 0 < report["ratios"]["generation_ours_vs_raw_unconstrained"]
     assert report["prefix_cache"]["fixed_prompt_tokens"] > 200
     assert report["throughput"]["sequential_per_s"] > 0 and report["peak_rss_mb"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

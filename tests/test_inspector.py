@@ -82,15 +82,16 @@ def test_parallel_sequences_give_schema_valid_verdicts(inspector: Inspector, dem
     assert one.text == inspector.generate(prefix, embeds[0], suffix, inspector.grammar, 200).text
 
 
-def test_grammar_shortlist_gives_exactly_the_full_pass_tokens(inspector: Inspector,
+def test_grammar_shortlist_gives_exactly_the_full_pass_tokens(gbnf_inspector: Inspector,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge_runtime import language
+    from edge_runtime import picker
 
+    inspector = gbnf_inspector
     prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
     frames = synthetic_frames(12, seed=33)
     fast = [inspector.generate(prefix, inspector.encode(f).embeds, suffix, inspector.grammar, 200).text
             for f in frames]
-    monkeypatch.setattr(language, "_SHORTLIST", 0)  # every token through the full-vocabulary grammar pass
+    monkeypatch.setattr(picker, "_SHORTLIST", 0)  # every token through the full-vocabulary grammar pass
     full = [inspector.generate(prefix, inspector.encode(f).embeds, suffix, inspector.grammar, 200).text
             for f in frames]
     assert fast == full

@@ -17,6 +17,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from ..errors import InputError
 from ..grammar import schema_to_grammar
 from ..language import Sampling
 from ..scheduler import InspectionRequest
@@ -47,6 +48,7 @@ def models() -> Any:
 
 
 def _grammar(fmt: dict[str, Any] | None) -> str | None:
+    """The response_format as a grammar for the constraint engine (its budget is checked first)."""
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt["type"] == "json_object":
@@ -55,12 +57,14 @@ def _grammar(fmt: dict[str, Any] | None) -> str | None:
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema")
         if not isinstance(schema, dict):
-            raise ApiError(400, "invalid_request_error", "response_format.json_schema.schema must be an object")
+            raise invalid("response_format.json_schema.schema", "must be an object")
         try:
             return schema_to_grammar(schema)
+        except InputError:
+            raise  # over the complexity budget: a 4xx naming the field and the limit
         except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for odd schemas
-            raise ApiError(400, "invalid_request_error", f"unsupported JSON schema: {exc}") from None
-    raise ApiError(400, "invalid_request_error", f"unsupported response_format type {fmt['type']!r}")
+            raise invalid("response_format.json_schema.schema", f"unsupported JSON schema: {exc}") from None
+    raise invalid("response_format.type", f"unsupported response_format type {fmt['type']!r}")
 
 
 def _image_bytes(url: str, field: str) -> bytes:
