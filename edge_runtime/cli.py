@@ -36,19 +36,15 @@ def setup_logging(level: str) -> None:
 
 
 def resolve_bundle(config: Config, model_dir: str | None) -> Bundle:
-    """--model, then config model.path, then the demo bundle (built on first use)."""
-    from .bundle import ensure_demo_bundle, load_bundle
+    from .model_source import resolve_bundle
 
-    path = model_dir or config.model.path
-    if path:
-        return load_bundle(path, verify_checksums=config.model.verify_checksums)
-    return ensure_demo_bundle(config.data_dir)
+    return resolve_bundle(config, model_dir)
 
 
 def open_inspector(config: Config, model_dir: str | None) -> Inspector:
-    from .inspector import Inspector
+    from .model_source import open_inspector
 
-    return Inspector(resolve_bundle(config, model_dir), config.model, config.device_id)
+    return open_inspector(config, model_dir)
 
 
 # ---- commands -------------------------------------------------------------------------------

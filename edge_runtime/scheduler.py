@@ -17,42 +17,23 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import cv2
 import numpy as np
 
 from .capture import Camera, Frame
 from .config import TriggerConfig
-from .errors import EdgeRuntimeError, StorageFull
+from .contracts import BatchJob, GateDecision, ResultListener
+# Gate, OpenGate and QueueFull lived here; re-exported so that old import paths keep working.
+from .contracts import Gate as Gate
+from .contracts import OpenGate as OpenGate
+from .contracts import QueueFull as QueueFull
+from .errors import StorageFull
 from .result import Result
 from .supervise import RateLimitedLog, SupervisedThread
 
 log = logging.getLogger(__name__)
-
-
-class QueueFull(EdgeRuntimeError):
-    """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """What the governor allows now: a rate factor (1 = configured rate) or a pause."""
-
-    rate_factor: float = 1.0
-    paused: bool = False
-    state: dict[str, Any] | None = None
-
-
-class Gate(Protocol):
-    def decision(self) -> GateDecision: ...
-
-
-class OpenGate:
-    """No governor: always full rate."""
-
-    def decision(self) -> GateDecision:
-        return GateDecision()
 
 
 @dataclass
@@ -229,9 +210,6 @@ class CameraSchedule:
         return future
 
 
-ResultListener = Callable[[Result], None]
-
-
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
 
@@ -377,7 +355,6 @@ class InspectionWorker:
         request.future.set_exception(exc)
 
     def _inspect_batch(self, work: list[tuple[InspectionRequest, Any]]) -> None:
-        from .inspector import BatchJob
 
         gate = self.gate.decision()
         t0 = time.monotonic()
