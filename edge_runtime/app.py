@@ -28,6 +28,7 @@ from .commands import command_table
 from .config import CameraConfig, Config, load_config
 from .contracts import Device, Gate, ModelInfo, OpenGate, ResultListener
 from .errors import EdgeRuntimeError, StorageFull
+from .inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from .inspector import Inspector
 from .journal import Journal
 from .model_source import resolve_bundle
@@ -35,11 +36,11 @@ from .mqtt import MqttService, homeassistant_discovery
 from .offload.router import Offloader
 from .power import GovernorGate, GovernorService, detect_sensor
 from .reload import describe_changes, restart_only
-from .result import Result, utc_now
-from .rigs import CameraRig, UnknownCamera
-from .scheduler import InspectionQueue, InspectionRequest, InspectionWorker, ScheduleStats
+from .result import Result
+from .rigs import CameraRig, UnknownCamera, camera_status, cameras_not_in_file, telemetry_message
 from .supervise import SupervisedThread
 from .verdicts import VerdictServices
+from .worker import InspectionWorker
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +54,7 @@ class Daemon:
         self.model_dir = model_dir
         self.config_path = config_path
         # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
-        self.extra_cameras = _cameras_not_in_file(config, config_path)
+        self.extra_cameras = cameras_not_in_file(config, config_path)
         self.started = time.time()
         self.gate: Gate = OpenGate()
         self.inspections = InspectionQueue(config.inspection.queue_size)
@@ -331,19 +332,8 @@ class Daemon:
         return threads
 
     def status(self) -> dict[str, Any]:
-        cameras = []
         rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
-        for rig in rigs.values():
-            cam = rig.camera.status()
-            s = rig.schedule.stats
-            cameras.append({
-                "name": cam.name, "kind": cam.kind, "source": cam.source, "state": cam.state,
-                "last_error": cam.last_error, "fps": cam.fps, "trigger": rig.cfg.trigger.mode,
-                "frames": {**cam.stats, "inspected": s.inspected, "skipped_unchanged": s.skipped_unchanged,
-                           "skipped_busy": s.skipped_busy, "skipped_paused": s.skipped_paused,
-                           "errors": s.errors},
-                "last_result": s.last_result,
-            })
+        cameras = [camera_status(rig) for rig in rigs.values()]
         inspector = self.inspector
         return {
             "device": config.device_id,
@@ -373,20 +363,7 @@ class Daemon:
         now, inspected = time.monotonic(), self.worker.inspected
         then, before = self._telemetry_mark
         self._telemetry_mark = (now, inspected)
-        status = self.status()
-        return {
-            "ts": utc_now(), "device": status["device"], "uptime_s": status["uptime_s"],
-            "health": status["health"],
-            "inspections_per_min": round((inspected - before) * 60 / max(now - then, 1e-6), 2),
-            "queue_depth": status["inspection"]["queue_depth"],
-            "outbox_backlog": status["journal"]["unsent"],
-            "outbox_parked": status["journal"]["parked"],
-            "energy_j_last_inspection": status["inspection"]["energy_j_last"],
-            "cameras": [{"name": c["name"], "state": c["state"], "fps": c["fps"],
-                         "captured": c["frames"]["captured"], "dropped": c["frames"]["dropped"],
-                         "inspected": c["frames"]["inspected"]} for c in status["cameras"]],
-            "governor": status["governor"],
-        }
+        return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -413,16 +390,6 @@ class Daemon:
 
     def _load_inspector(self, config: Config) -> Inspector:
         return Inspector(resolve_bundle(config, self.model_dir), config.model, config.device_id)
-
-
-def _cameras_not_in_file(config: Config, path: Path | None) -> list[CameraConfig]:
-    if path is None:
-        return list(config.cameras)
-    try:
-        in_file = {c.name for c in load_config(path).cameras}
-    except EdgeRuntimeError:
-        return []
-    return [c for c in config.cameras if c.name not in in_file]
 
 
 def _as_device(daemon: Daemon) -> Device:
