@@ -72,6 +72,24 @@ class InspectionWorker:
         self.inspections.wake()
         for thread in (self._encoder, self._thread):
             thread.join(timeout)
+        self._refuse_leftovers()
+
+    def _refuse_leftovers(self) -> None:
+        """Answer every request that never started, so no caller waits forever. Both stages have
+        stopped: a request the encoder handed on after the generator's last look is still in the hand-off."""
+        leftovers: list[InspectionRequest] = []
+        while True:
+            try:
+                leftovers.append(self._handoff.get_nowait()[0])
+            except queue.Empty:
+                break
+        while self.inspections.depth:
+            request = self.inspections.get(timeout=0)
+            if request is not None:  # None: the wake-up marker
+                leftovers.append(request)
+        for request in leftovers:
+            if not request.future.done():
+                request.future.set_exception(QueueFull("the daemon is shutting down"))
 
     def alive(self, max_busy_s: float) -> bool:
         """True while both stages turn and no single inspection has hung."""
