@@ -241,6 +241,8 @@ class Daemon:
             except EdgeRuntimeError as exc:
                 log.error("daemon: new model failed to load, keeping the old one: %s", exc)
                 new = new.model_copy(update={"model": self.config.model, "device_id": self.config.device_id})
+                # Not applied after all: the reply and the log line must not say they were.
+                changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
             else:
                 old, self.inspector = self.inspector, fresh
                 if old is not None:
