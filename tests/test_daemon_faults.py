@@ -108,6 +108,20 @@ def test_work_still_queued_at_shutdown_is_refused_not_left_waiting(bare_daemon: 
     assert all(isinstance(f.exception(timeout=0), QueueFull) for f in queued if f.exception(timeout=0))
 
 
+def test_stop_refuses_work_not_started_even_while_an_inspection_overruns_it(bare_daemon: Daemon) -> None:
+    started, release = threading.Event(), threading.Event()
+    first = bare_daemon.submit_job(blocking_job(started, release))
+    assert started.wait(30)
+    queued = [bare_daemon.submit_job(lambda _i: "ran") for _ in range(8)]  # 4 handed on, 1 held, 3 queued
+    try:
+        bare_daemon.worker.stop(timeout=0.3)  # the inspection in progress outlasts the stop's patience
+        wait_for(lambda: all(f.done() for f in queued), timeout=5, what="every waiting caller to be answered")
+        assert {str(f.exception(timeout=0)) for f in queued} == {"the daemon is shutting down"}
+    finally:
+        release.set()
+    assert first.result(timeout=30) == "ran"  # the one in progress still finishes
+
+
 def test_a_hung_inspection_makes_the_pipeline_not_alive_until_it_returns(bare_daemon: Daemon) -> None:
     started, release = threading.Event(), threading.Event()
     try:
