@@ -23,7 +23,9 @@ from .inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from .result import Result
 from .supervise import RateLimitedLog, SupervisedThread
 
-log = logging.getLogger(__name__)
+# The logger keeps its name from before the split out of scheduler.py: operators filter on it, and
+# the result lines ("edge_runtime.scheduler: result …") are counted by tests/test_lifecycle.py.
+log = logging.getLogger("edge_runtime.scheduler")
 
 
 class InspectionWorker:
