@@ -13,8 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contracts import Device
-from .mqtt import CommandError
+from .contracts import CommandError, Device
 
 
 class _Payload(BaseModel):

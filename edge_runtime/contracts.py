@@ -22,6 +22,10 @@ from .result import Result
 T = TypeVar("T")
 
 
+class CommandError(Exception):
+    """A remote command's payload is wrong; the message goes back in the MQTT error reply."""
+
+
 class QueueFull(EdgeRuntimeError):
     """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
 
