@@ -311,7 +311,8 @@ class Daemon:
         if inspector is None:
             return None
         return ModelInfo(str(inspector.bundle.manifest.name), inspector.model_name, inspector.ready,
-                         inspector.max_tokens, self.config.model.context_size)
+                         inspector.max_tokens, self.config.model.context_size,
+                         inspector.bundle.manifest.verdict_schema)
 
     def get_result(self, result_id: str) -> dict[str, Any] | None:
         return self.journal.get(result_id)

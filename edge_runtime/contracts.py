@@ -87,6 +87,7 @@ class ModelInfo:
     ready: bool
     max_tokens: int
     context_size: int
+    verdict_schema: dict[str, Any]  # the JSON schema every verdict (and a reviewer's correction) follows
 
 
 ResultListener = Callable[[Result], None]

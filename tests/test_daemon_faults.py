@@ -42,6 +42,7 @@ def test_a_changed_model_is_loaded_on_reload_and_the_old_one_closed(tmp_path: Pa
         assert daemon.inspector is not old and old is not None and not old.ready
         info = daemon.model_info()
         assert info is not None and info.ready and info.max_tokens == 200
+        assert info.verdict_schema["required"] == ["defect", "category", "confidence", "notes"]
         assert inspect_now(daemon).model == info.model_name
     finally:
         daemon.stop()
