@@ -46,6 +46,8 @@ demo: venv
 
 lint: venv
 	$(BIN)/ruff check
+	$(BIN)/lint-imports  # the layering of docs/architecture.md (contracts in pyproject.toml)
+	$(BIN)/python tools/import_graph.py  # no import loops, lazy imports included
 
 typecheck: venv
 	$(BIN)/mypy

@@ -15,75 +15,35 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import cv2
 import numpy as np
 
 from . import __version__, systemd
 from .api import ApiServer
-from .bundle import Bundle, ensure_demo_bundle, load_bundle
-from .capture import Camera
 from .commands import command_table
-from .config import CameraConfig, Config, ImageLimits, load_config
+from .config import CameraConfig, Config, load_config
+from .contracts import Device, Gate, ModelInfo, OpenGate, ResultListener
 from .errors import EdgeRuntimeError, StorageFull
+from .inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from .inspector import Inspector
 from .journal import Journal
+from .model_source import resolve_bundle
 from .mqtt import MqttService, homeassistant_discovery
 from .offload.router import Offloader
 from .power import GovernorGate, GovernorService, detect_sensor
 from .reload import describe_changes, restart_only
-from .result import Result, utc_now
-from .scheduler import (
-    CameraSchedule,
-    Gate,
-    InspectionQueue,
-    InspectionRequest,
-    InspectionWorker,
-    OpenGate,
-    ScheduleStats,
-)
+from .result import Result
+from .rigs import CameraRig, UnknownCamera, camera_status, cameras_not_in_file, telemetry_message
 from .supervise import SupervisedThread
 from .verdicts import VerdictServices
+from .worker import InspectionWorker
 
 log = logging.getLogger(__name__)
-
-
-class UnknownCamera(EdgeRuntimeError):
-    """No camera of that name is configured."""
-
-
-class CameraRig:
-    """A running camera and its trigger loop."""
-
-    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool,
-                 limits: ImageLimits | None = None) -> None:
-        self.cfg = cfg
-        self.camera = Camera(cfg, limits)  # folder cameras decode with the configured image limits
-        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined)
-        self._jpeg: tuple[int, bytes] | None = None
-
-    def start(self) -> None:
-        self.camera.start()
-        self.schedule.start()
-
-    def stop(self) -> None:
-        self.schedule.stop()
-        self.camera.stop()
-
-    def latest_jpeg(self, quality: int) -> bytes | None:
-        """The newest frame as JPEG, encoded lazily and cached per frame."""
-        frame = self.camera.slot.peek()
-        if frame is None:
-            return None
-        if self._jpeg is None or self._jpeg[0] != frame.seq:
-            ok, buf = cv2.imencode(".jpg", frame.image, [cv2.IMWRITE_JPEG_QUALITY, quality])
-            if not ok:
-                return None
-            self._jpeg = (frame.seq, buf.tobytes())
-        return self._jpeg[1]
+T = TypeVar("T")
 
 
 class Daemon:
@@ -94,7 +54,7 @@ class Daemon:
         self.model_dir = model_dir
         self.config_path = config_path
         # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
-        self.extra_cameras = _cameras_not_in_file(config, config_path)
+        self.extra_cameras = cameras_not_in_file(config, config_path)
         self.started = time.time()
         self.gate: Gate = OpenGate()
         self.inspections = InspectionQueue(config.inspection.queue_size)
@@ -152,7 +112,7 @@ class Daemon:
             ha = config.mqtt.homeassistant.discovery_prefix
             self.mqtt.discovery = lambda: homeassistant_discovery(
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
-        self.worker.listeners.append(self.mqtt.notify)
+        self.subscribe(self.mqtt.notify)
         self.mqtt.messages = self.verdicts.messages  # alerts and reviews, sent from the journal's file too
         self.verdicts.messages.notify = self.mqtt.notify
         self.services.append(self.mqtt)
@@ -281,6 +241,8 @@ class Daemon:
             except EdgeRuntimeError as exc:
                 log.error("daemon: new model failed to load, keeping the old one: %s", exc)
                 new = new.model_copy(update={"model": self.config.model, "device_id": self.config.device_id})
+                # Not applied after all: the reply and the log line must not say they were.
+                changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
             else:
                 old, self.inspector = self.inspector, fresh
                 if old is not None:
@@ -331,11 +293,39 @@ class Daemon:
         """Inspect an uploaded image through the shared queue. Raises QueueFull."""
         return self.inspections.submit(InspectionRequest(image, camera, prompt, journal=journal))
 
+    def submit_job(self, job: Callable[[Any], T]) -> Future[T]:
+        """Run `job(inspector)` in the worker, in turn with inspections (chat completions). Raises QueueFull."""
+        return self.inspections.submit(InspectionRequest(None, "openai", journal=False, job=job))
+
     def latest_jpeg(self, camera: str) -> bytes | None:
         rig = self.rigs.get(camera)
         if rig is None:
             raise UnknownCamera(f"no camera named {camera!r}")
         return rig.latest_jpeg(self.config.inspection.jpeg_quality)
+
+    # ---- queries (the rest of Device) ----------------------------------------------------------
+
+    def camera_names(self) -> list[str]:
+        return sorted(self.rigs)
+
+    def model_info(self) -> ModelInfo | None:
+        inspector = self.inspector
+        if inspector is None:
+            return None
+        return ModelInfo(str(inspector.bundle.manifest.name), inspector.model_name, inspector.ready,
+                         inspector.max_tokens, self.config.model.context_size,
+                         inspector.bundle.manifest.verdict_schema)
+
+    def get_result(self, result_id: str) -> dict[str, Any] | None:
+        return self.journal.get(result_id)
+
+    def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
+                      limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
+        return self.journal.query(camera, since, until, limit, before_seq)
+
+    def subscribe(self, listener: ResultListener) -> None:
+        """Call `listener` with every Result once it is journaled (MQTT, SSE, metrics)."""
+        self.worker.listeners.append(listener)
 
     # ---- status ------------------------------------------------------------------------------
 
@@ -347,19 +337,8 @@ class Daemon:
         return threads
 
     def status(self) -> dict[str, Any]:
-        cameras = []
         rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
-        for rig in rigs.values():
-            cam = rig.camera.status()
-            s = rig.schedule.stats
-            cameras.append({
-                "name": cam.name, "kind": cam.kind, "source": cam.source, "state": cam.state,
-                "last_error": cam.last_error, "fps": cam.fps, "trigger": rig.cfg.trigger.mode,
-                "frames": {**cam.stats, "inspected": s.inspected, "skipped_unchanged": s.skipped_unchanged,
-                           "skipped_busy": s.skipped_busy, "skipped_paused": s.skipped_paused,
-                           "errors": s.errors},
-                "last_result": s.last_result,
-            })
+        cameras = [camera_status(rig) for rig in rigs.values()]
         inspector = self.inspector
         return {
             "device": config.device_id,
@@ -389,20 +368,7 @@ class Daemon:
         now, inspected = time.monotonic(), self.worker.inspected
         then, before = self._telemetry_mark
         self._telemetry_mark = (now, inspected)
-        status = self.status()
-        return {
-            "ts": utc_now(), "device": status["device"], "uptime_s": status["uptime_s"],
-            "health": status["health"],
-            "inspections_per_min": round((inspected - before) * 60 / max(now - then, 1e-6), 2),
-            "queue_depth": status["inspection"]["queue_depth"],
-            "outbox_backlog": status["journal"]["unsent"],
-            "outbox_parked": status["journal"]["parked"],
-            "energy_j_last_inspection": status["inspection"]["energy_j_last"],
-            "cameras": [{"name": c["name"], "state": c["state"], "fps": c["fps"],
-                         "captured": c["frames"]["captured"], "dropped": c["frames"]["dropped"],
-                         "inspected": c["frames"]["inspected"]} for c in status["cameras"]],
-            "governor": status["governor"],
-        }
+        return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -428,21 +394,9 @@ class Daemon:
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)
 
     def _load_inspector(self, config: Config) -> Inspector:
-        bundle = self._resolve_bundle(config)
-        return Inspector(bundle, config.model, config.device_id)
-
-    def _resolve_bundle(self, config: Config) -> Bundle:
-        path = self.model_dir or config.model.path
-        if path:
-            return load_bundle(path, verify_checksums=config.model.verify_checksums)
-        return ensure_demo_bundle(config.data_dir)
+        return Inspector(resolve_bundle(config, self.model_dir), config.model, config.device_id)
 
 
-def _cameras_not_in_file(config: Config, path: Path | None) -> list[CameraConfig]:
-    if path is None:
-        return list(config.cameras)
-    try:
-        in_file = {c.name for c in load_config(path).cameras}
-    except EdgeRuntimeError:
-        return []
-    return [c for c in config.cameras if c.name not in in_file]
+def _as_device(daemon: Daemon) -> Device:
+    """Never called: mypy checks here that the composition root implements the interface it hands out."""
+    return daemon

@@ -252,16 +252,5 @@ def _first_line(exc: BaseException) -> str:
 
 
 def demo_bundle_dir(data_dir: Path) -> Path:
+    """Where the demo bundle is built (`model_source.ensure_demo_bundle` builds it)."""
     return data_dir / "models" / "demo"
-
-
-def ensure_demo_bundle(data_dir: Path) -> Bundle:
-    """Load the demo bundle from the data folder, building it first when missing or damaged."""
-    path = demo_bundle_dir(data_dir)
-    try:
-        return load_bundle(path)
-    except BundleError:
-        from edge_runtime_models.demo import build_demo_bundle
-
-        build_demo_bundle(path)
-        return load_bundle(path)

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .mqtt import CommandError
-
-if TYPE_CHECKING:
-    from .app import Daemon
+from .contracts import CommandError, Device
 
 
 class _Payload(BaseModel):
@@ -42,7 +39,7 @@ def _parse(model: type[_Payload], payload: dict[str, Any]) -> Any:
         raise CommandError(f"{field}: {err['msg']}") from None
 
 
-def command_table(daemon: Daemon) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+def command_table(daemon: Device) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
     def trigger(payload: dict[str, Any]) -> dict[str, Any]:
         req = _parse(TriggerPayload, payload)
         future = daemon.trigger(req.camera, req.prompt)
@@ -55,7 +52,7 @@ def command_table(daemon: Daemon) -> dict[str, Callable[[dict[str, Any]], dict[s
     def reload(payload: dict[str, Any]) -> dict[str, Any]:
         _parse(EmptyPayload, payload)
         outcome = daemon.reload()  # a refused file raises: the reply carries its one-line error
-        return {"cameras": sorted(daemon.rigs), **outcome}
+        return {"cameras": daemon.camera_names(), **outcome}
 
     def status(payload: dict[str, Any]) -> dict[str, Any]:
         _parse(EmptyPayload, payload)

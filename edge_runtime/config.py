@@ -14,8 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from .config_yaml import Expander, line_of
 from .errors import ConfigError
-from .evidence import EvidenceConfig
 from .offload.config import OffloadConfig
 from .rules import Rule, validate_rules
 
@@ -79,8 +79,6 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # host names carry dots
 _TOPIC_PIECE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; anything near this is not one
-_MAX_NODES = 100_000  # YAML nodes after alias expansion (a billion-laughs file has ~10^9)
-_MAX_DEPTH = 64
 
 
 def _check_topic(value: str, what: str) -> str:
@@ -254,6 +252,26 @@ class OtaConfig(_Section):
     state_dir: Path | None = Field(None, description="Where the agent keeps its state (default <data_dir>/ota).")
 
 
+# The evidence store's section (evidence.py); here so that reading a config never imports OpenCV.
+class EvidenceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Keep the image each verdict was made from.")
+    path: Path | None = Field(None, description="Folder of the store (default: <data_dir>/evidence).")
+    max_mb: float = Field(1024, gt=0, description="Disk budget of the store (images and thumbnails).")
+    max_age_days: float = Field(30, gt=0, description="Delete delivered evidence older than this.")
+    min_free_mb: float = Field(64, ge=0, description="Leave this much free on the file system "
+                               "(the journal shares it): older evidence is deleted first.")
+    keep_passes: float = Field(0.1, ge=0, le=1, description="Fraction of passing verdicts whose image "
+                               "is kept (defects are always kept); 0 keeps none, 1 keeps all.")
+    defect_field: str = Field("defect", pattern=r"^[A-Za-z0-9_]{1,64}$",
+                              description="Verdict field that is true for a defect.")
+    full_frame: bool = Field(False, description="Keep the whole camera frame instead of the ROI crop "
+                             "the model saw.")
+    jpeg_quality: int = Field(85, ge=10, le=100, description="JPEG quality of kept images.")
+    thumbnail_px: int = Field(192, ge=32, le=1024, description="Longest side of thumbnails.")
+
+
 class Config(_Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
@@ -317,102 +335,6 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("EDGE_RUNTIME_DATA") or platformdirs.user_data_dir("edge-runtime"))
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _substitute(text: str, where: str) -> str:
-    """Replace ${VAR} and ${VAR:-default}; a missing variable without default is an error."""
-    def repl(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
-        value = os.environ.get(name)
-        if value is None:
-            cred = _systemd_credential(name)
-            value = cred if cred is not None else default
-        if value is None:
-            raise ConfigError(f"{where}: environment variable {name} is not set (and has no :-default)")
-        return value
-    return _ENV.sub(repl, text)
-
-
-def _systemd_credential(name: str) -> str | None:
-    """systemd's LoadCredential= files are read like environment variables of the same name."""
-    directory = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not directory:
-        return None
-    path = Path(directory) / name
-    return path.read_text().rstrip("\n") if path.is_file() else None
-
-
-class _Expander:
-    """Compose tree -> Python values with bounds: a recursive alias (`x: &a [*a]`) or an alias bomb
-    (billion laughs) becomes a ConfigError instead of a RecursionError or gigabytes of memory."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.nodes = 0
-        self._open: set[int] = set()  # nodes being expanded: seeing one again is a cycle
-        self._loader = yaml.SafeLoader("")  # one per parse: its constructed-object cache is per document
-
-    def value(self, node: yaml.Node, depth: int = 0) -> Any:
-        where = f"{self.source}:{node.start_mark.line + 1}"
-        self.nodes += 1
-        if self.nodes > _MAX_NODES:
-            raise ConfigError(f"{where}: too many values (over {_MAX_NODES} after expanding aliases)")
-        if depth > _MAX_DEPTH:
-            raise ConfigError(f"{where}: nested deeper than {_MAX_DEPTH} levels")
-        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-            if id(node) in self._open:
-                raise ConfigError(f"{where}: an alias refers to itself (recursive structure)")
-            self._open.add(id(node))
-            try:
-                if isinstance(node, yaml.SequenceNode):
-                    return [self.value(v, depth + 1) for v in node.value]
-                out: dict[Any, Any] = {}
-                for k, v in node.value:
-                    if not isinstance(k, yaml.ScalarNode):
-                        raise ConfigError(f"{self.source}:{k.start_mark.line + 1}: a key must be a plain "
-                                          "value, not a list or mapping")
-                    out[self.value(k, depth + 1)] = self.value(v, depth + 1)
-                return out
-            finally:
-                self._open.discard(id(node))
-        return self._scalar(node, where)
-
-    def _scalar(self, node: yaml.Node, where: str) -> Any:
-        try:
-            value = self._loader.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:  # e.g. a !!python/object tag SafeLoader refuses
-            raise ConfigError(f"{where}: {getattr(exc, 'problem', None) or exc}") from None
-        if isinstance(value, str) and "${" in value:
-            value = _substitute(value, where)
-            # A substituted scalar is re-read so `port: ${PORT}` becomes an int.
-            try:
-                parsed = yaml.safe_load(value) if value else value
-            except yaml.YAMLError:
-                parsed = value
-            value = parsed if isinstance(parsed, (int, float, bool)) else value
-        return value
-
-
-def _line_of(root: yaml.Node, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the node at a pydantic error location, or of its nearest parent."""
-    node: yaml.Node | None = root
-    line = None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if k.value == key), None)
-            if match is None:
-                break
-            line = match[0].start_mark.line + 1
-            node = match[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
-
-
 def parse_config(text: str, source: str = "<config>") -> Config:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -428,7 +350,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (key: value)")
     try:
-        data = _Expander(source).value(root)
+        data = Expander(source).value(root)
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     try:
@@ -437,7 +359,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc)
-        line = _line_of(root, loc)
+        line = line_of(root, loc)
         where = f"{source}:{line}" if line else source
         msg = "unknown key (not part of the configuration)" if err["type"] == "extra_forbidden" else err["msg"]
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""

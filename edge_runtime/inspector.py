@@ -16,47 +16,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from jsonschema import Draft202012Validator
 
-from .bundle import Bundle, ImageLayout
+from .bundle import Bundle
 from .config import ModelConfig
+from .contracts import BatchJob, Encoded  # moved there: the scheduler uses them without the engines
 from .errors import BundleError, InferenceError, InputError
 from .grammar import schema_to_grammar
 from .language import GREEDY, Generation, ImagePart, LanguageModel, Sampling
+from .prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
 from .result import FrameInfo, Result
 from .token_cache import TokenCache
 from .vision import Preprocessor, VisionEncoder
 
 log = logging.getLogger(__name__)
 _IMAGE = "\x00image\x00"
-
-
-@dataclass
-class BatchJob:
-    """One frame of a batched inspection: already encoded, plus what its Result records."""
-
-    encoded: Encoded
-    camera: str
-    prompt: str | None = None
-    seq: int = 0
-    capture_ms: float = 0.0
-    governor: dict[str, Any] | None = None
-
-
-@dataclass
-class Encoded:
-    """The output of the first half: image embeddings plus what the Result needs of the frame."""
-
-    embeds: np.ndarray  # [T*N, D]: N embeddings per tile, T tiles (1 unless the bundle tiles)
-    width: int
-    height: int
-    preprocess_ms: float
-    encode_ms: float
-    grid: tuple[int, int] = (0, 0)  # tile rows, cols; (0, 0) for one untiled image
 
 
 class Inspector:
@@ -232,42 +209,3 @@ class Inspector:
         with self._lock:
             self.language.close()
         self.vision.close()
-
-
-def image_prompt(layout: ImageLayout, tokens: int, grid: tuple[int, int]) -> str:
-    """The image as the model's processor writes it into the prompt: one image token per embedding,
-    and for idefics3 the tile grid (row/column markers, a newline after each row, then the global image)."""
-    block = layout.image_token * tokens
-    if layout.kind == "single":
-        return block
-    rows, cols = grid
-    text = ""
-    for r in range(rows):
-        text += "".join(f"{layout.fake_token}<row_{r + 1}_col_{c + 1}>{block}" for c in range(cols)) + "\n"
-    glob = f"{layout.fake_token}{layout.global_token}{block}{layout.fake_token}"
-    return text + "\n" + glob if rows else glob
-
-
-def split_at_image_tokens(ids: list[int], image_token: int, embeds: np.ndarray
-                          ) -> tuple[list[int], list[np.ndarray | list[int]], list[int]]:
-    """Tokens before the first image token, then alternating embedding blocks and marker tokens, then the rest."""
-    where = [i for i, t in enumerate(ids) if t == image_token]
-    if len(where) != embeds.shape[0]:
-        raise InferenceError(f"the prompt has {len(where)} image tokens for {embeds.shape[0]} image embeddings")
-    if not where:
-        return ids, [], []
-    first, last = where[0], where[-1]
-    segments: list[np.ndarray | list[int]] = []
-    used, i = 0, first
-    while i <= last:
-        j = i
-        is_image = ids[i] == image_token
-        while j <= last and (ids[j] == image_token) == is_image:
-            j += 1
-        if is_image:
-            segments.append(embeds[used:used + j - i])
-            used += j - i
-        else:
-            segments.append(ids[i:j])
-        i = j
-    return ids[:first], segments, ids[last + 1:]

@@ -22,24 +22,9 @@ import numpy as np
 
 from .constraint import VocabTokenizer, tokenizer_for
 from .errors import BundleError, InferenceError, InputError
-from .picker import Candidates, TokenPicker
+from .picker import GREEDY, Candidates, Sampling, TokenPicker
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Greedy when temperature is 0 (inspection verdicts); sampled otherwise (chat requests)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    # Refuse tokens that would make the output invalid UTF-8 (always, for verdicts). Off only to
-    # compare raw token streams with a reference implementation.
-    valid_utf8: bool = True
-
-
-GREEDY = Sampling()
 
 
 @dataclass

@@ -22,6 +22,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from .config import MqttConfig
+from .contracts import CommandError as CommandError  # re-exported: it was defined here
 from .errors import InputError, StorageFull
 from .journal import Journal
 from .supervise import RateLimitedLog, SupervisedThread
@@ -43,10 +44,6 @@ def configure_client(client: mqtt.Client, cfg: MqttConfig) -> None:
                        keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
                        cert_reqs=ssl.CERT_REQUIRED)
         client.tls_insecure_set(cfg.tls.insecure)
-
-
-class CommandError(Exception):
-    """A command's payload is wrong; the message goes back in the error reply."""
 
 
 class MqttService:

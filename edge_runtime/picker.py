@@ -8,15 +8,45 @@ from __future__ import annotations
 from .engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from .constraint import GuidedPicker
 from .errors import InferenceError
 
-if TYPE_CHECKING:
-    from .language import LanguageModel, Sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy when temperature is 0 (inspection verdicts); sampled otherwise (chat requests)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    # Refuse tokens that would make the output invalid UTF-8 (always, for verdicts). Off only to
+    # compare raw token streams with a reference implementation.
+    valid_utf8: bool = True
+
+
+GREEDY = Sampling()
+
+
+class PickerHost(Protocol):
+    """What a picker needs of the language model that owns it (language.LanguageModel), typed here
+    so picker does not import language (which imports picker)."""
+
+    n_vocab: int
+    eog: frozenset[int]
+    constraint_engine: str
+    _vocab: Any
+
+    @property
+    def llm(self) -> Any: ...
+    def guidance_tokenizer(self) -> Any: ...
+    def borrow_candidates(self) -> Candidates: ...
+    def return_candidates(self, candidates: Candidates) -> None: ...
+    def _piece(self, token: int) -> bytes: ...
 
 _NEG_INF = np.float32(-np.inf)
 _SHORTLIST = 64  # top logits checked against the grammar before a full-vocabulary pass
@@ -32,7 +62,7 @@ class TokenPicker:
     candidate is checked to keep the output a valid UTF-8 prefix.
     """
 
-    def __init__(self, lm: LanguageModel, grammar: str | None, sampling: Sampling) -> None:
+    def __init__(self, lm: PickerHost, grammar: str | None, sampling: Sampling) -> None:
         self.lm = lm
         self.sampling = sampling
         self.rng = np.random.default_rng(sampling.seed)

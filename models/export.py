@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.bundle import ImageLayout
-from edge_runtime.inspector import image_prompt
+from edge_runtime.prompt_layout import image_prompt
 
 from . import llama_cpp_tools
 from .demo import DEFAULT_PROMPT, SYSTEM_PROMPT, VERDICT_SCHEMA, bundle_workdir, write_manifest

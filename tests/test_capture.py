@@ -162,3 +162,46 @@ def test_a_file_whose_decoder_raises_does_not_stop_the_folder(tmp_path: Path, ca
     cam = start(cameras, source=str(folder), fps=50)
     wait_for(lambda: cam.stats.captured >= 2, 10, "frames from the good file")
     assert cam.stats.refused == 1 and cam._thread.is_alive()
+
+
+def test_roi_crops_every_frame_before_it_reaches_the_slot(tmp_path: Path, cameras: list[Camera]) -> None:
+    import cv2
+    import numpy as np
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    image = np.zeros((120, 160, 3), np.uint8)
+    image[:, :, 1] = np.arange(160, dtype=np.uint8)[None, :]  # green = x, red = y: a crop shows where it came from
+    image[:, :, 2] = np.arange(120, dtype=np.uint8)[:, None]
+    cv2.imwrite(str(folder / "a.png"), image)
+    cam = start(cameras, source=str(folder), fps=20, roi=(30, 10, 50, 40))  # x, y, width, height
+    wait_for(lambda: cam.slot.peek() is not None, what="a frame")
+    frame = cam.slot.peek().image  # type: ignore[union-attr]
+    assert frame.shape == (40, 50, 3)
+    assert (frame == image[10:50, 30:80]).all()
+
+
+@pytest.mark.parametrize(("roi", "shape"), [((140, 100, 50, 40), (20, 20, 3)),  # past the edge: clipped
+                                            ((500, 500, 10, 10), (120, 160, 3))])  # outside: the whole frame
+def test_roi_past_the_frame_edge_is_clipped_and_one_outside_it_keeps_the_frame(
+        tmp_path: Path, cameras: list[Camera], roi: tuple[int, int, int, int], shape: tuple[int, int, int]) -> None:
+    import cv2
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "a.png"), part_image(0, 160, 120))
+    cam = start(cameras, source=str(folder), fps=20, roi=roi)
+    wait_for(lambda: cam.slot.peek() is not None, what="a frame")
+    assert cam.slot.peek().image.shape == shape  # type: ignore[union-attr]
+
+
+def test_credentials_in_a_camera_url_never_reach_status_or_logs(
+        cameras: list[Camera], caplog: pytest.LogCaptureFixture) -> None:
+    url = f"http://operator:s3cret-pw@127.0.0.1:{free_port()}/stream.mjpg"
+    with caplog.at_level(logging.DEBUG):
+        cam = start(cameras, source=url, open_timeout_s=1)
+        wait_for(lambda: cam.status().last_error is not None, what="the open to fail")
+    status = cam.status()
+    assert status.source == url.replace("s3cret-pw", "***")
+    assert "could not open" in (status.last_error or "") and "s3cret-pw" not in (status.last_error or "")
+    assert caplog.records and not any("s3cret-pw" in r.getMessage() for r in caplog.records)

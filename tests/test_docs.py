@@ -35,3 +35,11 @@ def test_every_cli_command_is_in_the_readme() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     for name in sub.choices:  # type: ignore[union-attr]
         assert f"edge-runtime {name}" in readme, name
+
+
+def test_every_module_is_in_the_architecture_map() -> None:
+    doc = (ROOT / "docs/architecture.md").read_text()
+    package = ROOT / "edge_runtime"
+    modules = [f"`{p.name}`" for p in package.glob("*.py") if not p.name.startswith("__")]
+    packages = [f"`{p.name}/`" for p in package.iterdir() if (p / "__init__.py").exists()]
+    assert [m for m in modules + packages if m not in doc] == []

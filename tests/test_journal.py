@@ -48,6 +48,18 @@ def test_retention_keeps_unsent_results(tmp_path: Path) -> None:
     assert counts["unsent"] == 5 and counts["total"] == 10
 
 
+def test_retention_without_an_outbox_drops_the_oldest_unsent_rows(tmp_path: Path) -> None:
+    # keep_unsent: false is what the daemon sets when MQTT is off: nothing would ever send these rows.
+    journal = Journal(tmp_path / "j.sqlite3", max_rows=10, keep_unsent=False)
+    results = [make_result(n=i) for i in range(30)]
+    for r in results:
+        journal.add(r)
+    journal.apply_retention()
+    assert journal.counts() == {"total": 10, "unsent": 10, "parked": 0}
+    assert [r["frame"]["seq"] for r in journal.query(limit=50)] == list(range(29, 19, -1))  # the newest stay
+    assert journal.get(results[0].id) is None
+
+
 def test_unsent_rows_come_oldest_first(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j.sqlite3")
     for i in range(5):

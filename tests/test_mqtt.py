@@ -192,7 +192,8 @@ def test_no_result_is_lost_through_broker_outage_and_daemon_kill(tmp_path: Path,
         sub.close()
 
 
-def test_password_authentication(tmp_path: Path, demo_dir: Path, video: Path, daemons: list[Daemon]) -> None:
+def test_password_authentication(tmp_path: Path, demo_dir: Path, video: Path, daemons: list[Daemon],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     broker = Broker(tmp_path / "auth", password=("edge", "s3cret-pw")).start()
     try:
         refused = start_daemon(make_config(tmp_path / "a", demo_dir, video, broker.port), daemons)
@@ -200,7 +201,7 @@ def test_password_authentication(tmp_path: Path, demo_dir: Path, video: Path, da
                  what="refusal without credentials")
         assert refused.status()["mqtt"]["connected"] is False
         refused.stop()
-        os.environ["TEST_MQTT_PASSWORD"] = "s3cret-pw"
+        monkeypatch.setenv("TEST_MQTT_PASSWORD", "s3cret-pw")  # undone after the test
         from edge_runtime.config import parse_config
         secret = parse_config("mqtt:\n  password: ${TEST_MQTT_PASSWORD}\n").mqtt.password
         ok = start_daemon(make_config(tmp_path / "b", demo_dir, video, broker.port, username="edge",
@@ -239,7 +240,11 @@ def test_tls_with_a_private_ca(tmp_path: Path, demo_dir: Path, video: Path, daem
         good = start_daemon(make_config(tmp_path / "g", demo_dir, video, broker.port,
                                         tls={"enabled": True, "ca_file": ca}), daemons)
         wait_for(lambda: good.status()["mqtt"]["published"] >= 2, what="results over TLS")
-        assert wrong.status()["mqtt"]["connected"] is False  # verification is on by default
+        # Verification is on by default: the wrong CA's handshake fails, and the status says so.
+        wait_for(lambda: wrong.status()["mqtt"]["last_error"], what="the TLS failure to be reported")
+        mqtt = wrong.status()["mqtt"]
+        assert mqtt["connected"] is False and mqtt["published"] == 0
+        assert "cannot connect" in mqtt["last_error"]
     finally:
         broker.stop()
 

@@ -16,7 +16,7 @@ from enum import IntEnum
 from typing import Any
 
 from ..config import GovernorConfig
-from ..scheduler import GateDecision
+from ..contracts import GateDecision
 from .sensors import Sensor, Snapshot
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .sensors import Snapshot
+from .snapshot import Snapshot
 
 
 class JtopSensor:
