@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -104,11 +105,12 @@ class EvidenceStore:
         with self._lock:
             try:
                 self._store(sha, data, image, defect)
-            except OSError as exc:
+                self._db.execute("INSERT OR REPLACE INTO evidence (result_id, sha256, width, height, bytes) "
+                                 "VALUES (?, ?, ?, ?, ?)", (result_id, sha, width, height, len(data)))
+            except (OSError, sqlite3.OperationalError) as exc:
+                # SQLite says "database or disk is full" (or a disk I/O error) as OperationalError.
                 self._full(exc)
                 return None
-            self._db.execute("INSERT OR REPLACE INTO evidence (result_id, sha256, width, height, bytes) "
-                             "VALUES (?, ?, ?, ?, ?)", (result_id, sha, width, height, len(data)))
             if self.faults and FAULT in self.faults:
                 log.info("evidence: writing again (space is back)")
             self.faults.discard(FAULT)
@@ -154,12 +156,12 @@ class EvidenceStore:
             raise OSError(errno.EIO, "thumbnail encoding failed")
         return bytes(buf.tobytes())
 
-    def _full(self, exc: OSError) -> None:
+    def _full(self, exc: OSError | sqlite3.OperationalError) -> None:
         self.skipped_full += 1
         if FAULT not in self.faults or time.monotonic() - self._logged > 60:
             self._logged = time.monotonic()
             log.error("evidence: cannot write to %s (%s); verdicts go on without images", self.root,
-                      exc.strerror or exc)
+                      getattr(exc, "strerror", None) or exc)
         self.faults.add(FAULT)
 
     # ---- retention ---------------------------------------------------------------------------------

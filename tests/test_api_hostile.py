@@ -207,7 +207,9 @@ CORPUS: dict[str, tuple[bytes, set[int]]] = {
     "cmyk-jpeg": (_cmyk_jpeg(), {200, 400}),
     "animated-gif": (_animated_gif(), {400}),
     "svg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="64" height="48"><script>alert(1)</script></svg>', {400}),
-    "jpeg-zip-polyglot": (JPEG + b"PK\x03\x04" + b"\0" * 200, {400}),
+    # A complete JPEG with bytes after its end marker is a valid image (cameras append metadata there):
+    # its pixels are inspected, the trailing bytes are never interpreted. A truncated scan is refused.
+    "jpeg-zip-polyglot": (JPEG + b"PK\x03\x04" + b"\0" * 200, {200}),
     "html-in-png-comment": (_png(32, 32)[:-12] + b"<html><script>x</script></html>" + _png(32, 32)[-12:], {200, 400}),
     "garbage-after-jpeg-header": (JPEG[:200] + bytes(range(256)) * 20, {400}),
 }

@@ -142,7 +142,7 @@ def test_on_change_skips_a_still_scene_and_inspects_a_change(
     changed = still.copy()
     cv2.rectangle(changed, (20, 20), (140, 100), (255, 255, 255), -1)
     cv2.imwrite(str(folder / "08.png"), changed)
-    daemon = run_daemon(CameraConfig(name="still", source=str(folder), fps=20, loop=False,
+    daemon = run_daemon(CameraConfig(name="still", source=str(folder), fps=5, loop=False,  # slow enough for a busy CI
                                      trigger=TriggerConfig(mode="on_change", change_check_s=0.01)))
     wait_for(lambda: cam(daemon, "still")["state"] == "ended", what="folder to end")
     wait_for(lambda: cam(daemon, "still")["frames"]["inspected"] >= 2, what="inspection of the change")

@@ -58,6 +58,7 @@ def config(disk: Path, demo_dir: Path, video: Path, cameras: int) -> Config:
     # An unreachable broker: results stay unsent, so nothing may be deleted to make room.
     cfg.mqtt.host, cfg.mqtt.port = "127.0.0.1", free_port()
     cfg.journal.min_free_mb = 0
+    cfg.evidence.min_free_mb = 0  # its 64 MB default floor is larger than this whole disk
     cfg.cameras = [CameraConfig(name=f"cam{i}", source=str(video), fps=30,
                                 trigger=TriggerConfig(mode="interval", interval_s=0.1)) for i in range(cameras)]
     return cfg
