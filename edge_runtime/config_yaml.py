@@ -82,7 +82,14 @@ class Expander:
         try:
             value = self._loader.construct_object(node, deep=True)
         except yaml.YAMLError as exc:  # e.g. a !!python/object tag SafeLoader refuses
-            raise ConfigError(f"{where}: {getattr(exc, 'problem', None) or exc}") from None
+            problem = getattr(exc, "problem", None) or str(exc)
+            if "tag:yaml.org,2002:merge" in problem:
+                problem = "YAML merge keys (<<: *anchor) are not supported here; repeat the keys instead"
+            raise ConfigError(f"{where}: {problem}") from None
+        except ValueError as exc:  # an integer of thousands of digits (Python's int() limit), a bad date
+            raise ConfigError(f"{where}: unusable value: {str(exc)[:120]}") from None
+        if isinstance(value, bytes):  # !!binary: a config holds text
+            raise ConfigError(f"{where}: binary (!!binary) values are not accepted")
         if isinstance(value, str) and "${" in value:
             value = _substitute(value, where)
             # A substituted scalar is re-read so `port: ${PORT}` becomes an int.

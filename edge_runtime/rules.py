@@ -8,15 +8,19 @@ on at least N of the last M results of that camera. Its actions are carried out 
 
 from __future__ import annotations
 
-import re
+import logging
 import threading
 import time
 from collections import deque
 from typing import Annotated, Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
+log = logging.getLogger(__name__)
 _MISSING = object()
+REGEX_TIMEOUT_S = 0.05  # per search; the `regex` engine checks it as it goes
+_timeouts_logged: dict[str, float] = {}
 
 
 class _Model(BaseModel):
@@ -51,8 +55,8 @@ class Condition(_Model):
     def _compiles(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                re.compile(v)
-            except re.error as exc:
+                regex.compile(v)
+            except regex.error as exc:
                 raise ValueError(f"not a valid regular expression: {exc}") from None
         return v
 
@@ -65,10 +69,24 @@ class Condition(_Model):
         if self.in_ is not None:
             return any(_same(value, v) for v in self.in_)
         if self.regex is not None:
-            return isinstance(value, str) and re.search(self.regex, value[:10_000]) is not None
+            return isinstance(value, str) and _search(self.regex, value[:10_000], self.field)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return False
         return value < self.lt if self.lt is not None else value > (self.gt if self.gt is not None else 0)
+
+
+def _search(pattern: str, text: str, field: str) -> bool:
+    """A regex search that cannot stall the daemon: Python's `re` holds the GIL for as long as a
+    catastrophic pattern backtracks (every thread stops, /healthz included). The `regex` engine
+    releases the GIL (`concurrent`) and gives up after a time limit; a search that times out is false."""
+    try:
+        return regex.search(pattern, text, timeout=REGEX_TIMEOUT_S, concurrent=True) is not None
+    except TimeoutError:
+        if time.monotonic() - _timeouts_logged.get(pattern, -1e9) > 60:
+            _timeouts_logged[pattern] = time.monotonic()
+            log.warning("rules: the regex %r on %s took over %.2f s and counts as no match; simplify it",
+                        pattern, field, REGEX_TIMEOUT_S)
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -105,6 +123,20 @@ class WebhookAction(_Model):
     headers: dict[str, str] = Field(default_factory=dict, max_length=16,
                                     description="Extra request headers (e.g. an Authorization with ${ENV}).")
     timeout_s: float = Field(5, gt=0, le=60, description="Per-attempt timeout.")
+
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(cls, v: dict[str, str]) -> dict[str, str]:
+        # A header the HTTP client refuses at send time would fail every delivery, forever.
+        for name, value in v.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"header name {name[:40]!r} is not a valid HTTP header name")
+            if any(c in value for c in "\r\n\0") or len(value) > 4096:
+                raise ValueError(f"header {name!r}: the value has a line break or NUL, or is over 4096 characters")
+        return v
+
+
+_HEADER_NAME = regex.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
 
 
 class ReaskAction(_Model):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .contracts import BatchJob, Gate, QueueFull, ResultListener
-from .errors import StorageFull
+from .errors import InputError, StorageFull
 from .inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from .result import Result
 from .supervise import RateLimitedLog, SupervisedThread
@@ -175,6 +175,10 @@ class InspectionWorker:
     def _failed(self, request: InspectionRequest, exc: Exception) -> None:
         if isinstance(exc, StorageFull):
             self._storage_full(request, exc)
+            return
+        if isinstance(exc, InputError):  # the client's mistake, answered with a 4xx: not our error
+            log.info("inspection of %s refused: %s", request.camera, exc)
+            request.future.set_exception(exc)
             return
         self.errors += 1
         stats = self.stats_for(request.camera)

@@ -28,6 +28,9 @@ CORPUS: dict[str, bytes] = {
     "python_tag": b"x: !!python/object/apply:os.system ['true']\n",
     "not_a_mapping": b"- 1\n- 2\n",
     "wildcard_camera": b"cameras:\n  - name: 'line#1'\n    source: x.avi\n",
+    "huge_integer": b"api: {port: 1" + b"0" * 5000 + b"}\n",  # past Python's int() digit limit
+    "merge_key": b"x: &d {threads: 1}\nmodel: {<<: *d}\n",
+    "binary_tag": b"device_id: !!binary aGVsbG8=\n",
 }
 BAD_NAMES = ["line#1", "line+1", "a/b", "<b>x</b>", "x" * 100, "-lead", "", "a b", "$SYS"]
 

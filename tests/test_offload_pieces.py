@@ -188,7 +188,7 @@ def refuse(request: InspectionRequest) -> Any:
     raise AssertionError("this fallback must not inspect locally")
 
 
-def test_every_endpoint_down_with_fallback_drop_counts_the_drop() -> None:
+def test_every_endpoint_down_with_fallback_drop_counts_the_drop(caplog: pytest.LogCaptureFixture) -> None:
     # Nothing listens on the port: connection refused. One worker: the second frame meets the open breaker.
     off = offloader(f"http://127.0.0.1:{free_port()}/v1", refuse, fallback="drop", retry={"attempts": 1},
                     breaker={"failures": 1, "open_s": 60}, workers=1)
@@ -202,6 +202,8 @@ def test_every_endpoint_down_with_fallback_drop_counts_the_drop() -> None:
         assert status["frames"] == {"taken": 3, "remote": 0, "fallback_local": 0, "dropped": 3, "failed": 0,
                                     "in_flight": 0}
         assert status["endpoints"][0]["requests"] == 1  # the open breaker spared the endpoint the rest
+        opened = [r for r in caplog.records if "circuit is open" in r.getMessage()]
+        assert len(opened) == 1 and opened[0].levelname == "WARNING"  # said once, not silent
     finally:
         off.stop()
 

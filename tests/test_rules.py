@@ -125,3 +125,40 @@ def test_firings_of_results_that_never_reached_the_journal_do_not_pile_up(tmp_pa
                                              text="", model="m", timings_ms={}, prompt="p"))
     assert len(services._fired) == 1
     services.stop()
+
+
+def test_a_catastrophic_regex_gives_up_without_stalling_other_threads() -> None:
+    """`re` holds the GIL while a pattern like (a|aa)+$ backtracks: the whole daemon froze for 40 s."""
+    import threading
+    import time
+
+    from edge_runtime.rules import Condition
+
+    condition = Condition.model_validate({"field": "prompt", "regex": "(a|aa)+$"})
+    ticks = 0
+    done = threading.Event()
+
+    def heartbeat() -> None:  # stands for /healthz and the camera threads
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    t0 = time.monotonic()
+    try:
+        assert condition.holds({"prompt": "a" * 60 + "!"}) is False  # timed out: no match
+        elapsed = time.monotonic() - t0
+    finally:
+        done.set()
+        beat.join()
+    assert elapsed < 2.0, elapsed
+    assert ticks >= 10, ticks  # the other thread kept running meanwhile
+
+
+def test_webhook_headers_with_line_breaks_are_refused_by_the_config() -> None:
+    text = CONFIG.replace('regex: "(unclosed"', "equals: 1").replace(
+        "type: alert", 'type: webhook\n        url: http://127.0.0.1:9/\n        headers: {X-A: "a\\r\\nInjected: 1"}')
+    with pytest.raises(ConfigError, match="line break"):
+        parse_config(text, "config.yaml")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -22,6 +23,8 @@ from jsonschema import Draft202012Validator
 
 from .breaker import CircuitBreaker
 from .config import EndpointConfig, OffloadConfig
+
+log = logging.getLogger(__name__)
 
 
 class RemoteError(Exception):
@@ -107,6 +110,7 @@ class Endpoint:
         self.latency_ms_sum = 0.0
         self.latency_ms_last: float | None = None
         self.last_error: str | None = None
+        self._open_logged = -1e9
 
     def ask(self, body: bytes, validator: Draft202012Validator, stop: threading.Event) -> Answer | None:
         """Up to `retry.attempts` tries while the breaker allows; None when this endpoint cannot answer."""
@@ -127,15 +131,29 @@ class Endpoint:
             except Exception as exc:  # noqa: BLE001 - every outcome must reach the breaker (or a probe never ends)
                 retry = isinstance(exc, RemoteError) and exc.retry
                 self._count(None, str(exc) if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}")
+                opened = self.breaker.opened
                 self.breaker.failure()
+                if self.breaker.opened > opened:  # a refused central server must not be silent
+                    self._log_open()
                 if not retry:
                     return None
                 continue
             latency = (time.perf_counter() - t0) * 1000
             self._count(latency, None)
+            closed = self.breaker.closed
             self.breaker.success()
+            if self.breaker.closed > closed:
+                log.info("offload: %s answers again; its circuit is closed", self.url)
             return Answer(verdict, text, model or self.cfg.model or "unknown", self.url, latency)
         return None
+
+    def _log_open(self) -> None:
+        """The first opening, then at most once a minute (a dead server re-opens after every probe)."""
+        now = time.monotonic()
+        if now - self._open_logged >= 60:
+            self._open_logged = now
+            log.warning("offload: %s fails (%s); its circuit is open (opened %d times so far)", self.url,
+                        self.last_error, self.breaker.opened)
 
     def _count(self, latency_ms: float | None, error: str | None) -> None:
         with self._lock:
