@@ -27,6 +27,7 @@ from .api import ApiServer
 from .commands import command_table
 from .config import CameraConfig, Config, load_config
 from .contracts import Device, Gate, ModelInfo, OpenGate, ResultListener
+from .device_services import DeviceServices
 from .errors import EdgeRuntimeError, StorageFull
 from .inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from .inspector import Inspector
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Daemon:
+class Daemon(DeviceServices):
     """The running device: model, journal, cameras, schedules and the inspection worker."""
 
     def __init__(self, config: Config, model_dir: str | None = None, config_path: Path | None = None) -> None:

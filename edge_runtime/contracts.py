@@ -8,9 +8,11 @@ this module, so it must stay cheap and must not import any sibling but `config` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -90,7 +92,96 @@ class ModelInfo:
     verdict_schema: dict[str, Any]  # the JSON schema every verdict (and a reviewer's correction) follows
 
 
+STATES = ("pending", "confirmed", "corrected")
+_TS = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$")
+
+
+class ReviewError(ValueError):
+    """A review or query parameter is wrong; `field` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class ResultFilter:
+    """A query over results and their reviews (`/api/v1/inspections`, exports); `check` bounds it."""
+
+    camera: str | None = None
+    defect: bool | None = None
+    category: str | None = None
+    since: str | None = None
+    until: str | None = None
+    review: str | None = None          # pending | confirmed | corrected | reviewed | none
+    below: float | None = None         # confidence below (the low-confidence part of the queue)
+    before: int | None = None          # cursor: journal seq, newest first
+    after: int | None = None           # only rows newer than this seq (live polling)
+    limit: int = 50
+    defect_field: str = "defect"
+
+    def check(self) -> ResultFilter:
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and not _TS.match(value):
+                raise ReviewError(f"{name} must be an RFC 3339 time, e.g. 2026-11-30T06:00:00Z", name)
+        if self.review is not None and self.review not in (*STATES, "reviewed", "none"):
+            raise ReviewError("review must be pending, confirmed, corrected, reviewed or none", "review")
+        if not 1 <= self.limit <= 1000:
+            raise ReviewError("limit must be between 1 and 1000", "limit")
+        for name in ("before", "after"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 2**63:
+                raise ReviewError(f"{name} must be a cursor from a previous page", name)
+        if self.camera is not None and len(self.camera) > 64:
+            raise ReviewError("camera is at most 64 characters", "camera")
+        if self.category is not None and len(self.category) > 200:
+            raise ReviewError("category is at most 200 characters", "category")
+        return self
+
+
 ResultListener = Callable[[Result], None]
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    """One chat completion as the API asks it of the device (already bounded and validated)."""
+
+    prompt: str  # the conversation, laid into the bundle's prompt slot
+    system: str | None = None
+    image: np.ndarray | None = None  # decoded, within images.max_pixels
+    grammar: str | None = None  # from `Device.constraint`; None: free text
+    max_tokens: int = 0  # 0: the model's default
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+    stops: list[str] = field(default_factory=list)
+    on_text: Callable[[str], None] | None = None  # each decoded piece, as it is generated (streaming)
+    on_end: Callable[[], None] | None = None  # once the job ran, whatever happened (ends a stream)
+
+
+class ChatOutput(Protocol):
+    """What a finished chat job returns (the language model's Generation)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def finish_reason(self) -> str: ...  # "stop" or "length"
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class EvidenceFile:
+    """A kept evidence image (or its thumbnail) on disk; retention may delete it at any time."""
+
+    path: Path
+    etag: str  # content-addressed: the image's sha256 (plus "-t" for a thumbnail)
 
 
 class Device(Protocol):
@@ -133,3 +224,32 @@ class Device(Protocol):
     def reload(self) -> dict[str, Any]: ...
 
     def subscribe(self, listener: ResultListener) -> None: ...  # every Result after it is journaled
+
+    # ---- chat (the OpenAI endpoint) ----
+
+    def constraint(self, schema: dict[str, Any]) -> str:
+        """The JSON schema as a grammar for `ChatJob.grammar`; `InputError` over the complexity budget,
+        any other exception for a schema the converter cannot take."""
+        ...
+
+    def chat(self, job: ChatJob) -> Future[ChatOutput]: ...  # in turn with inspections; QueueFull
+
+    # ---- evidence and review (api/inspection.py) ----
+
+    def verdict_status(self) -> dict[str, Any] | None: ...  # rules, evidence, webhooks, reviews (metrics)
+
+    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        """The kept image of a result, None if none was kept; OSError if retention just deleted it."""
+        ...
+
+    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]: ...
+
+    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]: ...  # every match, for exports
+
+    def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
+        """(message, dotted path) of the first way `verdict` breaks the bundle's schema, None if valid.
+        Raises EdgeRuntimeError while no model is loaded."""
+        ...
+
+    def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
+                      note: str | None) -> dict[str, Any]: ...  # ReviewError for a wrong action or note

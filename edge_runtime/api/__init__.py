@@ -14,7 +14,9 @@ from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..config import ApiConfig
+from ..contracts import Device
 from ..errors import EdgeRuntimeError
+from ..result import Result
 from .admission import QUICK_THREADS, Admission, slots
 from .errors import register_error_handlers
 from .events import EventHub
@@ -33,7 +35,7 @@ CONNECTION_LIMIT = 500
 RESTART_SETTINGS = ("enabled", "host", "port", "threads")
 
 
-def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
+def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
                events: EventHub | None = None, stream_seconds: float = STREAM_SECONDS) -> Flask:
     """Build the app around a running daemon (passed in, never a global)."""
     from . import inspection, openai, page, rest
@@ -72,18 +74,18 @@ def create_app(daemon: Any, cfg: ApiConfig, metrics: Metrics | None = None,
 class ApiServer:
     """Serves the app with waitress in a background thread; a daemon service (start/stop)."""
 
-    def __init__(self, daemon: Any, cfg: ApiConfig, stream_seconds: float = STREAM_SECONDS) -> None:
+    def __init__(self, daemon: Device, cfg: ApiConfig, stream_seconds: float = STREAM_SECONDS) -> None:
         self.cfg = cfg
         self.events = EventHub()
         # Looked up at scrape time, not bound now: what the daemon reports may be replaced or extended.
         self.metrics = Metrics(lambda: daemon.status(), lambda: daemon.health())
         self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
-        daemon.worker.listeners.append(self._on_result)
+        daemon.subscribe(self._on_result)
         self._server: Any = None
         self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
 
-    def _on_result(self, result: Any) -> None:
+    def _on_result(self, result: Result) -> None:
         self.metrics.observe(result)
         self.events.publish(result.to_dict())
 

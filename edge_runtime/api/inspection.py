@@ -21,7 +21,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request, sen
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..review import ResultFilter, ReviewError
+from ..contracts import Device, ResultFilter, ReviewError
 from .auth import require_access
 from .errors import ApiError
 
@@ -31,8 +31,9 @@ CSV_COLUMNS = ("id", "ts", "camera", "defect", "category", "confidence", "verdic
                "correction", "rules", "evidence_uri", "total_ms", "model")
 
 
-def daemon() -> Any:
-    return current_app.extensions["edge_runtime"]
+def daemon() -> Device:
+    device: Device = current_app.extensions["edge_runtime"]
+    return device
 
 
 def _bad(message: str, field: str) -> ApiError:
@@ -77,21 +78,20 @@ def _filter() -> ResultFilter:
 # ---- evidence images -------------------------------------------------------------------------------
 
 def _evidence(result_id: str, thumbnail: bool) -> Any:
-    store = daemon().verdicts.evidence
+    d = daemon()
     if len(result_id) > 64:
         raise ApiError(404, "not_found", "no result with that id")
-    found = store.lookup(result_id) if store is not None else None
-    if found is None:
-        exists = daemon().journal.get(result_id) is not None
+    try:  # opened here: retention may delete the file between the lookup and now
+        found = d.evidence_file(result_id, thumbnail)
+        handle = found.path.open("rb") if found is not None else None
+    except OSError:
+        raise ApiError(404, "not_found", f"no evidence for {result_id!r}: deleted by retention") from None
+    if found is None or handle is None:
+        exists = d.get_result(result_id) is not None
         why = "its image was not kept (passes are sampled) or was deleted by retention" if exists else \
             "no result with that id"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
-    try:  # opened here: retention may delete the file between the lookup and now
-        handle = (store.thumbnail(found) if thumbnail else found.path).open("rb")
-    except OSError:
-        raise ApiError(404, "not_found", f"no evidence for {result_id!r}: deleted by retention") from None
-    response = send_file(handle, mimetype="image/jpeg", etag=found.sha256 + ("-t" if thumbnail else ""),
-                         conditional=True, max_age=86400)
+    response = send_file(handle, mimetype="image/jpeg", etag=found.etag, conditional=True, max_age=86400)
     response.headers["Cache-Control"] = "private, max-age=86400, immutable"  # content-addressed
     return response
 
@@ -110,7 +110,7 @@ def thumbnail(result_id: str) -> Any:
 
 @bp.get("/api/v1/inspections")
 def inspections() -> Any:
-    rows, cursor = daemon().verdicts.reviews.query(_filter())
+    rows, cursor = daemon().query_inspections(_filter())
     return jsonify(results=rows, next_before=cursor)
 
 
@@ -136,12 +136,12 @@ def export(fmt: str) -> Any:
     if fmt not in ("csv", "jsonl"):
         raise ApiError(404, "not_found", "export formats: export.csv, export.jsonl")
     f = _filter()
-    reviews = daemon().verdicts.reviews
+    matches = daemon().iterate_inspections(f)
 
     def rows() -> Iterator[str]:
         if fmt == "csv":
             yield _csv_text(list(CSV_COLUMNS))
-        for r in reviews.iterate(f):
+        for r in matches:
             yield _csv_text(_csv_row(r)) if fmt == "csv" else json.dumps(r, ensure_ascii=False) + "\n"
 
     mimetype = "text/csv" if fmt == "csv" else "application/x-ndjson"
@@ -153,10 +153,10 @@ def export(fmt: str) -> Any:
 
 @bp.get("/api/v1/review/schema")
 def review_schema() -> Any:
-    inspector = daemon().inspector
-    if inspector is None:
+    info = daemon().model_info()
+    if info is None:
         raise ApiError(503, "not_ready", "the model is not loaded yet")
-    return jsonify(schema=inspector.bundle.manifest.verdict_schema,
+    return jsonify(schema=info.verdict_schema,
                    token_required=bool(current_app.config["EDGE_API_TOKEN"]))
 
 
@@ -172,22 +172,20 @@ def review(result_id: str) -> Any:
     if not isinstance(body, dict):
         raise _bad("send a JSON object {action, verdict?, note?}", "body")
     d = daemon()
-    result = d.journal.get(result_id) if len(result_id) <= 64 else None
+    result = d.get_result(result_id) if len(result_id) <= 64 else None
     if result is None:
         raise ApiError(404, "not_found", f"no result with id {result_id!r}")
     correction = body.get("verdict")
     if body.get("action") == "correct":
         if not isinstance(correction, dict):
             raise _bad("the corrected verdict object is required to correct", "verdict")
-        inspector = d.inspector
-        if inspector is None:
+        if d.model_info() is None:
             raise ApiError(503, "not_ready", "the model is not loaded yet (its schema checks corrections)")
-        errors = sorted(inspector.validator.iter_errors(correction), key=str)
-        if errors:
-            where = "".join(f".{p}" for p in errors[0].absolute_path)
-            raise _bad(f"does not match the bundle's schema: {errors[0].message}", f"verdict{where}")
+        error = d.verdict_error(correction)
+        if error is not None:
+            raise _bad(f"does not match the bundle's schema: {error[0]}", f"verdict{error[1]}")
     try:
-        written = d.verdicts.reviews.write(result, str(body.get("action")), correction, body.get("note"))
+        written = d.review_result(result, str(body.get("action")), correction, body.get("note"))
     except ReviewError as exc:
         raise _bad(str(exc), exc.field) from None
     return jsonify(id=result_id, review=written)
@@ -198,11 +196,13 @@ def review(result_id: str) -> Any:
 class VerdictCollector(Collector):
     """Rule firings, evidence, webhooks and reviews, read from the services at scrape time."""
 
-    def __init__(self, services: Any) -> None:
-        self.services = services
+    def __init__(self, device: Device) -> None:
+        self.device = device
 
     def collect(self) -> Iterator[Any]:
-        s = self.services.status()
+        s = self.device.verdict_status()
+        if s is None:
+            return
         fired = CounterMetricFamily("edge_rule_firings", "Rule firings by rule", labels=["rule"])
         for name, n in s["rules"]["fired"].items():
             fired.add_metric([name], n)
@@ -227,12 +227,10 @@ class VerdictCollector(Collector):
         yield reviews
 
 
-def register(app: Flask, daemon: Any, registry: Any) -> None:
-    """Blueprint and metrics; a daemon without verdict services (tests' stubs) gets neither."""
-    if getattr(daemon, "verdicts", None) is None:
-        return
+def register(app: Flask, daemon: Device, registry: Any) -> None:
+    """Blueprint and metrics of evidence, queries, exports and review."""
     app.register_blueprint(bp)
-    registry.register(VerdictCollector(daemon.verdicts))
+    registry.register(VerdictCollector(daemon))
 
 
 # ---- OpenAPI -------------------------------------------------------------------------------------

@@ -17,10 +17,8 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
+from ..contracts import ChatJob, ChatOutput
 from ..errors import InputError
-from ..grammar import schema_to_grammar
-from ..language import Sampling
-from ..scheduler import InspectionRequest
 from .admission import Ticket
 from .auth import require_access
 from .errors import ApiError, invalid
@@ -32,18 +30,15 @@ bp = Blueprint("openai", __name__)
 MIN_TEMPERATURE = 1e-3
 
 
-def _model_id() -> str:
-    return str(daemon().inspector.bundle.manifest.name)
-
-
 @bp.get("/v1/models")
 @doc("OpenAI-compatible model list", response=ModelList)
 def models() -> Any:
     d = daemon()
     data = []
-    if d.inspector is not None:
-        data.append({"id": _model_id(), "object": "model", "created": int(d.started), "owned_by": "edge-runtime",
-                     "root": d.inspector.model_name, "max_model_len": d.config.model.context_size})
+    info = d.model_info()
+    if info is not None:
+        data.append({"id": info.name, "object": "model", "created": int(d.started), "owned_by": "edge-runtime",
+                     "root": info.model_name, "max_model_len": info.context_size})
     return jsonify(object="list", data=data)
 
 
@@ -52,14 +47,14 @@ def _grammar(fmt: dict[str, Any] | None) -> str | None:
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt["type"] == "json_object":
-        return schema_to_grammar({"type": "object"})
+        return daemon().constraint({"type": "object"})
     if fmt["type"] == "json_schema":
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise invalid("response_format.json_schema.schema", "must be an object")
         try:
-            return schema_to_grammar(schema)
+            return daemon().constraint(schema)
         except InputError:
             raise  # over the complexity budget: a 4xx naming the field and the limit
         except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for odd schemas
@@ -150,13 +145,13 @@ def chat_completions() -> Any:
 def _chat(ticket: Ticket) -> Any:
     req: ChatRequest = validate(ChatRequest, json_body(force=True))
     d = daemon()
-    inspector = d.inspector
-    if inspector is None:
+    info = d.model_info()
+    if info is None:
         raise ApiError(503, "not_ready", "the model is not loaded yet", headers={"Retry-After": "5"})
-    if req.model and req.model not in (_model_id(), inspector.model_name, "default"):
+    if req.model and req.model not in (info.name, info.model_name, "default"):
         raise ApiError(404, "model_not_found", f"model {req.model[:128]!r} is not served here; see /v1/models",
                        field="model")
-    context = d.config.model.context_size
+    context = info.context_size
     asked = req.max_completion_tokens or req.max_tokens
     if asked is not None and asked >= context:
         name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
@@ -167,37 +162,28 @@ def _chat(ticket: Ticket) -> Any:
     frame = decode_upload(image_bytes[0], ticket, image_bytes[1]) if image_bytes is not None else None
     fmt = req.response_format.model_dump(by_alias=True, exclude_none=True) if req.response_format else None
     grammar = _grammar(fmt)
-    max_tokens = asked or inspector.max_tokens
+    max_tokens = asked or info.max_tokens
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     seed = req.seed if req.seed is not None and req.seed >= 0 else random.randrange(2**32)
     # Below MIN_TEMPERATURE sampling is greedy in all but name, and a denormal one (2e-313, found by
     # fuzzing) overflows the sampler's division into NaN probabilities: take it as greedy.
     temperature = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
-    sampling = Sampling(temperature, req.top_p, seed)
     deltas: queue.Queue[str | None] = queue.Queue()
-
-    def job(inspector: Any) -> Any:
-        encoded = inspector.encode(frame) if frame is not None else None
-        prefix, image, suffix = inspector.sequence(prompt, encoded, system or None)
-        try:
-            return inspector.generate(prefix, image, suffix, grammar, max_tokens, sampling,
-                                      deltas.put if req.stream else None, stops)
-        finally:
-            deltas.put(None)
-
-    future = submit(d.inspections.submit, InspectionRequest(None, "openai", journal=False, job=job))
+    job = ChatJob(prompt, system or None, frame, grammar, max_tokens, temperature, req.top_p, seed, stops,
+                  on_text=deltas.put if req.stream else None, on_end=lambda: deltas.put(None))
+    future = submit(d.chat, job)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if not req.stream:
-        gen = wait_result(future)
+        gen: ChatOutput = wait_result(future)
         return jsonify({
-            "id": completion_id, "object": "chat.completion", "created": created, "model": _model_id(),
+            "id": completion_id, "object": "chat.completion", "created": created, "model": info.name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
                          "finish_reason": gen.finish_reason, "logprobs": None}],
             "usage": {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.tokens,
                       "total_tokens": gen.prompt_tokens + gen.tokens},
         })
-    stream = _stream(future, deltas, completion_id, created, _model_id(), d.config.api.request_timeout_s)
+    stream = _stream(future, deltas, completion_id, created, info.name, d.config.api.request_timeout_s)
     return Response(Closing(stream, ticket.release), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -223,7 +209,7 @@ def _stream(future: Any, deltas: queue.Queue[str | None], cid: str, created: int
             break
         yield chunk({"content": piece})
     try:
-        gen = future.result(timeout=5)
+        gen: ChatOutput = future.result(timeout=5)
     except Exception as exc:  # noqa: BLE001 - the stream already started: report inside it
         yield f"data: {json.dumps({'error': {'message': str(exc), 'type': 'inference_failed'}})}\n\n"
         return

@@ -19,8 +19,8 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 
+from ..contracts import Device, QueueFull
 from ..errors import EdgeRuntimeError, ImageError, InputError, StorageFull
-from ..scheduler import QueueFull
 from ..vision import decode_image
 from .admission import RETRY_AFTER_S, Admission, Ticket, image_size, parse_json
 from .auth import require_access
@@ -44,8 +44,10 @@ bp = Blueprint("rest", __name__)
 KEEPALIVE_S = 5.0
 
 
-def daemon() -> Any:
-    return current_app.extensions["edge_runtime"]
+def daemon() -> Device:
+    """The device this app serves (passed to create_app, never a global)."""
+    device: Device = current_app.extensions["edge_runtime"]
+    return device
 
 
 def admission() -> Admission:
@@ -141,8 +143,8 @@ def healthz() -> Any:
 def readyz() -> Any:
     d = daemon()
     health = d.health()  # cheap by contract: no journal query
-    inspector = d.inspector
-    response = jsonify(**health, model=inspector.model_name if inspector else None)
+    info = d.model_info()
+    response = jsonify(**health, model=info.model_name if info else None)
     response.status_code = 200 if health["ready"] and health["state"] == "ok" else 503
     if response.status_code == 503:
         response.headers["Retry-After"] = "5"
@@ -168,7 +170,7 @@ def openapi() -> Any:
 def results() -> Any:
     q: ResultsQuery = validate(ResultsQuery, request.args.to_dict())
     last_event_id = current_app.extensions["edge_runtime_events"].last_id  # before the query: no gap
-    rows = daemon().journal.query(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
+    rows = daemon().query_results(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
                                   before_seq=q.before)
     next_before = rows[-1]["journal_seq"] if len(rows) == q.limit else None
     return jsonify(results=rows, next_before=next_before, last_event_id=last_event_id)
@@ -177,7 +179,7 @@ def results() -> Any:
 @bp.get("/api/v1/results/<result_id>")
 @doc("One result", response=ResultModel, errors=(404,))
 def result(result_id: str) -> Any:
-    found = daemon().journal.get(result_id[:128])
+    found = daemon().get_result(result_id[:128])
     if found is None:
         raise ApiError(404, "not_found", f"no result with id {result_id[:128]!r}", field="result_id")
     return jsonify(found)
@@ -229,7 +231,7 @@ def trigger(name: str) -> Any:
     with admission().admitted():
         body = validate(TriggerBody, json_body() if request.get_data(cache=True).strip() else {})
         d = daemon()
-        if name not in d.rigs:
+        if name not in d.camera_names():
             raise ApiError(404, "not_found", f"no camera named {name[:64]!r}", field="name")
         try:
             future = submit(d.trigger, name, body.prompt)

@@ -1,0 +1,73 @@
+"""The chat, evidence and review half of `contracts.Device`, for `app.Daemon` (kept apart so the
+composition root stays small): each method delegates to the service that owns the data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from .contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
+from .grammar import schema_to_grammar
+from .inspector import Inspector
+from .picker import Sampling
+from .verdicts import VerdictServices
+
+T = TypeVar("T")
+
+
+class DeviceServices:
+    """Mixed into `app.Daemon`, which provides `verdicts`, `submit_job` and `_current_inspector`."""
+
+    verdicts: VerdictServices
+
+    def submit_job(self, job: Callable[[Any], T]) -> Future[T]:
+        raise NotImplementedError
+
+    def _current_inspector(self) -> Inspector:
+        raise NotImplementedError
+
+    def constraint(self, schema: dict[str, Any]) -> str:
+        return schema_to_grammar(schema)
+
+    def chat(self, job: ChatJob) -> Future[ChatOutput]:
+        """Run a chat completion in the worker, in turn with inspections. Raises QueueFull."""
+        sampling = Sampling(job.temperature, job.top_p, job.seed)
+
+        def run(inspector: Inspector) -> ChatOutput:
+            try:
+                encoded = inspector.encode(job.image) if job.image is not None else None
+                prefix, image, suffix = inspector.sequence(job.prompt, encoded, job.system)
+                return inspector.generate(prefix, image, suffix, job.grammar, job.max_tokens or inspector.max_tokens,
+                                          sampling, job.on_text, job.stops)
+            finally:
+                if job.on_end is not None:
+                    job.on_end()
+        return self.submit_job(run)
+
+    # ---- evidence and review (VerdictServices) -------------------------------------------------
+
+    def verdict_status(self) -> dict[str, Any] | None:
+        return self.verdicts.status()
+
+    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        store = self.verdicts.evidence
+        found = store.lookup(result_id) if store is not None else None
+        if store is None or found is None:
+            return None
+        return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
+            EvidenceFile(found.path, found.sha256)
+
+    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
+        return self.verdicts.reviews.query(f)
+
+    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]:
+        return self.verdicts.reviews.iterate(f)
+
+    def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
+        errors = sorted(self._current_inspector().validator.iter_errors(verdict), key=str)
+        return (errors[0].message, "".join(f".{p}" for p in errors[0].absolute_path)) if errors else None
+
+    def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
+                      note: str | None) -> dict[str, Any]:
+        return self.verdicts.reviews.write(result, action, correction, note)
