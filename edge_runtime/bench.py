@@ -188,24 +188,21 @@ def _raw_llama(lm: LanguageModel, prefix: list[int], image: ImagePart, suffix: l
     lm.prefill(prefix, image, suffix, max_tokens)
     prefill_ms = (time.perf_counter() - t0) * 1000
     ctx = lm.ctx
-    chain = Sampler.chain()
-    if grammar is not None:
-        chain.add(Sampler.grammar(lm.vocab, grammar))
-    chain.add(Sampler(llama_cpp.llama_sampler_init_greedy()))
-    batch = llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(), 1)
-    t1 = time.perf_counter()
-    produced = 0
-    for _ in range(max(1, max_tokens)):
-        token = llama_cpp.llama_sampler_sample(chain.ptr, ctx, -1)
-        if grammar is not None and llama_cpp.llama_vocab_is_eog(lm.vocab, token):
-            break
-        produced += 1
-        arr = (llama_cpp.llama_token * 1)(token)
-        batch = llama_cpp.llama_batch_get_one(arr, 1)
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            break
-    elapsed = time.perf_counter() - t1
-    chain.close()
+    with Sampler.chain() as chain:
+        if grammar is not None:
+            chain.add(Sampler.grammar(lm.vocab, grammar))
+        chain.add(Sampler(llama_cpp.llama_sampler_init_greedy()))
+        t1 = time.perf_counter()
+        produced = 0
+        for _ in range(max(1, max_tokens)):
+            token = llama_cpp.llama_sampler_sample(chain.ptr, ctx, -1)
+            if grammar is not None and llama_cpp.llama_vocab_is_eog(lm.vocab, token):
+                break
+            produced += 1
+            arr = (llama_cpp.llama_token * 1)(token)
+            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, 1)) != 0:
+                break
+        elapsed = time.perf_counter() - t1
     lm.forget_prefix(clear=True)  # the KV cache no longer holds the cached prefix alone
     return prefill_ms, produced / elapsed if elapsed > 0 else 0.0
 
