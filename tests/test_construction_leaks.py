@@ -108,3 +108,21 @@ def test_closing_a_language_model_twice_is_harmless(demo_bundle: Bundle, config:
     assert lm.closed
     with pytest.raises(RuntimeError, match="closed"):
         lm.tokenize("hello")
+
+
+def test_every_handle_wrapper_closes_once_and_refuses_use_after(demo_bundle: Bundle) -> None:
+    from edge_runtime.llm.handles import Batch, Model, Sampler
+
+    with Model(str(demo_bundle.language_path), vocab_only=True) as model:
+        vocab = model.vocab
+        chain = Sampler.chain()
+        grammar = Sampler.grammar(vocab, 'root ::= "yes" | "no"')
+        chain.add(grammar)  # the chain owns it now: closing both must free it once
+        for handle in (chain, grammar, Batch(8), Batch(8, 16)):
+            handle.close()
+            handle.close()
+            assert handle.closed
+            with pytest.raises(RuntimeError, match="closed"):
+                _ = handle.ptr
+    model.close()
+    assert model.closed
