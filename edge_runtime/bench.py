@@ -23,7 +23,8 @@ import cv2
 import numpy as np
 
 from .inspector import Encoded, Inspector
-from .language import GREEDY, ImagePart, LanguageModel, image_segments
+from .language import GREEDY, ImagePart, LanguageModel
+from .llm.handles import Sampler
 from .samples import part_image
 from .vision import decode_image
 
@@ -182,35 +183,27 @@ def _raw_llama(lm: LanguageModel, prefix: list[int], image: ImagePart, suffix: l
                max_tokens: int) -> tuple[float, float]:
     """llama-cpp-python alone: decode the same batches, sample with llama.cpp's grammar+greedy chain
     (no grammar: greedy alone, and exactly `max_tokens` tokens, end-of-generation tokens included)."""
-    ctx = lm.llm.ctx
-    memory = llama_cpp.llama_get_memory(ctx)
-    llama_cpp.llama_memory_clear(memory, True)
-    lm._cached_prefix = []
+    lm.forget_prefix(clear=True)  # read the whole prompt, as llama-cpp-python alone would
     t0 = time.perf_counter()
-    pos = lm._decode_tokens(prefix, 0, want_last_logits=False)
-    pos = lm._decode_segments(image_segments(image), pos, want_last_logits=not suffix)
-    pos = lm._decode_tokens(suffix, pos, want_last_logits=True)
+    lm.prefill(prefix, image, suffix, max_tokens)
     prefill_ms = (time.perf_counter() - t0) * 1000
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    if grammar is not None:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_grammar(lm._vocab, grammar.encode(),
-                                                                                      b"root"))
-    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-    batch = llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 1)(), 1)
-    t1 = time.perf_counter()
-    produced = 0
-    for _ in range(max(1, max_tokens)):
-        token = llama_cpp.llama_sampler_sample(chain, ctx, -1)
-        if grammar is not None and llama_cpp.llama_vocab_is_eog(lm._vocab, token):
-            break
-        produced += 1
-        arr = (llama_cpp.llama_token * 1)(token)
-        batch = llama_cpp.llama_batch_get_one(arr, 1)
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            break
-    elapsed = time.perf_counter() - t1
-    llama_cpp.llama_sampler_free(chain)
-    llama_cpp.llama_memory_clear(memory, True)
+    ctx = lm.ctx
+    with Sampler.chain() as chain:
+        if grammar is not None:
+            chain.add(Sampler.grammar(lm.vocab, grammar))
+        chain.add(Sampler(llama_cpp.llama_sampler_init_greedy()))
+        t1 = time.perf_counter()
+        produced = 0
+        for _ in range(max(1, max_tokens)):
+            token = llama_cpp.llama_sampler_sample(chain.ptr, ctx, -1)
+            if grammar is not None and llama_cpp.llama_vocab_is_eog(lm.vocab, token):
+                break
+            produced += 1
+            arr = (llama_cpp.llama_token * 1)(token)
+            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, 1)) != 0:
+                break
+        elapsed = time.perf_counter() - t1
+    lm.forget_prefix(clear=True)  # the KV cache no longer holds the cached prefix alone
     return prefill_ms, produced / elapsed if elapsed > 0 else 0.0
 
 
@@ -262,8 +255,7 @@ def _throughput(inspector: Inspector, images: list[bytes]) -> dict[str, float]:
 def _parallel(inspector: Inspector, images: list[bytes]) -> dict[str, float]:
     items = [inspector.sequence(inspector.default_prompt, inspector.encode(decode_image(data))) for data in images]
     single = [inspector.generate(*item, inspector.grammar, inspector.max_tokens) for item in items]
-    with inspector._lock:
-        batched = inspector.language.generate_batch(items, inspector.grammar, inspector.max_tokens)
+    batched = inspector.generate_batch(items, inspector.grammar, inspector.max_tokens)
     single_tps = sum(g.tokens for g in single) / sum(g.decode_ms / 1000 for g in single)
     batched_tps = sum(g.tokens for g in batched) / (batched[0].decode_ms / 1000)
     for gen in batched:

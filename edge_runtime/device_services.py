@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from .contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
 from .grammar import schema_to_grammar
 from .inspector import Inspector
-from .picker import Sampling
+from .language import Sampling
 from .verdicts import VerdictServices
 
 T = TypeVar("T")

@@ -16,6 +16,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -45,39 +47,45 @@ class Inspector:
         self.device_id = device_id
         m = bundle.manifest
         self.preprocessor = Preprocessor(m.preprocess)
-        self.language = LanguageModel(
-            bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
-            settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
-            settings.constraint_engine, settings.fast_forward, m.files.language.sha256, settings.batch_kv_cache)
-        try:
+        self._lock = threading.Lock()
+        self.ready = False
+        # Every step below may fail (a bad file, a refused grammar, the warm-up): the stack frees
+        # what the steps before it built, so a failed load or reload leaks no native memory.
+        with ExitStack() as stack:
+            self.language = stack.enter_context(LanguageModel(
+                bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
+                settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
+                settings.constraint_engine, settings.fast_forward, m.files.language.sha256,
+                settings.batch_kv_cache))
             vision_path = bundle.vision_path
             if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
                 vision_path = bundle.vision_fp16_path
-            self.vision = VisionEncoder(vision_path, m.vision.input, m.vision.output,
-                                        settings.providers, settings.threads)
-        except BaseException:
-            self.language.close()
-            raise
-        self.default_prompt = settings.prompt or m.prompt.default
-        self.max_tokens = settings.max_tokens or m.generation.max_tokens
-        self.grammar = schema_to_grammar(m.verdict_schema)
-        self.validator = Draft202012Validator(m.verdict_schema)
-        self._token_cache = TokenCache(settings.token_cache_bytes)
-        self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
-        self._image_token = -1
-        if m.vision.layout is not None:
-            ids = self.language.tokenize(m.vision.layout.image_token)
-            if len(ids) != 1:
-                self.language.close()
-                self.vision.close()
-                raise BundleError(f"{bundle.root / 'bundle.yaml'}: vision.layout.image_token "
-                                  f"{m.vision.layout.image_token!r} is not one token of the language model")
-            self._image_token = ids[0]
-        self._lock = threading.Lock()
-        self.ready = False
-        if settings.warmup:
-            self.warm_up()
+            self.vision = stack.enter_context(VisionEncoder(vision_path, m.vision.input, m.vision.output,
+                                                            settings.providers, settings.threads))
+            self.default_prompt = settings.prompt or m.prompt.default
+            self.max_tokens = settings.max_tokens or m.generation.max_tokens
+            self.grammar = schema_to_grammar(m.verdict_schema)
+            self.validator = Draft202012Validator(m.verdict_schema)
+            self._token_cache = TokenCache(settings.token_cache_bytes)
+            self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
+            self._image_token = -1
+            if m.vision.layout is not None:
+                ids = self.language.tokenize(m.vision.layout.image_token)
+                if len(ids) != 1:
+                    raise BundleError(f"{bundle.root / 'bundle.yaml'}: vision.layout.image_token "
+                                      f"{m.vision.layout.image_token!r} is not one token of the language model")
+                self._image_token = ids[0]
+            if settings.warmup:
+                self.warm_up()
+            self._stack = stack.pop_all()
         self.ready = True
+
+    def __enter__(self) -> Inspector:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
     @property
     def model_name(self) -> str:
@@ -151,6 +159,12 @@ class Inspector:
         with self._lock:
             return self.language.generate(prefix, image, suffix, grammar, max_tokens, sampling, on_text, stop)
 
+    def generate_batch(self, items: list[tuple[list[int], ImagePart, list[int]]], grammar: str | None,
+                       max_tokens: int) -> list[Generation]:
+        """Greedy generation for several sequences (one prefix) as parallel sequences of one batch."""
+        with self._lock:
+            return self.language.generate_batch(items, grammar, max_tokens)
+
     def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
                 seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,
                 encoded: Encoded | None = None) -> Result:
@@ -167,8 +181,7 @@ class Inspector:
         t0 = time.perf_counter()
         questions = [job.prompt or self.default_prompt for job in jobs]
         items = [self.sequence(question, job.encoded) for job, question in zip(jobs, questions, strict=True)]
-        with self._lock:
-            gens = self.language.generate_batch(items, self.grammar, self.max_tokens)
+        gens = self.generate_batch(items, self.grammar, self.max_tokens)
         out: list[Result | InferenceError] = []
         for job, question, gen in zip(jobs, questions, gens, strict=True):
             try:
@@ -205,7 +218,7 @@ class Inspector:
         return dict(verdict)
 
     def close(self) -> None:
+        """Free the language model and the vision encoder (waits for a generation in progress)."""
         self.ready = False
         with self._lock:
-            self.language.close()
-        self.vision.close()
+            self._stack.close()  # idempotent: a second close() finds the stack empty

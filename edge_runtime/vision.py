@@ -189,4 +189,10 @@ class VisionEncoder:
         return np.asarray(out, dtype=np.float32)
 
     def close(self) -> None:
-        self.session = None
+        self.session = None  # ORT frees the session with its last reference; idempotent
+
+    def __enter__(self) -> VisionEncoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

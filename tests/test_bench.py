@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from images import synthetic_frames
+
+from edge_runtime.bench import _raw_llama
+from edge_runtime.inspector import Inspector
+
 
 def test_bench_reports_stages_ratios_and_a_plot(tmp_path: Path, demo_dir: Path) -> None:
     plot = tmp_path / "stages.png"
@@ -26,3 +31,15 @@ def test_bench_reports_stages_ratios_and_a_plot(tmp_path: Path, demo_dir: Path) 
     assert report["prefix_cache"]["fixed_prompt_tokens"] > 200
     assert report["throughput"]["sequential_per_s"] > 0 and report["peak_rss_mb"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_raw_engine_run_leaves_the_inspector_answering_as_before(inspector: Inspector) -> None:
+    # bench's raw llama.cpp run shares the inspector's context: afterwards the prefix cache must not
+    # claim KV cells the raw run cleared (the next verdict would be read without its prompt).
+    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
+    embeds = inspector.encode(synthetic_frames(1, seed=61)[0]).embeds
+    before = inspector.generate(prefix, embeds, suffix, inspector.grammar, inspector.max_tokens)
+    _raw_llama(inspector.language, prefix, embeds, suffix, inspector.grammar, inspector.max_tokens)
+    after = inspector.generate(prefix, embeds, suffix, inspector.grammar, inspector.max_tokens)
+    assert after.token_ids == before.token_ids
+    assert after.prefix_reused == 0  # the prefix was read again, not trusted from a cleared cache

@@ -13,7 +13,7 @@ from images import synthetic_frames
 from edge_runtime.bundle import Bundle
 from edge_runtime.config import Config
 from edge_runtime.inspector import Inspector
-from edge_runtime.language import LanguageModel
+from edge_runtime.llm.feed import Feed
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +73,16 @@ def test_parallel_llguidance_verdicts_are_schema_valid(inspector: Inspector) -> 
 
 def test_forced_tokens_are_decoded_in_one_batch(inspector: Inspector, monkeypatch: pytest.MonkeyPatch) -> None:
     decodes: list[int] = []
-    real = LanguageModel._decode
+    real = Feed.decode
 
-    def counting(self: LanguageModel, batch, ctx=None) -> None:  # type: ignore[no-untyped-def]
+    def counting(self: Feed, ctx, batch) -> None:  # type: ignore[no-untyped-def]
         decodes.append(batch.n_tokens)
-        real(self, batch, ctx)
+        real(self, ctx, batch)
 
     prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
     embeds = inspector.encode(synthetic_frames(1, seed=3)[0]).embeds
     inspector.generate(prefix, embeds, suffix, inspector.grammar, 200)  # fills the prefix cache
-    monkeypatch.setattr(LanguageModel, "_decode", counting)
+    monkeypatch.setattr(Feed, "decode", counting)
     gen = inspector.generate(prefix, embeds, suffix, inspector.grammar, 200)
     # One token a decode would need a decode per token plus the prefill's; the keys the grammar
     # forces (`"category":`, `"confidence":`, ...) come several tokens a decode.

@@ -84,7 +84,7 @@ def test_parallel_sequences_give_schema_valid_verdicts(inspector: Inspector, dem
 
 def test_grammar_shortlist_gives_exactly_the_full_pass_tokens(gbnf_inspector: Inspector,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge_runtime import picker
+    from edge_runtime.llm import picker
 
     inspector = gbnf_inspector
     prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
@@ -99,13 +99,13 @@ def test_grammar_shortlist_gives_exactly_the_full_pass_tokens(gbnf_inspector: In
 
 def test_parallel_sequences_pick_the_same_tokens_in_threads_as_in_turn(inspector: Inspector,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge_runtime import language
+    from edge_runtime.llm import parallel
 
     prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
     items = [(prefix, inspector.encode(f).embeds, suffix) for f in synthetic_frames(4, seed=45)]
-    monkeypatch.setattr(language, "_PARALLEL_PICK_VOCAB", 10**9)
+    monkeypatch.setattr(parallel, "_PARALLEL_PICK_VOCAB", 10**9)
     in_turn = [g.text for g in inspector.language.generate_batch(items, inspector.grammar, 200)]
-    monkeypatch.setattr(language, "_PARALLEL_PICK_VOCAB", 0)  # the demo vocabulary is small: force threads
+    monkeypatch.setattr(parallel, "_PARALLEL_PICK_VOCAB", 0)  # the demo vocabulary is small: force threads
     threaded = [g.text for g in inspector.language.generate_batch(items, inspector.grammar, 200)]
     assert threaded == in_turn
 
