@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from edge_runtime_models.demo import build_demo_bundle
@@ -52,3 +53,10 @@ def gbnf_inspector(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
     ins = Inspector(demo_bundle, settings, config.device_id)
     yield ins
     ins.close()
+
+
+@pytest.fixture
+def client(daemon: Any) -> Any:
+    """A Flask test client of the module's running `daemon` fixture (modules that test the API)."""
+    assert daemon.api is not None
+    return daemon.api.app.test_client()

@@ -43,20 +43,19 @@ def make_daemon(tmp_path: Path, demo_dir: Path, token: str | None = None, queue_
     return d
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
-    d = make_daemon(tmp_path_factory.mktemp("api"), demo_dir)
+def running_daemon(tmp: Path, demo_dir: Path, results: int) -> Iterator[Daemon]:
+    """A started demo daemon with at least `results` journaled results, stopped afterwards."""
+    d = make_daemon(tmp, demo_dir)
     deadline = time.monotonic() + 20
-    while d.journal.counts()["total"] < 2 and time.monotonic() < deadline:
+    while d.journal.counts()["total"] < results and time.monotonic() < deadline:
         time.sleep(0.05)
     yield d
     d.stop()
 
 
-@pytest.fixture
-def client(daemon: Daemon) -> FlaskClient:
-    assert daemon.api is not None
-    return daemon.api.app.test_client()
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
+    yield from running_daemon(tmp_path_factory.mktemp("api"), demo_dir, results=2)
 
 
 def test_health_and_readiness(client: FlaskClient) -> None:

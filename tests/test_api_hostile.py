@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flask.testing import FlaskClient
 from images import encode, png_bomb
-from test_api import make_daemon
+from test_api import running_daemon
 
 from edge_runtime.app import Daemon
 from edge_runtime.errors import InputError
@@ -28,19 +28,9 @@ JPEG = encode(part_image(3, defect=True), ".jpg")
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
-    d = make_daemon(tmp_path_factory.mktemp("hostile"), demo_dir)
-    d.config.images.max_pixels = 20_000_000  # so the 49-MP PNG below is refused by size
-    deadline = time.monotonic() + 20
-    while d.journal.counts()["total"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def client(daemon: Daemon) -> FlaskClient:
-    assert daemon.api is not None
-    return daemon.api.app.test_client()
+    for d in running_daemon(tmp_path_factory.mktemp("hostile"), demo_dir, results=1):
+        d.config.images.max_pixels = 20_000_000  # so the 49-MP PNG below is refused by size
+        yield d
 
 
 def error_of(response: object, status: int) -> dict[str, object]:

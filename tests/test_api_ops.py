@@ -16,7 +16,7 @@ import pytest
 import requests
 from flask.testing import FlaskClient
 from images import encode
-from test_api import make_daemon
+from test_api import running_daemon
 from waiting import wait_for
 
 from edge_runtime.app import Daemon
@@ -27,16 +27,7 @@ JPEG = encode(part_image(1), ".jpg")
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
-    d = make_daemon(tmp_path_factory.mktemp("ops"), demo_dir)
-    wait_for(lambda: d.journal.counts()["total"] >= 2, 20, "two results")
-    yield d
-    d.stop()
-
-
-@pytest.fixture
-def client(daemon: Daemon) -> FlaskClient:
-    assert daemon.api is not None
-    return daemon.api.app.test_client()
+    yield from running_daemon(tmp_path_factory.mktemp("ops"), demo_dir, results=2)
 
 
 def test_readiness_is_503_with_state_and_reasons_while_degraded(client: FlaskClient, daemon: Daemon) -> None:
