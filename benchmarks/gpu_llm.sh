@@ -4,7 +4,8 @@
 #   start   install the small wheels, start the CUDA build of llama.cpp in the background (setsid)
 #   stash   copy the carried wheel parts (onnxruntime-gpu, Gemma 3 270M chunks) to /root/c
 #   bench   join onnxruntime-gpu, build the bundles, bench 0.5B/1.5B shapes and real Gemma 270M
-#           with the encoder on ORT's CUDA provider, and the parallel-vs-sequential agreement
+#           with the encoder on ORT's CUDA provider, where a batched step's time goes
+#           (benchmarks/parallel_profile.py), and the parallel-vs-sequential agreement
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 WHL=${WHL:-$PWD/../whl}
@@ -46,6 +47,10 @@ bench)
     timeout 200 python3 -m edge_runtime --config /tmp/gpu.yaml --log-level warning bench --model "/tmp/models/$b" \
       --frames "$FRAMES" --json > "$OUT/bench-$b.json" 2> "$OUT/bench-$b.err" || tail -5 "$OUT/bench-$b.err"
     python3 -c "import json,sys; from edge_runtime.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" "$OUT/bench-$b.json"
+  done
+  for b in ${PROFILE_BUNDLES:-siglip224-qwen1.5b siglip224-qwen0.5b siglip224-gemma270m}; do
+    [ -f "/tmp/models/$b/bundle.yaml" ] && timeout 120 python3 benchmarks/parallel_profile.py "/tmp/models/$b" \
+      /tmp/gpu.yaml ${CPROFILE:---cprofile} 2>&1 | grep -v "^llama_context" | tee "$OUT/profile-$b.txt"
   done
   [ -f /tmp/models/siglip224-gemma270m/bundle.yaml ] && timeout 120 python3 benchmarks/parallel_agreement.py \
     /tmp/models/siglip224-gemma270m /tmp/gpu.yaml | tee "$OUT/agreement.txt"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
 
 import ctypes
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ class Generation:
     finish_reason: str  # "stop" or "length"
     prefix_reused: int  # prompt tokens whose KV cache was reused
     token_ids: list[int] = field(default_factory=list)
+    steps: int = 0  # llama_decode calls of the generation (not the prefill)
+    llama_decode_ms: float = 0.0  # time inside them; measured only when Feed.profile is on
 
 
 # What goes between the prompt's prefix and suffix: one block of image embeddings [N, D], or a
@@ -53,6 +56,11 @@ class Feed:
         self.n_batch = n_batch
         self.n_embd = n_embd
         self._on_error = on_error  # the owner forgets its cached prefix: the KV cache is in doubt
+        # Profiling (benchmarks only): wait for the GPU after each decode so the time spent in it is
+        # the model's, not charged to the token picking that reads its logits next.
+        self.profile = False
+        self.decode_calls = 0
+        self.decode_s = 0.0
         with ExitStack() as stack:
             self.tokens = stack.enter_context(Batch(n_batch))
             self.embeds = stack.enter_context(Batch(n_batch, n_embd))
@@ -108,7 +116,12 @@ class Feed:
         return pos
 
     def decode(self, ctx: Any, batch: llama_cpp.llama_batch) -> None:
+        t0 = time.perf_counter() if self.profile else 0.0
         rc = llama_cpp.llama_decode(ctx, batch)
         if rc != 0:
             self._on_error()
             raise InferenceError(f"llama_decode failed with code {rc}")
+        self.decode_calls += 1
+        if self.profile:
+            llama_cpp.llama_synchronize(ctx)
+            self.decode_s += time.perf_counter() - t0

@@ -158,6 +158,7 @@ class LanguageModel:
         ids: list[int] = []
         finish = "length"
         t1 = time.perf_counter()
+        calls0, decode0 = self.feed.decode_calls, self.feed.decode_s
         picker = TokenPicker(self, grammar, sampling or GREEDY)
         try:
             for _ in range(max_tokens):
@@ -191,6 +192,7 @@ class LanguageModel:
             text=text, tokens=len(out),
             prompt_tokens=prompt_tokens, prefill_ms=prefill_ms, decode_ms=decode_ms,
             finish_reason=finish, prefix_reused=reused, token_ids=ids,
+            steps=self.feed.decode_calls - calls0, llama_decode_ms=(self.feed.decode_s - decode0) * 1000,
         )
 
     def prompt_logits(self, prefix: list[int], image: ImagePart, suffix: list[int]) -> np.ndarray:

@@ -96,6 +96,7 @@ class ParallelSequences:
                 pending.append(pickers[seq].next_token(ctx, -1))  # sample now: the next decode overwrites logits
             prefill_total = (time.perf_counter() - t0) * 1000
             t2 = time.perf_counter()
+            calls0, decode0 = feed.decode_calls, feed.decode_s
             finish = ["length"] * len(items)
             active = list(range(len(items)))
             batch = feed.tokens.struct
@@ -135,12 +136,13 @@ class ParallelSequences:
                 for seq, choice in zip(active, self._pick_all(pickers, active, rows, ctx), strict=True):
                     pending[seq] = choice
             decode_ms = (time.perf_counter() - t2) * 1000
+            steps, llama_ms = feed.decode_calls - calls0, (feed.decode_s - decode0) * 1000
         finally:
             for picker in pickers:
                 picker.close()
         return [Generation(b"".join(o).decode("utf-8", errors="replace"), len(o), prompt_tokens[i],
                            prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0,
-                           ids[i])
+                           ids[i], steps, llama_ms)
                 for i, o in enumerate(out)]
 
     def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Any
