@@ -2,10 +2,11 @@
 
 Usage: python benchmarks/parallel_profile.py BUNDLE_DIR [CONFIG.yaml] [--cprofile]
 For 1, 2, 4 and 8 cameras as parallel sequences (one KV stream per sequence, then a unified KV
-cache) it prints generation tok/s, decode steps, and per step: the milliseconds inside llama_decode
-(the GPU work, synchronized) and the milliseconds outside it (picking the next token of every
-sequence under the grammar, forced tokens, batch bookkeeping). With --cprofile it adds the top
-functions of a 4-camera batch with the picking threads off (cProfile sees one thread only).
+cache), with the picks of a step on threads and inline (the engine's own choice: threads only for
+llama.cpp's GBNF sampler on a large vocabulary), it prints generation tok/s, decode steps, and per
+step the milliseconds inside llama_decode (the GPU work, synchronized) and outside it (picking the
+next token of every sequence under the grammar, forced tokens, batch bookkeeping). With --cprofile
+it adds the top functions of a 4-camera batch with inline picks (cProfile sees one thread only).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from edge_runtime.bench import bench_images
 from edge_runtime.bundle import load_bundle
 from edge_runtime.config import load_config
 from edge_runtime.inspector import Inspector
-from edge_runtime.llm import parallel
 from edge_runtime.vision import decode_image
 
 SEQUENCES = (1, 2, 4, 8)
@@ -55,7 +55,7 @@ def main() -> None:
             items = [ins.sequence(ins.default_prompt, ins.encode(f)) for f in frames]
             base = None
             for threads in (True, False):
-                parallel._PARALLEL_PICK_VOCAB = 16_384 if threads else 1 << 40
+                ins.language.parallel.pick_threads = threads
                 for n in SEQUENCES:
                     if n == 1 and not threads:
                         continue
@@ -67,7 +67,7 @@ def main() -> None:
                           f"{r['decode_ms'] / steps:23.2f}  {(r['gen_ms'] - r['decode_ms']) / steps:15.2f}"
                           f"   ({r['tok_s'] / base:.2f}x one camera)")
             if "--cprofile" in sys.argv and kv == "per_sequence":
-                parallel._PARALLEL_PICK_VOCAB = 1 << 40
+                ins.language.parallel.pick_threads = False
                 prof = cProfile.Profile()
                 prof.enable()
                 ins.language.generate_batch(items[:4], ins.grammar, ins.max_tokens)

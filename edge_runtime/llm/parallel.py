@@ -19,8 +19,10 @@ from .feed import Feed, Generation, ImagePart, image_segments
 from .handles import Context
 from .picker import GREEDY, PickerHost, TokenPicker
 
-# Below this vocabulary size a token pick costs less than handing it to a thread (the demo bundle's
-# 4-camera batch ran at 0.83x with threads on the H200, 150k-token vocabularies at 2.6-2.9x).
+# Picks go to threads only for llama.cpp's GBNF sampler on a large vocabulary: its full pass costs
+# 1.5-2 ms of C with the GIL released, so four run side by side (150k-token vocabularies went from
+# 2.6x to 2.9x on the H200). llguidance picks are ~0.2 ms, mostly numpy under the GIL: on the H200
+# threads made a 4-camera step's picking 1.19 ms instead of 0.73 ms inline (docs/benchmarks.md).
 _PARALLEL_PICK_VOCAB = 16_384
 
 Item = tuple[list[int], ImagePart, list[int]]
@@ -50,6 +52,7 @@ class ParallelSequences:
         self.lm = lm
         self._ctx: Context | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self.pick_threads: bool | None = None  # None: the engine's choice (above); benchmarks force it
 
     def close(self) -> None:
         if self._ctx is not None:
@@ -151,7 +154,10 @@ class ParallelSequences:
         def pick(i: int) -> tuple[int, bytes]:
             return pickers[active[i]].next_token(ctx, rows[i])
 
-        if self.lm.n_vocab < _PARALLEL_PICK_VOCAB or len(active) == 1:
+        threads = self.pick_threads
+        if threads is None:
+            threads = self.lm.constraint_engine == "gbnf" and self.lm.n_vocab >= _PARALLEL_PICK_VOCAB
+        if not threads or len(active) == 1:
             return [pick(row) for row in range(len(active))]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(2, min(8, self.lm.threads)), thread_name_prefix="sampler")
