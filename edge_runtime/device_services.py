@@ -8,7 +8,6 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
-from .grammar import schema_to_grammar
 from .inspector import Inspector
 from .language import Sampling
 from .verdicts import VerdictServices
@@ -28,7 +27,7 @@ class DeviceServices:
         raise NotImplementedError
 
     def constraint(self, schema: dict[str, Any]) -> str:
-        return schema_to_grammar(schema)
+        return self._current_inspector().constraint(schema)
 
     def chat(self, job: ChatJob) -> Future[ChatOutput]:
         """Run a chat completion in the worker, in turn with inspections. Raises QueueFull."""

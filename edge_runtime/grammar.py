@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -49,13 +50,28 @@ def _flat_repetition(item_rule: str, min_items: int, max_items: int | None, sepa
 llama_grammar._build_repetition = _flat_repetition  # the converter looks it up per call
 
 
+# GBNF literal escapes. The converter escapes quotes and newlines but not the backslash, so the JSON
+# text of `say "hi"` ("say \"hi\"") ended its GBNF literal early (a grammar error) and `a\tb`
+# admitted a raw tab: enum values and property names with a backslash broke strict JSON.
+_LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
+_LITERAL_SPECIAL = re.compile(r'[\\"\r\n]')
+
+
 class _StrictConverter(SchemaConverter):
     def visit(self, schema: dict[str, Any], name: str) -> str:
         bounded = _bounded_numeric_rule(schema)
         if bounded is not None:
             rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
             return str(self._add_rule(rule_name, bounded))
+        if isinstance(schema.get("type"), list):
+            # The converter turns `type: [A, B]` into a union of bare `{"type": A}`, dropping every
+            # other keyword (maxLength, bounds, properties): keep them on each branch instead.
+            rest = {k: v for k, v in schema.items() if k != "type"}
+            return self.visit({"anyOf": [{**rest, "type": t} for t in schema["type"]]}, name)
         return str(super().visit(schema, name))
+
+    def _format_literal(self, literal: str) -> str:
+        return '"' + _LITERAL_SPECIAL.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
 
 
 def _bounded_numeric_rule(schema: dict[str, Any]) -> str | None:

@@ -65,6 +65,10 @@ class Inspector:
             self.default_prompt = settings.prompt or m.prompt.default
             self.max_tokens = settings.max_tokens or m.generation.max_tokens
             self.grammar = schema_to_grammar(m.verdict_schema)
+            try:
+                self.language.check_grammar(self.grammar)
+            except InputError as exc:
+                raise BundleError(f"{bundle.root / 'bundle.yaml'}: verdict_schema: {exc}") from None
             self.validator = Draft202012Validator(m.verdict_schema)
             self._token_cache = TokenCache(settings.token_cache_bytes)
             self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
@@ -152,6 +156,13 @@ class Inspector:
             raise InferenceError("this bundle lays the image out with tokens: use Inspector.sequence()")
         prefix, _, suffix = self.sequence(prompt, None)
         return prefix, suffix
+
+    def constraint(self, schema: dict[str, Any]) -> str:
+        """A client's JSON schema as a grammar, checked by the budget and by this model's constraint
+        engine before anything is queued (InputError naming response_format.json_schema)."""
+        grammar = schema_to_grammar(schema)
+        self.language.check_grammar(grammar)
+        return grammar
 
     def generate(self, prefix: list[int], image: ImagePart, suffix: list[int],
                  grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,

@@ -18,7 +18,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from ..contracts import ChatJob, ChatOutput
-from ..errors import InputError
+from ..errors import EdgeRuntimeError, InputError
 from .admission import Ticket
 from .auth import require_access
 from .errors import ApiError, invalid
@@ -56,7 +56,9 @@ def _grammar(fmt: dict[str, Any] | None) -> str | None:
         try:
             return daemon().constraint(schema)
         except InputError:
-            raise  # over the complexity budget: a 4xx naming the field and the limit
+            raise  # over the complexity budget, or beyond the constraint engine: a 4xx naming the field
+        except EdgeRuntimeError:  # the model is being swapped: no engine to check the schema against
+            raise ApiError(503, "not_ready", "the model is not loaded yet", headers={"Retry-After": "5"}) from None
         except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for odd schemas
             raise invalid("response_format.json_schema.schema", f"unsupported JSON schema: {exc}") from None
     raise invalid("response_format.type", f"unsupported response_format type {fmt['type']!r}")

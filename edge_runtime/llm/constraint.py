@@ -97,12 +97,16 @@ def _build_tokenizer(vocab: Any, n_vocab: int, eog: frozenset[int]) -> tuple[Any
 
 @lru_cache(maxsize=64)
 def lark_for(gbnf: str) -> str:
-    """The llguidance grammar (JSON-wrapped Lark) for a GBNF text; bounded cache of compiled schemas."""
+    """The llguidance grammar (JSON-wrapped Lark) for a GBNF text; bounded cache of compiled schemas.
+    A grammar the translator cannot take is an InputError (a 400 for a client's schema)."""
+    field = "response_format.json_schema"
     try:
         return str(llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(gbnf)))
     except RecursionError:
-        raise InputError("response_format.json_schema: the schema nests too deeply for the grammar "
-                         "translator", field="response_format.json_schema") from None
+        raise InputError(f"{field}: the schema nests too deeply for the grammar translator", field=field) from None
+    except Exception as exc:  # noqa: BLE001 - the translator raises its own error types
+        raise InputError(f"{field}: the constraint engine cannot express this schema "
+                         f"({type(exc).__name__}: {str(exc)[:160]})", field=field) from None
 
 
 class GuidedPicker:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BundleError, InferenceError, InputError
-from .constraint import VocabTokenizer, tokenizer_for
+from .constraint import VocabTokenizer, lark_for, tokenizer_for
 from .feed import Feed, Generation, ImagePart, Segment, image_segments
 from .parallel import Item, ParallelSequences
 from .picker import GREEDY, Candidates, Sampling, TokenPicker
@@ -116,6 +116,12 @@ class LanguageModel:
     @property
     def context_params(self) -> Any:
         return self.llm.context_params
+
+    def check_grammar(self, gbnf: str) -> None:
+        """Translate the grammar for this model's constraint engine now, so a grammar it cannot
+        take is refused up front (InputError), not in the middle of a generation."""
+        if self.constraint_engine == "llguidance":
+            lark_for(gbnf)
 
     def guidance_tokenizer(self) -> VocabTokenizer:
         """llguidance's view of this model's vocabulary (built once per model checksum)."""
