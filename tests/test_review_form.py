@@ -328,3 +328,19 @@ def test_double_quotes_in_names_and_values_stay_text(nested: Daemon, browser: An
     name, value = 'x" onfocus="window.__xss=4" autofocus="', '"><img src=x onerror=window.__xss=5>'
     assert out["names"] == [name] and out["options"] == [value, "b"] and out["elements"] == 0
     assert out["read"] == {"value": {name: value}, "errors": []}
+
+
+def test_field_names_like_proto_and_constructor_are_ordinary_fields(nested: Daemon, browser: Any) -> None:
+    page = browser.new_page()
+    try:
+        page.goto(url(nested))
+        page.wait_for_function("window.SchemaForm !== undefined")
+        text = page.evaluate("""() => {
+            const schema = JSON.parse('{"type": "object", "required": ["__proto__", "constructor"], "properties":'
+                + ' {"__proto__": {"type": "integer"}, "constructor": {"enum": ["a", "b"]}}}');
+            const verdict = JSON.parse('{"__proto__": 7, "constructor": "b", "toString": "kept"}');
+            return JSON.stringify(window.SchemaForm.build(schema, verdict, "p").read());
+        }""")
+    finally:
+        page.close()
+    assert json.loads(text) == {"value": {"toString": "kept", "__proto__": 7, "constructor": "b"}, "errors": []}

@@ -97,6 +97,9 @@ window.SchemaForm = (() => {
     return { kind: "json", schema: s, refs };
   }
 
+  // Field names are data: "__proto__" or "constructor" must read and write own keys, not Object's.
+  const hasOwn = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+  const put = (o, k, v) => Object.defineProperty(o, k, { value: v, enumerable: true, writable: true, configurable: true });
   const show = (v) => typeof v === "string" ? v : JSON.stringify(v);
   const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
 
@@ -183,20 +186,21 @@ window.SchemaForm = (() => {
       const box = h("fieldset", { className: "sf-object", id });
       const parts = Object.entries(s.properties).map(([name, sub]) => {
         const p = path ? `${path}.${name}` : name;
-        const w = build(ctx, sub, own[name], p, depth + 1, node.refs);
-        const omit = required.has(name) ? null : toggle(w.el, `${idOf(ctx, p)}--omit`, "leave out", !(name in own));
+        const w = build(ctx, sub, hasOwn(own, name) ? own[name] : undefined, p, depth + 1, node.refs);
+        const omit = required.has(name) ? null : toggle(w.el, `${idOf(ctx, p)}--omit`, "leave out", !hasOwn(own, name));
         box.appendChild(h("div", { className: "sf-field" },
           h("label", { className: "sf-name", htmlFor: idOf(ctx, p), text: name }), w.el, omit && omit.el));
         return { name, w, omit: omit && omit.box };
       });
       // Keys the form has no field for (allowed by additionalProperties) travel back unchanged.
-      const extra = Object.fromEntries(Object.entries(own).filter(([k]) => !(s.properties && k in s.properties)));
+      const extra = Object.entries(own).filter(([k]) => !hasOwn(s.properties, k));
       return { el: box, get(errors) {
-        const out = s.additionalProperties === false ? {} : { ...extra };
+        const out = {};
+        if (s.additionalProperties !== false) extra.forEach(([k, v]) => put(out, k, v));
         parts.forEach(({ name, w, omit }) => {
           if (omit && omit.checked) return;
           const v = w.get(errors);
-          if (v !== undefined) out[name] = v;
+          if (v !== undefined) put(out, name, v);
         });
         return out;
       } };
@@ -240,7 +244,7 @@ window.SchemaForm = (() => {
       render(start);
       return { el: box, get(errors) {
         const out = rows.map((w) => w.get(errors));
-        if (out.length < min || out.length > max) errors.push(`${path}: ${min} to ${max} rows`);
+        if (out.length < min) errors.push(`${path}: at least ${min} rows`);
         return out;
       } };
     },
