@@ -76,7 +76,7 @@ def bundle_with(demo_dir: Path, tmp: Path, schema: dict[str, Any]) -> Path:
     manifest = yaml.safe_load((bundle / "bundle.yaml").read_text())
     manifest["verdict_schema"] = schema
     manifest["generation"] = {"max_tokens": 400}  # room for the nested verdict
-    (bundle / "bundle.yaml").write_text(yaml.safe_dump(manifest))
+    (bundle / "bundle.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))  # the form keeps key order
     return bundle
 
 
@@ -344,3 +344,34 @@ def test_field_names_like_proto_and_constructor_are_ordinary_fields(nested: Daem
     finally:
         page.close()
     assert json.loads(text) == {"value": {"toString": "kept", "__proto__": 7, "constructor": "b"}, "errors": []}
+
+
+def test_the_form_keeps_rows_within_min_and_max_items_and_checks_string_bounds(nested: Daemon, browser: Any) -> None:
+    page = browser.new_page()
+    try:
+        page.goto(url(nested))
+        page.wait_for_function("window.SchemaForm !== undefined")
+        out = page.evaluate("""() => {
+            const schema = {type: "object", required: ["rows", "code"], properties: {
+                rows: {type: "array", minItems: 1, maxItems: 2, items: {type: "integer"}},
+                code: {type: "string", minLength: 2, maxLength: 4, pattern: "^[A-Z]+$"}}};
+            const form = window.SchemaForm.build(schema, {rows: [], code: "ab"}, "b");
+            document.body.appendChild(form.el);
+            const $ = (id) => document.getElementById(id);
+            const seen = {rows: form.el.querySelectorAll("#b-rows li").length,
+                          removable: !$("b-rows[0]--remove").disabled, addable: !$("b-rows--add").disabled,
+                          first: form.read()};
+            $("b-rows[0]").value = "5";
+            $("b-rows--add").click();
+            $("b-rows[1]").value = "6";
+            seen.addableAtMax = !$("b-rows--add").disabled;
+            $("b-rows[0]--remove").click();  // the remaining row keeps its value
+            $("b-code").value = "OK";
+            seen.second = form.read();
+            return seen;
+        }""")
+    finally:
+        page.close()
+    assert (out["rows"], out["removable"], out["addable"], out["addableAtMax"]) == (1, False, True, False)
+    assert out["first"]["errors"] == ["rows[0]: enter a whole number", "code: must match ^[A-Z]+$"]
+    assert out["second"] == {"value": {"rows": [6], "code": "OK"}, "errors": []}

@@ -16,9 +16,17 @@
     #review-form input, #review-form select, #review-form button, #review-form textarea { font: inherit; padding: .3rem; }
     #review-form .sf-inline { display: inline-flex; gap: .3rem; align-items: center; margin: 0 .6rem 0 0; }
     #review-form fieldset { border: 1px solid #8884; border-radius: 4px; padding: .2rem .5rem; margin: 0; min-width: 0; }
-    #review-form .sf-rows { margin: 0; padding-left: 1.4rem; } #review-form .sf-rows li { display: flex; gap: .5rem; align-items: start; margin: .3rem 0; }
-    #review-form .sf-off { opacity: .35; } #review-form .sf-json { width: 100%; font-family: monospace; }
-    #review-form .sf-name { overflow-wrap: anywhere; }
+    #review-form .sf-field { grid-template-columns: minmax(5rem, 8rem) minmax(0, 1fr) auto; }
+    #review-form .sf-field .sf-field { display: block; margin: .2rem 0 .5rem; } /* nested: name above its field */
+    #review-form .sf-field > :nth-child(2) { min-width: 0; }
+    #review-form .sf-field input:not([type=checkbox]), #review-form .sf-field select, #review-form .sf-field textarea { width: 100%; box-sizing: border-box; }
+    #review-form .sf-rows { margin: 0; padding: 0; list-style: none; }
+    #review-form .sf-rows li { display: grid; grid-template-columns: minmax(0, 1fr) auto; gap: .4rem; align-items: start; margin: .3rem 0; }
+    #review-form .sf-rows li > :first-child { width: 100%; box-sizing: border-box; }
+    #review-form .sf-field > input[type=checkbox] { justify-self: start; }
+    #review-form .sf-array button { min-width: 0; padding: .3rem .7rem; }
+    #review-form .sf-off { opacity: .35; } #review-form .sf-json { font-family: monospace; }
+    #review-form .sf-name { display: block; margin: 0; overflow-wrap: anywhere; }
     #review-form .buttons { display: flex; gap: .5rem; margin-top: .5rem; }
     #review-form button { min-height: 44px; min-width: 7rem; border-radius: 6px; border: 0; }`;
   document.head.appendChild(style);
