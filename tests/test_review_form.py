@@ -346,15 +346,17 @@ def test_field_names_like_proto_and_constructor_are_ordinary_fields(nested: Daem
     assert json.loads(text) == {"value": {"toString": "kept", "__proto__": 7, "constructor": "b"}, "errors": []}
 
 
-def test_the_form_keeps_rows_within_min_and_max_items_and_checks_string_bounds(nested: Daemon, browser: Any) -> None:
+def test_the_form_keeps_rows_within_min_and_max_items_and_checks_bounds_before_sending(
+        nested: Daemon, browser: Any) -> None:
     page = browser.new_page()
     try:
         page.goto(url(nested))
         page.wait_for_function("window.SchemaForm !== undefined")
         out = page.evaluate("""() => {
-            const schema = {type: "object", required: ["rows", "code"], properties: {
+            const schema = {type: "object", required: ["rows", "code", "any"], properties: {
                 rows: {type: "array", minItems: 1, maxItems: 2, items: {type: "integer"}},
-                code: {type: "string", minLength: 2, maxLength: 4, pattern: "^[A-Z]+$"}}};
+                code: {type: "string", minLength: 2, maxLength: 4, pattern: "^[A-Z]+$"},
+                any: {anyOf: [{type: "integer"}, {type: "string"}]}}};
             const form = window.SchemaForm.build(schema, {rows: [], code: "ab"}, "b");
             document.body.appendChild(form.el);
             const $ = (id) => document.getElementById(id);
@@ -367,11 +369,12 @@ def test_the_form_keeps_rows_within_min_and_max_items_and_checks_string_bounds(n
             seen.addableAtMax = !$("b-rows--add").disabled;
             $("b-rows[0]--remove").click();  // the remaining row keeps its value
             $("b-code").value = "OK";
+            $("b-any").value = "3";
             seen.second = form.read();
             return seen;
         }""")
     finally:
         page.close()
     assert (out["rows"], out["removable"], out["addable"], out["addableAtMax"]) == (1, False, True, False)
-    assert out["first"]["errors"] == ["rows[0]: enter a whole number", "code: must match ^[A-Z]+$"]
-    assert out["second"] == {"value": {"rows": [6], "code": "OK"}, "errors": []}
+    assert out["first"]["errors"] == ["rows[0]: enter a whole number", "code: must match ^[A-Z]+$", "any: required"]
+    assert out["second"] == {"value": {"rows": [6], "code": "OK", "any": 3}, "errors": []}

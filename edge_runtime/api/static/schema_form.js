@@ -30,7 +30,8 @@ window.SchemaForm = (() => {
     if (typeof ref !== "string" || !ref.startsWith("#")) return undefined;
     let node = root;
     for (const raw of ref.slice(1).split("/").slice(1)) {
-      const key = decodeURIComponent(raw).replace(/~1/g, "/").replace(/~0/g, "~");
+      let key;
+      try { key = decodeURIComponent(raw).replace(/~1/g, "/").replace(/~0/g, "~"); } catch (e) { return undefined; } // "%zz"
       if (node === null || typeof node !== "object" || !Object.prototype.hasOwnProperty.call(node, key)) return undefined;
       node = node[key];
     }
@@ -199,8 +200,9 @@ window.SchemaForm = (() => {
         if (s.additionalProperties !== false) extra.forEach(([k, v]) => put(out, k, v));
         parts.forEach(({ name, w, omit }) => {
           if (omit && omit.checked) return;
-          const v = w.get(errors);
+          const before = errors.length, v = w.get(errors);
           if (v !== undefined) put(out, name, v);
+          else if (required.has(name) && errors.length === before) errors.push(`${path ? path + "." : ""}${name}: required`);
         });
         return out;
       } };
@@ -243,7 +245,11 @@ window.SchemaForm = (() => {
       while (start.length < min) start.push(undefined);
       render(start);
       return { el: box, get(errors) {
-        const out = rows.map((w) => w.get(errors));
+        const out = rows.map((w, i) => {
+          const before = errors.length, v = w.get(errors);
+          if (v === undefined && errors.length === before) errors.push(`${path}[${i}]: fill in this row`);
+          return v;
+        });
         if (out.length < min) errors.push(`${path}: at least ${min} rows`);
         return out;
       } };
@@ -263,6 +269,5 @@ window.SchemaForm = (() => {
       const w = build({ root: schema, prefix: idPrefix }, schema, value, "", 0, 0);
       return { el: w.el, read() { const errors = []; const v = w.get(errors); return { value: v, errors }; } };
     },
-    classify: (schema) => classify(schema, schema, 0).kind,
   };
 })();
