@@ -104,9 +104,13 @@
       `<span>model said</span><b>${esc(r.text)}</b>`;
     const base = (r.review && r.review.correction) || r.verdict || {};
     if (!schema.properties) await loadSchema(); // the page opened before the model was loaded
+    $("review-status").textContent = "";
+    if (!window.SchemaForm) {
+      $("review-status").textContent = "the review form did not load: reload the page";
+      return;
+    }
     form = window.SchemaForm.build(schema, base, "rv");
     $("review-fields").replaceChildren(form.el);
-    $("review-status").textContent = "";
   }
 
   async function send(action) {
