@@ -182,8 +182,9 @@ def review(result_id: str) -> Any:
         if d.model_info() is None:
             raise ApiError(503, "not_ready", "the model is not loaded yet (its schema checks corrections)")
         error = d.verdict_error(correction)
-        if error is not None:
-            raise _bad(f"does not match the bundle's schema: {error[0]}", f"verdict{error[1]}")
+        if error is not None:  # jsonschema quotes the offending value: a 60 kB string is not echoed back
+            message = error[0] if len(error[0]) <= 200 else error[0][:200] + "…"
+            raise _bad(f"does not match the bundle's schema: {message}", f"verdict{error[1]}")
     try:
         written = d.review_result(result, str(body.get("action")), correction, body.get("note"))
     except ReviewError as exc:

@@ -1,5 +1,6 @@
 // Inspections: the newest results with their evidence, a defect / review-queue filter, a result view
-// (image, verdict, timings, rules) and the technician's review form, built from the bundle's schema.
+// (image, verdict, timings, rules) and the technician's review form, built from the bundle's schema
+// by schema_form.js (loaded from here, so the page's HTML does not change).
 "use strict";
 (() => {
   const root = document.getElementById("inspection");
@@ -11,8 +12,21 @@
     #insp-list img { width: 64px; height: 48px; object-fit: contain; background: #000; border-radius: 3px; }
     .insp-body { display: grid; gap: 1rem; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
     #insp-image { width: 100%; max-height: 420px; object-fit: contain; background: #000; border-radius: 4px; }
-    #review-form label { display: grid; grid-template-columns: 8rem 1fr; gap: .5rem; margin: .3rem 0; }
-    #review-form input, #review-form select, #review-form button { font: inherit; padding: .3rem; }
+    #review-form label, #review-form .sf-field { display: grid; grid-template-columns: 8rem 1fr auto; gap: .5rem; margin: .3rem 0; align-items: start; }
+    #review-form input, #review-form select, #review-form button, #review-form textarea { font: inherit; padding: .3rem; }
+    #review-form .sf-inline { display: inline-flex; gap: .3rem; align-items: center; margin: 0 .6rem 0 0; }
+    #review-form fieldset { border: 1px solid #8884; border-radius: 4px; padding: .2rem .5rem; margin: 0; min-width: 0; }
+    #review-form .sf-field { grid-template-columns: minmax(5rem, 8rem) minmax(0, 1fr) auto; }
+    #review-form .sf-field .sf-field { display: block; margin: .2rem 0 .5rem; } /* nested: name above its field */
+    #review-form .sf-field > :nth-child(2) { min-width: 0; }
+    #review-form .sf-field input:not([type=checkbox]), #review-form .sf-field select, #review-form .sf-field textarea { width: 100%; box-sizing: border-box; }
+    #review-form .sf-rows { margin: 0; padding: 0; list-style: none; }
+    #review-form .sf-rows li { display: grid; grid-template-columns: minmax(0, 1fr) auto; gap: .4rem; align-items: start; margin: .3rem 0; }
+    #review-form .sf-rows li > :first-child { width: 100%; box-sizing: border-box; }
+    #review-form .sf-field > input[type=checkbox] { justify-self: start; }
+    #review-form .sf-array button { min-width: 0; padding: .3rem .7rem; }
+    #review-form .sf-off { opacity: .35; } #review-form .sf-json { font-family: monospace; }
+    #review-form .sf-name { display: block; margin: 0; overflow-wrap: anywhere; }
     #review-form .buttons { display: flex; gap: .5rem; margin-top: .5rem; }
     #review-form button { min-height: 44px; min-width: 7rem; border-radius: 6px; border: 0; }`;
   document.head.appendChild(style);
@@ -34,7 +48,7 @@
           <div id="review-status" role="status"></div></form>
       </div></div>`;
   const $ = (id) => document.getElementById(id);
-  let schema = null, newest = 0, current = null, busy = false;
+  let schema = null, form = null, newest = 0, current = null, busy = false;
   const rows = new Map();
 
   const verdictText = (v) => !v ? "—" : typeof v.defect === "boolean"
@@ -72,31 +86,6 @@
     } catch (e) { /* the status poll reports reachability */ } finally { busy = false; }
   }
 
-  function field(name, spec, value) {
-    const id = `rv-${name}`;
-    let input;
-    if (spec.type === "boolean") input = `<input type="checkbox" id="${id}" name="${esc(name)}"${value ? " checked" : ""}>`;
-    else if (Array.isArray(spec.enum)) input = `<select id="${id}" name="${esc(name)}">` +
-      spec.enum.map((o) => `<option${o === value ? " selected" : ""}>${esc(o)}</option>`).join("") + "</select>";
-    else if (spec.type === "number" || spec.type === "integer") input = `<input type="number" id="${id}" name="${esc(name)}"` +
-      ` step="${spec.type === "integer" ? 1 : "any"}"${spec.minimum != null ? ` min="${spec.minimum}"` : ""}` +
-      `${spec.maximum != null ? ` max="${spec.maximum}"` : ""} value="${esc(value)}">`;
-    else input = `<input id="${id}" name="${esc(name)}"${spec.maxLength ? ` maxlength="${spec.maxLength}"` : ""} value="${esc(value)}">`;
-    return `<label><span>${esc(name)}</span>${input}</label>`;
-  }
-
-  function correction() {
-    const out = {};
-    Object.entries(schema.properties || {}).forEach(([name, spec]) => {
-      const el = $(`rv-${name}`);
-      if (!el) return;
-      if (spec.type === "boolean") out[name] = el.checked;
-      else if (spec.type === "number" || spec.type === "integer") out[name] = Number(el.value);
-      else out[name] = el.value;
-    });
-    return out;
-  }
-
   async function open(id) {
     const r = await (await fetch(`/api/v1/results/${encodeURIComponent(id)}`, { cache: "no-store" })).json();
     current = r;
@@ -114,14 +103,29 @@
       `<span>review</span><b id="insp-review">${esc(r.review ? r.review.state : "not reviewed")}</b>` +
       `<span>model said</span><b>${esc(r.text)}</b>`;
     const base = (r.review && r.review.correction) || r.verdict || {};
-    $("review-fields").innerHTML = Object.entries(schema.properties || {}).map(([n, s]) => field(n, s, base[n])).join("");
+    if (!schema.properties) await loadSchema(); // the page opened before the model was loaded
     $("review-status").textContent = "";
+    if (!window.SchemaForm) {
+      $("review-status").textContent = "the review form did not load: reload the page";
+      return;
+    }
+    form = window.SchemaForm.build(schema, base, "rv");
+    $("review-fields").replaceChildren(form.el);
   }
 
   async function send(action) {
     if (!current) return;
     const body = { action, note: $("review-form").elements.__note.value || undefined };
-    if (action === "correct") body.verdict = correction();
+    if (action === "correct") {
+      if (!form) return;
+      const { value, errors } = form.read(); // checked here first; the server checks against the schema again
+      if (errors.length) {
+        $("review-status").textContent = `not saved: ${errors.join("; ")}`;
+        $("review-status").className = "bad";
+        return;
+      }
+      body.verdict = value;
+    }
     const headers = { "Content-Type": "application/json" };
     const token = $("api-token").value;
     if (token) { headers.Authorization = `Bearer ${token}`; sessionStorage.setItem("edge-token", token); }
@@ -138,13 +142,33 @@
     }
   }
 
-  async function start() {
+  function load(src) {
+    return new Promise((resolve, reject) => {
+      const s = document.createElement("script");
+      s.src = src;
+      s.onload = resolve;
+      s.onerror = () => reject(new Error(`${src} did not load`));
+      document.head.appendChild(s);
+    });
+  }
+
+  async function loadSchema() {
     try {
       const s = await (await fetch("/api/v1/review/schema", { cache: "no-store" })).json();
-      schema = s.schema || { properties: {} };
+      schema = s.schema || { type: "object" };
       $("token-row").hidden = !s.token_required;
-      $("api-token").value = sessionStorage.getItem("edge-token") || "";
-    } catch (e) { schema = { properties: {} }; }
+    } catch (e) { schema = { type: "object" }; }
+  }
+
+  async function start() {
+    try {
+      await load("/static/schema_form.js");
+    } catch (e) {
+      $("review-status").textContent = "the review form did not load: reload the page";
+      $("review-status").className = "bad";
+    }
+    await loadSchema();
+    $("api-token").value = sessionStorage.getItem("edge-token") || "";
     $("insp-filter").addEventListener("change", () => refresh(true));
     $("review-confirm").addEventListener("click", () => send("confirm"));
     $("review-correct").addEventListener("click", () => send("correct"));
