@@ -18,6 +18,7 @@ from ..contracts import Device
 from ..errors import EdgeRuntimeError
 from ..result import Result
 from .admission import QUICK_THREADS, Admission, slots
+from .auth import guard_reads, start_session
 from .errors import register_error_handlers
 from .events import EventHub
 from .guard import Limits, create_guarded_server
@@ -70,6 +71,11 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
 
     from .openapi import doc
     doc("Prometheus metrics", response="text/plain")(prometheus)
+    # api.auth: all guards every route but the open ones, new routes included (auth.py).
+    app.before_request(guard_reads)
+    app.add_url_rule("/api/v1/session", "session", methods=["POST"], view_func=doc(
+        "Trade the Bearer token for a read-only session cookie (status page; api.auth: all)",
+        secured=True, errors=(400, 401, 403))(start_session))
     register_error_handlers(app)
     return app
 
