@@ -97,6 +97,15 @@ def test_every_get_route_but_the_exemptions_needs_the_token_under_auth_all(daemo
         assert read(client, path, headers=bearer) == 200, path
 
 
+def test_openapi_document_marks_every_operation_but_the_exemptions_as_secured(daemon: Daemon) -> None:
+    assert daemon.api is not None
+    document = daemon.api.app.test_client().get("/api/v1/openapi.json",
+                                                 headers={"Authorization": f"Bearer {TOKEN}"}).json
+    assert document["security"] == [{"bearer": []}]
+    open_ops = {p for p, ops in document["paths"].items() if all(op.get("security") == [] for op in ops.values())}
+    assert open_ops == OPEN_PATHS
+
+
 def test_writes_default_keeps_reads_open(daemon: Daemon, result_id: str) -> None:
     assert daemon.api is not None
     daemon.api.apply(daemon.config.api.model_copy(update={"auth": "writes"}))
