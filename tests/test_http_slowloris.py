@@ -139,8 +139,14 @@ class Dribblers:
             sock.close()
 
 
+def metric(port: int, name: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
 def test_dribbling_client_gets_408_and_is_closed_at_the_request_deadline(daemon: Daemon, port: int) -> None:
     set_limits(daemon, request_deadline_s=1.0)
+    cut_before = metric(port, "edge_api_requests_cut_total")
     # From 127.0.0.1: exempt from the per-client cap, not from the deadline.
     slow = Dribblers(port, ["127.0.0.1"], 1)
     try:
@@ -152,6 +158,7 @@ def test_dribbling_client_gets_408_and_is_closed_at_the_request_deadline(daemon:
         slow.close()
     assert answer.startswith(b"HTTP/1.1 408 ") and b'"request_timeout"' in answer, answer
     assert 1.0 <= took < 1.0 + CLEANUP_S + 1.5, took
+    assert metric(port, "edge_api_requests_cut_total") == cut_before + 1
 
 
 def test_deadline_runs_per_request_not_per_keepalive_connection(daemon: Daemon, port: int) -> None:
@@ -185,9 +192,11 @@ def test_connection_beyond_the_per_client_cap_is_refused_while_another_address_g
     assert cap == 64  # the default
     held = [connect(port, "127.0.0.2") for _ in range(cap)]
     try:
+        refused_before = metric(port, "edge_api_connections_refused_total")
         extra = connect(port, "127.0.0.2")
         assert refused(extra)
         extra.close()
+        assert metric(port, "edge_api_connections_refused_total") == refused_before + 1
         assert get_healthz(held[0]).startswith(b"HTTP/1.1 200 ") and get_healthz(held[-1]).startswith(b"HTTP/1.1 200 ")
         with connect(port, "127.0.0.3") as other:
             assert get_healthz(other).startswith(b"HTTP/1.1 200 ")

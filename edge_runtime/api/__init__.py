@@ -21,7 +21,7 @@ from .admission import QUICK_THREADS, Admission, slots
 from .auth import guard_reads, start_session
 from .errors import register_error_handlers
 from .events import EventHub
-from .guard import Limits, create_guarded_server
+from .guard import ConnectionMetrics, Limits, create_guarded_server
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class ApiServer:
         daemon.subscribe(self._on_result)
         self._server: Any = None
         self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client)
+        self.metrics.registry.register(ConnectionMetrics(lambda: self._server))
         self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
 

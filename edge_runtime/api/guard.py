@@ -21,9 +21,12 @@ import logging
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
@@ -155,3 +158,20 @@ def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any],
     dispatcher = ThreadedTaskDispatcher()
     dispatcher.set_thread_count(adj.threads)
     return GuardedServer(application, limits, map=map, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+
+
+class ConnectionMetrics(Collector):
+    """Open connections, refusals and cut requests in /metrics: an attack shows, not only its absence."""
+
+    def __init__(self, server: Callable[[], GuardedServer | None]) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        srv = self.server()
+        if srv is None:
+            return
+        yield GaugeMetricFamily("edge_api_connections", "Open HTTP connections", value=len(srv.active_channels))
+        yield CounterMetricFamily("edge_api_connections_refused", "Connections refused at accept "
+                                  "(api.connections_per_client or a full table)", value=srv.refused)
+        yield CounterMetricFamily("edge_api_requests_cut", "Requests not received whole within "
+                                  "api.request_deadline_s (408 and closed)", value=srv.cut_requests)
