@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,3 +194,42 @@ def test_page_loads_status_and_an_evidence_image_after_the_technician_enters_the
             assert errors == [], errors
         finally:
             browser.close()
+
+
+def non_loopback_address() -> str:
+    """This machine's address on its network (the UDP connect sends nothing; it picks the route)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))
+        address = str(s.getsockname()[0])
+    assert not address.startswith("127."), "the test needs a network interface besides loopback"
+    return address
+
+
+def test_without_a_token_auth_all_reads_only_on_the_device_and_the_page_says_so(
+        tmp_path: Path, demo_dir: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    path = tmp_path / "edge.yaml"
+    write_config(path, tmp_path, demo_dir, "all")
+    path.write_text(path.read_text().replace(f"  token: {TOKEN}\n", "").replace("host: 127.0.0.1", "host: 0.0.0.0")
+                    .split("cameras:")[0])
+    d = Daemon(load_config(path), config_path=path)
+    d.start()
+    try:
+        assert d.api is not None
+        client = d.api.app.test_client()
+        remote = {"REMOTE_ADDR": "192.0.2.77"}
+        assert client.get("/api/v1/status", environ_base=remote).status_code == 403
+        assert client.get("/healthz", environ_base=remote).status_code == 200
+        assert client.get("/api/v1/status").status_code == 200  # the test client is 127.0.0.1
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"http://{non_loopback_address()}:{d.api.port}/")
+                page.wait_for_selector("#banner:has-text('only on itself')", timeout=10_000)
+                assert page.text_content("#ready") == "local only" and page.is_hidden("#signin")
+            finally:
+                browser.close()
+    finally:
+        d.stop()

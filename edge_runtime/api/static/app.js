@@ -116,6 +116,12 @@ async function poll() {
   try {
     const res = await fetch("/api/v1/status", { cache: "no-store" });
     if (res.status === 401) { askForToken(); return false; }
+    if (res.status === 403) { // api.auth: all without api.token: only the device itself may read
+      $("ready").textContent = "local only"; $("ready").className = "badge warn";
+      $("banner").hidden = false;
+      $("banner").textContent = "This device shows its data only on itself until an API token is configured (api.token).";
+      return false;
+    }
     const s = await res.json();
     $("device").textContent = s.device;
     $("ready").textContent = s.ready ? "ready" : "loading";
