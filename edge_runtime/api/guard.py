@@ -151,7 +151,8 @@ def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any],
     """Like waitress.create_server for one TCP listener, with our server class."""
     from waitress.task import ThreadedTaskDispatcher
 
-    adj = Adjustments(connection_limit=CONNECTION_LIMIT + LOOPBACK_RESERVE, **kw)
+    # waitress's limit counts every socket in the map: our channels plus its listener and wake-up pipe.
+    adj = Adjustments(connection_limit=CONNECTION_LIMIT + LOOPBACK_RESERVE + 2, **kw)
     if len(adj.listen) > 1:  # a name such as "localhost" may resolve to ::1 and 127.0.0.1
         log.warning("api: %s resolves to %d addresses; serving the first (%s)", kw.get("host"),
                     len(adj.listen), adj.listen[0][3][0])
