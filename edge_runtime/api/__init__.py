@@ -18,8 +18,10 @@ from ..contracts import Device
 from ..errors import EdgeRuntimeError
 from ..result import Result
 from .admission import QUICK_THREADS, Admission, slots
+from .auth import guard_reads, start_session
 from .errors import register_error_handlers
 from .events import EventHub
+from .guard import ConnectionMetrics, Limits, create_guarded_server
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -28,9 +30,10 @@ STREAM_SECONDS = 300  # an event stream ends after this and the browser resumes 
 # waitress: idle or slow connections are closed after CHANNEL_TIMEOUT_S without a byte; the
 # maintenance pass that closes them runs every CLEANUP_S. poll() instead of select() so more than
 # 1024 descriptors cannot break the loop.
+# Slow senders (one byte every few seconds) are bounded by api.request_deadline_s and one address by
+# api.connections_per_client: see guard.py. CLEANUP_S is also how late past its deadline a request is cut.
 CHANNEL_TIMEOUT_S = 10
-CLEANUP_S = 2
-CONNECTION_LIMIT = 500
+CLEANUP_S = 1
 # Settings that take effect only when the server is built (see ApiServer.apply).
 RESTART_SETTINGS = ("enabled", "host", "port", "threads")
 
@@ -43,6 +46,7 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = int(cfg.max_request_mb * 1024 * 1024)
     app.config["EDGE_API_TOKEN"] = cfg.token.get_secret_value() if cfg.token else None
+    app.config["EDGE_API_AUTH"] = cfg.auth
     app.config["EDGE_STREAM_SECONDS"] = stream_seconds
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions["edge_runtime"] = daemon
@@ -67,6 +71,11 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
 
     from .openapi import doc
     doc("Prometheus metrics", response="text/plain")(prometheus)
+    # api.auth: all guards every route but the open ones, new routes included (auth.py).
+    app.before_request(guard_reads)
+    app.add_url_rule("/api/v1/session", "session", methods=["POST"], view_func=doc(
+        "Trade the Bearer token for a read-only session cookie (status page; api.auth: all)",
+        secured=True, errors=(400, 401, 403))(start_session))
     register_error_handlers(app)
     return app
 
@@ -82,6 +91,8 @@ class ApiServer:
         self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
         daemon.subscribe(self._on_result)
         self._server: Any = None
+        self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client)
+        self.metrics.registry.register(ConnectionMetrics(lambda: self._server))
         self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
 
@@ -98,6 +109,9 @@ class ApiServer:
         names of changed settings that need a restart."""
         old, self.cfg = self.cfg, cfg
         self.app.config["EDGE_API_TOKEN"] = cfg.token.get_secret_value() if cfg.token else None
+        self.app.config["EDGE_API_AUTH"] = cfg.auth
+        self.limits.request_deadline_s = cfg.request_deadline_s
+        self.limits.connections_per_client = cfg.connections_per_client
         restart = [name for name in RESTART_SETTINGS if getattr(old, name) != getattr(cfg, name)]
         if self._server is not None and cfg.max_request_mb * 1024 * 1024 > self._server.adj.max_request_body_size:
             restart.append("max_request_mb")  # waitress refuses bodies over the bound it started with
@@ -112,15 +126,13 @@ class ApiServer:
         return int(cfg.max_request_mb * 1024 * 1024) * 2 + 1024 * 1024
 
     def start(self) -> None:
-        from waitress import create_server
-
         try:
-            self._server = create_server(
-                self.app, map=self._map, host=self.cfg.host, port=self.cfg.port,
+            self._server = create_guarded_server(
+                self.app, self.limits, map=self._map, host=self.cfg.host, port=self.cfg.port,
                 # api.threads for long requests (verdicts, streams), QUICK_THREADS kept for the rest.
                 threads=self.cfg.threads + QUICK_THREADS, ident="edge-runtime",
                 channel_timeout=CHANNEL_TIMEOUT_S, cleanup_interval=CLEANUP_S,
-                connection_limit=CONNECTION_LIMIT, asyncore_use_poll=True,
+                asyncore_use_poll=True,
                 max_request_body_size=self._body_bound(self.cfg),
                 clear_untrusted_proxy_headers=True)
         except OSError as exc:

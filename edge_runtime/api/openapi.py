@@ -118,8 +118,10 @@ def openapi_document() -> dict[str, Any]:
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "edge-runtime", "version": __version__,
-                 "description": "Inspection device API. Inference and mutating endpoints need a Bearer token "
-                                "when one is configured, otherwise they answer loopback clients only."},
+                 "description": "Inspection device API. Inference and mutating endpoints (every endpoint "
+                                "but health probes and the status page shell with api.auth: all) need a "
+                                "Bearer token when one is configured, otherwise they answer loopback "
+                                "clients only."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
                        "schemas": schemas.get("$defs", {})},
         "paths": dict(sorted(paths.items())),
@@ -130,4 +132,13 @@ def openapi_document() -> dict[str, Any]:
     result = doc["components"]["schemas"].get("ResultModel")
     if result is not None:
         result.setdefault("properties", {}).update(RESULT_FIELDS)
+    if current_app.config.get("EDGE_API_AUTH") == "all":  # every operation needs the token but the open ones
+        from .auth import OPEN_ENDPOINTS
+
+        doc["security"] = [{"bearer": []}]
+        for rule in current_app.url_map.iter_rules():
+            if rule.endpoint in OPEN_ENDPOINTS:
+                path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
+                for op in doc["paths"].get(path, {}).values():
+                    op["security"] = []
     return doc

@@ -96,9 +96,33 @@ function addResult(r) {
   if (card) { showVerdict(card, r); refreshFrame(r.camera); }
 }
 
+// api.auth: all — every read needs the token. The page trades it once for a read-only session cookie
+// (POST /api/v1/session), which the browser then sends with every fetch, <img> and EventSource; the
+// token itself stays in sessionStorage only for the review form's writes (review.js reads it there).
+function askForToken() {
+  $("signin").hidden = false;
+  $("ready").textContent = "sign in"; $("ready").className = "badge warn";
+}
+
+async function signIn(ev) {
+  ev.preventDefault();
+  const token = $("signin-token").value;
+  const res = await fetch("/api/v1/session", { method: "POST", headers: { Authorization: `Bearer ${token}` } });
+  if (res.ok) { sessionStorage.setItem("edge-token", token); location.reload(); return; }
+  $("signin-status").textContent = res.status === 401 ? "wrong token" : `refused (${res.status})`;
+}
+
 async function poll() {
   try {
-    const s = await (await fetch("/api/v1/status", { cache: "no-store" })).json();
+    const res = await fetch("/api/v1/status", { cache: "no-store" });
+    if (res.status === 401) { askForToken(); return false; }
+    if (res.status === 403) { // api.auth: all without api.token: only the device itself may read
+      $("ready").textContent = "local only"; $("ready").className = "badge warn";
+      $("banner").hidden = false;
+      $("banner").textContent = "This device shows its data only on itself until an API token is configured (api.token).";
+      return false;
+    }
+    const s = await res.json();
     $("device").textContent = s.device;
     $("ready").textContent = s.ready ? "ready" : "loading";
     $("ready").className = "badge " + (s.ready ? "ok" : "warn");
@@ -134,6 +158,7 @@ async function poll() {
     $("ready").textContent = "unreachable";
     $("ready").className = "badge bad";
   }
+  return true;
 }
 
 async function loadRecent() {
@@ -161,5 +186,6 @@ function listen() {
 }
 
 legend();
-poll().then(loadRecent).then(listen);
+$("signin").addEventListener("submit", signIn);
+poll().then((signedIn) => { if (signedIn) loadRecent().then(listen); });
 setInterval(poll, 3000);

@@ -1,0 +1,178 @@
+"""Connection guard: waitress's public server and channel classes, subclassed against slowloris.
+
+waitress closes a connection only after `channel_timeout` seconds *without a byte*, so a client that
+dribbles one header byte every few seconds keeps a connection forever; a few hundred of them fill the
+connection table and `/healthz` can no longer connect. Three bounds close that hole:
+
+- a request deadline: a request's head and body must arrive within `api.request_deadline_s` of its
+  first byte, or the connection gets a 408 and is closed, whatever it keeps sending;
+- a per-client cap: one address holds at most `api.connections_per_client` connections; beyond it a
+  new connection is refused at accept time (a 429 line, then closed);
+- headroom for the device itself: clients other than 127.0.0.1 / ::1 get `CONNECTION_LIMIT` slots,
+  and waitress's own limit is `LOOPBACK_RESERVE` higher, so a local health check always connects.
+  127.0.0.1 and ::1 are exempt from the cap (not from the deadline): Docker's HEALTHCHECK and the
+  device's own tools use them. Other 127.x addresses count as ordinary clients.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+
+log = logging.getLogger(__name__)
+
+CONNECTION_LIMIT = 500  # connections for clients other than the device's own loopback
+LOOPBACK_RESERVE = 50  # slots above it that only 127.0.0.1 / ::1 may take
+EXEMPT = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+REFUSAL = (b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nConnection: close\r\n"
+           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
+
+
+def _json_response(status: str, error: str, message: str) -> bytes:
+    body = json.dumps({"error": {"type": error, "message": message}}).encode()
+    return (f"HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+@dataclass
+class Limits:
+    """Read on every accept and maintenance pass, so a reload changes them live."""
+
+    request_deadline_s: float = 15.0
+    connections_per_client: int = 64
+
+
+class GuardedChannel(HTTPChannel):
+    """An HTTP connection that remembers when the request it is receiving began."""
+
+    request_started: float | None = None
+    client: str = ""
+
+    def received(self, data: bytes) -> bool:
+        done: bool = super().received(data)
+        # A partial request is pending: its deadline runs from the first chunk that began it.
+        if self.request is None:
+            self.request_started = None
+        elif self.request_started is None:
+            self.request_started = time.monotonic()
+        return done
+
+    def cut(self) -> None:
+        """Answer 408 and close (from the loop thread; no task owns this channel's output)."""
+        payload = _json_response("408 Request Timeout", "request_timeout",
+                                 "the request was not received in time; send it whole and promptly")
+        with self.outbuf_lock:
+            self.outbufs[-1].append(payload)
+            self.total_outbufs_len += len(payload)
+        self.request = None
+        self.request_started = None
+        self.close_when_flushed = True
+
+    def del_channel(self, map: Any = None) -> None:
+        if self._fileno is not None and self._fileno in self.server.active_channels:
+            self.server.forget(self.client)
+        super().del_channel(map)
+
+
+class GuardedServer(TcpWSGIServer):
+    """waitress's TCP server with a per-client connection cap and a request deadline."""
+
+    channel_class = GuardedChannel
+
+    def __init__(self, application: Any, limits: Limits, **kw: Any) -> None:
+        self.limits = limits
+        self.per_client: Counter[str] = Counter()
+        self.refused = 0
+        self.cut_requests = 0
+        super().__init__(application, **kw)
+
+    def forget(self, client: str) -> None:
+        self.per_client[client] -= 1
+        if self.per_client[client] <= 0:
+            del self.per_client[client]
+
+    def handle_accept(self) -> None:
+        try:
+            accepted = self.accept()
+            if accepted is None:
+                return
+            conn, addr = accepted
+            self.set_socket_options(conn)
+        except OSError:  # the peer left before accept finished; waitress logs nothing here either
+            return
+        client = str(addr[0]).split("%", 1)[0]
+        if client not in EXEMPT:
+            others = sum(self.per_client.values()) - sum(self.per_client[a] for a in EXEMPT)
+            if self.per_client[client] >= self.limits.connections_per_client or others >= CONNECTION_LIMIT:
+                self._refuse(conn, client)
+                return
+        channel = self.channel_class(self, conn, self.fix_addr(addr), self.adj, map=self._map)
+        channel.client = client
+        self.per_client[client] += 1
+
+    def _refuse(self, conn: socket.socket, client: str) -> None:
+        self.refused += 1
+        if self.refused % 1000 == 1:  # one line per burst, not one per connection
+            log.warning("api: refusing connections from %s (%d open, cap %d per client); %d refused so far",
+                        client, self.per_client[client], self.limits.connections_per_client, self.refused)
+        body = json.dumps({"error": {"type": "too_many_connections", "message":
+                                     "this address holds too many connections to the device"}}).encode()
+        try:
+            conn.setblocking(False)
+            conn.send(REFUSAL % (len(body), body))
+        except OSError:  # a full or closed socket: closing is the answer then
+            pass
+        conn.close()
+
+    def maintenance(self, now: float) -> None:
+        super().maintenance(now)  # idle connections (channel_timeout)
+        cutoff = time.monotonic() - self.limits.request_deadline_s
+        for channel in list(self.active_channels.values()):
+            started = getattr(channel, "request_started", None)
+            if started is not None and started < cutoff and not channel.will_close \
+                    and not channel.close_when_flushed:
+                self.cut_requests += 1
+                channel.cut()
+
+
+def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any], **kw: Any) -> GuardedServer:
+    """Like waitress.create_server for one TCP listener, with our server class."""
+    from waitress.task import ThreadedTaskDispatcher
+
+    # waitress's limit counts every socket in the map: our channels plus its listener and wake-up pipe.
+    adj = Adjustments(connection_limit=CONNECTION_LIMIT + LOOPBACK_RESERVE + 2, **kw)
+    if len(adj.listen) > 1:  # a name such as "localhost" may resolve to ::1 and 127.0.0.1
+        log.warning("api: %s resolves to %d addresses; serving the first (%s)", kw.get("host"),
+                    len(adj.listen), adj.listen[0][3][0])
+    dispatcher = ThreadedTaskDispatcher()
+    dispatcher.set_thread_count(adj.threads)
+    return GuardedServer(application, limits, map=map, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+
+
+class ConnectionMetrics(Collector):
+    """Open connections, refusals and cut requests in /metrics: an attack shows, not only its absence."""
+
+    def __init__(self, server: Callable[[], GuardedServer | None]) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        srv = self.server()
+        if srv is None:
+            return
+        yield GaugeMetricFamily("edge_api_connections", "Open HTTP connections", value=len(srv.active_channels))
+        yield CounterMetricFamily("edge_api_connections_refused", "Connections refused at accept "
+                                  "(api.connections_per_client or a full table)", value=srv.refused)
+        yield CounterMetricFamily("edge_api_requests_cut", "Requests not received whole within "
+                                  "api.request_deadline_s (408 and closed)", value=srv.cut_requests)
