@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import requests
+from browser import chromium
 from flask.testing import FlaskClient
-from test_status_page import BROWSER_ARGS, CHROMIUM
 from waiting import wait_for
 
 from edge_runtime.api.auth import OPEN_ENDPOINTS, SESSION_COOKIE, session_value
@@ -163,37 +163,31 @@ def test_reload_switches_auth_and_a_rotated_token_ends_sessions(daemon: Daemon, 
 
 def test_page_loads_status_and_an_evidence_image_after_the_technician_enters_the_token(
         daemon: Daemon, result_id: str) -> None:
-    from playwright.sync_api import sync_playwright
-
     assert daemon.api is not None
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{daemon.api.port}/")
-            page.wait_for_selector("#signin", state="visible", timeout=10_000)
-            assert page.text_content("#device") == "edge-runtime"  # nothing read without the token
-            page.fill("#signin-token", "wrong")
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{daemon.api.port}/")
+        page.wait_for_selector("#signin", state="visible", timeout=10_000)
+        assert page.text_content("#device") == "edge-runtime"  # nothing read without the token
+        page.fill("#signin-token", "wrong")
+        page.click("#signin button")
+        page.wait_for_selector("#signin-status:has-text('wrong token')", timeout=10_000)
+        errors: list[str] = []
+        page.fill("#signin-token", TOKEN)
+        with page.expect_navigation():
             page.click("#signin button")
-            page.wait_for_selector("#signin-status:has-text('wrong token')", timeout=10_000)
-            errors: list[str] = []
-            page.fill("#signin-token", TOKEN)
-            with page.expect_navigation():
-                page.click("#signin button")
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.wait_for_function("document.getElementById('device').textContent === 'locked'", timeout=15_000)
-            assert page.is_hidden("#signin")
-            # The evidence image of the newest result, opened from the inspections list.
-            page.click(f"#insp-list tr[data-id='{result_id}']", timeout=15_000)
-            page.wait_for_function("(() => { const i = document.getElementById('insp-image');"
-                                   " return i.complete && i.naturalWidth > 0; })()", timeout=15_000)
-            frame_loaded = "(() => { const i = document.querySelector('[data-camera=\"belt\"] img');" \
-                           " return i && i.complete && i.naturalWidth > 0; })()"
-            page.wait_for_function(frame_loaded, timeout=15_000)
-            page.wait_for_selector("#live:has-text('live')", timeout=15_000)  # the event stream too
-            assert errors == [], errors
-        finally:
-            browser.close()
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.wait_for_function("document.getElementById('device').textContent === 'locked'", timeout=15_000)
+        assert page.is_hidden("#signin")
+        # The evidence image of the newest result, opened from the inspections list.
+        page.click(f"#insp-list tr[data-id='{result_id}']", timeout=15_000)
+        page.wait_for_function("(() => { const i = document.getElementById('insp-image');"
+                               " return i.complete && i.naturalWidth > 0; })()", timeout=15_000)
+        frame_loaded = "(() => { const i = document.querySelector('[data-camera=\"belt\"] img');" \
+                       " return i && i.complete && i.naturalWidth > 0; })()"
+        page.wait_for_function(frame_loaded, timeout=15_000)
+        page.wait_for_selector("#live:has-text('live')", timeout=15_000)  # the event stream too
+        assert errors == [], errors
 
 
 def non_loopback_address() -> str:
@@ -207,8 +201,6 @@ def non_loopback_address() -> str:
 
 def test_without_a_token_auth_all_reads_only_on_the_device_and_the_page_says_so(
         tmp_path: Path, demo_dir: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     path = tmp_path / "edge.yaml"
     write_config(path, tmp_path, demo_dir, "all")
     path.write_text(path.read_text().replace(f"  token: {TOKEN}\n", "").replace("host: 127.0.0.1", "host: 0.0.0.0")
@@ -222,14 +214,10 @@ def test_without_a_token_auth_all_reads_only_on_the_device_and_the_page_says_so(
         assert client.get("/api/v1/status", environ_base=remote).status_code == 403
         assert client.get("/healthz", environ_base=remote).status_code == 200
         assert client.get("/api/v1/status").status_code == 200  # the test client is 127.0.0.1
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-            try:
-                page = browser.new_page()
-                page.goto(f"http://{non_loopback_address()}:{d.api.port}/")
-                page.wait_for_selector("#banner:has-text('only on itself')", timeout=10_000)
-                assert page.text_content("#ready") == "local only" and page.is_hidden("#signin")
-            finally:
-                browser.close()
+        with chromium() as browser:
+            page = browser.new_page()
+            page.goto(f"http://{non_loopback_address()}:{d.api.port}/")
+            page.wait_for_selector("#banner:has-text('only on itself')", timeout=10_000)
+            assert page.text_content("#ready") == "local only" and page.is_hidden("#signin")
     finally:
         d.stop()

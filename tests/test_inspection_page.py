@@ -5,11 +5,11 @@ the page, and appears in a dataset export."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 from broker import Broker
+from browser import chromium
 from pydantic import SecretStr
 from receiver import Receiver, Subscriber
 from waiting import wait_for
@@ -20,13 +20,10 @@ from edge_runtime.review import export_from_config
 from edge_runtime.rules import Rule
 from edge_runtime.samples import write_sample_video
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
 def test_a_defect_is_seen_alerted_corrected_in_the_page_and_exported(tmp_path: Path, demo_dir: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     broker = Broker(tmp_path / "broker").start()
     receiver = Receiver().start()
     alerts = Subscriber(broker.port, "edge/demo-line/+/alert")
@@ -46,51 +43,45 @@ def test_a_defect_is_seen_alerted_corrected_in_the_page_and_exported(tmp_path: P
     daemon.start()
     try:
         wait_for(lambda: daemon.rigs["demo"].camera.slot.peek() is not None, 10, "a frame")
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"])
-            try:
-                page = browser.new_page(viewport={"width": 820, "height": 1180})
-                errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                page.goto(f"http://127.0.0.1:{daemon.api.port}/")  # type: ignore[union-attr]
-                page.wait_for_selector("#insp-filter")
-                page.select_option("#insp-filter", "defect=true")  # the technician filters to defects
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 820, "height": 1180})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"http://127.0.0.1:{daemon.api.port}/")  # type: ignore[union-attr]
+            page.wait_for_selector("#insp-filter")
+            page.select_option("#insp-filter", "defect=true")  # the technician filters to defects
 
-                result = daemon.trigger("demo").result(timeout=60)
-                journaled = time.monotonic()
-                assert result.verdict["defect"] is True and result.evidence is not None
-                row = f'#insp-list tr[data-id="{result.id}"] img'
-                page.wait_for_function(f"(() => {{ const i = document.querySelector('{row}'); "
-                                       "return i && i.complete && i.naturalWidth > 0; })()", timeout=5000)
-                seen_after = time.monotonic() - journaled
-                assert seen_after < 1.0, f"the defect's image showed after {seen_after:.2f} s"
-                print(f"defect image on the page {seen_after * 1000:.0f} ms after the verdict was journaled")
+            result = daemon.trigger("demo").result(timeout=60)
+            journaled = time.monotonic()
+            assert result.verdict["defect"] is True and result.evidence is not None
+            row = f'#insp-list tr[data-id="{result.id}"] img'
+            page.wait_for_function(f"(() => {{ const i = document.querySelector('{row}'); "
+                                   "return i && i.complete && i.naturalWidth > 0; })()", timeout=5000)
+            seen_after = time.monotonic() - journaled
+            assert seen_after < 1.0, f"the defect's image showed after {seen_after:.2f} s"
+            print(f"defect image on the page {seen_after * 1000:.0f} ms after the verdict was journaled")
 
-                alert = wait_for(lambda: alerts.on("/demo/alert"), 10, "the MQTT alert")[0]
-                assert alert["result_id"] == result.id and alert["rule"] == "any-defect"
-                wait_for(lambda: f"{result.id}:any-defect:1" in receiver.keys(), 10, "the webhook")
+            alert = wait_for(lambda: alerts.on("/demo/alert"), 10, "the MQTT alert")[0]
+            assert alert["result_id"] == result.id and alert["rule"] == "any-defect"
+            wait_for(lambda: f"{result.id}:any-defect:1" in receiver.keys(), 10, "the webhook")
 
-                page.click(f'#insp-list tr[data-id="{result.id}"]')  # open the result
-                page.wait_for_function("(() => { const i = document.getElementById('insp-image'); "
-                                       "return i.complete && i.naturalWidth > 0; })()", timeout=5000)
-                assert page.inner_text("#insp-verdict").startswith("DEFECT")
-                assert page.inner_text("#insp-review") == "pending"
-                # The technician corrects: not a defect after all (a reflection), with the API token.
-                page.fill("#api-token", "tech-token")
-                page.uncheck("#rv-defect")
-                page.select_option("#rv-category", "none")
-                page.fill("#rv-confidence", "1")
-                page.select_option("#rv-notes", "surface clean")  # the demo schema: a fixed phrase
-                page.click("#review-correct")
-                page.wait_for_function("document.getElementById('review-status').textContent === 'saved: corrected'",
-                                       timeout=5000)
-                ARTIFACTS.mkdir(exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "inspection_review.png"), full_page=True)
-                assert errors == []
-            finally:
-                browser.close()
+            page.click(f'#insp-list tr[data-id="{result.id}"]')  # open the result
+            page.wait_for_function("(() => { const i = document.getElementById('insp-image'); "
+                                   "return i.complete && i.naturalWidth > 0; })()", timeout=5000)
+            assert page.inner_text("#insp-verdict").startswith("DEFECT")
+            assert page.inner_text("#insp-review") == "pending"
+            # The technician corrects: not a defect after all (a reflection), with the API token.
+            page.fill("#api-token", "tech-token")
+            page.uncheck("#rv-defect")
+            page.select_option("#rv-category", "none")
+            page.fill("#rv-confidence", "1")
+            page.select_option("#rv-notes", "surface clean")  # the demo schema: a fixed phrase
+            page.click("#review-correct")
+            page.wait_for_function("document.getElementById('review-status').textContent === 'saved: corrected'",
+                                   timeout=5000)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "inspection_review.png"), full_page=True)
+            assert errors == []
         fixed = {"defect": False, "category": "none", "confidence": 1, "notes": "surface clean"}
         assert daemon.journal.get(result.id)["review"]["correction"] == fixed  # type: ignore[index]
         summary = export_from_config(cfg, tmp_path / "dataset")

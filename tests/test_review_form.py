@@ -15,15 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
+from browser import chromium
 from waiting import wait_for
 
 from edge_runtime.app import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.samples import write_sample_video
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 NESTED_SCHEMA: dict[str, Any] = {
@@ -95,14 +93,8 @@ def start_daemon(tmp: Path, bundle: Path) -> Daemon:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Debian chromium is not installed (make system-deps installs it)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
