@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -50,10 +51,16 @@ class ReviewStore:
         review = {"state": "pending", "reason": reason, "ts": utc_now()}
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO reviews (result_id, state, reason, ts) VALUES (?, 'pending', ?, ?)",
-                             (result_id, reason, review["ts"]))
+            self.stage_pending(self._db, result_id, reason, review["ts"])
             if patch:
                 self._patch(result_id, review)
+
+    @staticmethod
+    def stage_pending(db: sqlite3.Connection, result_id: str, reason: str, ts: str) -> None:
+        """The review-queue row of a result, inserted on `db` (the caller's transaction, e.g. the
+        journal's, whose result body already says `review.state: pending`)."""
+        db.execute("INSERT INTO reviews (result_id, state, reason, ts) VALUES (?, 'pending', ?, ?)",
+                   (result_id, reason[:200], ts))
 
     def write(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None = None,
               note: str | None = None, reviewer: str | None = None) -> dict[str, Any]:

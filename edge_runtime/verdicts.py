@@ -2,16 +2,20 @@
 
 `before_journal` runs on the inspection worker between the verdict and its journal row, so the row
 (and every MQTT/REST copy of it) already carries `evidence`, `rules` and a pending `review`.
-`after_journal` queues the side effects (MQTT alerts, webhooks) once the result is durable.
+`in_journal` stages the side effects of fired rules (MQTT alerts, webhooks, review marks) on the
+journal's connection, inside the transaction of the result row: all are durable or none is.
+`after_journal` wakes the MQTT outbox and the webhook sender once that transaction committed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ import numpy as np
 
 from .errors import EdgeRuntimeError
 from .evidence import EvidenceConfig, EvidenceStore
+from .journal import is_full
 from .outbox import MessageOutbox
 from .result import Result, utc_now
 from .review import ReviewStore
@@ -37,6 +42,16 @@ def full_frame(image: np.ndarray) -> np.ndarray:
             and base.shape[0] >= image.shape[0] and base.shape[1] >= image.shape[1]:
         return base
     return image
+
+
+@dataclass
+class _Staged:
+    """What one journal transaction queued, applied (counters, wake-ups) only after its commit."""
+
+    messages: int = 0
+    webhooks: int = 0
+    dropped: int = 0
+    errors: int = 0
 
 
 class VerdictServices:
@@ -61,6 +76,7 @@ class VerdictServices:
         self.reasks = 0
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
+        self._staged: tuple[str, _Staged] = ("", _Staged())  # what the last journal transaction queued
         self._lock = threading.Lock()
         self._retention_at = time.monotonic()
 
@@ -114,14 +130,34 @@ class VerdictServices:
             # keeps this bounded when a journal write fails (disk full) and `after` never comes.
             self._fired = {result.id: fired}
 
-    def after_journal(self, result: Result) -> None:
-        """Queue alerts and webhooks of the rules that fired (the result is durable now)."""
+    def in_journal(self, db: sqlite3.Connection, result: Result) -> None:
+        """Stage the alerts, webhooks and review marks of the rules that fired, on the journal's
+        connection inside the transaction that writes the result: they are durable exactly when the
+        result is, so a crash after the commit cannot lose them. A full disk propagates (the journal
+        rolls everything back and reports StorageFull); any other failure of one action is rolled back
+        to its savepoint and counted, and the result and the other actions go on."""
         with self._lock:
-            fired = self._fired.pop(result.id, [])
+            fired = self._fired.get(result.id, [])
+        staged = _Staged()
         if fired:
             payload = self._alert(result)
             for rule in fired:
-                self._act(rule, result, payload)
+                self._stage(db, rule, result, payload, staged)
+        with self._lock:
+            self._staged = (result.id, staged)
+
+    def after_journal(self, result: Result) -> None:
+        """The result and its side effects are committed: wake the MQTT outbox and the webhook sender."""
+        with self._lock:
+            self._fired.pop(result.id, None)
+            staged_id, staged = self._staged
+            self._staged = ("", _Staged())
+        if staged_id == result.id:
+            self.action_errors += staged.errors
+            if staged.messages:
+                self.messages.notify()
+            if staged.webhooks:
+                self.webhooks.queued(staged.dropped)
         if time.monotonic() - self._retention_at > RETENTION_EVERY_S:
             self._retention_at = time.monotonic()
             try:
@@ -131,21 +167,40 @@ class VerdictServices:
             except Exception:  # retention runs again in a minute
                 log.exception("evidence: retention failed")
 
-    def _act(self, rule: Rule, result: Result, payload: dict[str, Any]) -> None:
+    def _stage(self, db: sqlite3.Connection, rule: Rule, result: Result, payload: dict[str, Any],
+               staged: _Staged) -> None:
         body = {**payload, "rule": rule.name}
         for i, action in enumerate(rule.actions):
+            if not isinstance(action, (AlertAction, WebhookAction, ReviewAction)):
+                continue
+            db.execute("SAVEPOINT action")
             try:
                 if isinstance(action, AlertAction):
-                    self.messages.put(f"{result.camera}/alert", json.dumps(body, separators=(",", ":"),
-                                                                          ensure_ascii=False))
+                    self.messages.stage(db, f"{result.camera}/alert",
+                                        json.dumps(body, separators=(",", ":"), ensure_ascii=False))
+                    staged.messages += 1
                 elif isinstance(action, WebhookAction):
-                    self.webhooks.put(str(action.url), body, key=f"{result.id}:{rule.name}:{i}",
-                                      source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
-                elif isinstance(action, ReviewAction):
-                    self.reviews.mark_pending(result.id, rule.name, patch=False)
-            except Exception:  # one failed action must not stop the others
-                self.action_errors += 1
-                log.exception("rules: action %s of %s failed", action.type, rule.name)
+                    staged.dropped += self.webhooks.stage(db, str(action.url), body,
+                                                          key=f"{result.id}:{rule.name}:{i}",
+                                                          source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
+                    staged.webhooks += 1
+                else:
+                    self.reviews.stage_pending(db, result.id, rule.name, utc_now())
+            except sqlite3.Error as exc:
+                if is_full(exc):
+                    raise  # the whole transaction fails: the verdict is not journaled, nothing is sent
+                self._drop_action(db, staged, action, rule)
+            except Exception:  # noqa: BLE001 - logged there; one failed action (an oversized alert) must not stop the others
+                self._drop_action(db, staged, action, rule)
+            else:
+                db.execute("RELEASE action")
+
+    @staticmethod
+    def _drop_action(db: sqlite3.Connection, staged: _Staged, action: Any, rule: Rule) -> None:
+        staged.errors += 1
+        log.exception("rules: action %s of %s failed", action.type, rule.name)
+        db.execute("ROLLBACK TO action")
+        db.execute("RELEASE action")
 
     def _webhook_headers(self, source: str) -> dict[str, str]:
         """Headers of the rule action that queued a webhook, from the running config (secrets are
