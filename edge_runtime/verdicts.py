@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,8 @@ class VerdictServices:
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
         self.reasks = 0
+        self.reasks_skipped = 0  # over a rule's reask.max_per_minute
+        self._reask_times: dict[tuple[str, int], deque[float]] = {}  # (rule, action) -> latest re-asks
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
         self._staged: tuple[str, _Staged] = ("", _Staged())  # what the last journal transaction queued
@@ -96,6 +99,9 @@ class VerdictServices:
 
     def reload(self, rules: list[Rule]) -> None:
         self.engine.reload(rules)
+        with self._lock:
+            names = {r.name for r in rules}
+            self._reask_times = {k: v for k, v in self._reask_times.items() if k[0] in names}
         log.info("rules: %d loaded", len(rules))
 
     # ---- around the journal --------------------------------------------------------------------------
@@ -118,9 +124,11 @@ class VerdictServices:
         records = []
         for rule in fired:
             record: dict[str, Any] = {"name": rule.name, "actions": [a.type for a in rule.actions]}
-            for action in rule.actions:
+            for i, action in enumerate(rule.actions):
                 if isinstance(action, ReaskAction) and image is not None:
-                    record["reask"] = self._reask(image, result, action)
+                    record["reask"] = (self._reask(image, result, action) if self._reask_allowed(rule, i, action)
+                                       else {"prompt": action.prompt, "skipped":
+                                             f"rate limit: {action.max_per_minute} per minute"})
                 if isinstance(action, ReviewAction) and result.review is None:
                     result.review = {"state": "pending", "reason": rule.name, "ts": utc_now()}
             records.append(record)
@@ -218,6 +226,19 @@ class VerdictServices:
         return {"result_id": result.id, "device": result.device, "camera": result.camera, "ts": result.ts,
                 "verdict": result.verdict, "evidence": result.evidence, "rules": result.rules}
 
+    def _reask_allowed(self, rule: Rule, index: int, action: ReaskAction) -> bool:
+        """A sliding 60 s window per re-ask action: at most `max_per_minute`, over all cameras."""
+        now = time.monotonic()
+        with self._lock:
+            window = self._reask_times.get((rule.name, index))
+            if window is None or window.maxlen != action.max_per_minute:  # new, or changed by a reload
+                window = self._reask_times[(rule.name, index)] = deque(maxlen=action.max_per_minute)
+            if len(window) == window.maxlen and now - window[0] < 60.0:
+                self.reasks_skipped += 1
+                return False
+            window.append(now)
+            return True
+
     def _reask(self, image: np.ndarray, result: Result, action: ReaskAction) -> dict[str, Any]:
         """A second question on the same frame, answered now on this (the inspection) thread."""
         t0 = time.perf_counter()
@@ -234,7 +255,8 @@ class VerdictServices:
     def status(self) -> dict[str, Any]:
         return {
             "evidence": self.evidence.status() if self.evidence is not None else {"enabled": False},
-            "rules": {**self.engine.status(), "reasks": self.reasks, "action_errors": self.action_errors,
+            "rules": {**self.engine.status(), "reasks": self.reasks,
+                      "reasks_skipped": self.reasks_skipped, "action_errors": self.action_errors,
                       "alerts_backlog": self.messages.backlog()},
             "webhooks": self.webhooks.status(),
             "reviews": self.reviews.counts(),
