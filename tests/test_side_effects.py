@@ -135,3 +135,26 @@ def test_a_disk_that_fills_during_the_transaction_journals_neither_the_result_no
             assert line.journal.integrity_check() == "ok"
         finally:
             line.close()
+
+
+def test_a_technicians_review_and_its_mqtt_message_commit_together(tmp_path: Path) -> None:
+    line = Line(tmp_path / "j.sqlite3", actions=ACTIONS[:1])
+    try:
+        result = make_result()
+        line.deliver(result)
+        db = sqlite3.connect(str(line.journal.path))
+        # A real failure inside the transaction, after the review row is written: the message insert aborts.
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON mqtt_outbox BEGIN SELECT RAISE(ABORT, 'injected'); END")
+        db.commit()
+        with pytest.raises(sqlite3.IntegrityError):
+            line.services.reviews.write(result.to_dict(), "confirm")
+        assert line.services.reviews.history(result.id) == []
+        assert line.journal.get(result.id)["review"] is None  # type: ignore[index]
+        db.execute("DROP TRIGGER refuse")
+        db.commit()
+        db.close()
+        line.services.reviews.write(result.to_dict(), "confirm")
+        assert [h["state"] for h in line.services.reviews.history(result.id)] == ["confirmed"]
+        assert line.rows()["mqtt_outbox"] == 2 and line.notified == 2  # the alert, then the review message
+    finally:
+        line.close()
