@@ -84,6 +84,7 @@ class Daemon(DeviceServices):
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
                                         self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled)
         self.worker.before_journal.append(self.verdicts.before_journal)
+        self.worker.in_journal.append(self.verdicts.in_journal)
         self.worker.after_journal.append(self.verdicts.after_journal)
         self.services.append(self.verdicts)
         if config.mqtt.enabled:

@@ -18,6 +18,7 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ CREATE INDEX IF NOT EXISTS results_created ON results (created);
 _FULL_CODES = {13, 10}
 
 
-def _is_full(exc: sqlite3.Error) -> bool:
+def is_full(exc: sqlite3.Error) -> bool:
+    """SQLite's way of saying the disk is full (callers staging rows in a journal transaction use it)."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in _FULL_CODES
@@ -92,8 +94,12 @@ class Journal:
         """Full, and the next trial write is not due yet: refuse without costing anything."""
         return self.full_since is not None and time.monotonic() - self._last_try < self.retry_s
 
-    def add(self, result: Result) -> int:
-        """Persist one result; returns its journal sequence number. Raises StorageFull."""
+    def add(self, result: Result, extra: Callable[[sqlite3.Connection], None] | None = None) -> int:
+        """Persist one result; returns its journal sequence number. Raises StorageFull.
+
+        `extra(db)` runs on the journal's connection inside the same transaction, so rows it inserts
+        (the alerts, webhooks and review marks of fired rules) are durable together with the result or
+        not at all: no crash can leave a journaled result whose side effects were never queued."""
         with self._lock:
             now = time.monotonic()
             if self.full_since is not None and now - self._last_try < self.retry_s:
@@ -101,11 +107,9 @@ class Journal:
             self._last_try = now
             self._keep_watermark(now)
             try:
-                cur = self._db.execute(
-                    "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
-                    (result.id, result.ts, time.time(), result.camera, result.to_json()))
+                seq = self._insert(result, extra)
             except sqlite3.OperationalError as exc:
-                if not _is_full(exc):
+                if not is_full(exc):
                     raise
                 self._went_full(exc)
                 raise StorageFull(f"disk full: the journal cannot store results ({exc})") from None
@@ -117,7 +121,28 @@ class Journal:
             self._added += 1
             if self._added % 100 == 0:
                 self._housekeeping(self._apply_retention)
-            return int(cur.lastrowid or 0)
+            return seq
+
+    def _insert(self, result: Result, extra: Callable[[sqlite3.Connection], None] | None) -> int:
+        """One transaction (one fsync): the result row and whatever `extra` adds; all or nothing."""
+        # IMMEDIATE takes the write lock now: the outboxes' own connections write to this file too,
+        # and a deferred transaction that must upgrade its lock can fail with SQLITE_BUSY at once.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self._db.execute(
+                "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
+                (result.id, result.ts, time.time(), result.camera, result.to_json()))
+            if extra is not None:
+                extra(self._db)
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error as exc:  # SQLite already rolled back (e.g. after a full disk)
+                    log.debug("journal: rollback: %s", exc)
+            raise
+        return int(cur.lastrowid or 0)
 
     def mark_sent(self, seqs: list[int]) -> None:
         """Raises StorageFull: the caller keeps the seqs and marks them later."""
@@ -131,7 +156,7 @@ class Journal:
                         f"UPDATE results SET sent = {SENT} WHERE seq = ? AND sent = {UNSENT}",
                         [(s,) for s in seqs])
             except sqlite3.OperationalError as exc:
-                if _is_full(exc):
+                if is_full(exc):
                     raise StorageFull(f"disk full: cannot mark results delivered ({exc})") from None
                 raise
             self._unsent -= max(cur.rowcount, 0)

@@ -45,17 +45,24 @@ class MessageOutbox:
         self._db.executescript(_SCHEMA)
 
     def put(self, topic: str, payload: str) -> int:
-        if len(payload) > MAX_PAYLOAD:
-            raise ValueError(f"message for {topic} is larger than {MAX_PAYLOAD} bytes")
-        with self._lock:
-            cur = self._db.execute("INSERT INTO mqtt_outbox (topic, payload, created) VALUES (?, ?, ?)",
-                                   (topic, payload, time.time()))
-            # Bounded: sent rows go first; unsent ones only when the table is full of them.
-            self._db.execute("DELETE FROM mqtt_outbox WHERE seq <= (SELECT seq FROM mqtt_outbox "
-                             "ORDER BY sent DESC, seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,))
-            seq = int(cur.lastrowid or 0)
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            seq = self.stage(self._db, topic, payload)
         self.notify()
         return seq
+
+    def stage(self, db: sqlite3.Connection, topic: str, payload: str) -> int:
+        """Insert one message on `db` (the caller's transaction, e.g. the journal's: the message is then
+        durable exactly when the result is). The caller calls `notify` after its commit. Raises
+        ValueError for an oversized payload before touching the database."""
+        if len(payload) > MAX_PAYLOAD:
+            raise ValueError(f"message for {topic} is larger than {MAX_PAYLOAD} bytes")
+        cur = db.execute("INSERT INTO mqtt_outbox (topic, payload, created) VALUES (?, ?, ?)",
+                         (topic, payload, time.time()))
+        # Bounded: sent rows go first; unsent ones only when the table is full of them.
+        db.execute("DELETE FROM mqtt_outbox WHERE seq <= (SELECT seq FROM mqtt_outbox "
+                   "ORDER BY sent DESC, seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,))
+        return int(cur.lastrowid or 0)
 
     def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]:
         """(seq, topic below the prefix, payload), oldest first."""

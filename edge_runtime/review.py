@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .contracts import ResultFilter, ReviewError  # defined with the Device, which takes a filter
-from .outbox import MessageOutbox, open_db
+from .outbox import MAX_PAYLOAD, MessageOutbox, open_db
 from .result import utc_now
 
 _SCHEMA = """
@@ -50,10 +51,16 @@ class ReviewStore:
         review = {"state": "pending", "reason": reason, "ts": utc_now()}
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO reviews (result_id, state, reason, ts) VALUES (?, 'pending', ?, ?)",
-                             (result_id, reason, review["ts"]))
+            self.stage_pending(self._db, result_id, reason, review["ts"])
             if patch:
                 self._patch(result_id, review)
+
+    @staticmethod
+    def stage_pending(db: sqlite3.Connection, result_id: str, reason: str, ts: str) -> None:
+        """The review-queue row of a result, inserted on `db` (the caller's transaction, e.g. the
+        journal's, whose result body already says `review.state: pending`)."""
+        db.execute("INSERT INTO reviews (result_id, state, reason, ts) VALUES (?, 'pending', ?, ?)",
+                   (result_id, reason[:200], ts))
 
     def write(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None = None,
               note: str | None = None, reviewer: str | None = None) -> dict[str, Any]:
@@ -74,15 +81,19 @@ class ReviewStore:
         message = json.dumps({"id": result["id"], "device": result.get("device"), "camera": result["camera"],
                               "ts": review["ts"], "verdict": result.get("verdict"), "review": review},
                              separators=(",", ":"), ensure_ascii=False)
+        if len(message) > MAX_PAYLOAD:  # checked before anything is written: a 4xx, not half a review
+            raise ReviewError(f"the review message would be over {MAX_PAYLOAD} bytes", "verdict")
         with self._lock, self._db:
             self._db.execute("BEGIN")
             self._db.execute("INSERT INTO reviews (result_id, state, correction, note, ts) VALUES (?, ?, ?, ?, ?)",
                              (result["id"], state, json.dumps(correction) if correction else None, note,
                               review["ts"]))
             self._patch(result["id"], review)
+            if self.messages is not None:  # in the same transaction: a crash cannot keep one without the other
+                self.messages.stage(self._db, f"{result['camera']}/review", message)
         self.written += 1
         if self.messages is not None:
-            self.messages.put(f"{result['camera']}/review", message)
+            self.messages.notify()
         return review
 
     def _patch(self, result_id: str, review: dict[str, Any]) -> None:

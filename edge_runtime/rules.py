@@ -143,6 +143,10 @@ class ReaskAction(_Model):
     type: Literal["reask"] = Field(description="Ask a second question about the same frame.")
     prompt: str = Field(min_length=1, max_length=2000, description="Second question on the same frame; "
                         "its answer is attached to the firing.")
+    # A re-ask is a second generation on the inspection thread, before the journal write: a rule that
+    # fires on every frame would halve the line's throughput. Beyond this rate it is skipped and counted.
+    max_per_minute: int = Field(6, ge=1, le=600, description="At most this many re-asks of this action "
+                                "in any 60 s (all cameras together); more are skipped and counted.")
 
 
 class ReviewAction(_Model):

@@ -2,16 +2,21 @@
 
 `before_journal` runs on the inspection worker between the verdict and its journal row, so the row
 (and every MQTT/REST copy of it) already carries `evidence`, `rules` and a pending `review`.
-`after_journal` queues the side effects (MQTT alerts, webhooks) once the result is durable.
+`in_journal` stages the side effects of fired rules (MQTT alerts, webhooks, review marks) on the
+journal's connection, inside the transaction of the result row: all are durable or none is.
+`after_journal` wakes the MQTT outbox and the webhook sender once that transaction committed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,7 @@ import numpy as np
 
 from .errors import EdgeRuntimeError
 from .evidence import EvidenceConfig, EvidenceStore
+from .journal import is_full
 from .outbox import MessageOutbox
 from .result import Result, utc_now
 from .review import ReviewStore
@@ -37,6 +43,16 @@ def full_frame(image: np.ndarray) -> np.ndarray:
             and base.shape[0] >= image.shape[0] and base.shape[1] >= image.shape[1]:
         return base
     return image
+
+
+@dataclass
+class _Staged:
+    """What one journal transaction queued, applied (counters, wake-ups) only after its commit."""
+
+    messages: int = 0
+    webhooks: int = 0
+    dropped: int = 0
+    errors: int = 0
 
 
 class VerdictServices:
@@ -59,8 +75,11 @@ class VerdictServices:
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
         self.reasks = 0
+        self.reasks_skipped = 0  # over a rule's reask.max_per_minute
+        self._reask_times: dict[tuple[str, int], deque[float]] = {}  # (rule, action) -> latest re-asks
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
+        self._staged: tuple[str, _Staged] = ("", _Staged())  # what the last journal transaction queued
         self._lock = threading.Lock()
         self._retention_at = time.monotonic()
 
@@ -80,6 +99,9 @@ class VerdictServices:
 
     def reload(self, rules: list[Rule]) -> None:
         self.engine.reload(rules)
+        with self._lock:
+            names = {r.name for r in rules}
+            self._reask_times = {k: v for k, v in self._reask_times.items() if k[0] in names}
         log.info("rules: %d loaded", len(rules))
 
     # ---- around the journal --------------------------------------------------------------------------
@@ -102,9 +124,11 @@ class VerdictServices:
         records = []
         for rule in fired:
             record: dict[str, Any] = {"name": rule.name, "actions": [a.type for a in rule.actions]}
-            for action in rule.actions:
+            for i, action in enumerate(rule.actions):
                 if isinstance(action, ReaskAction) and image is not None:
-                    record["reask"] = self._reask(image, result, action)
+                    record["reask"] = (self._reask(image, result, action) if self._reask_allowed(rule, i, action)
+                                       else {"prompt": action.prompt, "skipped":
+                                             f"rate limit: {action.max_per_minute} per minute"})
                 if isinstance(action, ReviewAction) and result.review is None:
                     result.review = {"state": "pending", "reason": rule.name, "ts": utc_now()}
             records.append(record)
@@ -114,14 +138,34 @@ class VerdictServices:
             # keeps this bounded when a journal write fails (disk full) and `after` never comes.
             self._fired = {result.id: fired}
 
-    def after_journal(self, result: Result) -> None:
-        """Queue alerts and webhooks of the rules that fired (the result is durable now)."""
+    def in_journal(self, db: sqlite3.Connection, result: Result) -> None:
+        """Stage the alerts, webhooks and review marks of the rules that fired, on the journal's
+        connection inside the transaction that writes the result: they are durable exactly when the
+        result is, so a crash after the commit cannot lose them. A full disk propagates (the journal
+        rolls everything back and reports StorageFull); any other failure of one action is rolled back
+        to its savepoint and counted, and the result and the other actions go on."""
         with self._lock:
-            fired = self._fired.pop(result.id, [])
+            fired = self._fired.get(result.id, [])
+        staged = _Staged()
         if fired:
             payload = self._alert(result)
             for rule in fired:
-                self._act(rule, result, payload)
+                self._stage(db, rule, result, payload, staged)
+        with self._lock:
+            self._staged = (result.id, staged)
+
+    def after_journal(self, result: Result) -> None:
+        """The result and its side effects are committed: wake the MQTT outbox and the webhook sender."""
+        with self._lock:
+            self._fired.pop(result.id, None)
+            staged_id, staged = self._staged
+            self._staged = ("", _Staged())
+        if staged_id == result.id:
+            self.action_errors += staged.errors
+            if staged.messages:
+                self.messages.notify()
+            if staged.webhooks:
+                self.webhooks.queued(staged.dropped)
         if time.monotonic() - self._retention_at > RETENTION_EVERY_S:
             self._retention_at = time.monotonic()
             try:
@@ -131,21 +175,40 @@ class VerdictServices:
             except Exception:  # retention runs again in a minute
                 log.exception("evidence: retention failed")
 
-    def _act(self, rule: Rule, result: Result, payload: dict[str, Any]) -> None:
+    def _stage(self, db: sqlite3.Connection, rule: Rule, result: Result, payload: dict[str, Any],
+               staged: _Staged) -> None:
         body = {**payload, "rule": rule.name}
         for i, action in enumerate(rule.actions):
+            if not isinstance(action, (AlertAction, WebhookAction, ReviewAction)):
+                continue
+            db.execute("SAVEPOINT action")
             try:
                 if isinstance(action, AlertAction):
-                    self.messages.put(f"{result.camera}/alert", json.dumps(body, separators=(",", ":"),
-                                                                          ensure_ascii=False))
+                    self.messages.stage(db, f"{result.camera}/alert",
+                                        json.dumps(body, separators=(",", ":"), ensure_ascii=False))
+                    staged.messages += 1
                 elif isinstance(action, WebhookAction):
-                    self.webhooks.put(str(action.url), body, key=f"{result.id}:{rule.name}:{i}",
-                                      source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
-                elif isinstance(action, ReviewAction):
-                    self.reviews.mark_pending(result.id, rule.name, patch=False)
-            except Exception:  # one failed action must not stop the others
-                self.action_errors += 1
-                log.exception("rules: action %s of %s failed", action.type, rule.name)
+                    staged.dropped += self.webhooks.stage(db, str(action.url), body,
+                                                          key=f"{result.id}:{rule.name}:{i}",
+                                                          source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
+                    staged.webhooks += 1
+                else:
+                    self.reviews.stage_pending(db, result.id, rule.name, utc_now())
+            except sqlite3.Error as exc:
+                if is_full(exc):
+                    raise  # the whole transaction fails: the verdict is not journaled, nothing is sent
+                self._drop_action(db, staged, action, rule)
+            except Exception:  # noqa: BLE001 - logged there; one failed action (an oversized alert) must not stop the others
+                self._drop_action(db, staged, action, rule)
+            else:
+                db.execute("RELEASE action")
+
+    @staticmethod
+    def _drop_action(db: sqlite3.Connection, staged: _Staged, action: Any, rule: Rule) -> None:
+        staged.errors += 1
+        log.exception("rules: action %s of %s failed", action.type, rule.name)
+        db.execute("ROLLBACK TO action")
+        db.execute("RELEASE action")
 
     def _webhook_headers(self, source: str) -> dict[str, str]:
         """Headers of the rule action that queued a webhook, from the running config (secrets are
@@ -163,6 +226,19 @@ class VerdictServices:
         return {"result_id": result.id, "device": result.device, "camera": result.camera, "ts": result.ts,
                 "verdict": result.verdict, "evidence": result.evidence, "rules": result.rules}
 
+    def _reask_allowed(self, rule: Rule, index: int, action: ReaskAction) -> bool:
+        """A sliding 60 s window per re-ask action: at most `max_per_minute`, over all cameras."""
+        now = time.monotonic()
+        with self._lock:
+            window = self._reask_times.get((rule.name, index))
+            if window is None or window.maxlen != action.max_per_minute:  # new, or changed by a reload
+                window = self._reask_times[(rule.name, index)] = deque(maxlen=action.max_per_minute)
+            if len(window) == window.maxlen and now - window[0] < 60.0:
+                self.reasks_skipped += 1
+                return False
+            window.append(now)
+            return True
+
     def _reask(self, image: np.ndarray, result: Result, action: ReaskAction) -> dict[str, Any]:
         """A second question on the same frame, answered now on this (the inspection) thread."""
         t0 = time.perf_counter()
@@ -179,7 +255,8 @@ class VerdictServices:
     def status(self) -> dict[str, Any]:
         return {
             "evidence": self.evidence.status() if self.evidence is not None else {"enabled": False},
-            "rules": {**self.engine.status(), "reasks": self.reasks, "action_errors": self.action_errors,
+            "rules": {**self.engine.status(), "reasks": self.reasks,
+                      "reasks_skipped": self.reasks_skipped, "action_errors": self.action_errors,
                       "alerts_backlog": self.messages.backlog()},
             "webhooks": self.webhooks.status(),
             "reviews": self.reviews.counts(),

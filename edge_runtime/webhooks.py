@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 import urllib.error
@@ -63,18 +64,30 @@ class WebhookOutbox:
         self.last_error: str | None = None
 
     def put(self, url: str, body: dict[str, Any], key: str, source: str = "", timeout_s: float = 5.0) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            over = self.stage(self._db, url, body, key, source, timeout_s)
+        self.queued(over)
+
+    def stage(self, db: sqlite3.Connection, url: str, body: dict[str, Any], key: str, source: str = "",
+              timeout_s: float = 5.0) -> int:
+        """Insert one delivery on `db` (the caller's transaction, e.g. the journal's); returns how many
+        of the oldest rows were dropped to stay bounded. The caller calls `queued(dropped)` after its
+        commit. Raises ValueError for an oversized body before touching the database."""
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
         if len(text) > MAX_BODY:
             raise ValueError(f"webhook body is larger than {MAX_BODY} bytes")
         now = time.time()
-        with self._lock:
-            self._db.execute("INSERT INTO webhook_outbox (url, source, body, key, timeout_s, created, next_try) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (url, source, text, key, timeout_s, now, now))
-            over = self._db.execute("DELETE FROM webhook_outbox WHERE seq <= (SELECT seq FROM webhook_outbox "
-                                    "ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount
-        if over > 0:
-            self.dropped += over
-            log.warning("webhooks: outbox full (%d rows); dropped the %d oldest", self.max_rows, over)
+        db.execute("INSERT INTO webhook_outbox (url, source, body, key, timeout_s, created, next_try) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?)", (url, source, text, key, timeout_s, now, now))
+        return int(db.execute("DELETE FROM webhook_outbox WHERE seq <= (SELECT seq FROM webhook_outbox "
+                              "ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount)
+
+    def queued(self, dropped: int = 0) -> None:
+        """After a commit that staged deliveries: count what the bound dropped and wake the sender."""
+        if dropped > 0:
+            self.dropped += dropped
+            log.warning("webhooks: outbox full (%d rows); dropped the %d oldest", self.max_rows, dropped)
         self._wake.set()
 
     # ---- delivery ----------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,10 @@ from .supervise import RateLimitedLog, SupervisedThread
 # the result lines ("edge_runtime.scheduler: result …") are counted by tests/test_lifecycle.py.
 log = logging.getLogger("edge_runtime.scheduler")
 
+# Fault injection for tests only (tests/test_side_effects_crash.py): the process ends like a power cut
+# right after the commit of the first journaled result, before anything after it runs.
+_CRASH_AFTER_COMMIT = os.environ.get("EDGE_RUNTIME_TEST_FAULT") == "exit-after-journal-commit"
+
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
@@ -40,8 +46,10 @@ class InspectionWorker:
         self.gate = gate
         self.stats_for = stats_for
         self.listeners: list[ResultListener] = []
-        # Around the journal row of journaled results: evidence and rules (before), their actions (after).
+        # Around the journal row of journaled results: evidence and rules (before),
         self.before_journal: list[Callable[[np.ndarray | None, Result], None]] = []
+        # the rows of their actions inside the journal's transaction, wake-ups after its commit.
+        self.in_journal: list[Callable[[sqlite3.Connection, Result], None]] = []
         self.after_journal: list[ResultListener] = []
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None
@@ -232,12 +240,26 @@ class InspectionWorker:
             result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
         return self._deliver(request, result)
 
+    def _in_journal(self, result: Result) -> Callable[[sqlite3.Connection], None] | None:
+        if not self.in_journal:
+            return None
+        hooks = list(self.in_journal)
+
+        def stage(db: sqlite3.Connection) -> None:
+            for hook in hooks:
+                hook(db, result)
+        return stage
+
     def _deliver(self, request: InspectionRequest, result: Result) -> Result:
         """Journal first (durable before anyone else sees it), then counters, log and listeners."""
         if request.journal:
             for hook in self.before_journal:
                 hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
-            self.journal.add(result)  # raises StorageFull: then nobody sees this verdict
+            # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
+            # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
+            self.journal.add(result, extra=self._in_journal(result))
+            if _CRASH_AFTER_COMMIT:
+                os._exit(137)  # tests only: a power cut at the worst moment (see _CRASH_AFTER_COMMIT)
             self._full_log.reset()
             for after in self.after_journal:
                 after(result)

@@ -209,6 +209,8 @@ class VerdictCollector(Collector):
             fired.add_metric([name], n)
         yield fired
         yield CounterMetricFamily("edge_rule_reasks", "Second questions asked by rules", value=s["rules"]["reasks"])
+        yield CounterMetricFamily("edge_rule_reasks_skipped", "Re-asks skipped over a rule's max_per_minute",
+                                  value=s["rules"].get("reasks_skipped", 0))
         yield GaugeMetricFamily("edge_alerts_backlog", "Alerts and reviews not yet acknowledged by the broker",
                                 value=s["rules"]["alerts_backlog"])
         ev = s["evidence"]
