@@ -39,8 +39,8 @@ NESTED_SCHEMA: dict[str, Any] = {
         "location": {"$ref": "#/$defs/point"},
         "findings": {"type": "array", "items": {"$ref": "#/$defs/finding"}, "maxItems": 2},
         "tags": {"type": "array", "items": {"type": "string", "enum": ["scratch", "dent", "stain"]}, "maxItems": 3},
-        # anyOf, not "type": [string, null]: grammar.py drops maxLength from a type list (the model
-        # then writes past it); the form reads both spellings (test_both_nullable_spellings_...).
+        # The form reads both nullable spellings (test_both_nullable_spellings_...); the type-list
+        # one is bounded in the grammar too (tests/test_schema_literals.py).
         "operator_note": {"anyOf": [{"type": "string", "maxLength": 12}, {"type": "null"}]},
         "disposition": {"oneOf": [
             {"type": "object", "additionalProperties": False, "required": ["rework"],
@@ -51,11 +51,8 @@ NESTED_SCHEMA: dict[str, Any] = {
     "required": ["defect", "location", "findings", "tags", "operator_note", "disposition"],
     "additionalProperties": False,
 }
-# No double quote in the bundle's names and values: the GBNF-to-lark step of the constraint fails on
-# an escaped quote (seen: GbnfToLarkError); the form's handling of double quotes is checked in the
-# page itself (test_double_quotes_in_names_and_values_stay_text).
-XSS = "<img src=x onerror=window.__xss=1>"
-ODD_NAME = "part 'A' <b>o'k</b>"
+XSS = '<img src=x onerror="window.__xss=1">'
+ODD_NAME = """part 'A' "B" <b>o'k</b>"""
 HOSTILE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"defect": {"type": "boolean"},
@@ -78,11 +75,11 @@ def bundle_with(demo_dir: Path, tmp: Path, schema: dict[str, Any]) -> Path:
     return bundle
 
 
-def start_daemon(tmp: Path, bundle: Path) -> Daemon:
+def start_daemon(tmp: Path, bundle: Path, port: int = 0) -> Daemon:
     cfg = Config(device_id="press-9", data_dir=tmp / "data")
     cfg.model.path, cfg.model.threads = bundle, 2
     cfg.mqtt.enabled = False
-    cfg.api.port, cfg.api.host = 0, "127.0.0.1"
+    cfg.api.port, cfg.api.host = port, "127.0.0.1"
     cfg.cameras = [CameraConfig(name="cam", source=str(write_sample_video(tmp / "v.avi", frames=30)), fps=10,
                                 trigger=TriggerConfig(mode="on_demand"))]
     d = Daemon(cfg)
@@ -370,3 +367,26 @@ def test_the_form_keeps_rows_within_min_and_max_items_and_checks_bounds_before_s
     assert (out["rows"], out["removable"], out["addable"], out["addableAtMax"]) == (1, False, True, False)
     assert out["first"]["errors"] == ["rows[0]: enter a whole number", "code: must match ^[A-Z]+$", "any: required"]
     assert out["second"] == {"value": {"rows": [6], "code": "OK", "any": 3}, "errors": []}
+
+
+def test_a_page_left_open_across_a_bundle_update_builds_the_form_from_the_new_schema(
+        tmp_path: Path, demo_dir: Path, browser: Any) -> None:
+    """OTA or a technician swaps the bundle (same data directory); the page on the line's tablet stays open."""
+    d = start_daemon(tmp_path, bundle_with(demo_dir, tmp_path / "old", HOSTILE_SCHEMA))
+    port = d.api.port  # type: ignore[union-attr]
+    page = None
+    try:
+        first = d.trigger("cam").result(timeout=120)
+        page, errors = open_result(browser, d, first.id)
+        assert by_id(page, "rv-remark").count() == 1  # the old schema's form
+        d.stop()
+        d = start_daemon(tmp_path, bundle_with(demo_dir, tmp_path / "new", NESTED_SCHEMA), port=port)
+        second = d.trigger("cam").result(timeout=120)
+        page.click(f'#insp-list tr[data-id="{second.id}"]', timeout=15000)
+        page.wait_for_selector("#review-fields fieldset [id='rv-location.x']")
+        assert by_id(page, "rv-remark").count() == 0
+        assert errors == []
+    finally:
+        if page is not None:
+            page.close()
+        d.stop()

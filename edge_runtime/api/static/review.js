@@ -103,7 +103,7 @@
       `<span>review</span><b id="insp-review">${esc(r.review ? r.review.state : "not reviewed")}</b>` +
       `<span>model said</span><b>${esc(r.text)}</b>`;
     const base = (r.review && r.review.correction) || r.verdict || {};
-    if (!schema.properties) await loadSchema(); // the page opened before the model was loaded
+    await loadSchema(); // the bundle (and its schema) may have changed since the page opened
     $("review-status").textContent = "";
     if (!window.SchemaForm) {
       $("review-status").textContent = "the review form did not load: reload the page";
