@@ -481,3 +481,15 @@ def test_an_alert_queued_before_a_kill_9_is_sent_after_the_restart(tmp_path: Pat
         if subscriber is not None:
             subscriber.close()
         broker.stop()
+
+
+def test_skipped_re_asks_are_counted_on_metrics(line: Line) -> None:
+    def skipped() -> float:
+        _, _, metrics = http(line, "/metrics", token=None)
+        rows = [ln for ln in metrics.decode().splitlines() if ln.startswith("edge_rule_reasks_skipped_total ")]
+        return float(rows[0].split()[-1])
+
+    before = skipped()
+    for _ in range(7):  # "second-look" re-asks at most 6 times a minute (the default)
+        inspect(line)
+    assert skipped() >= before + 1
