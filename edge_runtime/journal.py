@@ -48,6 +48,10 @@ CREATE INDEX IF NOT EXISTS results_created ON results (created);
 _FULL_CODES = {13, 10}
 
 
+class _SideEffectsLost(Exception):
+    """`extra` failed in a way that made SQLite roll back the whole transaction, result row included."""
+
+
 def is_full(exc: sqlite3.Error) -> bool:
     """SQLite's way of saying the disk is full (callers staging rows in a journal transaction use it)."""
     code = getattr(exc, "sqlite_errorcode", None)
@@ -107,7 +111,14 @@ class Journal:
             self._last_try = now
             self._keep_watermark(now)
             try:
-                seq = self._insert(result, extra)
+                try:
+                    seq = self._insert(result, extra)
+                except _SideEffectsLost as lost:
+                    # An error in a side effect that made SQLite roll back the whole transaction (not
+                    # a full disk: that is StorageFull below). The verdict matters more: keep it alone.
+                    log.error("journal: the rule actions of result %s could not be stored (%s); "
+                              "the result is journaled without them", result.id, lost.__cause__)
+                    seq = self._insert(result, None)
             except sqlite3.OperationalError as exc:
                 if not is_full(exc):
                     raise
@@ -133,7 +144,12 @@ class Journal:
                 "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
                 (result.id, result.ts, time.time(), result.camera, result.to_json()))
             if extra is not None:
-                extra(self._db)
+                try:
+                    extra(self._db)
+                except sqlite3.Error as exc:
+                    if is_full(exc) or self._db.in_transaction:
+                        raise
+                    raise _SideEffectsLost() from exc  # SQLite already rolled everything back
             self._db.execute("COMMIT")
         except BaseException:
             if self._db.in_transaction:

@@ -6,6 +6,7 @@ alert or a review survives a broker outage and a `kill -9` exactly like a verdic
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -23,6 +24,7 @@ CREATE TABLE IF NOT EXISTS mqtt_outbox (
 CREATE INDEX IF NOT EXISTS mqtt_outbox_unsent ON mqtt_outbox (sent, seq);
 """
 MAX_PAYLOAD = 256 * 1024  # an alert is a few hundred bytes; refuse anything that would bloat the file
+log = logging.getLogger(__name__)
 
 
 def open_db(path: Path) -> sqlite3.Connection:
@@ -39,6 +41,7 @@ class MessageOutbox:
 
     def __init__(self, path: Path, max_rows: int = 100_000) -> None:
         self.max_rows = max_rows
+        self.dropped_unsent = 0  # undelivered messages given up to keep the table within max_rows
         self.notify: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self._db = open_db(path)
@@ -59,10 +62,25 @@ class MessageOutbox:
             raise ValueError(f"message for {topic} is larger than {MAX_PAYLOAD} bytes")
         cur = db.execute("INSERT INTO mqtt_outbox (topic, payload, created) VALUES (?, ?, ?)",
                          (topic, payload, time.time()))
-        # Bounded: sent rows go first; unsent ones only when the table is full of them.
-        db.execute("DELETE FROM mqtt_outbox WHERE seq <= (SELECT seq FROM mqtt_outbox "
-                   "ORDER BY sent DESC, seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,))
+        self._trim(db)
         return int(cur.lastrowid or 0)
+
+    def _trim(self, db: sqlite3.Connection) -> None:
+        """Keep at most `max_rows`: the oldest delivered rows go first; undelivered ones (oldest first)
+        only when nothing delivered is left, and those are counted and logged."""
+        excess = int(db.execute("SELECT COUNT(*) FROM mqtt_outbox").fetchone()[0]) - self.max_rows
+        if excess <= 0:
+            return
+        for sent in (1, 0):  # both deletes walk the (sent, seq) index
+            gone = db.execute("DELETE FROM mqtt_outbox WHERE seq IN (SELECT seq FROM mqtt_outbox WHERE sent = ? "
+                              "ORDER BY seq LIMIT ?)", (sent, excess)).rowcount
+            excess -= gone
+            if sent == 0 and gone:
+                self.dropped_unsent += gone
+                log.warning("mqtt outbox full (%d rows): dropped the %d oldest undelivered messages",
+                            self.max_rows, gone)
+            if excess <= 0:
+                return
 
     def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]:
         """(seq, topic below the prefix, payload), oldest first."""

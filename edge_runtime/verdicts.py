@@ -143,16 +143,19 @@ class VerdictServices:
         connection inside the transaction that writes the result: they are durable exactly when the
         result is, so a crash after the commit cannot lose them. A full disk propagates (the journal
         rolls everything back and reports StorageFull); any other failure of one action is rolled back
-        to its savepoint and counted, and the result and the other actions go on."""
+        to its savepoint and counted, and the result and the other actions go on. A failure that makes
+        SQLite roll back the whole transaction propagates: the journal then stores the result alone."""
         with self._lock:
             fired = self._fired.get(result.id, [])
         staged = _Staged()
-        if fired:
-            payload = self._alert(result)
-            for rule in fired:
-                self._stage(db, rule, result, payload, staged)
-        with self._lock:
-            self._staged = (result.id, staged)
+        try:
+            if fired:
+                payload = self._alert(result)
+                for rule in fired:
+                    self._stage(db, rule, result, payload, staged)
+        finally:  # counted in after_journal, also when the journal retries the result alone
+            with self._lock:
+                self._staged = (result.id, staged)
 
     def after_journal(self, result: Result) -> None:
         """The result and its side effects are committed: wake the MQTT outbox and the webhook sender."""
@@ -207,6 +210,8 @@ class VerdictServices:
     def _drop_action(db: sqlite3.Connection, staged: _Staged, action: Any, rule: Rule) -> None:
         staged.errors += 1
         log.exception("rules: action %s of %s failed", action.type, rule.name)
+        if not db.in_transaction:
+            raise  # SQLite rolled the whole transaction back: the journal keeps the result alone
         db.execute("ROLLBACK TO action")
         db.execute("RELEASE action")
 
@@ -257,7 +262,8 @@ class VerdictServices:
             "evidence": self.evidence.status() if self.evidence is not None else {"enabled": False},
             "rules": {**self.engine.status(), "reasks": self.reasks,
                       "reasks_skipped": self.reasks_skipped, "action_errors": self.action_errors,
-                      "alerts_backlog": self.messages.backlog()},
+                      "alerts_backlog": self.messages.backlog(),
+                      "messages_dropped": self.messages.dropped_unsent},
             "webhooks": self.webhooks.status(),
             "reviews": self.reviews.counts(),
         }

@@ -158,3 +158,36 @@ def test_a_technicians_review_and_its_mqtt_message_commit_together(tmp_path: Pat
         assert line.rows()["mqtt_outbox"] == 2 and line.notified == 2  # the alert, then the review message
     finally:
         line.close()
+
+
+def test_a_full_mqtt_outbox_drops_delivered_messages_before_undelivered_ones(tmp_path: Path) -> None:
+    from edge_runtime.outbox import MessageOutbox
+
+    outbox = MessageOutbox(tmp_path / "j.sqlite3", max_rows=5)
+    try:
+        delivered = [outbox.put("cam/alert", f"old-{i}") for i in range(5)]
+        outbox.mark_sent(delivered)
+        outbox.put("cam/alert", "pending")
+        outbox.put("cam/alert", "new")
+        assert [p for _, _, p in outbox.unsent()] == ["pending", "new"]  # delivered rows went instead
+        assert outbox.dropped_unsent == 0
+        for i in range(4):
+            outbox.put("cam/alert", f"more-{i}")
+        # Five undelivered messages fill the table; the sixth pushes out the oldest undelivered one.
+        assert [p for _, _, p in outbox.unsent()] == ["new", "more-0", "more-1", "more-2", "more-3"]
+        assert outbox.dropped_unsent == 1
+    finally:
+        outbox.close()
+
+
+def test_an_action_error_that_rolls_back_the_whole_transaction_still_journals_the_result(tmp_path: Path) -> None:
+    line = Line(tmp_path / "j.sqlite3")
+    try:
+        with sqlite3.connect(str(line.journal.path)) as db:  # a corrupt page, an interrupt: SQLite rolls back all
+            db.execute("CREATE TRIGGER lose_all AFTER INSERT ON webhook_outbox BEGIN SELECT RAISE(ROLLBACK, 'x'); END")
+        line.deliver(make_result())
+        assert line.rows()["results"] == 1  # the verdict is kept, without its side effects
+        assert line.services.action_errors >= 1
+        assert not line.journal._db.in_transaction
+    finally:
+        line.close()
