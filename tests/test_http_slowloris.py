@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -234,3 +235,31 @@ def test_healthz_from_loopback_connects_while_other_clients_fill_the_connection_
         assert len(slow.ended) == 512 - CONNECTION_LIMIT  # the other 500 stayed open all along
     finally:
         slow.close()
+
+
+def test_a_pipelined_request_is_not_cut_while_the_one_before_it_is_served() -> None:
+    """waitress reads nothing more of a connection while it serves a request on it, so a pipelined
+    request that arrived in part must not run out of time meanwhile (the 408 used to land inside the
+    first response's chunked body)."""
+    from edge_runtime.api.guard import Limits, create_guarded_server
+
+    def slow(environ: dict[str, object], start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        for i in range(4):
+            time.sleep(0.5)
+            yield b"chunk%d\n" % i
+
+    server = create_guarded_server(slow, Limits(request_deadline_s=0.5), map={}, host="127.0.0.1", port=0,
+                                   threads=2, cleanup_interval=0.2, channel_timeout=10)
+    threading.Thread(target=server.run, daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.socket.getsockname()[1]), timeout=10) as sock:
+            sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n")  # /b not finished
+            data = b""
+            while b"chunk3" not in data:
+                chunk = sock.recv(65536)
+                assert chunk, f"closed early: {data!r}"
+                data += chunk
+        assert b"408" not in data and server.cut_requests == 0
+    finally:
+        server.close()

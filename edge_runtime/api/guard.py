@@ -141,6 +141,11 @@ class GuardedServer(TcpWSGIServer):
         cutoff = time.monotonic() - self.limits.request_deadline_s
         for channel in list(self.active_channels.values()):
             started = getattr(channel, "request_started", None)
+            if started is not None and getattr(channel, "requests", None):
+                # A pipelined request arrived with one still being served: waitress reads no more of
+                # it until that response is done, so its clock starts again from then.
+                channel.request_started = time.monotonic()
+                continue
             if started is not None and started < cutoff and not channel.will_close \
                     and not channel.close_when_flushed:
                 self.cut_requests += 1
