@@ -390,3 +390,26 @@ def test_a_page_left_open_across_a_bundle_update_builds_the_form_from_the_new_sc
         if page is not None:
             page.close()
         d.stop()
+
+
+def test_a_schema_that_nests_large_min_items_gives_a_bounded_form(nested: Daemon, browser: Any) -> None:
+    """Three nested arrays of minItems 256 pass the schema budget (the grammar stays small) but would
+    pad to 16.7 million fields; the form stops at its field budget and shows JSON boxes instead."""
+    leaf = {"type": "array", "items": {"type": "boolean"}, "minItems": 256}
+    schema = {"type": "object", "properties": {"grid": {"type": "array", "minItems": 256, "items": {
+        "type": "array", "minItems": 256, "items": leaf}}}, "required": ["grid"]}
+    page = browser.new_page()
+    try:
+        page.goto(url(nested))
+        page.wait_for_function("!!window.SchemaForm", timeout=10000)
+        took_ms, fields, boxes = page.evaluate("""schema => {
+            const t0 = performance.now();
+            const form = window.SchemaForm.build(schema, undefined, "big");
+            const took = performance.now() - t0;
+            return [took, form.el.querySelectorAll("input, select, textarea").length,
+                    form.el.querySelectorAll("textarea.sf-json").length];
+        }""", schema)
+        assert fields <= 2000 + 2 * 256 and boxes >= 1, (fields, boxes)  # budget + a box per outer row
+        assert took_ms < 5000, took_ms
+    finally:
+        page.close()

@@ -12,6 +12,7 @@ window.SchemaForm = (() => {
   const MAX_REFS = 6;   // $refs followed from the root to a field: a recursive schema stops here
   const MAX_DEPTH = 12; // nested fieldsets (the schema budget allows 16 levels of schema objects)
   const LONG_TEXT = 120; // strings that may be longer than this get a textarea
+  const MAX_FIELDS = 2000; // fields in one form: past this a part is a JSON box (minItems can nest)
 
   function h(tag, attrs, ...children) {
     const el = document.createElement(tag);
@@ -118,7 +119,9 @@ window.SchemaForm = (() => {
   // (undefined means: leave the property out). ctx: {root, prefix}; a field's id is prefix-path.
   function build(ctx, spec, value, path, depth, refs) {
     const found = classify(ctx.root, spec, refs);
-    const node = depth > MAX_DEPTH && found.kind !== "json" ? { kind: "json", schema: spec, why: "nested too deep for a form" } : found;
+    const why = depth > MAX_DEPTH ? "nested too deep for a form" : ctx.fields >= MAX_FIELDS ? "too many fields for a form" : "";
+    const node = why && found.kind !== "json" ? { kind: "json", schema: spec, why } : found;
+    ctx.fields += 1;
     const inner = builders[node.kind](ctx, node, value === null ? undefined : value, path, idOf(ctx, path), depth);
     if (!node.nullable) return inner;
     const none = toggle(inner.el, `${idOf(ctx, path)}--none`, "none", value === null);
@@ -226,9 +229,11 @@ window.SchemaForm = (() => {
       const list = h("ol", { className: "sf-rows", start: 0 });
       const add = h("button", { type: "button", id: `${id}--add`, text: "add row" });
       const box = h("fieldset", { className: "sf-array", id }, list, add);
-      let rows = [];
+      let rows = [], used = 0;
       const render = (values) => {
         list.textContent = "";
+        ctx.fields -= used; // the rows built last time are gone
+        const mark = ctx.fields;
         rows = values.map((v, i) => {
           const p = `${path}[${i}]`;
           const w = build(ctx, items, v, p, depth + 1, node.refs);
@@ -238,10 +243,14 @@ window.SchemaForm = (() => {
           return w;
         });
         add.disabled = rows.length >= max;
+        used = ctx.fields - mark;
       };
       const current = () => rows.map((w) => w.get([]));
       add.addEventListener("click", () => { if (rows.length < max) render([...current(), undefined]); });
       const start = Array.isArray(value) ? value.slice(0, max === Infinity ? value.length : max) : [];
+      if (ctx.fields + Math.max(start.length, min) > MAX_FIELDS) {
+        return builders.json(ctx, { kind: "json", schema: s, why: "too many rows for a form" }, value, path, id);
+      }
       while (start.length < min) start.push(undefined);
       render(start);
       return { el: box, get(errors) {
@@ -266,7 +275,7 @@ window.SchemaForm = (() => {
 
   return {
     build(schema, value, idPrefix) {
-      const w = build({ root: schema, prefix: idPrefix }, schema, value, "", 0, 0);
+      const w = build({ root: schema, prefix: idPrefix, fields: 0 }, schema, value, "", 0, 0);
       return { el: w.el, read() { const errors = []; const v = w.get(errors); return { value: v, errors }; } };
     },
   };
