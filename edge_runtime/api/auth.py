@@ -78,7 +78,7 @@ def session_value(token: str, now: float | None = None) -> str:
 
 def _session_valid(token: str, value: str) -> bool:
     expires, _, signature = value.partition(".")
-    if not expires.isdigit() or len(expires) > 12 or int(expires) < time.time():
+    if not (expires.isascii() and expires.isdigit()) or len(expires) > 12 or int(expires) < time.time():
         return False
     return hmac.compare_digest(signature.encode(), _signature(token, int(expires)).encode())
 
