@@ -76,6 +76,7 @@ class VerdictServices:
         self.get_inspector = get_inspector
         self.reasks = 0
         self.reasks_skipped = 0  # over a rule's reask.max_per_minute
+        self.clock: Callable[[], float] = time.monotonic  # the re-ask window's clock
         self._reask_times: dict[tuple[str, int], deque[float]] = {}  # (rule, action) -> latest re-asks
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
@@ -233,7 +234,7 @@ class VerdictServices:
 
     def _reask_allowed(self, rule: Rule, index: int, action: ReaskAction) -> bool:
         """A sliding 60 s window per re-ask action: at most `max_per_minute`, over all cameras."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             window = self._reask_times.get((rule.name, index))
             if window is None or window.maxlen != action.max_per_minute:  # new, or changed by a reload

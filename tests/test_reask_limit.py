@@ -39,3 +39,20 @@ def test_reask_max_per_minute_is_validated() -> None:
             Rule.model_validate({"name": "r", "actions": [{"type": "reask", "prompt": "p", "max_per_minute": bad}]})
     default = Rule.model_validate({"name": "r", "actions": [{"type": "reask", "prompt": "p"}]})
     assert default.actions[0].max_per_minute == 6  # type: ignore[union-attr]
+
+
+def test_the_re_ask_window_slides_a_minute_after_each_ask(tmp_path: Path) -> None:
+    line = Line(tmp_path / "j.sqlite3", actions=[{"type": "reask", "prompt": "p", "max_per_minute": 2}])
+    rule = line.services.engine.rules[0]
+    action = rule.actions[0]
+    now = [1000.0]
+    line.services.clock = lambda: now[0]
+    try:
+        allowed = []
+        for t in (0, 1, 2, 59.9, 60.5, 61.5, 62):
+            now[0] = 1000.0 + t
+            allowed.append(line.services._reask_allowed(rule, 0, action))  # type: ignore[arg-type]
+        # Asks at 0 and 1; 2 and 59.9 fall in their minute; 60.5 and 61.5 are a minute after them.
+        assert allowed == [True, True, False, False, True, True, False]
+    finally:
+        line.close()
