@@ -413,3 +413,33 @@ def test_a_schema_that_nests_large_min_items_gives_a_bounded_form(nested: Daemon
         assert took_ms < 5000, took_ms
     finally:
         page.close()
+
+
+def _post_raw(d: Daemon, path: str, raw: bytes) -> tuple[int, Any]:
+    req = urllib.request.Request(url(d, path), data=raw, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_hostile_review_bodies_are_400s_naming_the_body(nested: Daemon) -> None:
+    result = nested.trigger("cam").result(timeout=120)
+    path = f"/api/v1/results/{result.id}/review"
+    deep = '{"action": "correct", "verdict": {"defect": true, "tags": ' + "[" * 500 + "]" * 500 + "}}"
+    nan = '{"action": "correct", "verdict": {"defect": NaN}}'
+    for raw in (deep, nan):
+        status, body = _post_raw(nested, path, raw.encode())
+        assert status == 400 and body["error"]["field"] == "body", (status, body)
+    assert get_json(nested, f"/api/v1/results/{result.id}").get("review") is None  # nothing landed
+
+
+def test_a_confirmation_stores_no_verdict_sent_with_it(nested: Daemon) -> None:
+    result = nested.trigger("cam").result(timeout=120)
+    status, body = post_json(nested, f"/api/v1/results/{result.id}/review",
+                             {"action": "confirm", "verdict": {"evil": 1}})
+    assert status == 200 and body["review"]["correction"] is None
+    rows = nested.verdicts.reviews._db.execute(  # the history table, where it used to be stored
+        "SELECT correction FROM reviews WHERE result_id = ?", (result.id,)).fetchall()
+    assert rows and all(r[0] in (None, "null") for r in rows), rows

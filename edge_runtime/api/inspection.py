@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..contracts import Device, ResultFilter, ReviewError
+from .admission import parse_json
 from .auth import require_access
 from .errors import ApiError
 
@@ -165,17 +166,16 @@ def review_schema() -> Any:
 def review(result_id: str) -> Any:
     if (request.content_length or 0) > MAX_REVIEW_BYTES:
         raise ApiError(413, "too_large", f"a review is at most {MAX_REVIEW_BYTES} bytes")
-    try:
-        body = request.get_json(silent=True)
-    except RecursionError:  # deeply nested JSON: json.loads is recursive
-        body = None
+    # Depth-bounded, and NaN/Infinity are not JSON (they passed the schema's bounds, then broke SQLite's json()).
+    body = parse_json(request.get_data(cache=True))
     if not isinstance(body, dict):
         raise _bad("send a JSON object {action, verdict?, note?}", "body")
     d = daemon()
     result = d.get_result(result_id) if len(result_id) <= 64 else None
     if result is None:
         raise ApiError(404, "not_found", f"no result with id {result_id!r}")
-    correction = body.get("verdict")
+    # A confirmation keeps the model's verdict: a `verdict` sent with it is not stored.
+    correction = body.get("verdict") if body.get("action") == "correct" else None
     if body.get("action") == "correct":
         if not isinstance(correction, dict):
             raise _bad("the corrected verdict object is required to correct", "verdict")
