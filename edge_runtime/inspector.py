@@ -64,11 +64,12 @@ class Inspector:
                                                             settings.providers, settings.threads))
             self.default_prompt = settings.prompt or m.prompt.default
             self.max_tokens = settings.max_tokens or m.generation.max_tokens
-            self.grammar = schema_to_grammar(m.verdict_schema)
-            try:
+            try:  # a schema the grammar cannot hold the model to, or the engine cannot take
+                self.grammar = schema_to_grammar(m.verdict_schema, "verdict_schema")
                 self.language.check_grammar(self.grammar)
             except InputError as exc:
-                raise BundleError(f"{bundle.root / 'bundle.yaml'}: verdict_schema: {exc}") from None
+                why = str(exc).removeprefix("response_format.json_schema: ").removeprefix("verdict_schema: ")
+                raise BundleError(f"{bundle.root / 'bundle.yaml'}: verdict_schema: {why}") from None
             self.validator = Draft202012Validator(m.verdict_schema)
             self._token_cache = TokenCache(settings.token_cache_bytes)
             self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes

@@ -32,10 +32,10 @@ LIMITS = SchemaLimits()
 _STRING_BOUNDS = ("minLength", "maxLength")
 _COUNT_BOUNDS = ("minItems", "maxItems", "minProperties", "maxProperties", "minContains", "maxContains")
 # Keywords whose value is a schema, a list of schemas or a map of schemas.
-_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
               "unevaluatedItems", "unevaluatedProperties", "additionalItems")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 
 FIELD = "response_format.json_schema"
 
@@ -61,16 +61,16 @@ def check_schema_budget(schema: Any, field: str = FIELD, limits: SchemaLimits = 
         if depth > limits.max_depth:
             raise refuse(f"{path} nests deeper than {limits.max_depth} levels (limit max_depth)")
         _check_bounds(node, path, limits, refuse)
-        for key in _SUBSCHEMA:
+        for key in SUBSCHEMA:
             if key in node:
                 stack.append((node[key], depth + 1, f"{path}.{key}" if path else key))
-        for key in _SUBSCHEMA_LISTS:
+        for key in SUBSCHEMA_LISTS:
             if key in node:
                 items = node[key]
                 if not isinstance(items, list):
                     raise refuse(f"{path}.{key} must be a list of schemas")
                 stack.extend((s, depth + 1, f"{path}.{key}[{i}]") for i, s in enumerate(items))
-        for key in _SUBSCHEMA_MAPS:
+        for key in SUBSCHEMA_MAPS:
             if key in node:
                 subs = node[key]
                 if not isinstance(subs, dict):

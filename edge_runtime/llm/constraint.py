@@ -101,12 +101,17 @@ def lark_for(gbnf: str) -> str:
     A grammar the translator cannot take is an InputError (a 400 for a client's schema)."""
     field = "response_format.json_schema"
     try:
-        return str(llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(gbnf)))
+        grammar = str(llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(gbnf)))
+        problem = llguidance.LLMatcher.validate_grammar(grammar)  # what building a matcher would refuse
     except RecursionError:
         raise InputError(f"{field}: the schema nests too deeply for the grammar translator", field=field) from None
     except Exception as exc:  # noqa: BLE001 - the translator raises its own error types
         raise InputError(f"{field}: the constraint engine cannot express this schema "
                          f"({type(exc).__name__}: {str(exc)[:160]})", field=field) from None
+    if problem:
+        first = next((line for line in problem.splitlines() if line.strip()), problem)
+        raise InputError(f"{field}: the constraint engine cannot express this schema ({first[:160]})", field=field)
+    return grammar
 
 
 class GuidedPicker:

@@ -1,9 +1,11 @@
-"""Verdict schemas whose enum values or property names hold quotes or backslashes, and nullable
-fields spelled as a type list, must still constrain the model to strict, schema-valid JSON.
+"""What a schema may ask, and that the grammar holds the model to all of it: every answer under an
+accepted schema is strict JSON valid against it, and a schema the grammar cannot enforce is a 400
+naming why (a BundleError for a bundle's schema) instead of answers that break it.
 
-Before: llama-cpp-python's converter did not escape backslashes in GBNF literals, so `say "hi"`
-broke the grammar (llguidance refused to translate it; the daemon would not start with such a
-bundle) and `tab\\there` admitted a raw tab; `type: ["string", "null"]` dropped maxLength."""
+Before: the converter did not escape backslashes in GBNF literals (`say "hi"` broke the grammar and a
+bundle with it would not start; `tab\\there` admitted a raw tab), `type: ["string", "null"]` dropped
+maxLength, non-ASCII property names and `maxLength: 0` were 500s, and number bounds, `uniqueItems`,
+`minProperties` and undefined `required` names were accepted and ignored."""
 
 from __future__ import annotations
 
@@ -39,6 +41,18 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "nullable integer by type list keeps its bounds": {
         "type": "object", "properties": {"n": {"type": ["integer", "null"], "minimum": 0, "maximum": 3}},
         "required": ["n"]},
+    "property names that are not ASCII or start with a digit": {
+        "type": "object", "properties": {"\u00e9tat": {"type": "boolean"}, "\U0001f600": {"type": "boolean"},
+                                         "1st": {"type": "boolean"}},
+        "required": ["\u00e9tat", "\U0001f600", "1st"]},
+    "maxLength 0 and maxItems 0": {
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 0},
+                                         "a": {"type": "array", "items": {"type": "integer"}, "maxItems": 0}},
+        "required": ["s", "a"]},
+    "a lower bound alone, as pydantic writes NonNegativeInt, PositiveInt and a non-negative float": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0}, "p": {"type": "integer", "minimum": 1},
+                                         "x": {"type": "number", "minimum": 0}},
+        "required": ["n", "p", "x"]},
     "nullable object by type list keeps its properties": {
         "type": "object", "properties": {"box": {"type": ["object", "null"], "properties": {"x": {"type": "boolean"}},
                                                  "required": ["x"], "additionalProperties": False}},
@@ -121,3 +135,42 @@ def test_a_bundle_schema_the_engine_cannot_express_is_a_bundle_error_at_load(
             Inspector(demo_bundle, config.model.model_copy(update={"warmup": False}), "test")
     finally:
         constraint.lark_for.cache_clear()
+
+
+
+NOT_ENFORCEABLE = {
+    "uniqueItems": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
+    "minProperties": {"type": "object", "minProperties": 1},
+    "are not enforced by the constraint engine": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    "these bounds of a number": {"type": "number", "minimum": -5, "maximum": -2},
+    "these bounds of a integer": {"type": "integer", "minimum": 3},
+    "greater than maxLength": {"type": "string", "minLength": 10, "maxLength": 2},
+    "greater than maximum": {"type": "integer", "minimum": 10, "maximum": 1},
+    "which properties does not define": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                         "required": ["a", "b"]},
+    "required lists a name twice": {"type": "object", "properties": {"a": {"type": "boolean"}},
+                                    "required": ["a", "a"]},
+}
+
+
+@pytest.mark.parametrize("reason", NOT_ENFORCEABLE)
+def test_a_schema_the_grammar_cannot_hold_the_model_to_is_a_400_naming_why(client: FlaskClient, reason: str) -> None:
+    body = {"messages": [{"role": "user", "content": "?"}], "max_tokens": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": NOT_ENFORCEABLE[reason]}}}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.get_data(as_text=True)[:300]
+    error = response.json["error"]
+    assert error["field"] == "response_format.json_schema" and reason in error["message"], error
+
+
+def test_a_bundle_whose_schema_cannot_be_enforced_is_a_bundle_error_at_load(
+        bundle_copy: Path, config: Config) -> None:
+    import yaml
+
+    from edge_runtime.bundle import load_bundle
+
+    manifest = yaml.safe_load((bundle_copy / "bundle.yaml").read_text())
+    manifest["verdict_schema"]["properties"]["confidence"] = {"type": "number", "minimum": -1, "maximum": 1}
+    (bundle_copy / "bundle.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    with pytest.raises(BundleError, match=r"verdict_schema: .*confidence.*not enforced"):
+        Inspector(load_bundle(bundle_copy), config.model.model_copy(update={"warmup": False}), "test")
