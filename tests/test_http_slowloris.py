@@ -263,3 +263,45 @@ def test_a_pipelined_request_is_not_cut_while_the_one_before_it_is_served() -> N
         assert b"408" not in data and server.cut_requests == 0
     finally:
         server.close()
+
+
+def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spooling() -> None:
+    """waitress spools a request body to a temporary file before the app (and its token check) sees
+    it: forty unauthenticated 30 MB uploads took 1.2 GB of /tmp. Bodies are reserved at their head."""
+    from edge_runtime.api.guard import Limits, create_guarded_server
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        environ["wsgi.input"].read()
+        start_response("401 Unauthorized", [("Content-Type", "text/plain")])
+        return [b"no"]
+
+    server = create_guarded_server(app, Limits(bodies_bytes=2_000_000), map={}, host="127.0.0.1", port=0,
+                                   threads=2, max_request_body_size=1_000_000, channel_timeout=10)
+    threading.Thread(target=server.run, daemon=True).start()
+    port = server.socket.getsockname()[1]
+    head = b"POST /api/v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n"
+    socks = []
+    try:
+        for _ in range(2):  # 1.8 MB reserved: both fit
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(head + b"x" * 1000)
+            socks.append(s)
+        wait_for(lambda: server.bodies_in_flight == 1_800_000, 5, "two bodies reserved")
+        third = socket.create_connection(("127.0.0.1", port), timeout=5)
+        third.sendall(head + b"x" * 1000)
+        answer = third.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b'"busy"' in answer, answer
+        assert server.bodies_refused == 1
+        third.close()
+        socks[0].sendall(b"x" * 899_000)  # the first upload completes: its reservation is released
+        assert socks[0].recv(4096).startswith(b"HTTP/1.1 401")
+        wait_for(lambda: server.bodies_in_flight == 900_000, 5, "the first body released")
+        fourth = socket.create_connection(("127.0.0.1", port), timeout=5)
+        fourth.sendall(head + b"x" * 899_999 + b"x")
+        assert fourth.recv(4096).startswith(b"HTTP/1.1 401")  # fits again
+        fourth.close()
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+    wait_for(lambda: server.bodies_in_flight == 0, 5, "every reservation released when connections close")

@@ -91,7 +91,7 @@ class ApiServer:
         self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
         daemon.subscribe(self._on_result)
         self._server: Any = None
-        self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client)
+        self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client, _bodies_bytes(cfg))
         self.metrics.registry.register(ConnectionMetrics(lambda: self._server))
         self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
@@ -112,6 +112,7 @@ class ApiServer:
         self.app.config["EDGE_API_AUTH"] = cfg.auth
         self.limits.request_deadline_s = cfg.request_deadline_s
         self.limits.connections_per_client = cfg.connections_per_client
+        self.limits.bodies_bytes = _bodies_bytes(cfg)
         restart = [name for name in RESTART_SETTINGS if getattr(old, name) != getattr(cfg, name)]
         if self._server is not None and cfg.max_request_mb * 1024 * 1024 > self._server.adj.max_request_body_size:
             restart.append("max_request_mb")  # waitress refuses bodies over the bound it started with
@@ -163,3 +164,8 @@ class ApiServer:
                 dispatcher.close()
             except OSError:  # already closed by its peer
                 pass
+
+
+def _bodies_bytes(cfg: ApiConfig) -> int:
+    """Request bodies received at once: four of the largest allowed, spooled to disk by waitress."""
+    return int(4 * cfg.max_request_mb * 2**20)

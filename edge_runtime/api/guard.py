@@ -2,16 +2,18 @@
 
 waitress closes a connection only after `channel_timeout` seconds *without a byte*, so a client that
 dribbles one header byte every few seconds keeps a connection forever; a few hundred of them fill the
-connection table and `/healthz` can no longer connect. Three bounds close that hole:
+connection table and `/healthz` can no longer connect. These bounds close that hole:
 
 - a request deadline: a request's head and body must arrive within `api.request_deadline_s` of its
   first byte, or the connection gets a 408 and is closed, whatever it keeps sending;
 - a per-client cap: one address holds at most `api.connections_per_client` connections; beyond it a
   new connection is refused at accept time (a 429 line, then closed);
 - headroom for the device itself: clients other than 127.0.0.1 / ::1 get `CONNECTION_LIMIT` slots,
-  and waitress's own limit is `LOOPBACK_RESERVE` higher, so a local health check always connects.
-  127.0.0.1 and ::1 are exempt from the cap (not from the deadline): Docker's HEALTHCHECK and the
-  device's own tools use them. Other 127.x addresses count as ordinary clients.
+  and waitress's own limit is `LOOPBACK_RESERVE` higher, so network clients cannot keep a local
+  health check out. 127.0.0.1 and ::1 are exempt from the cap (not from the deadline): Docker's
+  HEALTHCHECK and the device's own tools use them. Other 127.x addresses count as ordinary clients.
+- a budget for request bodies being received: each is reserved at its head, before waitress spools
+  it to a temporary file, so many uploads (with or without a token) cannot fill the disk.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Limits:
 
     request_deadline_s: float = 15.0
     connections_per_client: int = 64
+    bodies_bytes: int = 64 * 2**20  # request bodies being received at once (waitress spools them to disk)
 
 
 class GuardedChannel(HTTPChannel):
@@ -59,6 +62,8 @@ class GuardedChannel(HTTPChannel):
 
     request_started: float | None = None
     client: str = ""
+    _body_for: Any = None  # the request whose body is counted against the server's budget
+    _body_bytes = 0
 
     def received(self, data: bytes) -> bool:
         done: bool = super().received(data)
@@ -67,20 +72,54 @@ class GuardedChannel(HTTPChannel):
             self.request_started = None
         elif self.request_started is None:
             self.request_started = time.monotonic()
+        self._count_body()
         return done
+
+    def _count_body(self) -> None:
+        """Reserve a request's declared body size (a chunked body: the most it may be) as soon as its
+        head is in, before waitress spools the body to a temporary file: past the budget the request
+        is refused with a 503, so many slow uploads cannot fill the disk, with or without a token."""
+        request = self.request
+        if self._body_for is not None and self._body_for is not request:  # that body is complete
+            self._release_body()
+        if request is None or self._body_for is not None or not request.headers_finished or request.completed:
+            return
+        size = self.adj.max_request_body_size if request.chunked else request.content_length
+        if size <= 0:
+            return
+        if not self.server.reserve_body(size):
+            self.refuse_body()
+            return
+        self._body_for, self._body_bytes = request, size
+
+    def _release_body(self) -> None:
+        self.server.release_body(self._body_bytes)
+        self._body_for, self._body_bytes = None, 0
+
+    def refuse_body(self) -> None:
+        """503 and close: too many request bodies are arriving at once."""
+        self.server.bodies_refused += 1
+        self._answer(_json_response("503 Service Unavailable", "busy",
+                                    "too many uploads in progress on this device; retry shortly"))
 
     def cut(self) -> None:
         """Answer 408 and close (from the loop thread; no task owns this channel's output)."""
-        payload = _json_response("408 Request Timeout", "request_timeout",
-                                 "the request was not received in time; send it whole and promptly")
+        self._answer(_json_response("408 Request Timeout", "request_timeout",
+                                    "the request was not received in time; send it whole and promptly"))
+
+    def _answer(self, payload: bytes) -> None:
         with self.outbuf_lock:
             self.outbufs[-1].append(payload)
             self.total_outbufs_len += len(payload)
         self.request = None
         self.request_started = None
         self.close_when_flushed = True
+        if self._body_for is not None:
+            self._release_body()
 
     def del_channel(self, map: Any = None) -> None:
+        if self._body_for is not None:
+            self._release_body()
         if self._fileno is not None and self._fileno in self.server.active_channels:
             self.server.forget(self.client)
         super().del_channel(map)
@@ -96,7 +135,18 @@ class GuardedServer(TcpWSGIServer):
         self.per_client: Counter[str] = Counter()
         self.refused = 0
         self.cut_requests = 0
+        self.bodies_in_flight = 0  # bytes reserved by request bodies being received (loop thread only)
+        self.bodies_refused = 0
         super().__init__(application, **kw)
+
+    def reserve_body(self, size: int) -> bool:
+        if self.bodies_in_flight + size > max(self.limits.bodies_bytes, self.adj.max_request_body_size):
+            return False  # one body of the largest allowed size always fits
+        self.bodies_in_flight += size
+        return True
+
+    def release_body(self, size: int) -> None:
+        self.bodies_in_flight = max(0, self.bodies_in_flight - size)
 
     def forget(self, client: str) -> None:
         self.per_client[client] -= 1
@@ -181,3 +231,7 @@ class ConnectionMetrics(Collector):
                                   "(api.connections_per_client or a full table)", value=srv.refused)
         yield CounterMetricFamily("edge_api_requests_cut", "Requests not received whole within "
                                   "api.request_deadline_s (408 and closed)", value=srv.cut_requests)
+        yield GaugeMetricFamily("edge_api_request_bodies_bytes", "Request body bytes being received (reserved "
+                                "at their head; at most 4x api.max_request_mb)", value=srv.bodies_in_flight)
+        yield CounterMetricFamily("edge_api_request_bodies_refused", "Requests refused with 503 because too "
+                                  "many bodies were arriving at once", value=srv.bodies_refused)
