@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.server
 import json
 import os
 import shutil
@@ -31,6 +32,25 @@ import cv2
 import requests
 
 from edge_runtime.samples import part_image, write_sample_video
+
+
+class _Hooks(http.server.BaseHTTPRequestHandler):
+    received = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Hooks.received += 1
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def start_webhook_receiver() -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def free_port() -> int:
@@ -138,6 +158,8 @@ def main() -> None:
     ap.add_argument("--sample-s", type=float, default=15)
     ap.add_argument("--warmup-min", type=float, default=3)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--no-rules", action="store_true",
+                    help="without the rule that alerts, posts a webhook and marks a review on every verdict")
     args = ap.parse_args()
     seconds = args.minutes * 60
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -148,9 +170,15 @@ def main() -> None:
         cams = "".join(f"  - name: cam{i}\n    source: {video}\n    fps: 10\n"
                        "    trigger: {mode: interval, interval_s: 0.5}\n" for i in range(args.cameras))
         mqtt = f"mqtt:\n  host: 127.0.0.1\n  port: {mqtt_port}\n" if broker else "mqtt:\n  enabled: false\n"
+        hooks = None if args.no_rules else start_webhook_receiver()
+        # Every verdict fires: its alert, webhook and review mark commit with it in one transaction.
+        rules = "" if hooks is None else (
+            "rules:\n  - name: every\n    actions:\n      - {type: alert}\n"
+            f"      - {{type: webhook, url: 'http://127.0.0.1:{hooks.server_address[1]}/hook'}}\n"
+            "      - {type: review}\n")
         (tmp / "soak.yaml").write_text(
             f"device_id: soak\ndata_dir: {tmp / 'data'}\nmodel:\n  threads: 2\n"
-            f"api:\n  host: 127.0.0.1\n  port: {api_port}\n{mqtt}governor:\n  enabled: false\ncameras:\n{cams}")
+            f"api:\n  host: 127.0.0.1\n  port: {api_port}\n{mqtt}governor:\n  enabled: false\n{rules}cameras:\n{cams}")
         log = open(tmp / "daemon.log", "wb")  # closed after the daemon stops
         daemon = subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(tmp / "soak.yaml"),
                                    "--log-level", "warning", "run"], stdout=log, stderr=subprocess.STDOUT)
@@ -192,6 +220,8 @@ def main() -> None:
             if broker is not None:
                 broker.terminate()
                 broker.wait(10)
+            if hooks is not None:
+                hooks.shutdown()
         steady = [s for s in samples if s["t"] >= args.warmup_min * 60] or samples
         health = sorted(load.health_ms)
         report = {
@@ -208,6 +238,9 @@ def main() -> None:
                            "max": round(health[-1], 1) if health else None},
             "inspected": status.get("inspection", {}).get("inspected"),
             "journal": status.get("journal"),
+            "rules": status.get("rules") if hooks is not None else None,
+            "webhooks": status.get("webhooks") if hooks is not None else None,
+            "webhooks_received": _Hooks.received if hooks is not None else None,
             "samples": samples,
         }
     text = json.dumps(report, indent=1)
