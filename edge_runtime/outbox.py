@@ -42,6 +42,7 @@ class MessageOutbox:
     def __init__(self, path: Path, max_rows: int = 100_000) -> None:
         self.max_rows = max_rows
         self.dropped_unsent = 0  # undelivered messages given up to keep the table within max_rows
+        self._drop_logged_at = -60.0
         self.notify: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self._db = open_db(path)
@@ -77,8 +78,10 @@ class MessageOutbox:
             excess -= gone
             if sent == 0 and gone:
                 self.dropped_unsent += gone
-                log.warning("mqtt outbox full (%d rows): dropped the %d oldest undelivered messages",
-                            self.max_rows, gone)
+                if time.monotonic() >= self._drop_logged_at + 60:  # one line a minute through a long outage
+                    self._drop_logged_at = time.monotonic()
+                    log.warning("mqtt outbox full (%d rows): %d oldest undelivered messages dropped so far",
+                                self.max_rows, self.dropped_unsent)
             if excess <= 0:
                 return
 

@@ -50,6 +50,7 @@ class WebhookOutbox:
     def __init__(self, db_path: Path, max_rows: int = 10_000, backoff_min_s: float = 1.0,
                  backoff_max_s: float = 300.0) -> None:
         self.max_rows = max_rows
+        self._drop_logged_at = -60.0
         self.backoff_min_s, self.backoff_max_s = backoff_min_s, backoff_max_s
         self._lock = threading.Lock()
         self._db = open_db(db_path)
@@ -87,7 +88,11 @@ class WebhookOutbox:
         """After a commit that staged deliveries: count what the bound dropped and wake the sender."""
         if dropped > 0:
             self.dropped += dropped
-            log.warning("webhooks: outbox full (%d rows); dropped the %d oldest", self.max_rows, dropped)
+            now = time.monotonic()
+            if now >= self._drop_logged_at + 60:  # a receiver down for hours: one line a minute, not one a verdict
+                log.warning("webhooks: outbox full (%d rows); %d oldest deliveries dropped so far",
+                            self.max_rows, self.dropped)
+                self._drop_logged_at = now
         self._wake.set()
 
     # ---- delivery ----------------------------------------------------------------------------------

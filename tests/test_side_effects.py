@@ -4,6 +4,7 @@ transaction: all durable or none; bounds still hold; wake-ups only after the com
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -189,5 +190,20 @@ def test_an_action_error_that_rolls_back_the_whole_transaction_still_journals_th
         assert line.rows()["results"] == 1  # the verdict is kept, without its side effects
         assert line.services.action_errors >= 1
         assert not line.journal._db.in_transaction
+    finally:
+        line.close()
+
+
+def test_a_full_outbox_logs_one_line_a_minute_not_one_a_verdict(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    line = Line(tmp_path / "j.sqlite3", actions=ACTIONS[:2])
+    line.services.messages.max_rows = line.services.webhooks.max_rows = 5
+    try:
+        with caplog.at_level(logging.WARNING):
+            for i in range(40):
+                line.deliver(make_result(i))
+        full = sorted(r.name for r in caplog.records if "outbox full" in r.getMessage())
+        assert full == ["edge_runtime.outbox", "edge_runtime.webhooks"]  # one line each, not 35 each
+        assert line.services.webhooks.dropped == 35 and line.services.messages.dropped_unsent == 35
     finally:
         line.close()
