@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from broker import Broker
+from daemon_http import trigger
 from receiver import Receiver, Subscriber
 from tmpfs import tmpfs
 from waiting import wait_for
@@ -382,23 +383,13 @@ def test_sighup_reloads_the_rules_of_a_running_daemon(tmp_path: Path, demo_dir: 
     config.write_text(base + rule.format("before-hup"))
     proc = subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}/api/v1/cameras/cam/trigger"
-
-    def trigger() -> Any:
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, data=b"{}", method="POST",
-                                                               headers={"Content-Type": "application/json"}),
-                                        timeout=30) as resp:
-                return json.loads(resp.read())
-        except (urllib.error.URLError, ConnectionError):
-            return None
 
     try:
-        first = wait_for(trigger, 60, "the daemon to answer a trigger")
+        first = wait_for(lambda: trigger(port), 60, "the daemon to answer a trigger")
         assert [r["name"] for r in first["rules"]] == ["before-hup"]
         config.write_text(base + rule.format("after-hup"))
         os.kill(proc.pid, signal.SIGHUP)
-        wait_for(lambda: [r["name"] for r in (trigger() or {}).get("rules") or []] == ["after-hup"], 30,
+        wait_for(lambda: [r["name"] for r in (trigger(port) or {}).get("rules") or []] == ["after-hup"], 30,
                  "the reloaded rule to fire")
         assert proc.poll() is None  # a reload never ends the daemon
     finally:
@@ -454,19 +445,11 @@ def test_an_alert_queued_before_a_kill_9_is_sent_after_the_restart(tmp_path: Pat
         return subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def trigger() -> Any:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/cameras/cam/trigger", data=b"{}",
-                                     method="POST", headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.loads(resp.read())
-        except (urllib.error.URLError, ConnectionError):
-            return None
 
     proc = start()
     subscriber = None
     try:
-        result = wait_for(trigger, 60, "a triggered result")
+        result = wait_for(lambda: trigger(port), 60, "a triggered result")
         assert result["rules"][0]["name"] == "d"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

@@ -114,6 +114,19 @@ def remote_camera(video: Path, interval_s: float = 0.3) -> CameraConfig:
                         trigger=TriggerConfig(mode="interval", interval_s=interval_s))
 
 
+def drain_and_stop(daemon: Daemon) -> tuple[dict[str, Any], dict[str, int]]:
+    """Stop the cameras (no new frames), wait until every frame taken is accounted for, then stop the
+    daemon; its last status and its journal counted by engine."""
+    for rig in daemon.rigs.values():
+        rig.stop()
+    wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 60, "offload to drain")
+    wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
+    status = daemon.status()
+    engines = journal_by_engine(daemon, "line")
+    daemon.stop()
+    return status, engines
+
+
 def journal_by_engine(daemon: Daemon, camera: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in daemon.journal.query(camera=camera, limit=100_000):
@@ -165,13 +178,7 @@ def test_remote_camera_survives_a_central_outage_with_no_result_lost(
         assert opened and float(opened[0].split()[-1]) >= 1
         assert 'edge_offload_frames_total{outcome="fallback_local"}' in metrics
     finally:
-        for rig in daemon.rigs.values():
-            rig.stop()  # no new frames; then every frame taken must be accounted for
-        wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 60, "offload to drain")
-        wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
-        status = daemon.status()
-        engines = journal_by_engine(daemon, "line")
-        daemon.stop()
+        status, engines = drain_and_stop(daemon)
     frames = status["offload"]["frames"]
     print("offload timings", json.dumps(timings), "frames", json.dumps(frames))  # measured: docs/scale-out.md
     assert frames["taken"] == frames["remote"] + frames["fallback_local"] + frames["dropped"] + frames["failed"]
@@ -376,13 +383,7 @@ def test_hung_central_server_times_out_opens_the_breaker_and_loses_nothing(
     finally:
         if central.proc is not None:
             central.proc.send_signal(signal.SIGCONT)
-        for rig in daemon.rigs.values():
-            rig.stop()
-        wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 60, "offload to drain")
-        wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
-        status = daemon.status()
-        engines = journal_by_engine(daemon, "line")
-        daemon.stop()
+        status, engines = drain_and_stop(daemon)
     frames = status["offload"]["frames"]
     print(f"hung central: open after {opened:.1f} s, closed {closed:.1f} s after SIGCONT; frames {frames}; "
           f"breaker opened {status['offload']['endpoints'][0]['opened']} times")

@@ -10,11 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 from broker import Broker
+from daemon_http import trigger
 from mjpeg import free_port
 from receiver import Receiver, Subscriber
 from waiting import wait_for
@@ -77,20 +76,12 @@ def test_a_kill_right_after_the_journal_commit_loses_no_alert_webhook_or_review_
         return subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
-    def trigger() -> Any:
-        req = urllib.request.Request(f"http://127.0.0.1:{api}/api/v1/cameras/cam/trigger", data=b"{}",
-                                     method="POST", headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return json.loads(resp.read())
-        except OSError:  # not up yet, or (the point of this test) it died while answering
-            return None
 
     proc = start("exit-after-journal-commit")
     try:
         deadline = time.monotonic() + 90
         while proc.poll() is None and time.monotonic() < deadline:
-            if trigger() is not None:
+            if trigger(api) is not None:
                 raise AssertionError("the daemon answered a trigger: the crash point did not fire")
             time.sleep(0.2)
         assert proc.wait(timeout=10) == 137, "the daemon did not end at the crash point"
