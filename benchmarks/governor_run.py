@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,13 +25,13 @@ from edge_runtime.samples import write_sample_video
 
 
 def run_phase(model: str, gpu_layers: int, seconds: float, budget: float | None, data: Path,
-              trace: list[dict]) -> dict:
+              trace: list[dict], replay: Path | None = None) -> dict:
     cfg = Config(device_id="gov-bench", data_dir=data)
     cfg.model.path, cfg.model.gpu_layers = Path(model), gpu_layers
     cfg.mqtt.enabled = False
     cfg.api.enabled = False
     cfg.governor = GovernorConfig(max_power_w=budget, interval_s=0.5, power_window_s=5, step_down_after_s=2,
-                                  recover_after_s=10)
+                                  recover_after_s=10, **({"sensor": "replay", "replay_file": replay} if replay else {}))
     cfg.cameras = [CameraConfig(name="cam", source=str(write_sample_video(data / "v.avi")), fps=30,
                                 trigger=TriggerConfig(mode="continuous"))]
     daemon = Daemon(cfg)
@@ -66,11 +67,12 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.5, help="budget between idle (0) and busy (1) power")
     ap.add_argument("--idle-w", type=float, help="idle power; default: measured before phase 1")
     ap.add_argument("--out")
+    ap.add_argument("--replay", type=Path, help="a recorded sensor trace (JSONL/CSV) instead of the machine's sensor")
     args = ap.parse_args()
     trace: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         from edge_runtime.power import detect_sensor
-        sensor = detect_sensor()
+        sensor = detect_sensor("replay", args.replay) if args.replay else detect_sensor()
         idle = args.idle_w
         if idle is None:
             readings = []
@@ -79,10 +81,13 @@ def main() -> None:
                 time.sleep(0.5)
             idle = statistics.fmean(readings)
         sensor.close()
-        free = run_phase(args.model, args.gpu_layers, args.seconds / 2, None, Path(tmp) / "a", trace)
+        free = run_phase(args.model, args.gpu_layers, args.seconds / 2, None, Path(tmp) / "a", trace, args.replay)
         busy = free["power_avg_w"] or idle
         budget = round(idle + args.fraction * (busy - idle), 1)
-        held = run_phase(args.model, args.gpu_layers, args.seconds, budget, Path(tmp) / "b", trace)
+        if budget <= 0:
+            sys.exit(f"governor_run: no power reading on this machine (sensor {sensor.name}); "
+                     "run it where NVML, jtop or sysfs report power, or pass --replay TRACE")
+        held = run_phase(args.model, args.gpu_layers, args.seconds, budget, Path(tmp) / "b", trace, args.replay)
     summary = {"idle_w": round(idle, 1), "unthrottled": free, "governed": held,
                "held": held["power_avg_w"] is not None and held["power_avg_w"] <= budget}
     print(json.dumps(summary, indent=2))

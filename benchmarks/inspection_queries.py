@@ -1,11 +1,12 @@
 """How fast the inspection queries are on a large journal: 100 000 results, 2 % defects, 100 pending
 reviews, four cameras.
 
-    python benchmarks/inspection_queries.py
+    python benchmarks/inspection_queries.py [--results 100000]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import tempfile
@@ -49,14 +50,17 @@ def timed(name: str, fn: Callable[[], Any], n: int = 5) -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=int, default=100_000, help="journal size (the figures are for 100 000)")
+    n = ap.parse_args().results
     with tempfile.TemporaryDirectory() as tmp:
-        s = fill(Path(tmp) / "j.sqlite3", 100_000)
+        s = fill(Path(tmp) / "j.sqlite3", n)
         timed("newest 50, no filter", lambda: s.query(ResultFilter()))
         timed("defect=true, 50", lambda: s.query(ResultFilter(defect=True)))
         timed("camera=cam1 defect=true (no match: scan)", lambda: s.query(ResultFilter(camera="cam1", defect=True)))
         timed("review=pending, 50 (100 matches in 100k)", lambda: s.query(ResultFilter(review="pending")))
         timed("review=pending after=newest (the page's poll)", lambda: s.query(ResultFilter(review="pending",
-                                                                                          after=99_990)))
+                                                                                          after=n - 10)))
         timed("review counts (status)", s.counts)
         timed("export all defects (2000 rows)", lambda: sum(1 for _ in s.iterate(ResultFilter(defect=True))), n=2)
         s.close()

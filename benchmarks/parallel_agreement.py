@@ -3,12 +3,12 @@
 Usage: python benchmarks/parallel_agreement.py BUNDLE_DIR [CONFIG.yaml]
 For each frame: same text?, the first token where the two paths differ, and the one-at-a-time
 path's logit gap between its token and the batched path's token there (a near-tie means the
-batched kernels' rounding decided it, not a bug in the sequence bookkeeping).
+batched kernels' rounding decided it, not a bug in the sequence bookkeeping). The KV layout of the
+batch context is the config's `model.batch_kv_cache` (unified, or one stream per sequence).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,16 +24,6 @@ from edge_runtime.vision import decode_image
 
 
 def main() -> None:
-    if os.environ.get("KV_UNIFIED") == "0":  # experiment: one KV stream per sequence in the batch context
-        from edge_runtime.engines import llama_cpp
-
-        real = llama_cpp.llama_init_from_model
-
-        def split_streams(model, params):  # type: ignore[no-untyped-def]
-            params.kv_unified = False
-            return real(model, params)
-
-        llama_cpp.llama_init_from_model = split_streams
     bundle = load_bundle(Path(sys.argv[1]))
     settings = load_config(Path(sys.argv[2]) if len(sys.argv) > 2 else None).model
     ins = Inspector(bundle, settings.model_copy(update={"fast_forward": False}), "bench")
@@ -72,29 +62,10 @@ def first_token_logits(ins: Inspector, items: list) -> None:  # type: ignore[typ
     """Logits after each prompt: the one-at-a-time context against the parallel-sequence context.
     Each prompt is prefilled alone in both, so a difference here comes from the contexts (unified KV
     cache, shared-prefix copy, cache size), not from several sequences sharing a decode step."""
-    from edge_runtime.engines import llama_cpp
-    from edge_runtime.language import image_segments
-
     lm = ins.language
-    prefix = items[0][0]
-    cells = len(prefix) * len(items) + sum(sum(len(s) for s in image_segments(im)) + len(sf) + ins.max_tokens
-                              for _, im, sf in items)
-    ctx = lm._parallel_context(len(items), cells)
     for copy_prefix in (True, False):
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        if copy_prefix:  # as generate_batch does: the prefix once, copied to every sequence first
-            lm._decode_tokens(prefix, 0, want_last_logits=False, seq=0, ctx=ctx)
-            for seq in range(1, len(items)):
-                llama_cpp.llama_memory_seq_cp(llama_cpp.llama_get_memory(ctx), 0, seq, -1, -1)
-        diffs = []
-        for seq, (pre, image, suffix) in enumerate(items):
-            if not copy_prefix:
-                lm._decode_tokens(pre, 0, want_last_logits=False, seq=seq, ctx=ctx)
-            p = lm._decode_segments(image_segments(image), len(pre), want_last_logits=not suffix, seq=seq, ctx=ctx)
-            lm._decode_tokens(suffix, p, want_last_logits=True, seq=seq, ctx=ctx)
-            par = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(lm.n_vocab,)).copy()
-            one = lm.prompt_logits(pre, image, suffix)
-            diffs.append(float(np.abs(par - one).max()))
+        parallel = lm.parallel.prompt_logits(items, copy_prefix=copy_prefix)
+        diffs = [float(np.abs(par - lm.prompt_logits(*item)).max()) for par, item in zip(parallel, items, strict=True)]
         print(f"first-token logits, parallel context ({'prefix copied' if copy_prefix else 'prefix per seq'})"
               f" vs one at a time: max |diff| per frame {[round(d, 5) for d in diffs]}")
 

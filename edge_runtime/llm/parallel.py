@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..errors import InferenceError
 from .feed import Feed, Generation, ImagePart, image_segments
 from .handles import Context
@@ -147,6 +149,30 @@ class ParallelSequences:
                            prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0,
                            ids[i], steps, llama_ms)
                 for i, o in enumerate(out)]
+
+    def prompt_logits(self, items: Sequence[Item], copy_prefix: bool = True) -> list[np.ndarray]:
+        """The logits after each prompt, each prefilled alone into this context (copies): with
+        `copy_prefix` the prefix is decoded once into sequence 0 and copied to the others, as
+        `generate` does; without it every sequence decodes its own prefix. A difference from the
+        one-at-a-time context here comes from the context (unified KV, shared-prefix copy, size)."""
+        feed = self.lm.feed
+        own = [len(pre) + sum(len(s) for s in image_segments(im)) + len(sf) + 1 for pre, im, sf in items]
+        context = self._context(len(items), sum(own))
+        ctx, memory = context.ptr, context.memory
+        llama_cpp.llama_memory_clear(memory, True)
+        if copy_prefix:
+            feed.token_ids(ctx, items[0][0], 0, want_last_logits=False, seq=0)
+            for seq in range(1, len(items)):
+                llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
+        logits = []
+        for seq, (prefix, image, suffix) in enumerate(items):
+            if not copy_prefix:
+                feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=seq)
+            p = feed.segments(ctx, image_segments(image), len(prefix), want_last_logits=not suffix, seq=seq)
+            feed.token_ids(ctx, suffix, p, want_last_logits=True, seq=seq)
+            row = llama_cpp.llama_get_logits_ith(ctx, -1)
+            logits.append(np.ctypeslib.as_array(row, shape=(self.lm.n_vocab,)).copy())
+        return logits
 
     def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Any
                   ) -> list[tuple[int, bytes]]:
