@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 TAG=${TAG:-edge-runtime:x86-check}
 BASE=debian:bookworm-slim
 
-step() { echo "[$1] $2"; }
+step() { echo "[$1] $2 (t=${SECONDS}s)"; }
 die() { echo "error: $*" >&2; exit 1; }
 
 step 1/5 "Docker engine"
@@ -36,18 +36,25 @@ fi
 cp /usr/local/share/ca-certificates/*.crt l4t_docker/ca/ 2>/dev/null || true
 
 step 4/5 "build $TAG"
-docker build --network host -f l4t_docker/Dockerfile.x86 -t "$TAG" . >/tmp/edge-image-build.log 2>&1 \
-  || { tail -30 /tmp/edge-image-build.log; die "step 4/5: docker build failed"; }
+build_start=$SECONDS
+docker build --network host ${NO_CACHE:+--no-cache} -f l4t_docker/Dockerfile.x86 -t "$TAG" . \
+  >/tmp/edge-image-build.log 2>&1 || { tail -30 /tmp/edge-image-build.log; die "step 4/5: docker build failed"; }
+echo "build: $((SECONDS - build_start)) s; image size: $(docker image inspect --format '{{.Size}}' "$TAG" | \
+  awk '{printf "%.0f MB", $1 / 1e6}')"
 
 step 5/5 "run and wait for healthy"
 name=edge-runtime-check-$$
+run_start=$SECONDS
 docker run -d --network host --name "$name" "$TAG" >/dev/null
 trap 'docker rm -f "$name" >/dev/null 2>&1 || true' EXIT
-for _ in $(seq 1 40); do
+for _ in $(seq 1 100); do
   status=$(docker inspect --format '{{.State.Health.Status}}' "$name")
-  [ "$status" = healthy ] && { echo "healthy"; curl -fsS http://127.0.0.1:8080/readyz; echo; exit 0; }
+  # the health check's first probe waits its 15 s interval: poll /readyz too, to time readiness itself
+  curl -fsS http://127.0.0.1:8080/readyz >/dev/null 2>&1 && [ -z "${ready_at:-}" ] && ready_at=$((SECONDS - run_start)) \
+    && echo "/readyz answered after ${ready_at} s"
+  [ "$status" = healthy ] && { echo "healthy after $((SECONDS - run_start)) s"; curl -fsS http://127.0.0.1:8080/readyz; echo; exit 0; }
   [ "$status" = unhealthy ] && break
-  sleep 3
+  sleep 1
 done
 docker logs "$name" 2>&1 | tail -20
 die "step 5/5: the container did not turn healthy (last status: $status)"
