@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import sqlite3
 import threading
@@ -28,11 +27,6 @@ from .supervise import RateLimitedLog, SupervisedThread
 # The logger keeps its name from before the split out of scheduler.py: operators filter on it, and
 # the result lines ("edge_runtime.scheduler: result …") are counted by tests/test_lifecycle.py.
 log = logging.getLogger("edge_runtime.scheduler")
-
-# Fault injection for tests only (tests/test_side_effects_crash.py): the process ends like a power cut
-# right after the commit of the first journaled result, before anything after it runs.
-_CRASH_AFTER_COMMIT = os.environ.get("EDGE_RUNTIME_TEST_FAULT") == "exit-after-journal-commit"
-
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
@@ -258,8 +252,6 @@ class InspectionWorker:
             # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
             # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
             self.journal.add(result, extra=self._in_journal(result))
-            if _CRASH_AFTER_COMMIT:
-                os._exit(137)  # tests only: a power cut at the worst moment (see _CRASH_AFTER_COMMIT)
             self._full_log.reset()
             for after in self.after_journal:
                 after(result)

@@ -5,7 +5,6 @@ HTTP receiver, llama.cpp + ONNX Runtime on the demo bundle)."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -40,6 +39,22 @@ rules:
 """
 
 
+# The real daemon, with the journal's commit wrapped: the process ends like a power cut right after the
+# commit of the first journaled result (a real commit, on the real path), before anything after it runs.
+CRASH_AFTER_FIRST_COMMIT = """
+import os, sys
+from edge_runtime.journal import Journal
+real_add = Journal.add
+def add_then_die(self, *args, **kwargs):
+    real_add(self, *args, **kwargs)
+    os._exit(137)
+Journal.add = add_then_die
+sys.argv[0] = "edge-runtime"
+from edge_runtime.cli import main
+sys.exit(main())
+"""
+
+
 def fired_results(db_path: Path) -> list[str]:
     """Ids of the journaled results on which a rule fired, read from the file the daemon left."""
     db = sqlite3.connect(str(db_path))
@@ -69,15 +84,13 @@ def test_a_kill_right_after_the_journal_commit_loses_no_alert_webhook_or_review_
                                     video=write_sample_video(tmp_path / "v.avi", frames=30), hook=receiver.url))
     journal = tmp_path / "data" / "journal.sqlite3"
 
-    def start(fault: str | None) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if k != "EDGE_RUNTIME_TEST_FAULT"}
-        if fault:
-            env["EDGE_RUNTIME_TEST_FAULT"] = fault
-        return subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    def start(crash: bool) -> subprocess.Popen[bytes]:
+        code = CRASH_AFTER_FIRST_COMMIT if crash else "import sys; from edge_runtime.cli import main; sys.exit(main())"
+        return subprocess.Popen([sys.executable, "-c", code, "--config", str(config), "run"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-    proc = start("exit-after-journal-commit")
+    proc = start(crash=True)
     try:
         deadline = time.monotonic() + 90
         while proc.poll() is None and time.monotonic() < deadline:
@@ -88,7 +101,7 @@ def test_a_kill_right_after_the_journal_commit_loses_no_alert_webhook_or_review_
         fired = fired_results(journal)
         assert fired, "no journaled result with a fired rule before the crash"
 
-        proc = start(None)
+        proc = start(crash=False)
         for rid in fired:
             wait_for(lambda rid=rid: [a for a in alerts.on("/cam/alert") if a["result_id"] == rid], 60,
                      f"the alert of {rid} after the restart")
