@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from .config_yaml import Expander, line_of
 from .errors import ConfigError
 from .offload.config import OffloadConfig
-from .rules import Rule, validate_rules
+from .rules import Rule, RulesBudget, validate_rules
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -303,11 +303,18 @@ class Config(_Section):
     evidence: EvidenceConfig = Field(default_factory=EvidenceConfig, description="Images kept with verdicts.")
     rules: list[Rule] = Field(default_factory=list, max_length=100, description="Rules evaluated on every "
                               "verdict (docs/inspection.md).")
+    rules_budget: RulesBudget = Field(default_factory=RulesBudget, description="What all rules together may "
+                                      "cost per verdict and per minute (re-asks, regex time).")
 
     @field_validator("rules")
     @classmethod
     def _unique_rules(cls, v: list[Rule]) -> list[Rule]:
         return validate_rules(v)
+
+    @model_validator(mode="after")
+    def _rules_within_budget(self) -> Config:
+        self.rules_budget.check(self.rules)
+        return self
 
     @model_validator(mode="after")
     def _unique_camera_names(self) -> Config:

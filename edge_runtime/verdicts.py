@@ -28,7 +28,7 @@ from .journal import is_full
 from .outbox import MessageOutbox
 from .result import Result, utc_now
 from .review import ReviewStore
-from .rules import AlertAction, ReaskAction, ReviewAction, Rule, RuleEngine, WebhookAction
+from .rules import AlertAction, ReaskAction, ReviewAction, Rule, RuleEngine, RulesBudget, WebhookAction
 from .webhooks import WebhookOutbox
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class VerdictServices:
     """Evidence store, rule engine, MQTT message outbox, webhook outbox and reviews, wired together."""
 
     def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
-                 faults: set[str], get_inspector: Callable[[], Any], keep_undelivered: bool = True) -> None:
+                 faults: set[str], get_inspector: Callable[[], Any], keep_undelivered: bool = True,
+                 budget: RulesBudget | None = None) -> None:
         self.evidence_cfg = evidence
         self.evidence: EvidenceStore | None = None
         if evidence.enabled:
@@ -68,7 +69,8 @@ class VerdictServices:
                 self.evidence = EvidenceStore(evidence, root, db_path, faults, keep_undelivered=keep_undelivered)
             except OSError as exc:  # a config mistake: one clear line, not a traceback
                 raise EdgeRuntimeError(f"evidence.path {root}: cannot be used ({exc.strerror or exc})") from None
-        self.engine = RuleEngine(rules)
+        self.budget = budget or RulesBudget()
+        self.engine = RuleEngine(rules, self.budget.regex_s_per_verdict)
         self.messages = MessageOutbox(db_path)
         self.webhooks = WebhookOutbox(db_path)
         self.webhooks.headers_for = self._webhook_headers
@@ -78,6 +80,8 @@ class VerdictServices:
         self.reasks_skipped = 0  # over a rule's reask.max_per_minute
         self.clock: Callable[[], float] = time.monotonic  # the re-ask window's clock
         self._reask_times: dict[tuple[str, int], deque[float]] = {}  # (rule, action) -> latest re-asks
+        self.reasks_budget_skipped = 0  # over rules_budget (all rules together)
+        self._budget_times: deque[float] = deque(maxlen=self.budget.reasks_per_minute)
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
         self._staged: tuple[str, _Staged] = ("", _Staged())  # what the last journal transaction queued
@@ -98,9 +102,14 @@ class VerdictServices:
         if self.evidence is not None:
             self.evidence.close()
 
-    def reload(self, rules: list[Rule]) -> None:
+    def reload(self, rules: list[Rule], budget: RulesBudget | None = None) -> None:
         self.engine.reload(rules)
         with self._lock:
+            if budget is not None:
+                self.budget = budget
+                self.engine.regex_budget_s = budget.regex_s_per_verdict
+                if self._budget_times.maxlen != budget.reasks_per_minute:
+                    self._budget_times = deque(self._budget_times, maxlen=budget.reasks_per_minute)
             names = {r.name for r in rules}
             self._reask_times = {k: v for k, v in self._reask_times.items() if k[0] in names}
         log.info("rules: %d loaded", len(rules))
@@ -123,13 +132,16 @@ class VerdictServices:
         if not fired:
             return
         records = []
+        asked = 0  # re-asks of this verdict, all rules together (rules_budget.reasks_per_verdict)
         for rule in fired:
             record: dict[str, Any] = {"name": rule.name, "actions": [a.type for a in rule.actions]}
             for i, action in enumerate(rule.actions):
                 if isinstance(action, ReaskAction) and image is not None:
-                    record["reask"] = (self._reask(image, result, action) if self._reask_allowed(rule, i, action)
-                                       else {"prompt": action.prompt, "skipped":
-                                             f"rate limit: {action.max_per_minute} per minute"})
+                    refused = self._reask_refused(rule, i, action, asked)
+                    if refused is None:
+                        asked += 1
+                    record["reask"] = (self._reask(image, result, action) if refused is None
+                                       else {"prompt": action.prompt, "skipped": refused})
                 if isinstance(action, ReviewAction) and result.review is None:
                     result.review = {"state": "pending", "reason": rule.name, "ts": utc_now()}
             records.append(record)
@@ -233,7 +245,12 @@ class VerdictServices:
                 "verdict": result.verdict, "evidence": result.evidence, "rules": result.rules}
 
     def _reask_allowed(self, rule: Rule, index: int, action: ReaskAction) -> bool:
-        """A sliding 60 s window per re-ask action: at most `max_per_minute`, over all cameras."""
+        return self._reask_refused(rule, index, action, 0) is None
+
+    def _reask_refused(self, rule: Rule, index: int, action: ReaskAction, asked: int) -> str | None:
+        """Why this re-ask is skipped, or None to ask: a sliding 60 s window per re-ask action (at most
+        `max_per_minute`, over all cameras), then the budget of all rules together (per verdict and a
+        sliding 60 s window). A re-ask is recorded in a window only when it is asked."""
         now = self.clock()
         with self._lock:
             window = self._reask_times.get((rule.name, index))
@@ -241,9 +258,17 @@ class VerdictServices:
                 window = self._reask_times[(rule.name, index)] = deque(maxlen=action.max_per_minute)
             if len(window) == window.maxlen and now - window[0] < 60.0:
                 self.reasks_skipped += 1
-                return False
+                return f"rate limit: {action.max_per_minute} per minute"
+            total = self._budget_times
+            if asked >= self.budget.reasks_per_verdict:
+                self.reasks_budget_skipped += 1
+                return f"rules_budget.reasks_per_verdict: {self.budget.reasks_per_verdict}"
+            if total.maxlen is not None and len(total) == total.maxlen and now - total[0] < 60.0:
+                self.reasks_budget_skipped += 1
+                return f"rules_budget.reasks_per_minute: {self.budget.reasks_per_minute} per minute"
             window.append(now)
-            return True
+            total.append(now)
+            return None
 
     def _reask(self, image: np.ndarray, result: Result, action: ReaskAction) -> dict[str, Any]:
         """A second question on the same frame, answered now on this (the inspection) thread."""
@@ -262,7 +287,8 @@ class VerdictServices:
         return {
             "evidence": self.evidence.status() if self.evidence is not None else {"enabled": False},
             "rules": {**self.engine.status(), "reasks": self.reasks,
-                      "reasks_skipped": self.reasks_skipped, "action_errors": self.action_errors,
+                      "reasks_skipped": self.reasks_skipped, "reasks_budget_skipped": self.reasks_budget_skipped,
+                      "action_errors": self.action_errors,
                       "alerts_backlog": self.messages.backlog(),
                       "messages_dropped": self.messages.dropped_unsent},
             "webhooks": self.webhooks.status(),
