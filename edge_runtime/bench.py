@@ -8,7 +8,7 @@ inspections/s sequentially and with the encoder of frame N+1 overlapped with gen
 
 from __future__ import annotations
 
-from .engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (engines.py)
+from . import engines  # noqa: F401  # isort: skip - onnxruntime, then llama_cpp (engines.py)
 
 import json
 import resource
@@ -22,9 +22,10 @@ from typing import Any
 import cv2
 import numpy as np
 
+from .errors import InferenceError
 from .inspector import Encoded, Inspector
 from .language import GREEDY, ImagePart, LanguageModel
-from .llm.handles import Sampler
+from .llm.handles import Sampler, decode_next, engine_info, is_end_of_generation
 from .samples import part_image
 from .vision import decode_image
 
@@ -71,8 +72,7 @@ def machine_info() -> dict[str, Any]:
 
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "onnxruntime": ort.__version__,
-            "llama_cpp_python": llama_cpp.__version__,
-            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            **engine_info(),
             "date": time.strftime("%Y-%m-%d")}
 
 
@@ -191,16 +191,17 @@ def _raw_llama(lm: LanguageModel, prefix: list[int], image: ImagePart, suffix: l
     with Sampler.chain() as chain:
         if grammar is not None:
             chain.add(Sampler.grammar(lm.vocab, grammar))
-        chain.add(Sampler(llama_cpp.llama_sampler_init_greedy()))
+        chain.add(Sampler.greedy())
         t1 = time.perf_counter()
         produced = 0
         for _ in range(max(1, max_tokens)):
-            token = llama_cpp.llama_sampler_sample(chain.ptr, ctx, -1)
-            if grammar is not None and llama_cpp.llama_vocab_is_eog(lm.vocab, token):
+            token = chain.sample(ctx)
+            if grammar is not None and is_end_of_generation(lm.vocab, token):
                 break
             produced += 1
-            arr = (llama_cpp.llama_token * 1)(token)
-            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, 1)) != 0:
+            try:
+                decode_next(ctx, token)
+            except InferenceError:  # the context is full: the timing so far stands
                 break
         elapsed = time.perf_counter() - t1
     lm.forget_prefix(clear=True)  # the KV cache no longer holds the cached prefix alone

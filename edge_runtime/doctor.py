@@ -34,9 +34,10 @@ class Check:
 
 def llama_cpp_probe() -> tuple[str, bool]:
     """(llama-cpp-python version, whether this build offloads to a GPU)."""
-    from .engines import llama_cpp
+    from .llm.handles import engine_info
 
-    return str(llama_cpp.__version__), bool(llama_cpp.llama_supports_gpu_offload())
+    info = engine_info()
+    return str(info["llama_cpp_python"]), bool(info["gpu_offload"])
 
 
 def jtop_client() -> Any:

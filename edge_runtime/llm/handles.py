@@ -109,7 +109,33 @@ class Sampler(_Handle):
         return cls(llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params()),
                    "a sampler chain")
 
+    @classmethod
+    def greedy(cls) -> Sampler:
+        return cls(llama_cpp.llama_sampler_init_greedy(), "a greedy sampler")
+
+    def sample(self, ctx: Any, row: int = -1) -> int:
+        """The token this sampler (chain) picks from the logits of `row` (accepted into its state)."""
+        return int(llama_cpp.llama_sampler_sample(self.ptr, ctx, row))
+
     def add(self, sampler: Sampler) -> None:
         """Move `sampler` into this chain: the chain frees it from now on."""
         llama_cpp.llama_sampler_chain_add(self.ptr, sampler.ptr)
         sampler._ptr = None
+
+
+def is_end_of_generation(vocab: Any, token: int) -> bool:
+    return bool(llama_cpp.llama_vocab_is_eog(vocab, token))
+
+
+def decode_next(ctx: Any, token: int) -> None:
+    """One token after everything decoded so far (llama.cpp places it), as llama-cpp-python alone does;
+    InferenceError when llama_decode fails."""
+    arr = (llama_cpp.llama_token * 1)(token)
+    code = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, 1))
+    if code != 0:
+        raise InferenceError(f"llama_decode failed ({code})")
+
+
+def engine_info() -> dict[str, object]:
+    """The llama.cpp build: the binding's version and whether it offloads to a GPU."""
+    return {"llama_cpp_python": llama_cpp.__version__, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}
