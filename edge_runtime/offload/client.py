@@ -10,10 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ import cv2
 import numpy as np
 from jsonschema import Draft202012Validator
 
+from . import http
 from .breaker import CircuitBreaker
 from .config import EndpointConfig, OffloadConfig
 
@@ -75,24 +75,83 @@ def chat_request(jpeg: bytes, prompt: str, schema: dict[str, Any], model: str | 
 
 
 def parse_answer(raw: bytes, validator: Draft202012Validator) -> tuple[dict[str, Any], str, str | None]:
-    """(verdict, text, model) from a chat completion body; RemoteError (no retry) when unusable."""
+    """(verdict, text, model) from a chat completion body; RemoteError (no retry) when unusable.
+
+    Strict JSON on both levels (the body and the verdict in its content): a duplicate key, a lone
+    surrogate anywhere (keys included; it cannot be stored as UTF-8, so the journal would refuse the
+    result), NaN/Infinity or a number too large for a float are refused like any malformed answer."""
     try:
-        body = json.loads(raw)  # bounded by max_response_kb; nesting by the RecursionError below
+        body = strict_json(raw)  # bounded by max_response_kb; nesting by the RecursionError below
         text = body["choices"][0]["message"]["content"]
         if not isinstance(text, str):
             raise TypeError("content is not a string")
         model = body.get("model")
-    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+    except _Unstorable as exc:
+        raise RemoteError(f"refused answer: {exc}", retry=False) from None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         raise RemoteError(f"not an OpenAI chat completion ({type(exc).__name__}: {str(exc)[:100]})",
                           retry=False) from None
     try:
-        verdict = json.loads(text)
+        verdict = strict_json(text)
+    except _Unstorable as exc:
+        raise RemoteError(f"refused verdict: {exc}", retry=False) from None
     except (ValueError, RecursionError) as exc:
         raise RemoteError(f"the answer is not JSON ({type(exc).__name__}: {str(exc)[:100]})", retry=False) from None
     error = next(iter(sorted(validator.iter_errors(verdict), key=str)), None)
     if error is not None:
         raise RemoteError(f"the answer does not match the verdict schema: {error.message[:200]}", retry=False)
     return verdict, text, model[:256] if isinstance(model, str) else None
+
+
+class _Unstorable(ValueError):
+    """Valid-looking JSON that must not be kept: duplicate keys, lone surrogates, non-finite numbers."""
+
+
+def strict_json(data: str | bytes) -> Any:
+    """json.loads, refusing what the journal (UTF-8 SQLite, strict JSON consumers) cannot keep."""
+    value = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                       parse_float=_finite_float)
+    _no_lone_surrogates(value)
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _Unstorable(f"duplicate key {ascii(key)[:80]}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise _Unstorable(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Unstorable(f"number out of range ({text[:40]})")
+    return value
+
+
+def _no_lone_surrogates(value: Any) -> None:
+    """Every string, keys included, must encode as UTF-8 (iterative: the nesting is already bounded
+    by json's own recursion limit, but this must not add a second one)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise _Unstorable(f"a lone surrogate {item[exc.start:exc.end]!a} in a string") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 class Endpoint:
@@ -171,37 +230,17 @@ class Endpoint:
                    "User-Agent": "edge-runtime-offload"}
         if self.cfg.api_key is not None:
             headers["Authorization"] = f"Bearer {self.cfg.api_key.get_secret_value()}"
-        req = urllib.request.Request(self.url + "/chat/completions", data=body, headers=headers, method="POST")
         try:
-            # http(s) only: the config's url pattern refuses other schemes (file:, ftp:)
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-                raw = self._read(resp, time.monotonic() + self.cfg.timeout_s)
-        except urllib.error.HTTPError as exc:
-            retry = exc.code >= 500 or exc.code == 429
-            detail = exc.read(300).decode("utf-8", "replace").strip()
-            exc.close()
-            raise RemoteError(f"HTTP {exc.code}: {detail}", retry) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise RemoteError(str(reason) or type(reason).__name__, retry=True) from None
-        if len(raw) > self.max_bytes:
+            # One deadline over the whole request (lookup, connect, send, headers, body): a socket
+            # timeout alone restarts with every byte, so a server dripping its headers held a worker
+            # (and the camera waiting for it) forever. http(s) only: the config's url pattern.
+            resp = http.request("POST", self.url + "/chat/completions", body=body, headers=headers,
+                                timeout_s=self.cfg.timeout_s, limit=self.max_bytes)
+        except http.HttpFailure as exc:
+            raise RemoteError(str(exc), exc.retry) from None
+        if len(resp.body) > self.max_bytes:
             raise RemoteError(f"answer larger than {self.max_bytes // 1024} KiB", retry=False)
-        return raw
-
-    def _read(self, resp: Any, deadline: float) -> bytes:
-        """The body, up to max_bytes + 1, within the deadline: the socket timeout alone would let a
-        server that drips a byte at a time hold a worker forever."""
-        chunks: list[bytes] = []
-        size = 0
-        while size <= self.max_bytes:
-            if time.monotonic() > deadline:
-                raise RemoteError(f"no complete answer within {self.cfg.timeout_s:g} s", retry=True)
-            chunk = resp.read1(min(65536, self.max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
+        return resp.body
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -25,6 +25,10 @@ def offload_metrics(status: dict[str, Any] | None) -> Iterator[Any]:
                     status["dropped_by_reason"])
     yield GaugeMetricFamily("edge_offload_in_flight", "Frames sent or queued, not yet answered",
                             value=status["frames"]["in_flight"])
+    yield CounterMetricFamily("edge_offload_store_failures", "Remote verdicts the journal refused "
+                              "(each frame took the fallback instead)", value=status.get("store_failures", 0))
+    yield GaugeMetricFamily("edge_offload_degraded", "1 while offload is degraded (see status reasons)",
+                            value=1.0 if status.get("state") == "degraded" else 0.0)
     state = GaugeMetricFamily("edge_offload_breaker_state", "1 for the endpoint's circuit state",
                               labels=["endpoint", "state"])
     requests = CounterMetricFamily("edge_offload_requests", "Requests sent", labels=["endpoint"])

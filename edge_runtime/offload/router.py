@@ -3,7 +3,9 @@ journals the answers like local results, and falls back (local inspection or a c
 
 It never blocks a caller: `take()` only puts a job on a bounded queue (a full queue takes the
 fallback at once). Every frame taken is accounted for exactly once: remote, fallback_local,
-dropped (by reason) or failed; `in_flight` covers the rest, so the sum always adds up.
+dropped (by reason) or failed; `in_flight` covers the rest, so the sum always adds up. A remote
+answer the journal refuses is not a lost frame: it is counted in `store_failures` and the frame
+takes the fallback (so `failed` stays 0; the key is kept for dashboards and the sum).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from .client import Answer, Endpoint, chat_request, encode_jpeg
 from .config import OffloadConfig
 
 log = logging.getLogger(__name__)
+
+STORE_FAULT = "offload results cannot be stored"
+ENDPOINTS_FAULT = "offload endpoints down"
 
 
 class Dropped(EdgeRuntimeError):
@@ -71,7 +76,12 @@ class Offloader:
         self.dropped: Counter[str] = Counter()  # by why
         self.escalations = Counter[str]()  # asked, refused (queue full)
         self.worker_errors = 0
-        self._fault = False
+        self._fault = False  # every endpoint down and fallback drop: frames are being lost
+        self._deliver_lock = threading.Lock()
+        self.store_failures = 0  # remote verdicts the journal refused; each frame took the fallback
+        self.last_store_error: str | None = None
+        self._store_fault = False
+        self._store_logged = -1e9
 
     # ---- routing ------------------------------------------------------------------------------
 
@@ -210,15 +220,45 @@ class Offloader:
             return
         result = self._result(job, prompt, answer, jpeg_ms, (time.perf_counter() - t0) * 1000)
         try:
-            delivered = self.deliver(request, result)
-        except Exception as exc:  # noqa: BLE001 - e.g. the journal's disk is full: counted, caller told
-            with self._lock:
-                self.outcomes["failed"] += 1
-            job.future.set_exception(exc)
+            with self._deliver_lock:  # the worker's delivery path expects one result at a time
+                delivered = self.deliver(request, result)
+        except Exception as exc:  # noqa: BLE001 - any store failure: the frame is inspected here instead
+            self._store_failed(job, answer, exc)
             return
+        self._store_healed()
         with self._lock:
             self.outcomes["remote" if job.reason != "escalate" else "second_opinion"] += 1
         job.future.set_result(delivered)
+
+    def _store_failed(self, job: _Job, answer: Answer, exc: Exception) -> None:
+        """A remote verdict that could not be journaled (issue 27): never a silent loss. Counted,
+        logged (the first, then once a minute), degraded until a remote result is stored again, and
+        the frame takes the fallback (local inspection) like a frame no endpoint answered."""
+        error = f"{type(exc).__name__}: {exc}"[:300].encode("utf-8", "backslashreplace").decode("utf-8")
+        now = time.monotonic()
+        with self._lock:
+            self.store_failures += 1
+            self.last_store_error = error
+            count = self.store_failures
+            say = now - self._store_logged >= 60
+            if say:
+                self._store_logged = now
+            became = not self._store_fault
+            self._store_fault = True
+        if say:
+            log.error("offload: a result from %s could not be stored (%s); the frame takes the fallback "
+                      "(%s); %d so far", answer.endpoint, error, self.cfg.fallback, count)
+        if became and self.on_fault is not None:
+            self.on_fault(STORE_FAULT, True)
+        self._resolve_undelivered(job, "remote result not stored")
+
+    def _store_healed(self) -> None:
+        with self._lock:
+            healed, self._store_fault = self._store_fault, False
+        if healed:
+            log.info("offload: remote results are stored again")
+            if self.on_fault is not None:
+                self.on_fault(STORE_FAULT, False)
 
     def _result(self, job: _Job, prompt: str, answer: Answer, jpeg_ms: float, total_ms: float) -> Result:
         request = job.request
@@ -280,7 +320,7 @@ class Offloader:
             log.warning("offload: %s", "every endpoint is down; frames are dropped" if fault
                         else "an endpoint answers again")
             if self.on_fault is not None:
-                self.on_fault("offload endpoints down", fault)
+                self.on_fault(ENDPOINTS_FAULT, fault)
 
     # ---- status --------------------------------------------------------------------------------
 
@@ -291,8 +331,10 @@ class Offloader:
             frames = {"taken": taken, "remote": self.outcomes["remote"],
                       "fallback_local": self.outcomes["fallback_local"], "dropped": self.outcomes["dropped"],
                       "failed": self.outcomes["failed"], "in_flight": taken - done}
+            reasons = [r for r, on in ((ENDPOINTS_FAULT, self._fault), (STORE_FAULT, self._store_fault)) if on]
             return {
-                "enabled": True, "fallback": self.cfg.fallback, "remote_cameras": sorted(self.remote_cameras),
+                "enabled": True, "state": "degraded" if reasons else "ok", "reasons": reasons,
+                "fallback": self.cfg.fallback, "remote_cameras": sorted(self.remote_cameras),
                 "engage": {"queue_full": self.cfg.engage.queue_full, "governor": self.cfg.engage.governor,
                            "escalate": self.cfg.escalate.when if self.cfg.escalate else None},
                 "queue_depth": self._queue.qsize(), "queue_size": self.cfg.queue_size,
@@ -301,6 +343,7 @@ class Offloader:
                                     "answered": self.outcomes["second_opinion"],
                                     "failed": self.escalations["failed"]},
                 "worker_errors": self.worker_errors,
+                "store_failures": self.store_failures, "last_store_error": self.last_store_error,
                 "endpoints": [e.status() for e in self.endpoints],
             }
 
