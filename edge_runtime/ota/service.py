@@ -8,7 +8,6 @@ import logging
 import queue
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,44 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from ..config import Config
 from ..mqtt import configure_client
+from ..offload import http
 from .agent import OtaAgent
 
 log = logging.getLogger(__name__)
+
+
+POLL_TIMEOUT_S = 30.0  # the whole request, redirects included: the agent's loop waits for it
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+class ManifestPoller:
+    """GET the manifest URL within one overall deadline (a socket timeout restarts with every byte,
+    so a server that drips held the agent's loop, and the MQTT manifests behind it, forever).
+    Failures are logged the first time, then once every 10 minutes with the count, and the recovery."""
+
+    def __init__(self, timeout_s: float = POLL_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.failures = 0  # consecutive
+        self._logged = -1e9
+
+    def poll(self, url: str) -> bytes | None:
+        try:
+            resp = http.request("GET", url, timeout_s=self.timeout_s, limit=MAX_MANIFEST_BYTES,
+                                headers={"Accept": "application/json", "User-Agent": "edge-runtime-ota"},
+                                follow_redirects=True)
+            if len(resp.body) > MAX_MANIFEST_BYTES:
+                raise http.HttpFailure(f"manifest larger than {MAX_MANIFEST_BYTES // 1024} KiB", retry=False)
+        except http.HttpFailure as exc:
+            self.failures += 1
+            now = time.monotonic()
+            if now - self._logged >= 600:
+                self._logged = now
+                log.warning("ota: polling %s failed: %s (%d times in a row)", url, exc, self.failures)
+            return None
+        if self.failures:
+            log.info("ota: polling %s works again after %d failures", url, self.failures)
+            self.failures, self._logged = 0, -1e9
+        return resp.body
 
 
 def make_agent(config: Config, client: Any, publish: Any) -> OtaAgent:
@@ -55,6 +89,7 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
     agent = make_agent(config, docker.from_env(), publish)
     agent.recover()
     next_poll = time.monotonic()
+    poller = ManifestPoller()
     seen_url_manifest: str | None = None
     try:
         while not stop.is_set():
@@ -64,14 +99,10 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
                 payload = None
             if payload is None and config.ota.manifest_url and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + config.ota.poll_interval_s
-                try:
-                    with urllib.request.urlopen(config.ota.manifest_url, timeout=30) as resp:
-                        body = resp.read(1 << 20)
-                    if body.decode(errors="replace") != seen_url_manifest:
-                        seen_url_manifest = body.decode(errors="replace")
-                        payload = body
-                except OSError as exc:
-                    log.warning("ota: polling %s failed: %s", config.ota.manifest_url, exc)
+                body = poller.poll(config.ota.manifest_url)
+                if body is not None and body.decode(errors="replace") != seen_url_manifest:
+                    seen_url_manifest = body.decode(errors="replace")
+                    payload = body
             if payload is not None:
                 agent.handle(payload)
     finally:
