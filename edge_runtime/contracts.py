@@ -184,12 +184,8 @@ class EvidenceFile:
     etag: str  # content-addressed: the image's sha256 (plus "-t" for a thumbnail)
 
 
-class Device(Protocol):
-    """The running device as the HTTP API and the MQTT commands see it (implemented by `app.Daemon`).
-
-    Methods that queue work raise `scheduler.QueueFull` when the queue is full, `UnknownCamera`
-    for a camera that is not configured and `StorageFull` when the journal refuses results.
-    """
+class DeviceStatus(Protocol):
+    """What the device is and how it is doing: the status page, health probes, metrics, telemetry."""
 
     @property
     def config(self) -> Config: ...
@@ -207,44 +203,54 @@ class Device(Protocol):
 
     def model_info(self) -> ModelInfo | None: ...  # None until the model is loaded
 
+    def verdict_status(self) -> dict[str, Any] | None: ...  # rules, evidence, webhooks, reviews (metrics)
+
+    def subscribe(self, listener: ResultListener) -> None: ...  # every Result after it is journaled
+
+
+class DeviceResults(Protocol):
+    """The journaled verdicts: one result, filtered queries, exports, evidence images."""
+
     def get_result(self, result_id: str) -> dict[str, Any] | None: ...
 
     def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]: ...
 
+    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]: ...
+
+    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]: ...  # every match, for exports
+
+    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        """The kept image of a result, None if none was kept; OSError if retention just deleted it."""
+        ...
+
+
+class DeviceCameras(Protocol):
+    """The cameras: their newest frame and an inspection on demand (`UnknownCamera`, `QueueFull`)."""
+
     def latest_jpeg(self, camera: str) -> bytes | None: ...
 
     def trigger(self, camera: str, prompt: str | None = None) -> Future[Result]: ...
+
+
+class DeviceInference(Protocol):
+    """The one loaded model, in turn with the cameras through the one bounded queue (`QueueFull`)."""
 
     def submit_image(self, image: np.ndarray, prompt: str | None = None, camera: str = "api",
                      journal: bool = False) -> Future[Result]: ...
 
     def submit_job(self, job: Callable[[Any], T]) -> Future[T]: ...  # runs with the inspector (chat)
 
-    def reload(self) -> dict[str, Any]: ...
-
-    def subscribe(self, listener: ResultListener) -> None: ...  # every Result after it is journaled
-
-    # ---- chat (the OpenAI endpoint) ----
-
     def constraint(self, schema: dict[str, Any]) -> str:
         """The JSON schema as a grammar for `ChatJob.grammar`; `InputError` over the complexity budget,
         any other exception for a schema the converter cannot take."""
         ...
 
-    def chat(self, job: ChatJob) -> Future[ChatOutput]: ...  # in turn with inspections; QueueFull
+    def chat(self, job: ChatJob) -> Future[ChatOutput]: ...  # the OpenAI endpoint
 
-    # ---- evidence and review (api/inspection.py) ----
 
-    def verdict_status(self) -> dict[str, Any] | None: ...  # rules, evidence, webhooks, reviews (metrics)
-
-    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
-        """The kept image of a result, None if none was kept; OSError if retention just deleted it."""
-        ...
-
-    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]: ...
-
-    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]: ...  # every match, for exports
+class DeviceReview(Protocol):
+    """A technician's review of a verdict, checked against the bundle's schema."""
 
     def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
         """(message, dotted path) of the first way `verdict` breaks the bundle's schema, None if valid.
@@ -253,3 +259,17 @@ class Device(Protocol):
 
     def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
                       note: str | None) -> dict[str, Any]: ...  # ReviewError for a wrong action or note
+
+
+class DeviceControl(Protocol):
+    def reload(self) -> dict[str, Any]: ...  # re-read the config file; what changed and what needs a restart
+
+
+class Device(DeviceStatus, DeviceResults, DeviceCameras, DeviceInference, DeviceReview, DeviceControl, Protocol):
+    """The running device as a whole (implemented by `app.Daemon`; mypy checks that in `app.py`).
+
+    Consumers depend on the roles they use, as vLLM's `EngineClient` keeps a client to the engine
+    alone: the metrics on `DeviceStatus`, the review blueprint on results + review, the OpenAI
+    endpoint on `DeviceInference`. Methods that queue work raise `QueueFull` when the queue is full,
+    `UnknownCamera` for a camera that is not configured and `StorageFull` when the journal refuses results.
+    """

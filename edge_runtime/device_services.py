@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
 from .inspector import Inspector
@@ -15,21 +15,23 @@ from .verdicts import VerdictServices
 T = TypeVar("T")
 
 
-class DeviceServices:
-    """Mixed into `app.Daemon`, which provides `verdicts`, `submit_job` and `_current_inspector`."""
+class ServicesHost(Protocol):
+    """What the mixin needs of the class it is mixed into (`app.Daemon`); mypy checks each use."""
 
     verdicts: VerdictServices
 
-    def submit_job(self, job: Callable[[Any], T]) -> Future[T]:
-        raise NotImplementedError
+    def submit_job(self, job: Callable[[Any], T]) -> Future[T]: ...
 
-    def _current_inspector(self) -> Inspector:
-        raise NotImplementedError
+    def _current_inspector(self) -> Inspector: ...
 
-    def constraint(self, schema: dict[str, Any]) -> str:
+
+class DeviceServices:
+    """Mixed into `app.Daemon`: the chat, evidence and review methods of `contracts.Device`."""
+
+    def constraint(self: ServicesHost, schema: dict[str, Any]) -> str:
         return self._current_inspector().constraint(schema)
 
-    def chat(self, job: ChatJob) -> Future[ChatOutput]:
+    def chat(self: ServicesHost, job: ChatJob) -> Future[ChatOutput]:
         """Run a chat completion in the worker, in turn with inspections. Raises QueueFull."""
         sampling = Sampling(job.temperature, job.top_p, job.seed)
 
@@ -46,10 +48,10 @@ class DeviceServices:
 
     # ---- evidence and review (VerdictServices) -------------------------------------------------
 
-    def verdict_status(self) -> dict[str, Any] | None:
+    def verdict_status(self: ServicesHost) -> dict[str, Any] | None:
         return self.verdicts.status()
 
-    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+    def evidence_file(self: ServicesHost, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
         store = self.verdicts.evidence
         found = store.lookup(result_id) if store is not None else None
         if store is None or found is None:
@@ -57,16 +59,16 @@ class DeviceServices:
         return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
             EvidenceFile(found.path, found.sha256)
 
-    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
+    def query_inspections(self: ServicesHost, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
         return self.verdicts.reviews.query(f)
 
-    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]:
+    def iterate_inspections(self: ServicesHost, f: ResultFilter) -> Iterator[dict[str, Any]]:
         return self.verdicts.reviews.iterate(f)
 
-    def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
+    def verdict_error(self: ServicesHost, verdict: dict[str, Any]) -> tuple[str, str] | None:
         errors = sorted(self._current_inspector().validator.iter_errors(verdict), key=str)
         return (errors[0].message, "".join(f".{p}" for p in errors[0].absolute_path)) if errors else None
 
-    def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
+    def review_result(self: ServicesHost, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
                       note: str | None) -> dict[str, Any]:
         return self.verdicts.reviews.write(result, action, correction, note)
