@@ -136,8 +136,8 @@ def test_session_cookie_opens_reads_but_never_writes(daemon: Daemon, result_id: 
                            cookies=jar, timeout=5)
     assert review.status_code == 401
     # Forged, expired and other-token cookies are refused.
-    for bad in ("1.abc", f"{int(time.time()) + 60}.{'0' * 64}", session_value("other-token"),
-                session_value(TOKEN, now=time.time() - 13 * 3600)):
+    for bad in ("1.abc", f"{int(time.time()) + 60}.{'0' * 64}", session_value("other-token", app=daemon.api.app),
+                session_value(TOKEN, now=time.time() - 13 * 3600, app=daemon.api.app)):
         assert requests.get(f"{base}/api/v1/status", cookies={SESSION_COOKIE: bad}, timeout=5).status_code == 401
 
 
@@ -147,7 +147,7 @@ def test_reload_switches_auth_and_a_rotated_token_ends_sessions(daemon: Daemon, 
     base = f"http://127.0.0.1:{daemon.api.port}"
     path = daemon.config_path
     original = path.read_text()
-    jar = {SESSION_COOKIE: session_value(TOKEN)}
+    jar = {SESSION_COOKIE: session_value(TOKEN, app=daemon.api.app)}
     try:
         path.write_text(original.replace("auth: all", "auth: writes"))
         assert "api.auth" in daemon.reload()["applied"]
