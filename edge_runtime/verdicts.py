@@ -77,10 +77,10 @@ class VerdictServices:
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
         self.reasks = 0
-        self.reasks_skipped = 0  # over a rule's reask.max_per_minute
+        self.reasks_skipped = 0  # all skipped re-asks: over a rule's reask.max_per_minute or over rules_budget
         self.clock: Callable[[], float] = time.monotonic  # the re-ask window's clock
         self._reask_times: dict[tuple[str, int], deque[float]] = {}  # (rule, action) -> latest re-asks
-        self.reasks_budget_skipped = 0  # over rules_budget (all rules together)
+        self.reasks_budget_skipped = 0  # the part of reasks_skipped over rules_budget (all rules together)
         self._budget_times: deque[float] = deque(maxlen=self.budget.reasks_per_minute)
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
@@ -261,9 +261,11 @@ class VerdictServices:
                 return f"rate limit: {action.max_per_minute} per minute"
             total = self._budget_times
             if asked >= self.budget.reasks_per_verdict:
+                self.reasks_skipped += 1
                 self.reasks_budget_skipped += 1
                 return f"rules_budget.reasks_per_verdict: {self.budget.reasks_per_verdict}"
             if total.maxlen is not None and len(total) == total.maxlen and now - total[0] < 60.0:
+                self.reasks_skipped += 1
                 self.reasks_budget_skipped += 1
                 return f"rules_budget.reasks_per_minute: {self.budget.reasks_per_minute} per minute"
             window.append(now)
