@@ -96,6 +96,35 @@ def admission_metrics(gates: dict[str, Any]) -> Iterator[Any]:
     yield from (in_flight, refused)
 
 
+def webhook_metrics(wh: dict[str, Any] | None) -> Iterator[Any]:
+    """Per webhook destination (URL origin), from the outbox's status: a blocked receiver shows here."""
+    if not wh:
+        return
+    labels = ["destination"]
+    pending = GaugeMetricFamily("edge_webhook_destination_pending", "Webhook POSTs waiting, per destination",
+                                labels=labels)
+    in_flight = GaugeMetricFamily("edge_webhook_destination_in_flight_seconds",
+                                  "Seconds the current POST has been in flight (0: none)", labels=labels)
+    failures = GaugeMetricFamily("edge_webhook_destination_consecutive_failures",
+                                 "Failed attempts since the last delivery", labels=labels)
+    delivered = CounterMetricFamily("edge_webhook_destination_delivered", "Webhook POSTs acknowledged (2xx)",
+                                    labels=labels)
+    failed = CounterMetricFamily("edge_webhook_destination_attempts_failed", "Failed webhook attempts",
+                                 labels=labels)
+    timeouts = CounterMetricFamily("edge_webhook_destination_timeouts", "Webhook POSTs past their deadline",
+                                   labels=labels)
+    for dest, d in (wh.get("destinations") or {}).items():
+        pending.add_metric([dest], d.get("pending", 0))
+        in_flight.add_metric([dest], d.get("in_flight_s") or 0.0)
+        failures.add_metric([dest], d.get("consecutive_failures", 0))
+        delivered.add_metric([dest], d.get("delivered", 0))
+        failed.add_metric([dest], d.get("attempts_failed", 0))
+        timeouts.add_metric([dest], d.get("timeouts", 0))
+    yield from (pending, in_flight, failures, delivered, failed, timeouts)
+    yield CounterMetricFamily("edge_webhooks_attempts_failed", "Failed webhook attempts, all destinations",
+                              value=wh.get("attempts_failed", 0))
+
+
 def governor_metrics(gov: dict[str, Any] | None) -> Iterator[Any]:
     if not gov:
         return
