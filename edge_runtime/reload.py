@@ -23,7 +23,7 @@ LIVE = (
     "api.allow_remote_image_urls", "api.request_timeout_s",
     "api.auth", "api.request_deadline_s", "api.connections_per_client",  # read per request / accept
     "ota",  # read by the update agent, a separate process
-    "rules",  # re-evaluated from the next verdict on (verdicts.py)
+    "rules", "rules_budget",  # re-evaluated from the next verdict on (verdicts.py)
 )
 
 
