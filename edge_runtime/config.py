@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from .config_yaml import Expander, line_of
 from .errors import ConfigError
 from .offload.config import OffloadConfig
-from .rules import Rule, RulesBudget, validate_rules
+from .rules_config import Rule, RulesBudget, validate_rules
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 

@@ -1,9 +1,8 @@
-"""Rules that act on verdicts: validated `rules:` config models and the evaluator.
-
-A rule fires when all its conditions hold for a result (fields by dotted path: `verdict.category`,
-`camera`, `timings_ms.total`), its confidence threshold is met, and — with debounce — when it matched
-on at least N of the last M results of that camera. Its actions are carried out by the wiring
-(`verdicts.py`): an MQTT alert, a webhook, a second question on the same frame, a review mark.
+"""The rules' evaluator: a rule fires when all its conditions hold for a result (fields by dotted path:
+`verdict.category`, `camera`, `timings_ms.total`), its confidence threshold is met, and — with
+debounce — when it matched on at least N of the last M results of that camera. Its actions are
+carried out by the wiring (`app/verdicts.py`): an MQTT alert, a webhook, a second question on the
+same frame, a review mark. The rules themselves are config (`config/rules.py`).
 """
 
 from __future__ import annotations
@@ -12,16 +11,14 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import regex
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+
+from .rules_config import REGEX_BUDGET_S, REGEX_TIMEOUT_S, Condition, Rule, regex_conditions
 
 log = logging.getLogger(__name__)
 _MISSING = object()
-REGEX_TIMEOUT_S = 0.05  # per search at most; the `regex` engine checks it as it goes
-REGEX_BUDGET_S = 0.1  # all regex searches of one verdict together (rules_budget.regex_s_per_verdict)
-MIN_SEARCH_S = 0.001  # a configuration must leave each regex condition at least this share of the budget
 _timeouts_logged: dict[str, float] = {}
 
 
@@ -47,56 +44,20 @@ class RegexBudget:
         return share
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-_PATH = r"^[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,4}$"
-
-
-class Condition(_Model):
-    """One test on a result field; exactly one operator."""
-
-    field: str = Field(pattern=_PATH, description="Dotted path into the result, e.g. verdict.category.")
-    equals: str | int | float | bool | None = Field(None, description="Field equals this value.")
-    in_: list[str | int | float | bool] | None = Field(None, alias="in", max_length=256,
-                                                       description="Field is one of these values.")
-    lt: float | None = Field(None, description="Field is a number less than this.")
-    gt: float | None = Field(None, description="Field is a number greater than this.")
-    regex: str | None = Field(None, max_length=200, description="Field is a string this regex searches.")
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    @model_validator(mode="after")
-    def _one_operator(self) -> Condition:
-        given = [k for k in ("equals", "in_", "lt", "gt", "regex") if k in self.model_fields_set]
-        if len(given) != 1:
-            raise ValueError("give exactly one of equals, in, lt, gt, regex")
-        return self
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                regex.compile(v)
-            except regex.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
-        return v
-
-    def holds(self, result: dict[str, Any], budget: RegexBudget | None = None) -> bool:
-        value = lookup(result, self.field)
-        if value is _MISSING:
-            return False
-        if "equals" in self.model_fields_set:
-            return _same(value, self.equals)
-        if self.in_ is not None:
-            return any(_same(value, v) for v in self.in_)
-        if self.regex is not None:
-            return isinstance(value, str) and _search(self.regex, value[:10_000], self.field, budget)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return False
-        return value < self.lt if self.lt is not None else value > (self.gt if self.gt is not None else 0)
+def condition_holds(cond: Condition, result: dict[str, Any], budget: RegexBudget | None = None) -> bool:
+    """Whether one condition holds for a result (a missing field never holds)."""
+    value = lookup(result, cond.field)
+    if value is _MISSING:
+        return False
+    if "equals" in cond.model_fields_set:
+        return _same(value, cond.equals)
+    if cond.in_ is not None:
+        return any(_same(value, v) for v in cond.in_)
+    if cond.regex is not None:
+        return isinstance(value, str) and _search(cond.regex, value[:10_000], cond.field, budget)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return value < cond.lt if cond.lt is not None else value > (cond.gt if cond.gt is not None else 0)
 
 
 def _search(pattern: str, text: str, field: str, budget: RegexBudget | None = None) -> bool:
@@ -140,112 +101,6 @@ def lookup(data: Any, path: str) -> Any:
             return _MISSING
         data = data[part]
     return data
-
-
-class Debounce(_Model):
-    count: int = Field(ge=1, le=100, description="Fire when the conditions held this many times …")
-    of: int = Field(ge=1, le=100, description="… within the last this many results of the camera.")
-
-    @model_validator(mode="after")
-    def _fits(self) -> Debounce:
-        if self.count > self.of:
-            raise ValueError("debounce.count cannot be larger than debounce.of")
-        return self
-
-
-class AlertAction(_Model):
-    type: Literal["alert"] = Field(description="Publish on <prefix>/<camera>/alert (QoS 1, from the journal).")
-
-
-class WebhookAction(_Model):
-    type: Literal["webhook"] = Field(description="POST the alert to a URL, at least once.")
-    url: HttpUrl = Field(description="POST the alert as JSON here, at least once (the outbox retries).")
-    headers: dict[str, str] = Field(default_factory=dict, max_length=16,
-                                    description="Extra request headers (e.g. an Authorization with ${ENV}).")
-    timeout_s: float = Field(5, gt=0, le=60, description="Per-attempt timeout.")
-
-    @field_validator("headers")
-    @classmethod
-    def _valid_headers(cls, v: dict[str, str]) -> dict[str, str]:
-        # A header the HTTP client refuses at send time would fail every delivery, forever.
-        for name, value in v.items():
-            if not _HEADER_NAME.fullmatch(name):
-                raise ValueError(f"header name {name[:40]!r} is not a valid HTTP header name")
-            if any(c in value for c in "\r\n\0") or len(value) > 4096:
-                raise ValueError(f"header {name!r}: the value has a line break or NUL, or is over 4096 characters")
-        return v
-
-
-_HEADER_NAME = regex.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
-
-
-class ReaskAction(_Model):
-    type: Literal["reask"] = Field(description="Ask a second question about the same frame.")
-    prompt: str = Field(min_length=1, max_length=2000, description="Second question on the same frame; "
-                        "its answer is attached to the firing.")
-    # A re-ask is a second generation on the inspection thread, before the journal write: a rule that
-    # fires on every frame would halve the line's throughput. Beyond this rate it is skipped and counted.
-    max_per_minute: int = Field(6, ge=1, le=600, description="At most this many re-asks of this action "
-                                "in any 60 s (all cameras together); more are skipped and counted.")
-
-
-class ReviewAction(_Model):
-    type: Literal["review"] = Field(description="Put the result in the review queue.")
-
-
-Action = Annotated[AlertAction | WebhookAction | ReaskAction | ReviewAction, Field(discriminator="type")]
-
-
-class Rule(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,48}$", description="Rule name (in results and metrics).")
-    enabled: bool = Field(True, description="false keeps the rule but never evaluates it.")
-    cameras: list[str] = Field(default_factory=list, description="Only these cameras (empty: all).")
-    when: list[Condition] = Field(default_factory=list, max_length=32,
-                                  description="Conditions that must all hold.")
-    min_confidence: float | None = Field(None, ge=0, le=1, description="Also require confidence >= this.")
-    confidence_field: str = Field("verdict.confidence", pattern=_PATH,
-                                  description="Where the confidence is read for min_confidence.")
-    debounce: Debounce | None = Field(None, description="Fire only when matched N of the last M results.")
-    cooldown_s: float = Field(0, ge=0, le=86400, description="Least seconds between two firings per camera.")
-    actions: list[Action] = Field(min_length=1, max_length=8, description="What happens when it fires.")
-
-
-class RulesBudget(_Model):
-    """What all rules together may cost (`rules_budget:`): the per-rule limits alone let 100 rules
-    multiply every verdict's cost."""
-
-    reasks_per_minute: int = Field(6, ge=1, le=600, description="Re-asks of all rules together in any 60 s; "
-                                   "more are skipped and counted (edge_rule_reasks_budget_skipped).")
-    reasks_per_verdict: int = Field(1, ge=1, le=8, description="Re-asks of all rules together for one verdict.")
-    regex_s_per_verdict: float = Field(REGEX_BUDGET_S, ge=0.005, le=2, description="Seconds all regex "
-                                       "conditions of one verdict may search together; once spent, the rest "
-                                       "count as no match (counted: edge_rule_regex_budget_exhausted).")
-
-    def check(self, rules: list[Rule]) -> None:
-        """Refuse rules this budget cannot serve; the message starts with the key to change."""
-        for i, rule in enumerate(rules):
-            reasks = [(j, a) for j, a in enumerate(rule.actions) if isinstance(a, ReaskAction)]
-            if len(reasks) > self.reasks_per_verdict:
-                raise ValueError(f"rules.{i}.actions: {len(reasks)} re-asks, but rules_budget.reasks_per_verdict "
-                                 f"is {self.reasks_per_verdict}; raise it or remove re-asks")
-            for j, action in reasks:
-                if action.max_per_minute > self.reasks_per_minute:
-                    raise ValueError(f"rules.{i}.actions.{j}.max_per_minute: {action.max_per_minute} is above "
-                                     f"rules_budget.reasks_per_minute ({self.reasks_per_minute}) and can never "
-                                     "be reached; raise the budget or lower this")
-        n = regex_conditions(rules)
-        if n and self.regex_s_per_verdict / n < MIN_SEARCH_S:
-            raise ValueError(f"rules_budget.regex_s_per_verdict: {self.regex_s_per_verdict} s shared by {n} regex "
-                             f"conditions leaves each under {MIN_SEARCH_S * 1000:.0f} ms; raise it to at least "
-                             f"{n * MIN_SEARCH_S:.3f} or use fewer regex conditions")
-
-
-def validate_rules(rules: list[Rule]) -> list[Rule]:
-    names = [r.name for r in rules]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"rule names must be unique; repeated: {', '.join(dupes)}")
-    return rules
 
 
 class RuleEngine:
@@ -292,7 +147,7 @@ class RuleEngine:
         for rule in self.rules:
             if not rule.enabled or (rule.cameras and camera not in rule.cameras):
                 continue
-            matched = all(c.holds(result, budget) for c in rule.when) and self._confident(rule, result)
+            matched = all(condition_holds(c, result, budget) for c in rule.when) and self._confident(rule, result)
             key = (rule.name, camera)
             if rule.debounce is not None:
                 window = self._history.setdefault(key, deque(maxlen=rule.debounce.of))
@@ -318,8 +173,3 @@ class RuleEngine:
         with self._lock:
             return {"rules": [r.name for r in self.rules], "fired": dict(self.fired),
                     "regex_budget_exhausted": self.regex_exhausted, "regex_timeouts": self.regex_timeouts}
-
-
-def regex_conditions(rules: list[Rule]) -> int:
-    """Regex conditions of the enabled rules: what one verdict's regex budget is shared among."""
-    return sum(1 for r in rules if r.enabled for c in r.when if c.regex is not None)

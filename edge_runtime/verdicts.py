@@ -28,7 +28,8 @@ from .journal import is_full
 from .outbox import MessageOutbox
 from .result import Result, utc_now
 from .review import ReviewStore
-from .rules import AlertAction, ReaskAction, ReviewAction, Rule, RuleEngine, RulesBudget, WebhookAction
+from .rules import RuleEngine
+from .rules_config import AlertAction, ReaskAction, ReviewAction, Rule, RulesBudget, WebhookAction
 from .webhooks import WebhookOutbox
 
 log = logging.getLogger(__name__)

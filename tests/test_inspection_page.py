@@ -17,7 +17,7 @@ from waiting import wait_for
 from edge_runtime.app import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.review import export_from_config
-from edge_runtime.rules import Rule
+from edge_runtime.rules_config import Rule
 from edge_runtime.samples import write_sample_video
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

@@ -10,7 +10,7 @@ import pytest
 from test_side_effects import Line, make_result
 
 from edge_runtime.inspector import Inspector
-from edge_runtime.rules import Rule
+from edge_runtime.rules_config import Rule
 
 
 def test_a_rule_that_fires_on_every_frame_re_asks_at_most_max_per_minute(tmp_path: Path,

@@ -13,7 +13,8 @@ import pytest
 from edge_runtime.config import parse_config
 from edge_runtime.errors import ConfigError
 from edge_runtime.evidence import EvidenceConfig
-from edge_runtime.rules import Rule, RuleEngine, RulesBudget
+from edge_runtime.rules import RuleEngine
+from edge_runtime.rules_config import Rule, RulesBudget
 from edge_runtime.verdicts import VerdictServices
 
 CATASTROPHIC = r"(a+)+$"

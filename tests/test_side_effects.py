@@ -21,7 +21,7 @@ from edge_runtime.inspector import Inspector
 from edge_runtime.journal import Journal
 from edge_runtime.outbox import MAX_PAYLOAD
 from edge_runtime.result import FrameInfo, Result
-from edge_runtime.rules import Rule
+from edge_runtime.rules_config import Rule
 from edge_runtime.verdicts import VerdictServices
 
 ACTIONS = [{"type": "alert"}, {"type": "webhook", "url": "http://127.0.0.1:9/hook"}, {"type": "review"}]

@@ -33,7 +33,7 @@ MOVES: dict[str, str] = {
     "prompt_layout": "inference.prompt_layout", "token_cache": "inference.token_cache",
     "model_source": "inference.model_source", "engines": "inference.engines", "grammar": "inference.llm.grammar",
     "llm": "inference.llm",
-    "journal": "verdicts.journal", "rules": "verdicts.rules", "evidence": "verdicts.evidence",
+    "journal": "verdicts.journal", "rules": "verdicts.rules", "rules_config": "config.rules", "evidence": "verdicts.evidence",
     "review": "verdicts.review", "outbox": "verdicts.messages",
     "mqtt": "delivery.mqtt.client", "commands": "delivery.mqtt.commands", "webhooks": "delivery.webhooks",
     "offload": "fleet.offload",
