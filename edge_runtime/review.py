@@ -9,10 +9,12 @@ tools read: Hugging Face's `imagefolder` layout (`train/<file>.jpg` + `train/met
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
+import stat
+import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,34 +191,105 @@ def _where(f: ResultFilter) -> tuple[list[str], list[Any]]:
 
 # ---- dataset export ---------------------------------------------------------------------------------
 
+MARKER = ".edge-runtime-export"  # the file that says a folder is one of our exports (may be replaced)
+
+
+class ExportPathError(ValueError):
+    """The output folder cannot be used (holds a link, is someone else's non-empty folder, ...)."""
+
+
+def _check_target(out_dir: Path) -> bool:
+    """Refuse a target that is or holds a symbolic link, or is a non-empty folder we did not write.
+    Returns whether it exists (an earlier export, to be replaced) or not."""
+    try:
+        st = os.lstat(out_dir)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise ExportPathError(f"{out_dir}: is a symbolic link; give a real folder")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ExportPathError(f"{out_dir}: exists and is not a folder")
+    entries = os.listdir(out_dir)
+    for root, dirs, files in os.walk(out_dir, followlinks=False):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(root, name)):
+                raise ExportPathError(f"{os.path.join(root, name)}: a symbolic link inside the output folder; "
+                                      "refusing to export there")
+    if entries and MARKER not in entries:
+        raise ExportPathError(f"{out_dir}: not empty and not an earlier dataset export; give a new or empty folder")
+    return True
+
+
+def _copy_new(src: Path, dst_dir_fd: int, name: str) -> None:
+    """Copy `src` into a file the export creates itself (O_EXCL|O_NOFOLLOW, relative to its folder's fd)."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                 dir_fd=dst_dir_fd)
+    with open(src, "rb") as inp, os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(inp, out, 1 << 20)
+
+
 def export_dataset(store: ReviewStore, image_for: Any, out_dir: Path, include_unreviewed: bool = False,
                    camera: str | None = None) -> dict[str, int]:
     """Write `out_dir/train/<id>.jpg` + `metadata.jsonl` (verdict, label, review) for reviewed results
-    with evidence. `image_for(result_id)` returns the image path or None. Rewrites metadata atomically."""
-    train = out_dir / "train"
-    train.mkdir(parents=True, exist_ok=True)
-    f = ResultFilter(camera=camera, review=None if include_unreviewed else "reviewed")
-    written = skipped = 0
-    tmp = train / f".metadata-{time.time_ns()}.jsonl"
-    with tmp.open("w", encoding="utf-8") as meta:
-        for row in store.iterate(f):
-            src = image_for(row["id"])
-            if src is None:
-                skipped += 1
-                continue
-            name = f"{row['id']}.jpg"
-            if not (train / name).exists():
-                shutil.copyfile(src, train / f".{name}.tmp")
-                (train / f".{name}.tmp").replace(train / name)
-            review = row.get("review") or {}
-            label = review.get("correction") if review.get("state") == "corrected" else row.get("verdict")
-            meta.write(json.dumps({
-                "file_name": name, "id": row["id"], "camera": row["camera"], "ts": row["ts"],
-                "model": row.get("model"), "prompt": row.get("prompt"), "verdict": row.get("verdict"),
-                "label": label, "review_state": review.get("state"), "note": review.get("note"),
-            }, ensure_ascii=False) + "\n")
-            written += 1
-    tmp.replace(train / "metadata.jsonl")
+    with evidence. `image_for(result_id)` returns the image path or None.
+
+    Everything is written into a fresh folder made by mkdtemp next to `out_dir`, with files created
+    O_EXCL|O_NOFOLLOW, then renamed into place, so no link planted in the output can redirect a write
+    and no file the export did not write is kept. `out_dir` must not exist, be empty, or be an earlier
+    export (it holds the `.edge-runtime-export` marker): an earlier export is replaced whole (renamed
+    aside, the new one renamed in, the old one removed). A target that is or holds a link is refused.
+    On any error the temporary folder is removed."""
+    out_dir = Path(os.path.abspath(out_dir))
+    exists = _check_target(out_dir)
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export-", dir=parent))
+    old: Path | None = None
+    try:
+        os.mkdir(work / "train", 0o755)
+        f = ResultFilter(camera=camera, review=None if include_unreviewed else "reviewed")
+        written = skipped = 0
+        dfd = os.open(work / "train", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            mfd = os.open("metadata.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o644, dir_fd=dfd)
+            with os.fdopen(mfd, "w", encoding="utf-8") as meta:
+                for row in store.iterate(f):
+                    src = image_for(row["id"])
+                    if src is None:
+                        skipped += 1
+                        continue
+                    name = f"{row['id']}.jpg"
+                    if "/" in name or name.startswith("."):
+                        skipped += 1
+                        continue
+                    _copy_new(Path(src), dfd, name)
+                    review = row.get("review") or {}
+                    label = review.get("correction") if review.get("state") == "corrected" else row.get("verdict")
+                    meta.write(json.dumps({
+                        "file_name": name, "id": row["id"], "camera": row["camera"], "ts": row["ts"],
+                        "model": row.get("model"), "prompt": row.get("prompt"), "verdict": row.get("verdict"),
+                        "label": label, "review_state": review.get("state"), "note": review.get("note"),
+                    }, ensure_ascii=False) + "\n")
+                    written += 1
+                meta.flush()
+                os.fsync(meta.fileno())
+        finally:
+            os.close(dfd)
+        (work / MARKER).write_text("written by edge-runtime dataset export; this folder is replaced by the next one\n")
+        if exists:
+            _check_target(out_dir)  # again, just before the swap
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
+            os.rename(out_dir, old / "x")
+        os.rename(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if old is not None and (old / "x").exists() and not os.path.lexists(out_dir):
+            os.rename(old / "x", out_dir)  # put the earlier export back
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return {"images": written, "skipped_without_image": skipped}
 
 
@@ -230,8 +303,6 @@ def export_from_config(config: Any, out_dir: Path, include_unreviewed: bool = Fa
     db_path = config.journal_path()
     if not db_path.is_file():
         raise EdgeRuntimeError(f"{db_path}: no journal here yet (check data_dir / journal.path)")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise EdgeRuntimeError(f"{out_dir}: exists and is not a folder")
     store = ReviewStore(db_path)
     evidence = EvidenceStore(config.evidence, config.evidence.path or config.data_dir / "evidence", db_path)
     try:
@@ -240,6 +311,11 @@ def export_from_config(config: Any, out_dir: Path, include_unreviewed: bool = Fa
             return found.path if found else None
 
         return export_dataset(store, image_for, out_dir, include_unreviewed, camera)
+    except ExportPathError as exc:
+        raise EdgeRuntimeError(str(exc)) from None
+    except OSError as exc:  # disk full, a link loop, /proc, permissions: one line naming the cause
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise EdgeRuntimeError(f"dataset export to {out_dir} failed: {where}{exc.strerror or exc}") from None
     finally:
         evidence.close()
         store.close()
