@@ -26,6 +26,7 @@ from .errors import StorageFull
 from .result import Result
 
 log = logging.getLogger(__name__)
+PRUNE_LOG_EVERY_S = 60.0  # the "deleted the oldest" line: once, then at most this often, with a count
 
 UNSENT, SENT, PARKED = 0, 1, 2
 
@@ -74,6 +75,10 @@ class Journal:
         self.full_since: float | None = None  # monotonic time the disk was found full; None: writable
         self.free_bytes: int | None = None
         self.pruned = 0  # delivered rows deleted early to keep the watermark
+        self.escaped = 0  # results whose JSON held a lone surrogate: stored with \\uXXXX escapes instead
+        self.resyncs = 0  # counts found wrong (rows changed by another process) and recounted
+        self._pruned_unlogged = 0
+        self._prune_logged = 0.0  # monotonic time of the last "deleted oldest" line (rate-limited)
         self._last_try = 0.0
         self._next_space_check = 0.0
         self._next_checkpoint = time.monotonic() + 60
@@ -142,7 +147,7 @@ class Journal:
         try:
             cur = self._db.execute(
                 "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
-                (result.id, result.ts, time.time(), result.camera, result.to_json()))
+                (result.id, result.ts, time.time(), result.camera, self._body(result)))
             if extra is not None:
                 try:
                     extra(self._db)
@@ -160,6 +165,27 @@ class Journal:
             raise
         return int(cur.lastrowid or 0)
 
+    def _body(self, result: Result) -> str:
+        """The result's JSON; one holding a lone surrogate (e.g. a local model's text) cannot be stored
+        as UTF-8, so it is stored ASCII-escaped (`\\udXXX`, still valid JSON), counted and logged once."""
+        body = result.to_json()
+        try:
+            body.encode("utf-8")
+        except UnicodeEncodeError:
+            body = json.dumps(result.to_dict(), separators=(",", ":"), ensure_ascii=True)
+            self.escaped += 1
+            if self.escaped == 1 or self.escaped % 1000 == 0:
+                log.warning("journal: result %s holds text that is not valid Unicode (a lone surrogate); "
+                            "stored escaped (%d so far)", result.id, self.escaped)
+        return body
+
+    def _resync_if_wrong(self) -> None:
+        """Another process may insert or change rows: a count that would go negative is recounted."""
+        if self._unsent < 0 or self._parked < 0 or self._total < 0:
+            self.resyncs += 1
+            log.debug("journal: counts out of step with the database; recounting")
+            self._recount()
+
     def mark_sent(self, seqs: list[int]) -> None:
         """Raises StorageFull: the caller keeps the seqs and marks them later."""
         if not seqs:
@@ -176,6 +202,7 @@ class Journal:
                     raise StorageFull(f"disk full: cannot mark results delivered ({exc})") from None
                 raise
             self._unsent -= max(cur.rowcount, 0)
+            self._resync_if_wrong()
 
     def park(self, seq: int, reason: str) -> None:
         """Set a row aside that can never be published, so the outbox moves on; counted and visible."""
@@ -185,6 +212,7 @@ class Journal:
             if cur.rowcount > 0:
                 self._unsent -= 1
                 self._parked += 1
+                self._resync_if_wrong()
 
     def _went_full(self, exc: sqlite3.Error) -> None:
         if self.full_since is None:
@@ -216,8 +244,13 @@ class Journal:
                                f"{deletable} ORDER BY seq LIMIT ?)", (n,))
         if cur.rowcount > 0:
             self.pruned += cur.rowcount
-            log.warning("journal: free space below %d MB: deleted the %d oldest delivered results",
-                        self.min_free_bytes // (1024 * 1024), cur.rowcount)
+            self._pruned_unlogged += cur.rowcount
+            now = time.monotonic()
+            if self._prune_logged == 0.0 or now - self._prune_logged >= PRUNE_LOG_EVERY_S:
+                log.warning("journal: free space below %d MB: deleted the %d oldest delivered results "
+                            "(%d in all; logged at most every %.0f s)", self.min_free_bytes // (1024 * 1024),
+                            self._pruned_unlogged, self.pruned, PRUNE_LOG_EVERY_S)
+                self._prune_logged, self._pruned_unlogged = now, 0
             self._recount()
         self._checkpoint()
 
@@ -299,7 +332,7 @@ class Journal:
     def counts(self) -> dict[str, int]:
         """Kept incrementally and read without the lock: status and telemetry call this often, and a
         COUNT(*) per call (or waiting behind an fsync) did not scale."""
-        return {"total": self._total, "unsent": self._unsent, "parked": self._parked}
+        return {"total": max(self._total, 0), "unsent": max(self._unsent, 0), "parked": max(self._parked, 0)}
 
     def integrity_check(self) -> str:
         with self._lock:
