@@ -17,6 +17,7 @@ _MAX_NODES = 100_000  # YAML nodes after alias expansion (a billion-laughs file 
 _MAX_DEPTH = 64
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -98,6 +99,11 @@ class Expander:
             except yaml.YAMLError:
                 parsed = value
             value = parsed if isinstance(parsed, (int, float, bool)) else value
+        if isinstance(value, str) and _SURROGATE.search(value):
+            # a "\\ud800" escape in YAML, or an environment variable that is not UTF-8 (Python keeps its
+            # bytes as lone surrogates): it cannot be written to a log, a database or a topic later
+            raise ConfigError(f"{where}: the value is not valid UTF-8 text (a lone surrogate "
+                              f"{value.encode('utf-8', 'backslashreplace').decode()[:80]!r})")
         return value
 
 

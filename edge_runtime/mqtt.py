@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
 import threading
 import time
@@ -285,9 +286,12 @@ class MqttService:
         reply: dict[str, Any] = {"command": name}
         try:
             try:
-                request = json.loads(payload or b"{}")
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                request = json.loads(payload or b"{}", object_pairs_hook=_no_duplicates)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
                 raise CommandError(f"payload is not valid JSON: {exc}") from None
+            bad = _surrogate_field(request)
+            if bad is not None:
+                raise CommandError(f"{bad}: contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8")
             if not isinstance(request, dict):
                 raise CommandError("payload must be a JSON object")
             reply["id"] = request.pop("id", None)
@@ -330,3 +334,39 @@ def homeassistant_discovery(ha_prefix: str, prefix: str, device_id: str, cameras
                       "device": device, **availability, **extra}
             out.append((f"{ha_prefix}/{component}/{uid}/{key}/config", json.dumps(config)))
     return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A key twice in one object is refused: the second value would slip past what checked the first."""
+    out: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in out:
+            raise CommandError(f"{_shown(key)}: the key appears more than once in the payload")
+        out[key] = item
+    return out
+
+
+def _shown(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()[:80]
+
+
+def _surrogate_field(value: Any) -> str | None:
+    """The dotted path of the first key or string holding a lone surrogate (walked without recursion)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path or "payload"
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                where = f"{path}.{key}" if path else str(key)
+                if _SURROGATE.search(key):
+                    return _shown(where)
+                stack.append((sub, where))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{path}.{i}" if path else str(i)) for i, sub in enumerate(item))
+    return None

@@ -31,6 +31,8 @@ CORPUS: dict[str, bytes] = {
     "huge_integer": b"api: {port: 1" + b"0" * 5000 + b"}\n",  # past Python's int() digit limit
     "merge_key": b"x: &d {threads: 1}\nmodel: {<<: *d}\n",
     "binary_tag": b"device_id: !!binary aGVsbG8=\n",
+    "lone_surrogate": b'device_id: "a\\ud800"\n',
+    "lone_surrogate_key": b'"k\\udfff": 1\n',
 }
 BAD_NAMES = ["line#1", "line+1", "a/b", "<b>x</b>", "x" * 100, "-lead", "", "a b", "$SYS"]
 
@@ -117,3 +119,15 @@ def test_config_validate_exits_2_with_one_line(name: str, tmp_path: Path) -> Non
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_an_environment_value_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    path.write_text("device_id: a\nmqtt:\n  host: ${EDGE_TEST_BAD_HOST}\n")
+    env = {**os.environ, "EDGE_TEST_BAD_HOST": "x"}
+    code = ("import os, sys; from edge_runtime.config import load_config\n"
+            "os.environb[b'EDGE_TEST_BAD_HOST'] = b'br\\xffoker'\n"
+            "try:\n    load_config(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.startswith(f"ConfigError {path}:3:") and "not valid UTF-8" in out, out

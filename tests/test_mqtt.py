@@ -276,6 +276,8 @@ def test_commands_get_replies_with_the_correlation_id(tmp_path: Path, demo_dir: 
             ("trigger", b"{not json"): "not valid JSON",
             ("trigger", b"[1, 2]"): "must be a JSON object",
             ("explode", b"{}"): "unknown command 'explode'",
+            ("trigger", b'{"camera": "belt", "prompt": "a\\ud800"}'): "prompt: contains a lone surrogate",
+            ("trigger", b'{"camera": "nope", "camera": "belt"}'): "camera: the key appears more than once",
         }
         for (name, payload), message in bad.items():
             reply = ask(name, payload)
