@@ -342,12 +342,14 @@ class Daemon(DeviceServices):
         rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
         cameras = [camera_status(rig) for rig in rigs.values()]
         inspector = self.inspector
+        health = self.health()  # the one source of truth: status.ready is what /readyz answers
         return {
             "device": config.device_id,
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 1),
-            "ready": bool(inspector and inspector.ready),
-            "health": self.health(),
+            "ready": health["ready"],
+            "model_loaded": bool(inspector and inspector.ready),
+            "health": health,
             "model": inspector.bundle.describe() if inspector else None,
             "cameras": cameras,
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,

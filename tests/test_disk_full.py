@@ -97,6 +97,8 @@ def test_full_disk_degrades_and_heals_without_restart(cameras: int, small_disk: 
         base = f"http://127.0.0.1:{daemon.api.port}"  # type: ignore[union-attr]
         ready = requests.get(f"{base}/readyz", timeout=5)
         assert ready.status_code == 503 and "disk full" in ready.json()["reasons"]
+        api_status = requests.get(f"{base}/api/v1/status", timeout=5).json()
+        assert api_status["ready"] is False and api_status["model_loaded"] is True  # agrees with /readyz
         refused = requests.post(f"{base}/api/v1/cameras/cam0/trigger", json={}, timeout=30)
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "storage_full"
         time.sleep(4)  # the cameras keep trying for a while: threads must live, logs must stay quiet
