@@ -238,7 +238,7 @@ def register(app: Flask, daemon: Device, registry: Any) -> None:
 
 # ---- OpenAPI -------------------------------------------------------------------------------------
 
-_ERR = {"$ref": "#/components/schemas/Error"}
+_ERR = {"$ref": "#/components/schemas/ErrorBody"}  # the one error shape (openapi._models defines it)
 RESULT_FIELDS: dict[str, Any] = {
     "evidence": {"type": ["object", "null"], "description": "The kept image: uri, sha256, bytes, width, height"},
     "rules": {"type": ["array", "null"], "items": {"type": "object"}, "description": "Rules that fired"},

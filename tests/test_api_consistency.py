@@ -1,0 +1,47 @@
+"""User-visible consistency of the HTTP API (issue 27 item 8): documented shapes, errors as JSON, Range."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from test_api import running_daemon
+
+from edge_runtime.app import Daemon
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
+    yield from running_daemon(tmp_path_factory.mktemp("consistency"), demo_dir, results=1)
+
+
+@pytest.fixture(scope="module")
+def base(daemon: Daemon) -> str:
+    return f"http://127.0.0.1:{daemon.api.port}"  # type: ignore[union-attr]
+
+
+def refs(node: Any) -> Iterator[str]:
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("$ref"), str):
+                yield item["$ref"]
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def test_every_ref_in_the_openapi_document_resolves(base: str) -> None:
+    doc = requests.get(base + "/api/v1/openapi.json", timeout=10).json()
+    found = list(refs(doc))
+    assert len(found) > 10
+    for ref in found:
+        assert ref.startswith("#/"), ref
+        node: Any = doc
+        for part in ref[2:].split("/"):
+            assert isinstance(node, dict) and part in node, f"{ref} does not resolve"
+            node = node[part]
