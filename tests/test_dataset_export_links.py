@@ -132,3 +132,49 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path, case: str) -> None:
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "internal error" not in lines[0] and "edge-runtime: error:" in lines[0], run.stderr
     assert not [p for p in tmp_path.iterdir() if ".export-" in p.name]
+
+
+def _populated(tmp_path: Path, n: int) -> Path:
+    """A real journal with `n` confirmed results with evidence (the real classes, no daemon)."""
+    import numpy as np
+    from test_journal import make_result
+
+    from edge_runtime.config import load_config
+    from edge_runtime.evidence import EvidenceStore
+    from edge_runtime.journal import Journal
+    from edge_runtime.review import ReviewStore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(f"data_dir: {data}\nevidence:\n  keep_passes: 1.0\n")
+    cfg = load_config(cfg_file)
+    db = cfg.journal_path()
+    journal = Journal(db)
+    evidence = EvidenceStore(cfg.evidence, cfg.evidence.path or data / "evidence", db)
+    reviews = ReviewStore(db)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        r = make_result(n=i)
+        journal.add(r)
+        evidence.save(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8), r.id, r.verdict)
+        reviews.write(journal.get(r.id) or {}, "confirm")
+    for closable in (reviews, evidence, journal):
+        closable.close()
+    return cfg_file
+
+
+def test_cli_disk_full_on_a_real_tmpfs_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    cfg = _populated(tmp_path, 30)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        run = subprocess.run([str(CLI), "--config", str(cfg), "dataset", "export", str(disk / "out")],
+                             capture_output=True, text=True, timeout=60)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode != 0 and len(lines) == 1, run.stderr
+        assert "No space left on device" in lines[0] and "internal error" not in lines[0]
+        assert os.listdir(disk) == []
+    ok = subprocess.run([str(CLI), "--config", str(cfg), "dataset", "export", str(tmp_path / "out")],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert '"images": 30' in ok.stdout
+    assert len((tmp_path / "out" / "train" / "metadata.jsonl").read_text().splitlines()) == 30

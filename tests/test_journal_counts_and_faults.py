@@ -42,7 +42,7 @@ def test_a_lone_surrogate_is_journaled_escaped_and_counted(tmp_path: Path, caplo
     assert stored is not None and stored["text"] == "bad \ud800 text"
     assert j.escaped == 1 and j.counts()["total"] == 2
     assert sum("lone surrogate" in m for m in caplog.messages) == 1
-    (seq, _, body), _ = j.unsent()
+    (_seq, _, body), _ = j.unsent()
     json.loads(body)
     j.close()
 
