@@ -358,6 +358,7 @@ class Daemon(DeviceServices):
                            "batched_generations": self.worker.batches,
                            "energy_j_last": self.worker.last_energy_j},
             "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
+                        "escaped": self.journal.escaped, "resyncs": self.journal.resyncs,
                         "free_mb": None if self.journal.free_bytes is None
                         else round(self.journal.free_bytes / 1048576, 1)},
             "threads": {t.name: t.status() for t in self.threads()},
