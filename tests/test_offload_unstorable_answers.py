@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,8 +138,8 @@ class _Inspector:
 
 def test_a_remote_verdict_the_journal_refuses_is_inspected_locally_counted_logged_and_degraded(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The real SQLite journal refuses a result (here: a lone surrogate put into it after parsing, the
-    exact UnicodeEncodeError of the original report); the frame is inspected locally and journaled."""
+    """The journal refuses two remote results (sqlite3's own error for a failing disk, which the
+    journal passes on: it is not a full disk); each frame is inspected locally and journaled."""
     server = Answers(completion(GOOD))
     journal = Journal(tmp_path / "journal.db")
     poison = [2]  # the first two remote results cannot be stored
@@ -145,7 +147,7 @@ def test_a_remote_verdict_the_journal_refuses_is_inspected_locally_counted_logge
     def deliver(request: InspectionRequest, result: Result) -> Result:
         if poison[0] > 0:
             poison[0] -= 1
-            result.text += "\ud800"
+            raise sqlite3.OperationalError("disk I/O error")
         journal.add(result)
         return result
 
@@ -169,7 +171,7 @@ def test_a_remote_verdict_the_journal_refuses_is_inspected_locally_counted_logge
             assert [r.model for r in results] == ["local", "local"]  # inspected here, not lost
             status = off.status()
             assert status["state"] == "degraded" and status["reasons"] == [STORE_FAULT]
-            assert status["store_failures"] == 2 and "UnicodeEncodeError" in status["last_store_error"]
+            assert status["store_failures"] == 2 and "OperationalError: disk I/O error" in status["last_store_error"]
             assert status["last_store_error"].encode("utf-8")  # storable and showable itself
             assert status["frames"] == {"taken": 2, "remote": 0, "fallback_local": 2, "dropped": 0, "failed": 0,
                                         "in_flight": 0}
@@ -268,3 +270,61 @@ def test_a_remote_camera_whose_central_server_answers_lone_surrogates_loses_no_f
     assert ep["failures"] == ep["requests"] >= 2 and ep["opened"] >= 1 and "lone surrogate" in ep["last_error"]
     assert any("circuit is open" in r.getMessage() for r in caplog.records)  # not silent
     json.dumps(status, ensure_ascii=False).encode("utf-8")  # the status page can show all of it
+
+
+def test_the_store_fault_heals_by_itself_when_no_failure_came_for_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """E.g. a reload made the camera local again: no remote result will come to clear it."""
+    import edge_runtime.offload.router as router
+
+    server = Answers(completion(GOOD))
+
+    def deliver(request: InspectionRequest, result: Result) -> Result:
+        raise OSError("disk I/O error")
+
+    def local(request: InspectionRequest) -> Future[Result]:
+        future: Future[Result] = Future()
+        future.set_exception(RuntimeError("not inspected in this test"))
+        return future
+
+    faults: list[tuple[str, bool]] = []
+    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=server.url, timeout_s=2)], workers=1)
+    off = Offloader(cfg, {"a"}, "dev", lambda: _Inspector, deliver, local, lambda: GateDecision(),
+                    lambda reason, active: faults.append((reason, active)))
+    off.start()
+    try:
+        with pytest.raises(RuntimeError):
+            off.take(InspectionRequest(np.zeros((32, 32, 3), np.uint8), "a"), "remote").result(10)
+        assert off.status()["state"] == "degraded"
+        monkeypatch.setattr(router, "STORE_FAULT_QUIET_S", 0.0)
+        assert off.status()["state"] == "ok" and faults == [(STORE_FAULT, True), (STORE_FAULT, False)]
+        assert off.status()["frames"]["fallback_local"] == 1
+    finally:
+        off.stop()
+        server.close()
+
+
+def test_a_worker_error_on_every_frame_takes_the_fallback_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        @property
+        def bundle(self) -> Any:
+            raise RuntimeError("the model is being swapped")
+
+    def local(request: InspectionRequest) -> Future[Result]:
+        future: Future[Result] = Future()
+        future.set_result(Result(device="dev", camera="a", frame=FrameInfo(1, 32, 32), verdict={"defect": False},
+                                 text="{}", model="local", timings_ms={"total": 1}, prompt="p"))
+        return future
+
+    cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url="http://127.0.0.1:9/v1", timeout_s=1)], workers=1)
+    off = Offloader(cfg, {"a"}, "dev", Broken, lambda req, res: res, local, lambda: GateDecision())
+    off.start()
+    try:
+        with caplog.at_level(logging.ERROR, "edge_runtime.offload"):
+            for _ in range(3):
+                request = InspectionRequest(np.zeros((32, 32, 3), np.uint8), "a")
+                assert off.take(request, "remote").result(10).model == "local"
+        status = off.status()
+        assert status["worker_errors"] == 3 and status["frames"]["fallback_local"] == 3
+        assert len([r for r in caplog.records if "worker error" in r.getMessage()]) == 1
+    finally:
+        off.stop()

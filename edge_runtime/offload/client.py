@@ -219,7 +219,8 @@ class Endpoint:
             self.requests += 1
             if error is not None:
                 self.failures += 1
-                self.last_error = error[:300]
+                # shown on the status page and /metrics: always valid UTF-8, whatever the server sent
+                self.last_error = error[:300].encode("utf-8", "backslashreplace").decode("utf-8")
             else:
                 assert latency_ms is not None
                 self.latency_ms_sum += latency_ms

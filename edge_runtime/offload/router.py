@@ -34,6 +34,7 @@ from .config import OffloadConfig
 log = logging.getLogger(__name__)
 
 STORE_FAULT = "offload results cannot be stored"
+STORE_FAULT_QUIET_S = 300.0  # degraded until a remote result is stored, or this long without a failure
 ENDPOINTS_FAULT = "offload endpoints down"
 
 
@@ -82,6 +83,8 @@ class Offloader:
         self.last_store_error: str | None = None
         self._store_fault = False
         self._store_logged = -1e9
+        self._store_failed_at = 0.0
+        self._error_logged = -1e9
 
     # ---- routing ------------------------------------------------------------------------------
 
@@ -190,9 +193,15 @@ class Offloader:
             try:
                 self._handle(job)
             except Exception:  # a worker must outlive any one frame
-                log.exception("offload: worker error")
                 with self._lock:
                     self.worker_errors += 1
+                    count = self.worker_errors
+                    now = time.monotonic()
+                    say = now - self._error_logged >= 60
+                    if say:
+                        self._error_logged = now
+                if say:  # the first, then once a minute: a fault on every frame must not flood the log
+                    log.exception("offload: worker error (%d so far); the frame takes the fallback", count)
                 if not job.future.done():
                     self._resolve_undelivered(job, "internal error")
 
@@ -245,6 +254,7 @@ class Offloader:
                 self._store_logged = now
             became = not self._store_fault
             self._store_fault = True
+            self._store_failed_at = now
         if say:
             log.error("offload: a result from %s could not be stored (%s); the frame takes the fallback "
                       "(%s); %d so far", answer.endpoint, error, self.cfg.fallback, count)
@@ -252,8 +262,12 @@ class Offloader:
             self.on_fault(STORE_FAULT, True)
         self._resolve_undelivered(job, "remote result not stored")
 
-    def _store_healed(self) -> None:
+    def _store_healed(self, quiet_s: float | None = None) -> None:
+        """A remote result was stored (or, with `quiet_s`: none failed for that long, e.g. no remote
+        traffic any more after a reload): no longer degraded."""
         with self._lock:
+            if quiet_s is not None and time.monotonic() - self._store_failed_at < quiet_s:
+                return
             healed, self._store_fault = self._store_fault, False
         if healed:
             log.info("offload: remote results are stored again")
@@ -325,6 +339,8 @@ class Offloader:
     # ---- status --------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        if self._store_fault:
+            self._store_healed(quiet_s=STORE_FAULT_QUIET_S)
         with self._lock:
             taken = sum(self.taken.values())
             done = sum(v for k, v in self.outcomes.items() if k != "second_opinion")

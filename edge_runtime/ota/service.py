@@ -104,7 +104,10 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
                     seen_url_manifest = body.decode(errors="replace")
                     payload = body
             if payload is not None:
-                agent.handle(payload)
+                try:
+                    agent.handle(payload)
+                except Exception:  # one bad manifest or a docker hiccup must not end the agent
+                    log.exception("ota: handling a manifest failed; the agent goes on")
     finally:
         client.loop_stop()
         client.disconnect()
