@@ -281,6 +281,7 @@ def export_dataset(store: ReviewStore, image_for: Any, out_dir: Path, include_un
             _check_target(out_dir)  # again, just before the swap
             old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
             os.rename(out_dir, old / "x")
+        os.chmod(work, 0o755)  # mkdtemp made it 0700; a dataset is meant to be read
         os.rename(work, out_dir)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
