@@ -45,3 +45,19 @@ def test_every_ref_in_the_openapi_document_resolves(base: str) -> None:
         for part in ref[2:].split("/"):
             assert isinstance(node, dict) and part in node, f"{ref} does not resolve"
             node = node[part]
+
+
+@pytest.mark.parametrize(("method", "path", "data"), [
+    ("POST", "/api/v1/infer", b"x" * (3 * 2**20)),  # past api.max_request_mb (2 in these tests): Flask's 413
+    ("POST", "/api/v1/infer", b"x" * (6 * 2**20)),  # past waitress's own bound (2 x limit + 1 MB): its 413
+    ("GET", "/static//x", None),
+    ("GET", "/api/v1/nothing-here", None),
+    ("DELETE", "/api/v1/status", None),
+    ("GET", "/api/v1/results/", None),
+])
+def test_every_error_answer_is_json(base: str, method: str, path: str, data: bytes | None) -> None:
+    r = requests.request(method, base + path, data=data, timeout=30, allow_redirects=False,
+                         headers={"Content-Type": "application/json"} if data else {})
+    assert r.status_code >= 300, r.status_code
+    assert r.headers["Content-Type"].startswith("application/json"), (r.status_code, r.headers, r.text[:200])
+    assert "message" in r.json()["error"]

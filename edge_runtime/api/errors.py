@@ -12,6 +12,7 @@ from typing import Any
 from flask import Flask, jsonify, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
 
 from ..errors import ImageError, ImageTooLarge, InputError
 
@@ -89,6 +90,20 @@ def register_error_handlers(app: Flask) -> None:
             if valid:
                 response.headers["Allow"] = ", ".join(sorted(valid))
         return response
+
+    routing = app.handle_http_exception
+
+    def handle_http_exception(exc: HTTPException) -> Any:
+        # Flask hands routing redirects (`/static//x` -> `/static/x`, a missing trailing slash) back
+        # as werkzeug's HTML page, past every error handler: answer them in the JSON shape too.
+        if isinstance(exc, RequestRedirect):
+            response = jsonify(body(exc.code, "redirect", f"the resource is at {exc.new_url}"))
+            response.status_code = exc.code
+            response.headers["Location"] = exc.new_url
+            return response
+        return routing(exc)
+
+    app.handle_http_exception = handle_http_exception  # type: ignore[method-assign,assignment]
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> Any:

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
+from waitress.task import ErrorTask
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,26 @@ class Limits:
     bodies_bytes: int = 64 * 2**20  # request bodies being received at once (waitress spools them to disk)
 
 
+class JsonErrorTask(ErrorTask):
+    """waitress's own error answers (a body past its bound, a malformed head, a chunked body gone
+    wrong) in the API's JSON error shape, not text/plain: clients parse one error format."""
+
+    def execute(self) -> None:
+        e = self.request.error
+        message = str(e.body).strip() or e.reason
+        body = json.dumps({"error": {"message": message, "type": e.reason.lower().replace(" ", "_"),
+                                     "code": e.code}}).encode()
+        self.status = f"{e.code} {e.reason}"
+        self.response_headers.append(("Content-Type", "application/json"))
+        self.set_close_on_finish()
+        self.content_length = len(body)
+        self.write(body)
+
+
 class GuardedChannel(HTTPChannel):
     """An HTTP connection that remembers when the request it is receiving began."""
+
+    error_task_class = JsonErrorTask
 
     request_started: float | None = None
     client: str = ""
