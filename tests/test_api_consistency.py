@@ -61,3 +61,34 @@ def test_every_error_answer_is_json(base: str, method: str, path: str, data: byt
     assert r.status_code >= 300, r.status_code
     assert r.headers["Content-Type"].startswith("application/json"), (r.status_code, r.headers, r.text[:200])
     assert "message" in r.json()["error"]
+
+
+def kept_image(base: str, daemon: Daemon) -> str:
+    from waiting import wait_for
+
+    def found() -> str | None:
+        for r in requests.get(base + "/api/v1/results?limit=50", timeout=10).json()["results"]:
+            if requests.head(f"{base}/api/v1/results/{r['id']}/image.jpg", timeout=10).status_code == 200:
+                return str(r["id"])
+        return None
+    wait_for(lambda: found() is not None, 30, "a result with kept evidence")
+    return str(found())
+
+
+@pytest.mark.parametrize("name", ["image.jpg", "thumbnail.jpg"])
+def test_evidence_images_answer_head_and_single_ranges(base: str, daemon: Daemon, name: str) -> None:
+    url = f"{base}/api/v1/results/{kept_image(base, daemon)}/{name}"
+    whole = requests.get(url, timeout=10)
+    size = len(whole.content)
+    assert whole.status_code == 200 and whole.headers["Accept-Ranges"] == "bytes" and size > 100
+    assert int(whole.headers["Content-Length"]) == size
+    head = requests.head(url, timeout=10)
+    assert head.status_code == 200 and int(head.headers["Content-Length"]) == size and not head.content
+    part = requests.get(url, headers={"Range": "bytes=10-19"}, timeout=10)
+    assert part.status_code == 206 and part.content == whole.content[10:20]
+    assert part.headers["Content-Range"] == f"bytes 10-19/{size}"
+    tail = requests.get(url, headers={"Range": "bytes=-5"}, timeout=10)
+    assert tail.status_code == 206 and tail.content == whole.content[-5:]
+    past = requests.get(url, headers={"Range": f"bytes={size + 10}-"}, timeout=10)
+    assert past.status_code == 416 and past.headers["Content-Range"] == f"bytes */{size}"
+    assert past.headers["Content-Type"].startswith("application/json")

@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 from pydantic import ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestedRangeNotSatisfiable
 from werkzeug.routing import RequestRedirect
 
 from ..errors import ImageError, ImageTooLarge, InputError
@@ -84,6 +84,8 @@ def register_error_handlers(app: Flask) -> None:
             message = f"the request body is larger than the limit of {limit // (1024 * 1024)} MB"
         response = jsonify(body(status, exc.name.lower().replace(" ", "_"), message))
         response.status_code = status
+        if isinstance(exc, RequestedRangeNotSatisfiable) and exc.length is not None:
+            response.headers["Content-Range"] = f"{exc.units} */{exc.length}"  # what a client can ask for
         if status == 405 and exc.response is None:
             # werkzeug keeps the allowed methods on the exception; clients need them in `Allow`.
             valid = getattr(exc, "valid_methods", None)

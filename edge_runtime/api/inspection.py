@@ -14,12 +14,14 @@ import csv
 import io
 import json
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, send_file
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from werkzeug.exceptions import RequestedRangeNotSatisfiable
 
 from ..contracts import Device, ResultFilter, ReviewError
 from .admission import parse_json
@@ -92,7 +94,17 @@ def _evidence(result_id: str, thumbnail: bool) -> Any:
         why = "its image was not kept (passes are sampled) or was deleted by retention" if exists else \
             "no result with that id"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
-    response = send_file(handle, mimetype="image/jpeg", etag=found.etag, conditional=True, max_age=86400)
+    # The size comes from the open handle (the path may be gone by now): with it, HEAD has a
+    # Content-Length and a single `Range: bytes=a-b` is a 206 with Content-Range (416 past the end).
+    stat = os.fstat(handle.fileno())
+    response: Any = send_file(handle, mimetype="image/jpeg", etag=found.etag, conditional=False, max_age=86400,
+                         last_modified=stat.st_mtime)
+    response.content_length = stat.st_size
+    try:
+        response = response.make_conditional(request.environ, accept_ranges=True, complete_length=stat.st_size)
+    except RequestedRangeNotSatisfiable:
+        handle.close()
+        raise
     response.headers["Cache-Control"] = "private, max-age=86400, immutable"  # content-addressed
     return response
 
