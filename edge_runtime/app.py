@@ -82,7 +82,8 @@ class Daemon(DeviceServices):
         self.faults: set[str] = set()
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
-                                        self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled)
+                                        self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled,
+                                        budget=config.rules_budget)
         self.worker.before_journal.append(self.verdicts.before_journal)
         self.worker.in_journal.append(self.verdicts.in_journal)
         self.worker.after_journal.append(self.verdicts.after_journal)
@@ -204,8 +205,15 @@ class Daemon(DeviceServices):
             self.faults.discard("disk full")
         ready = bool(self.inspector and self.inspector.ready and self.alive())
         reasons = sorted(self.faults)
+        # A receiver that stops taking deliveries degrades the device without making it unready:
+        # inspection goes on, the rows wait in the journal's file, and a rollout must not undo an
+        # update because one webhook receiver is down.
+        stalled = [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
+                   for blocked in [self.verdicts.webhooks.blocked()] if blocked]
         state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
-        return {"ready": ready and not reasons, "state": state, "reasons": reasons}
+        if state == "ok" and stalled:
+            state = "degraded"
+        return {"ready": ready and not reasons, "state": state, "reasons": reasons + stalled}
 
     def alive(self) -> bool:
         """The pipeline really works: the worker turns and no inspection has hung."""
@@ -262,7 +270,7 @@ class Daemon(DeviceServices):
         self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
-        self.verdicts.reload(new.rules)
+        self.verdicts.reload(new.rules, new.rules_budget)
         if self.api is not None and (restart := self.api.apply(new.api)):
             log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))
         for name, cfg in new_cams.items():

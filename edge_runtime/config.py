@@ -254,7 +254,8 @@ class OtaConfig(_Section):
                                    "public keys); manifests signed by any other key are refused.")
     groups: list[str] = Field(default_factory=list, description="Fleet groups: manifests published to "
                               "edge/group/<name>/cmd/ota also reach this device.")
-    manifest_url: str | None = Field(None, description="HTTPS URL polled for a manifest (besides MQTT).")
+    manifest_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048,
+                                     description="HTTP(S) URL polled for a manifest (besides MQTT).")
     poll_interval_s: float = Field(300, ge=10, description="Seconds between polls of manifest_url.")
     health_timeout_s: float = Field(120, gt=0, description="How long a candidate has to turn healthy.")
     allow_downgrade: bool = Field(False, description="Accept manifests whose version is not newer.")

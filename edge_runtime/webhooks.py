@@ -302,6 +302,13 @@ class WebhookOutbox:
         if permanent and ok is False:
             self._wake.set()  # the next row of this destination is due now
 
+    def blocked(self) -> list[str]:
+        """Destinations failing now or with a POST in flight over 5 s; cheap (no query), for health."""
+        now = time.time()
+        with self._lock:
+            return sorted(o for o, d in self._dests.items() if d.consecutive_failures > 0
+                          or (d.in_flight_since is not None and now - d.in_flight_since > 5))
+
     def status(self) -> dict[str, Any]:
         now = time.time()
         with self._lock:

@@ -40,6 +40,7 @@ class InspectionWorker:
         self.gate = gate
         self.stats_for = stats_for
         self.listeners: list[ResultListener] = []
+        self._deliver_lock = threading.Lock()
         # Around the journal row of journaled results: evidence and rules (before),
         self.before_journal: list[Callable[[np.ndarray | None, Result], None]] = []
         # the rows of their actions inside the journal's transaction, wake-ups after its commit.
@@ -245,26 +246,29 @@ class InspectionWorker:
         return stage
 
     def _deliver(self, request: InspectionRequest, result: Result) -> Result:
-        """Journal first (durable before anyone else sees it), then counters, log and listeners."""
-        if request.journal:
-            for hook in self.before_journal:
-                hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
-            # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
-            # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
-            self.journal.add(result, extra=self._in_journal(result))
-            self._full_log.reset()
-            for after in self.after_journal:
-                after(result)
-        self.inspected += 1
-        stats = self.stats_for(request.camera)
-        if stats:
-            stats.inspected += 1
-            stats.last_result = result.to_dict()
-        log.info("result %s camera=%s verdict=%s total=%.0fms", result.id, result.camera,
-                 json.dumps(result.verdict, ensure_ascii=False), result.timings_ms["total"])
-        for listener in self.listeners:
-            try:
-                listener(result)
-            except Exception:
-                log.exception("result listener failed")
-        return result
+        """Journal first (durable before anyone else sees it), then counters, log and listeners.
+        One result at a time: the offload workers deliver too, and the verdict hooks (evidence, the
+        rules' side effects) keep per-result state between before_journal and after_journal."""
+        with self._deliver_lock:
+            if request.journal:
+                for hook in self.before_journal:
+                    hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
+                # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
+                # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
+                self.journal.add(result, extra=self._in_journal(result))
+                self._full_log.reset()
+                for after in self.after_journal:
+                    after(result)
+            self.inspected += 1
+            stats = self.stats_for(request.camera)
+            if stats:
+                stats.inspected += 1
+                stats.last_result = result.to_dict()
+            log.info("result %s camera=%s verdict=%s total=%.0fms", result.id, result.camera,
+                     json.dumps(result.verdict, ensure_ascii=False), result.timings_ms["total"])
+            for listener in self.listeners:
+                try:
+                    listener(result)
+                except Exception:
+                    log.exception("result listener failed")
+            return result

@@ -69,3 +69,9 @@ def test_schema_has_a_description_for_every_field() -> None:
     walk(schema)
     for definition in schema.get("$defs", {}).values():
         walk(definition)
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://updates.example/m.json", "https://a b/m.json"])
+def test_an_ota_manifest_url_that_is_not_http_is_refused_at_load_naming_the_key(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:2: ota\.manifest_url: String should match pattern"):
+        parse_config(f"ota:\n  manifest_url: {url!r}\n")
