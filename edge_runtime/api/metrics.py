@@ -45,13 +45,18 @@ class StatusCollector(Collector):
                 state.add_metric([cam["name"], st], 1.0 if cam["state"] == st else 0.0)
             fps.add_metric([cam["name"]], cam["fps"])
         yield from (frames, state, fps)
-        yield GaugeMetricFamily("edge_ready", "Model loaded and warmed up", value=1.0 if s["ready"] else 0.0)
+        yield GaugeMetricFamily("edge_ready", "Model loaded and warmed up",
+                                value=1.0 if s.get("model_loaded", s["ready"]) else 0.0)
         yield GaugeMetricFamily("edge_queue_depth", "Inspections waiting", value=s["inspection"]["queue_depth"])
         yield GaugeMetricFamily("edge_queue_capacity", "Inspection queue size", value=s["inspection"]["queue_size"])
         yield CounterMetricFamily("edge_inspection_errors", "Failed inspections", value=s["inspection"]["errors"])
         yield GaugeMetricFamily("edge_journal_results", "Results in the journal", value=s["journal"]["total"])
         yield GaugeMetricFamily("edge_outbox_backlog", "Results not yet acknowledged by the broker",
                                 value=s["journal"]["unsent"])
+        yield CounterMetricFamily("edge_journal_escaped", "Results stored ASCII-escaped (their text held a lone "
+                                  "surrogate)", value=s["journal"].get("escaped", 0))
+        yield CounterMetricFamily("edge_journal_resyncs", "Unsent counts recounted from the database (rows written "
+                                  "from outside)", value=s["journal"].get("resyncs", 0))
         mqtt = s.get("mqtt") or {}
         if mqtt.get("enabled"):
             yield GaugeMetricFamily("edge_mqtt_connected", "1 while connected to the broker",
