@@ -92,3 +92,25 @@ def test_evidence_images_answer_head_and_single_ranges(base: str, daemon: Daemon
     past = requests.get(url, headers={"Range": f"bytes={size + 10}-"}, timeout=10)
     assert past.status_code == 416 and past.headers["Content-Range"] == f"bytes */{size}"
     assert past.headers["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("path", ["/api/v1/results?until=", "/api/v1/results?since=",
+                                  "/api/v1/inspections?until=", "/api/v1/inspections?since=%20"])
+def test_an_empty_time_bound_is_a_400_naming_it(base: str, path: str) -> None:
+    r = requests.get(base + path, timeout=10)
+    name = "until" if "until" in path else "since"
+    assert r.status_code == 400 and r.json()["error"]["field"] == name, r.text
+
+
+@pytest.mark.parametrize("value", ["5.0", "+5", "1_000", "٥", "5x", "9" * 20, "-1", "0x10"])
+def test_last_event_id_takes_ascii_digits_only(base: str, value: str) -> None:
+    r = requests.get(base + "/api/v1/events", headers={"Last-Event-ID": value.encode().decode("latin-1")},
+                     timeout=10, stream=True)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "Last-Event-ID", (value, r.status_code)
+    r = requests.get(base + "/api/v1/events", params={"last_event_id": value}, timeout=10, stream=True)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "last_event_id", (value, r.status_code)
+
+
+def test_a_plain_last_event_id_opens_the_stream(base: str) -> None:
+    with requests.get(base + "/api/v1/events", headers={"Last-Event-ID": "0"}, timeout=10, stream=True) as r:
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")

@@ -40,7 +40,7 @@ def daemon() -> Device:
 
 
 def _bad(message: str, field: str) -> ApiError:
-    return ApiError(400, "bad_request", f"{field}: {message}")
+    return ApiError(400, "bad_request", f"{field}: {message}", field=field)
 
 
 def _int(name: str) -> int | None:
@@ -65,6 +65,9 @@ def _filter() -> ResultFilter:
             raise _bad("must be a number", "below") from None
         if not math.isfinite(below):
             raise _bad("must be a finite number", "below")
+    for name in ("since", "until"):  # an empty bound is a mistake, not "no bound"
+        if name in args and not args[name].strip():
+            raise _bad("must be an RFC 3339 timestamp, not empty (leave the parameter out for no bound)", name)
     limit = _int("limit")
     d = daemon()
     f = ResultFilter(camera=args.get("camera") or None, category=args.get("category") or None,

@@ -89,8 +89,8 @@ class ResultsQuery(_Strict):
     limit: int = Field(50, ge=1, le=1000)
     before: int | None = Field(None, ge=0, le=INT64_MAX, description="journal_seq cursor from next_before")
     camera: str | None = Field(None, max_length=64)
-    since: str | None = Field(None, max_length=40, description="RFC 3339 timestamp")
-    until: str | None = Field(None, max_length=40, description="RFC 3339 timestamp")
+    since: str | None = Field(None, min_length=1, max_length=40, description="RFC 3339 timestamp")
+    until: str | None = Field(None, min_length=1, max_length=40, description="RFC 3339 timestamp")
 
 
 class EventsQuery(_Strict):

@@ -27,6 +27,7 @@ from .auth import require_access
 from .errors import ApiError, from_image_error, from_input_error, from_validation, invalid
 from .events import SHUTDOWN, EventHub
 from .models import (
+    INT64_MAX,
     Alive,
     AnyObject,
     EventsQuery,
@@ -259,15 +260,25 @@ class Closing:
 
 # ---- live events -----------------------------------------------------------------------------
 
+def event_id(raw: str | None, field: str) -> int | None:
+    """An event id as the server wrote it: ASCII digits only, at most 19 of them (pydantic's int would
+    take "5.0", "+5", "1_000" and "٥")."""
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > INT64_MAX:
+        raise invalid(field, "must be an event id: ASCII digits only, at most 19 of them")
+    return int(raw)
+
+
 @bp.get("/api/v1/events")
 @doc("Server-sent events: `result` per new verdict, each with an id; a stream ends after a while and the "
      "browser resumes it with Last-Event-ID", query=EventsQuery, response="text/event-stream", errors=(400, 429))
 def events() -> Any:
-    query: EventsQuery = validate(EventsQuery, request.args.to_dict())
-    after = query.last_event_id
+    validate(EventsQuery, request.args.to_dict())
+    after = event_id(request.args.get("last_event_id"), "last_event_id")
     header = request.headers.get("Last-Event-ID", "").strip()
     if header:
-        after = validate(EventsQuery, {"last_event_id": header}).last_event_id
+        after = event_id(header, "Last-Event-ID")
     ticket = current_app.extensions["edge_runtime_streams"].enter()
     hub: EventHub = current_app.extensions["edge_runtime_events"]
     lifetime = float(current_app.config["EDGE_STREAM_SECONDS"])
