@@ -98,7 +98,7 @@
     $("insp-verdict").className = "verdict " + cls(r.verdict);
     const t = r.timings_ms || {};
     $("insp-info").innerHTML = `<span>camera</span><b>${esc(r.camera)}</b><span>time</span><b>${esc(r.ts)}</b>` +
-      Object.entries(t).map(([k, v]) => `<span>${esc(k)} ms</span><b>${Number(v).toFixed(1)}</b>`).join("") +
+      Object.entries(t).map(([k, v]) => `<span>${esc(k)} ms</span><b>${typeof v === "number" && Number.isFinite(v) ? v.toFixed(1) : "—"}</b>`).join("") +
       `<span>rules</span><b>${esc((r.rules || []).map((x) => x.name).join(", ") || "none")}</b>` +
       `<span>review</span><b id="insp-review">${esc(r.review ? r.review.state : "not reviewed")}</b>` +
       `<span>model said</span><b>${esc(r.text)}</b>`;
