@@ -476,3 +476,15 @@ def test_skipped_re_asks_are_counted_on_metrics(line: Line) -> None:
     for _ in range(7):  # "second-look" re-asks at most 6 times a minute (the default)
         inspect(line)
     assert skipped() >= before + 1
+
+
+def test_each_webhook_destination_and_the_rules_budget_show_on_metrics(line: Line) -> None:
+    inspect(line)
+    wait_for(lambda: line.receiver.keys(), 30, "the webhook")
+    _, _, metrics = http(line, "/metrics", token=None)
+    text = metrics.decode()
+    origin = f'destination="http://127.0.0.1:{line.receiver.port}"'
+    assert any(ln.startswith("edge_webhook_destination_pending{") and origin in ln for ln in text.splitlines())
+    for name in ("edge_rule_reasks_budget_skipped_total", "edge_rule_regex_budget_exhausted_total",
+                 "edge_rule_regex_timeouts_total", "edge_journal_escaped_total"):
+        assert f"\n{name} " in text, name

@@ -18,7 +18,7 @@ from ..contracts import Device
 from ..errors import EdgeRuntimeError
 from ..result import Result
 from .admission import QUICK_THREADS, Admission, slots
-from .auth import guard_reads, start_session
+from .auth import guard_reads, session_keys, start_session
 from .errors import register_error_handlers
 from .events import EventHub
 from .guard import ConnectionMetrics, Limits, create_guarded_server
@@ -109,6 +109,8 @@ class ApiServer:
         names of changed settings that need a restart."""
         old, self.cfg = self.cfg, cfg
         self.app.config["EDGE_API_TOKEN"] = cfg.token.get_secret_value() if cfg.token else None
+        if cfg.token:  # a new key generation now, even if no request comes before the next rotation
+            session_keys(self.app).key(cfg.token.get_secret_value())
         self.app.config["EDGE_API_AUTH"] = cfg.auth
         self.limits.request_deadline_s = cfg.request_deadline_s
         self.limits.connections_per_client = cfg.connections_per_client

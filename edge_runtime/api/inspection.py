@@ -27,6 +27,7 @@ from ..contracts import Device, ResultFilter, ReviewError
 from .admission import parse_json
 from .auth import require_access
 from .errors import ApiError
+from .metrics import webhook_metrics
 
 bp = Blueprint("inspection", __name__)
 MAX_REVIEW_BYTES = 64 * 1024
@@ -224,8 +225,15 @@ class VerdictCollector(Collector):
             fired.add_metric([name], n)
         yield fired
         yield CounterMetricFamily("edge_rule_reasks", "Second questions asked by rules", value=s["rules"]["reasks"])
-        yield CounterMetricFamily("edge_rule_reasks_skipped", "Re-asks skipped over a rule's max_per_minute",
-                                  value=s["rules"].get("reasks_skipped", 0))
+        yield CounterMetricFamily("edge_rule_reasks_skipped", "Re-asks skipped (over a rule's max_per_minute or "
+                                  "rules_budget)", value=s["rules"].get("reasks_skipped", 0))
+        yield CounterMetricFamily("edge_rule_reasks_budget_skipped", "Re-asks skipped over rules_budget",
+                                  value=s["rules"].get("reasks_budget_skipped", 0))
+        yield CounterMetricFamily("edge_rule_regex_budget_exhausted", "Regex conditions counted as no match: the "
+                                  "verdict's rules_budget.regex_s_per_verdict was spent",
+                                  value=s["rules"].get("regex_budget_exhausted", 0))
+        yield CounterMetricFamily("edge_rule_regex_timeouts", "Regex searches that ran out of their share",
+                                  value=s["rules"].get("regex_timeouts", 0))
         yield GaugeMetricFamily("edge_alerts_backlog", "Alerts and reviews not yet acknowledged by the broker",
                                 value=s["rules"]["alerts_backlog"])
         ev = s["evidence"]
@@ -236,6 +244,7 @@ class VerdictCollector(Collector):
             yield CounterMetricFamily("edge_evidence_write_failures", "Evidence not kept: disk or budget full",
                                       value=ev["skipped_full"])
         wh = s["webhooks"]
+        yield from webhook_metrics(wh)
         yield GaugeMetricFamily("edge_webhooks_pending", "Webhook POSTs waiting for delivery", value=wh["pending"])
         yield CounterMetricFamily("edge_webhooks_delivered", "Webhook POSTs acknowledged (2xx)", value=wh["delivered"])
         yield CounterMetricFamily("edge_webhooks_dropped", "Webhook POSTs dropped (outbox full)", value=wh["dropped"])

@@ -124,8 +124,9 @@ async function poll() {
     }
     const s = await res.json();
     $("device").textContent = s.device;
-    $("ready").textContent = s.ready ? "ready" : "loading";
-    $("ready").className = "badge " + (s.ready ? "ok" : "warn");
+    const loaded = s.model_loaded ?? s.ready;  // ready is false while degraded: the banner says why
+    $("ready").textContent = loaded ? "ready" : "loading";
+    $("ready").className = "badge " + (loaded ? "ok" : "warn");
     const m = s.mqtt || {};
     $("mqtt").textContent = m.enabled ? (m.connected ? "MQTT connected" : "MQTT offline") : "MQTT off";
     $("mqtt").className = "badge " + (m.enabled ? (m.connected ? "ok" : "bad") : "");
