@@ -22,6 +22,7 @@ from .auth import guard_reads, session_keys, start_session
 from .errors import register_error_handlers
 from .events import EventHub
 from .guard import ConnectionMetrics, Limits, create_guarded_server
+from .memory import fix_mmap_threshold
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
         "Trade the Bearer token for a read-only session cookie (status page; api.auth: all)",
         secured=True, errors=(400, 401, 403))(start_session))
     register_error_handlers(app)
+    fix_mmap_threshold()  # large request bodies give their memory back when freed (memory.py)
     return app
 
 
