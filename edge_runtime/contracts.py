@@ -93,7 +93,8 @@ class ModelInfo:
 
 
 STATES = ("pending", "confirmed", "corrected")
-_TS = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$")
+TIMESTAMP = r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$"  # RFC 3339, or a prefix
+_TS = re.compile(TIMESTAMP)
 
 
 class ReviewError(ValueError):

@@ -95,8 +95,9 @@ def test_evidence_images_answer_head_and_single_ranges(base: str, daemon: Daemon
 
 
 @pytest.mark.parametrize("path", ["/api/v1/results?until=", "/api/v1/results?since=",
-                                  "/api/v1/inspections?until=", "/api/v1/inspections?since=%20"])
-def test_an_empty_time_bound_is_a_400_naming_it(base: str, path: str) -> None:
+                                  "/api/v1/inspections?until=", "/api/v1/inspections?since=%20",
+                                  "/api/v1/results?since=yesterday", "/api/v1/results?until=%ED%A0%80"])
+def test_an_empty_or_malformed_time_bound_is_a_400_naming_it(base: str, path: str) -> None:
     r = requests.get(base + path, timeout=10)
     name = "until" if "until" in path else "since"
     assert r.status_code == 400 and r.json()["error"]["field"] == name, r.text

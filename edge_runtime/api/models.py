@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..contracts import TIMESTAMP
+
 MAX_PROMPT_CHARS = 4000  # REST and trigger prompts: an inspection question, not a document
 MAX_MESSAGES = 64
 MAX_PARTS = 16
@@ -89,8 +91,8 @@ class ResultsQuery(_Strict):
     limit: int = Field(50, ge=1, le=1000)
     before: int | None = Field(None, ge=0, le=INT64_MAX, description="journal_seq cursor from next_before")
     camera: str | None = Field(None, max_length=64)
-    since: str | None = Field(None, min_length=1, max_length=40, description="RFC 3339 timestamp")
-    until: str | None = Field(None, min_length=1, max_length=40, description="RFC 3339 timestamp")
+    since: str | None = Field(None, min_length=1, max_length=40, pattern=TIMESTAMP, description="RFC 3339 timestamp")
+    until: str | None = Field(None, min_length=1, max_length=40, pattern=TIMESTAMP, description="RFC 3339 timestamp")
 
 
 class EventsQuery(_Strict):
