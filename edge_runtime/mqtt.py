@@ -92,7 +92,8 @@ class MqttService:
 
     def _make_client(self) -> mqtt.Client:
         cfg = self.cfg
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cfg.client_id or f"edge-runtime-{self.device_id}",
+        self.client_id = cfg.client_id or f"edge-runtime-{self.device_id}"
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                              clean_session=cfg.clean_session, protocol=mqtt.MQTTv311)
         client.will_set(self.status_topic, "offline", qos=1, retain=True)
         configure_client(client, cfg)
@@ -107,7 +108,7 @@ class MqttService:
 
     def start(self) -> None:
         log.info("mqtt: connecting to %s:%d as %s (tls %s)", self.cfg.host, self.cfg.port,
-                 self.client._client_id.decode(), "on" if self.cfg.tls.enabled else "off")
+                 self.client_id, "on" if self.cfg.tls.enabled else "off")
         self.client.connect_async(self.cfg.host, self.cfg.port, self.cfg.keepalive)
         self.client.loop_start()  # retries the first connection too
         self._thread.start()

@@ -24,9 +24,7 @@ from .inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from .result import Result
 from .supervise import RateLimitedLog, SupervisedThread
 
-# The logger keeps its name from before the split out of scheduler.py: operators filter on it, and
-# the result lines ("edge_runtime.scheduler: result …") are counted by tests/test_lifecycle.py.
-log = logging.getLogger("edge_runtime.scheduler")
+log = logging.getLogger(__name__)  # the result lines are counted by tests/test_lifecycle.py
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""

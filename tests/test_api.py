@@ -143,14 +143,20 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
     release = threading.Event()
     real = d._current_inspector
 
-    class Blocked:  # the language stage hangs until released; encoding works as usual
-        def encode(self, *a: Any, **k: Any) -> Any:
-            return real().encode(*a, **k)
+    class Blocked:  # the language stage hangs until released; everything else is the real inspector
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real(), name)
 
         def inspect(self, *a: Any, **k: Any) -> Any:
             release.wait(10)
             return real().inspect(*a, **k)
-    d.worker.get_inspector = Blocked
+
+        def inspect_batch(self, *a: Any, **k: Any) -> Any:
+            release.wait(10)
+            return real().inspect_batch(*a, **k)
+
+    blocked = Blocked()  # one object: the worker sees its encodings as the current inspector's
+    d.worker.get_inspector = lambda: blocked
     try:
         assert d.api is not None
         d.api.app.extensions["edge_runtime_admission"].max_requests = 100  # reach the queue's own bound

@@ -303,5 +303,7 @@ def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spo
     finally:
         for s in socks:
             s.close()
-        server.close()
-    wait_for(lambda: server.bodies_in_flight == 0, 5, "every reservation released when connections close")
+        try:  # while the server's loop runs: it is what sees the connections close
+            wait_for(lambda: server.bodies_in_flight == 0, 5, "every reservation released when connections close")
+        finally:
+            server.close()

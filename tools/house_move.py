@@ -33,10 +33,11 @@ MOVES: dict[str, str] = {
     "prompt_layout": "inference.prompt_layout", "token_cache": "inference.token_cache",
     "model_source": "inference.model_source", "engines": "inference.engines", "grammar": "inference.llm.grammar",
     "llm": "inference.llm",
-    "journal": "verdicts.journal", "rules": "verdicts.rules", "rules_config": "config.rules", "evidence": "verdicts.evidence",
+    "journal": "verdicts.journal", "rules": "verdicts.rules", "rules_config": "config.rules",
+    "evidence": "verdicts.evidence",
     "review": "verdicts.review", "outbox": "verdicts.messages",
     "mqtt": "delivery.mqtt.client", "commands": "delivery.mqtt.commands", "webhooks": "delivery.webhooks",
-    "offload": "fleet.offload",
+    "offload": "fleet.offload", "offload.http": "core.http",
     "api.inspection": "api.review",
 }
 # shims and re-exports: (old module, name) -> old module that defines it; a module here is deleted
@@ -115,7 +116,8 @@ def rewrite_imports(path: Path, root: Path) -> bool:
             src_mod = target
             if old_rel and (old_rel, alias.name) in REEXPORTS:
                 src_mod = f"{PKG}.{REEXPORTS[(old_rel, alias.name)]}"
-            text = alias.name if alias.asname is None or alias.asname == alias.name else f"{alias.name} as {alias.asname}"
+            same = alias.asname is None or alias.asname == alias.name
+            text = alias.name if same else f"{alias.name} as {alias.asname}"
             sub = f"{src_mod}.{alias.name}"
             if is_module(root, sub) and new_name(sub) != sub:  # `from pkg import module` of a moved module
                 new = NEW + new_name(sub)[len(PKG):]  # final already: the reference pass must not rename it
@@ -200,8 +202,8 @@ TEST_FOLDERS: list[tuple[str, str]] = [
     (r"test_(bundle|images|supervise|schema_budget)", "core"),
     (r"test_benchmarks|test_shipping|test_wheel|test_docs|test_image", "shipping"),
     (r"test_(config|hostile_config)", "config"),
-    (r"test_(inspector|constraint|construction_leaks|prompt_limits|schema_support|demo|grammar)", "inference"),
-    (r"test_(journal|evidence|rules|reask|side_effects|inspection|disk_full|dataset|review|export_dataset)", "verdicts"),
+    (r"test_(inspector|constraint|construction_leaks|prompt_limits|schema_support|demo|grammar|worker)", "inference"),
+    (r"test_(journal|evidence|rules|reask|side_effects|inspection|disk_full|dataset|review)", "verdicts"),
     (r"test_(mqtt|webhook)", "delivery"),
     (r"test_(offload|bridge)", "fleet"),
     (r"test_power", "power"),
@@ -235,8 +237,9 @@ def move_tests(root: Path) -> None:
         moved = tests / folder / name
         text = moved.read_text()
         text = text.replace("Path(__file__).resolve().parent.parent", "Path(__file__).resolve().parents[2]")
-        text = text.replace('Path(__file__).resolve().parent / "fixtures"', 'Path(__file__).resolve().parents[1] / "fixtures"')
-        text = text.replace('Path(__file__).parent / "fixtures"', 'Path(__file__).resolve().parents[1] / "fixtures"')
+        fixtures = 'Path(__file__).resolve().parents[1] / "fixtures"'
+        text = text.replace('Path(__file__).resolve().parent / "fixtures"', fixtures)
+        text = text.replace('Path(__file__).parent / "fixtures"', fixtures)
         moved.write_text(text)
     if unplaced:
         raise SystemExit(f"no folder for: {unplaced} (add a pattern to TEST_FOLDERS)")
@@ -255,6 +258,33 @@ def move_tests(root: Path) -> None:
             path.write_text(new)
 
 
+def rename_doc_paths(root: Path, test_places: dict[str, str]) -> None:
+    """File names in the docs: `worker.py` -> `inference/worker.py`, `llm/picker.py` ->
+    `inference/llm/picker.py`, `tests/test_x.py` -> `tests/<folder>/test_x.py`."""
+    files = {f"{old.replace('.', '/')}.py": f"{new.replace('.', '/')}.py" for old, new in MOVES.items()}
+    files |= {"llm/": "inference/llm/", "offload/": "fleet/offload/"}
+    pattern = re.compile(r"`((?:tests/)?[a-z_/]+(?:\.py|/))`")
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name.startswith("tests/"):
+            rest = name[len("tests/"):]
+            stem = rest[:-3] if rest.endswith(".py") else rest
+            if stem in test_places:
+                return f"`tests/{test_places[stem]}/{rest}`"
+            return m.group(0)
+        for old in sorted(files, key=len, reverse=True):
+            if name == old or (old.endswith("/") and name.startswith(old)):
+                return f"`{files[old]}{name[len(old):]}`"
+        return m.group(0)
+
+    for doc in [*(root / "docs").glob("*.md"), root / "README.md", root / "pyproject.toml", root / "Makefile"]:
+        text = doc.read_text()
+        new = pattern.sub(sub, text)
+        if new != text:
+            doc.write_text(new)
+
+
 def main() -> None:
     root = Path(sys.argv[1]).resolve()
     py = [p for d in ("edge_runtime", "models", "tests", "benchmarks", "tools") for p in (root / d).rglob("*.py")
@@ -263,6 +293,9 @@ def main() -> None:
         rewrite_imports(p, root)
     move_files(root)
     move_tests(root)
+    tests = root / "tests"
+    places = {p.stem: p.parent.name for p in tests.glob("*/*.py") if p.parent.name not in ("fixtures",)}
+    rename_doc_paths(root, places)
     files = [p for d in ("edge_runtime", "models", "tests", "benchmarks", "tools", "docs", "build", "l4t_docker",
                          "systemd") for p in (root / d).rglob("*")
              if p.is_file() and p.suffix in (".py", ".md", ".toml", ".sh", ".yaml", ".cfg", ".service", "")
