@@ -19,10 +19,10 @@ from pathlib import Path
 import cv2
 import requests
 
-import edge_runtime.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
-from edge_runtime.app import Daemon
-from edge_runtime.config import Config
-from edge_runtime.samples import part_image
+import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config.schema import Config
+from edge_runtime.core.samples import part_image
 
 
 def main() -> None:

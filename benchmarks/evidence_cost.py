@@ -24,7 +24,7 @@ SIZES = [(320, 240), (640, 480), (1280, 720), (1920, 1080)]
 
 
 def camera_frames(tmp: Path, width: int, height: int, n: int) -> list[np.ndarray]:
-    from edge_runtime.samples import write_sample_video
+    from edge_runtime.core.samples import write_sample_video
 
     cap = cv2.VideoCapture(str(write_sample_video(tmp / f"v{width}.avi", frames=min(n, 60))))
     rng = np.random.default_rng(0)
@@ -46,7 +46,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def store_cost(tmp: Path, n: int) -> list[dict[str, object]]:
-    from edge_runtime.evidence import EvidenceConfig, EvidenceStore
+    from edge_runtime.config.schema import EvidenceConfig
+    from edge_runtime.verdicts.evidence import EvidenceStore
 
     rows = []
     for width, height in SIZES:
@@ -69,8 +70,8 @@ def store_cost(tmp: Path, n: int) -> list[dict[str, object]]:
 def daemon_ab(tmp: Path, n: int) -> dict[str, object]:
     from edge_runtime_models.demo import build_demo_bundle
 
-    from edge_runtime.app import Daemon
-    from edge_runtime.config import Config
+    from edge_runtime.app.daemon import Daemon
+    from edge_runtime.config.schema import Config
 
     bundle = build_demo_bundle(tmp / "bundle")
     frames = camera_frames(tmp, 640, 480, n)

@@ -46,7 +46,7 @@ bench)
     [ -f "/tmp/models/$b/bundle.yaml" ] || python3 -m edge_runtime models bench "$b" "/tmp/models/$b" | tail -1
     timeout 200 python3 -m edge_runtime --config /tmp/gpu.yaml --log-level warning bench --model "/tmp/models/$b" \
       --frames "$FRAMES" --json > "$OUT/bench-$b.json" 2> "$OUT/bench-$b.err" || tail -5 "$OUT/bench-$b.err"
-    python3 -c "import json,sys; from edge_runtime.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" "$OUT/bench-$b.json"
+    python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" "$OUT/bench-$b.json"
   done
   for b in ${PROFILE_BUNDLES:-siglip224-qwen1.5b siglip224-qwen0.5b siglip224-gemma270m}; do
     [ -f "/tmp/models/$b/bundle.yaml" ] && timeout 120 python3 benchmarks/parallel_profile.py "/tmp/models/$b" \

@@ -29,7 +29,7 @@ if [ "$PHASE" = bench ] || [ "$PHASE" = all ]; then
   for b in demo siglip224-qwen0.5b siglip224-qwen1.5b; do
     python3 -m edge_runtime --config /tmp/gpu.yaml --log-level warning bench --model "/tmp/models/$b" \
       --frames 20 --json > "$OUT/bench-$b.json"
-    python3 -c "import json,sys; from edge_runtime.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" "$OUT/bench-$b.json"
+    python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" "$OUT/bench-$b.json"
   done
   nvidia-smi --query-gpu=name,memory.total,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
 fi

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.journal import Journal
-from edge_runtime.review import ResultFilter, ReviewStore
+from edge_runtime.verdicts.journal import Journal
+from edge_runtime.verdicts.review import ResultFilter, ReviewStore
 
 
 def fill(path: Path, n: int) -> ReviewStore:

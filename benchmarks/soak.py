@@ -31,7 +31,7 @@ from typing import Any
 import cv2
 import requests
 
-from edge_runtime.samples import part_image, write_sample_video
+from edge_runtime.core.samples import part_image, write_sample_video
 
 
 class _Hooks(http.server.BaseHTTPRequestHandler):

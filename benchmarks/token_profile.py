@@ -10,12 +10,11 @@ import pstats
 import sys
 from pathlib import Path
 
-from images import synthetic_frames
-
-import edge_runtime.engines  # noqa: F401  # onnxruntime first, then llama_cpp
-from edge_runtime.bundle import load_bundle
-from edge_runtime.config import Config
-from edge_runtime.inspector import Inspector
+import edge_runtime.inference.engines  # noqa: F401  # onnxruntime first, then llama_cpp
+from edge_runtime.config.schema import Config
+from edge_runtime.core.bundle import load_bundle
+from edge_runtime.inference.inspector import Inspector
+from tests.support.images import synthetic_frames
 
 
 def main() -> None:

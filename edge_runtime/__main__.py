@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from edge_runtime.cli.main import main
 
 sys.exit(main())

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.bundle import ImageLayout
-from edge_runtime.prompt_layout import image_prompt
+from edge_runtime.core.bundle import ImageLayout
+from edge_runtime.inference.prompt_layout import image_prompt
 
 from . import llama_cpp_tools
 from .demo import DEFAULT_PROMPT, SYSTEM_PROMPT, VERDICT_SCHEMA, bundle_workdir, write_manifest
@@ -339,7 +339,7 @@ def _spaces_after_special(tok: Any) -> bool:
 
 def tokenizer_agrees(gguf_path: Path, tok: Any, text: str) -> bool:
     """llama.cpp's tokenization of `text` (from the GGUF's vocabulary) equals the checkpoint tokenizer's."""
-    from edge_runtime.engines import llama_cpp
+    from edge_runtime.inference.engines import llama_cpp
 
     vocab_model = llama_cpp.Llama(str(gguf_path), vocab_only=True, verbose=False)
     try:

@@ -82,7 +82,7 @@ def convert(hf_dir: Path, out_file: Path, outtype: str, source: Path) -> None:
 
 def quantize(src: Path, dst: Path, quant: str, threads: int = 0) -> None:
     """llama.cpp's quantizer (llama_model_quantize) through llama-cpp-python."""
-    from edge_runtime.engines import llama_cpp
+    from edge_runtime.inference.engines import llama_cpp
 
     if quant not in FTYPES:
         raise ConverterError(f"unknown quantization {quant!r}; choose one of {', '.join(FTYPES)}")

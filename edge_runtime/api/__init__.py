@@ -13,17 +13,17 @@ from typing import Any
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..config import ApiConfig
-from ..contracts import Device
-from ..errors import EdgeRuntimeError
-from ..result import Result
-from .admission import QUICK_THREADS, Admission, slots
-from .auth import guard_reads, session_keys, start_session
-from .errors import register_error_handlers
-from .events import EventHub
-from .guard import ConnectionMetrics, Limits, create_guarded_server
-from .memory import fix_mmap_threshold
-from .metrics import Metrics
+from edge_runtime.api.admission import QUICK_THREADS, Admission, slots
+from edge_runtime.api.auth import guard_reads, session_keys, start_session
+from edge_runtime.api.errors import register_error_handlers
+from edge_runtime.api.events import EventHub
+from edge_runtime.api.guard import ConnectionMetrics, Limits, create_guarded_server
+from edge_runtime.api.memory import fix_mmap_threshold
+from edge_runtime.api.metrics import Metrics
+from edge_runtime.config.schema import ApiConfig
+from edge_runtime.core.contracts import Device
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.result import Result
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ RESTART_SETTINGS = ("enabled", "host", "port", "threads")
 def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
                events: EventHub | None = None, stream_seconds: float = STREAM_SECONDS) -> Flask:
     """Build the app around a running daemon (passed in, never a global)."""
-    from . import inspection, openai, page, rest
+    from edge_runtime.api import openai, page, rest, review
 
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = int(cfg.max_request_mb * 1024 * 1024)
@@ -63,14 +63,14 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
     app.extensions["edge_runtime_metrics"] = metrics
     for bp in (rest.bp, openai.bp, page.bp):
         app.register_blueprint(bp)
-    inspection.register(app, daemon, metrics.registry)  # evidence, queries, exports, review
+    review.register(app, daemon, metrics.registry)  # evidence, queries, exports, review
 
     @app.get("/metrics")
     def prometheus() -> Response:
         # content_type, not mimetype: the latter would append a second charset.
         return Response(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
-    from .openapi import doc
+    from edge_runtime.api.openapi import doc
     doc("Prometheus metrics", response="text/plain")(prometheus)
     # api.auth: all guards every route but the open ones, new routes included (auth.py).
     app.before_request(guard_reads)

@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from .errors import ApiError, invalid
+from edge_runtime.api.errors import ApiError, invalid
 
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 RETRY_AFTER_S = 2

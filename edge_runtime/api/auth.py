@@ -37,7 +37,7 @@ from typing import Any, TypeVar, cast
 
 from flask import Response, current_app, request
 
-from .errors import ApiError, invalid
+from edge_runtime.api.errors import ApiError, invalid
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, RequestedRangeNotSatisfiable
 from werkzeug.routing import RequestRedirect
 
-from ..errors import ImageError, ImageTooLarge, InputError
+from edge_runtime.core.errors import ImageError, ImageTooLarge, InputError
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..offload.metrics import offload_metrics
-from ..result import STAGES, Result
+from edge_runtime.core.result import STAGES, Result
+from edge_runtime.fleet.offload.metrics import offload_metrics
 
 # Seconds, as Prometheus names and units want them (1 ms .. 30 s).
 _BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)

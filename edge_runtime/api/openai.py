@@ -17,14 +17,32 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from ..contracts import ChatJob, ChatOutput
-from ..errors import EdgeRuntimeError, InputError
-from .admission import Ticket
-from .auth import require_access
-from .errors import ApiError, invalid
-from .models import CHARS_PER_TOKEN, MAX_TEXT_CHARS, AnyObject, ChatRequest, ContentPart, Message, ModelList
-from .openapi import doc
-from .rest import Closing, admission, daemon, decode_base64, decode_upload, json_body, submit, validate, wait_result
+from edge_runtime.api.admission import Ticket
+from edge_runtime.api.auth import require_access
+from edge_runtime.api.errors import ApiError, invalid
+from edge_runtime.api.models import (
+    CHARS_PER_TOKEN,
+    MAX_TEXT_CHARS,
+    AnyObject,
+    ChatRequest,
+    ContentPart,
+    Message,
+    ModelList,
+)
+from edge_runtime.api.openapi import doc
+from edge_runtime.api.rest import (
+    Closing,
+    admission,
+    daemon,
+    decode_base64,
+    decode_upload,
+    json_body,
+    submit,
+    validate,
+    wait_result,
+)
+from edge_runtime.core.contracts import ChatJob, ChatOutput
+from edge_runtime.core.errors import EdgeRuntimeError, InputError
 
 bp = Blueprint("openai", __name__)
 MIN_TEMPERATURE = 1e-3
@@ -74,7 +92,7 @@ def _image_bytes(url: str, field: str) -> bytes:
         if not daemon().config.api.allow_remote_image_urls:
             raise invalid(field, "remote image URLs are disabled on this device; send a data: URL "
                           "(or enable api.allow_remote_image_urls)")
-        from ..offload.http import request  # one deadline over every phase: a dripping server cannot hold us
+        from edge_runtime.core.http import request  # one deadline over every phase: a dripping server cannot hold us
 
         limit = int(daemon().config.api.max_request_mb * 1024 * 1024)
         try:

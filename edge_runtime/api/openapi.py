@@ -16,7 +16,7 @@ from flask import current_app
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from .. import __version__
+from edge_runtime import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,7 +62,7 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 def _models(specs: list[Spec]) -> list[type[BaseModel]]:
-    from .models import ErrorBody
+    from edge_runtime.api.models import ErrorBody
 
     found: list[type[BaseModel]] = [ErrorBody]
     for s in specs:
@@ -126,14 +126,14 @@ def openapi_document() -> dict[str, Any]:
                        "schemas": schemas.get("$defs", {})},
         "paths": dict(sorted(paths.items())),
     }
-    from .inspection import RESULT_FIELDS, openapi_paths  # issue 17: evidence, queries, review
+    from edge_runtime.api.review import RESULT_FIELDS, openapi_paths  # issue 17: evidence, queries, review
 
     doc["paths"].update(openapi_paths())
     result = doc["components"]["schemas"].get("ResultModel")
     if result is not None:
         result.setdefault("properties", {}).update(RESULT_FIELDS)
     if current_app.config.get("EDGE_API_AUTH") == "all":  # every operation needs the token but the open ones
-        from .auth import OPEN_ENDPOINTS
+        from edge_runtime.api.auth import OPEN_ENDPOINTS
 
         doc["security"] = [{"bearer": []}]
         for rule in current_app.url_map.iter_rules():

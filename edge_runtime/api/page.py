@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import Blueprint, send_from_directory
 
-from .openapi import doc
+from edge_runtime.api.openapi import doc
 
 STATIC = Path(__file__).parent / "static"
 bp = Blueprint("page", __name__)

@@ -19,14 +19,11 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from ..contracts import Device, QueueFull
-from ..errors import EdgeRuntimeError, ImageError, InputError, StorageFull
-from ..vision import decode_image
-from .admission import RETRY_AFTER_S, Admission, Ticket, image_size, parse_json
-from .auth import require_access
-from .errors import ApiError, from_image_error, from_input_error, from_validation, invalid
-from .events import SHUTDOWN, EventHub
-from .models import (
+from edge_runtime.api.admission import RETRY_AFTER_S, Admission, Ticket, image_size, parse_json
+from edge_runtime.api.auth import require_access
+from edge_runtime.api.errors import ApiError, from_image_error, from_input_error, from_validation, invalid
+from edge_runtime.api.events import SHUTDOWN, EventHub
+from edge_runtime.api.models import (
     INT64_MAX,
     Alive,
     AnyObject,
@@ -39,7 +36,10 @@ from .models import (
     ResultsQuery,
     TriggerBody,
 )
-from .openapi import doc, openapi_document
+from edge_runtime.api.openapi import doc, openapi_document
+from edge_runtime.core.contracts import Device, QueueFull
+from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, StorageFull
+from edge_runtime.core.images import decode_image
 
 bp = Blueprint("rest", __name__)
 KEEPALIVE_S = 5.0

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from .manifest import Manifest, ManifestRefused, parse, verify
+from edge_runtime import __version__
+from edge_runtime.ota.manifest import Manifest, ManifestRefused, parse, verify
 
 log = logging.getLogger(__name__)
 VERSION_LABEL = "org.opencontainers.image.version"

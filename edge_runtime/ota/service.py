@@ -14,10 +14,10 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from ..config import Config
-from ..mqtt import configure_client
-from ..offload import http
-from .agent import OtaAgent
+from edge_runtime.config.schema import Config
+from edge_runtime.core import http
+from edge_runtime.delivery.mqtt.client import configure_client
+from edge_runtime.ota.agent import OtaAgent
 
 log = logging.getLogger(__name__)
 

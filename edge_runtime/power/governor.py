@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from ..config import GovernorConfig
-from ..contracts import GateDecision
-from .sensors import Sensor, Snapshot
+from edge_runtime.config.schema import GovernorConfig
+from edge_runtime.core.contracts import GateDecision
+from edge_runtime.power.snapshot import Sensor, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .snapshot import Snapshot
+from edge_runtime.power.snapshot import Snapshot
 
 
 class JtopSensor:

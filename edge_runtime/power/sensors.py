@@ -14,8 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .snapshot import Sensor as Sensor  # their old home; jetson.py imports snapshot
-from .snapshot import Snapshot as Snapshot
+from edge_runtime.power.snapshot import (
+    Sensor,  # their old home; jetson.py imports snapshot
+    Snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +237,7 @@ def detect_sensor(kind: str = "auto", replay_file: Path | None = None, sysfs_roo
     attempts: list[tuple[str, Callable[[], Sensor]]] = []
     on_jetson = Path(sysfs_root, "etc/nv_tegra_release").exists() or Path(sysfs_root, "run/jtop.sock").exists()
     if kind == "jtop" or (kind == "auto" and on_jetson):  # jtop probes the system when imported: Jetson only
-        from .jetson import JtopSensor
+        from edge_runtime.power.jetson import JtopSensor
         attempts.append(("jtop", JtopSensor))
     if kind in ("auto", "nvml"):
         attempts.append(("nvml", NvmlSensor))

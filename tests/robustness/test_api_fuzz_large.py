@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the shared test helpers
 
-from fuzzing import fuzz_live_daemon
+from tests.support.fuzzing import fuzz_live_daemon
 
 pytestmark = pytest.mark.robustness
 

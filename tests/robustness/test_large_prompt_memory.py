@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from mjpeg import free_port
-from waiting import wait_for
+
+from tests.support.mjpeg import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.robustness
 

@@ -20,7 +20,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the shared test helpers
 
-from waiting import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.robustness
 

@@ -1,0 +1,416 @@
+"""Wiring only: builds every component from the config, starts and stops them in order.
+
+This is the one module that knows the concrete classes. Signals: SIGTERM/SIGINT stop (the
+inspection in progress finishes and is journaled), SIGHUP reloads the config file.
+"""
+
+from __future__ import annotations
+
+# The native engines load first, in their one safe order (engines.py).
+from edge_runtime.inference import engines  # noqa: F401
+
+# isort: split
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from edge_runtime import __version__
+from edge_runtime.api import ApiServer
+from edge_runtime.app.reload import describe_changes, restart_only
+from edge_runtime.app.services import DeviceServices
+from edge_runtime.app.verdicts import VerdictServices
+from edge_runtime.capture.rig import CameraRig, camera_status, cameras_not_in_file, telemetry_message
+from edge_runtime.config.schema import CameraConfig, Config, load_config
+from edge_runtime.core import systemd
+from edge_runtime.core.contracts import Device, Gate, ModelInfo, OpenGate, ResultListener, UnknownCamera
+from edge_runtime.core.errors import EdgeRuntimeError, StorageFull
+from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
+from edge_runtime.core.result import Result
+from edge_runtime.core.supervise import SupervisedThread
+from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery
+from edge_runtime.delivery.mqtt.commands import command_table
+from edge_runtime.fleet.offload.router import Offloader
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.model_source import resolve_bundle
+from edge_runtime.inference.worker import InspectionWorker
+from edge_runtime.power import GovernorGate, GovernorService, detect_sensor
+from edge_runtime.verdicts.journal import Journal
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Daemon(DeviceServices):
+    """The running device: model, journal, cameras, schedules and the inspection worker."""
+
+    def __init__(self, config: Config, model_dir: str | None = None, config_path: Path | None = None) -> None:
+        self.config = config
+        self.model_dir = model_dir
+        self.config_path = config_path
+        # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
+        self.extra_cameras = cameras_not_in_file(config, config_path)
+        self.started = time.time()
+        self.gate: Gate = OpenGate()
+        self.inspections = InspectionQueue(config.inspection.queue_size)
+        # Unsent rows are kept through retention only while an outbox will ever send them.
+        self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days,
+                               keep_unsent=config.mqtt.enabled, min_free_mb=config.journal.min_free_mb)
+        self.inspector: Inspector | None = None
+        # Copy-on-write: a reload or a camera start publishes a new dict, so status() and trigger()
+        # iterate a snapshot that no other thread mutates.
+        self.rigs: dict[str, CameraRig] = {}
+        self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
+                                       self._stats_for, overlap=config.inspection.overlap_stages,
+                                       max_batch=config.inspection.max_batch)
+        self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
+        self.governor: GovernorService | None = None
+        if config.governor.enabled:
+            self._add_governor(config)
+        self.mqtt: MqttService | None = None
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._reload_lock = threading.Lock()
+        self._telemetry_mark = (time.monotonic(), 0)
+        # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
+        self.faults: set[str] = set()
+        # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
+        self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
+                                        self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled,
+                                        budget=config.rules_budget)
+        self.worker.before_journal.append(self.verdicts.before_journal)
+        self.worker.in_journal.append(self.verdicts.in_journal)
+        self.worker.after_journal.append(self.verdicts.after_journal)
+        self.services.append(self.verdicts)
+        if config.mqtt.enabled:
+            self._add_mqtt(config)
+        self.api: ApiServer | None = None
+        if config.api.enabled:
+            self.api = ApiServer(self, config.api)
+            self.services.append(self.api)
+        self.offload: Offloader | None = None
+        if config.offload.enabled:
+            self._add_offload(config)
+
+    def _add_governor(self, config: Config) -> None:
+        try:
+            sensor = detect_sensor(config.governor.sensor, config.governor.replay_file)
+        except (RuntimeError, ValueError) as exc:
+            raise EdgeRuntimeError(f"governor: {exc}") from None
+        self.governor = GovernorService(config.governor, sensor)
+        self.set_gate(GovernorGate(self.governor))
+        self.worker.energy = self.governor.energy_j
+        self.services.append(self.governor)
+
+    def _add_mqtt(self, config: Config) -> None:
+        self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
+                                self.telemetry, command_table(self))
+        if config.mqtt.homeassistant.enabled:
+            ha = config.mqtt.homeassistant.discovery_prefix
+            self.mqtt.discovery = lambda: homeassistant_discovery(
+                ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
+        self.subscribe(self.mqtt.notify)
+        self.mqtt.messages = self.verdicts.messages  # alerts and reviews, sent from the journal's file too
+        self.verdicts.messages.notify = self.mqtt.notify
+        self.services.append(self.mqtt)
+
+    def _add_offload(self, config: Config) -> None:
+        """Scale-out (docs/scale-out.md): remote results are journaled and published like local ones."""
+        self.offload = Offloader(
+            config.offload, {c.name for c in config.cameras if c.remote}, config.device_id,
+            self._current_inspector, self.worker._deliver, self.inspections.submit, lambda: self.gate.decision(),
+            lambda reason, active: self.faults.add(reason) if active else self.faults.discard(reason))
+        self.services.append(self.offload)  # the first service stopped: frames still queued are counted drops
+
+    def set_gate(self, gate: Gate) -> None:
+        """Install the governor's gate; call before start()."""
+        self.gate = gate
+        self.worker.gate = gate
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self.inspector = self._load_inspector(self.config)
+        self.worker.start()
+        for service in self.services:  # governor first: cameras start behind its gate
+            service.start()
+        for cfg in self.config.cameras:
+            self._start_camera(cfg)
+        if self.mqtt is not None:
+            self.mqtt.publish_discovery()
+        log.info("daemon: ready in %.1f s (model %s, %d cameras)", time.perf_counter() - t0,
+                 self.inspector.model_name, len(self.rigs))
+        systemd.notify("READY=1\nSTATUS=inspecting")
+
+    def stop(self) -> None:
+        systemd.notify("STOPPING=1")
+        log.info("daemon: stopping")
+        rigs, self.rigs = self.rigs, {}
+        for rig in rigs.values():
+            rig.stop()
+        self.worker.stop()  # finishes and journals the inspection in progress
+        for service in reversed(self.services):
+            try:
+                service.stop()  # a service that never started must tolerate stop()
+            except Exception:
+                log.exception("daemon: stopping %s failed", type(service).__name__)
+        if self.inspector is not None:
+            self.inspector.close()
+            self.inspector = None
+        self.journal.close()
+        log.info("daemon: stopped")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        """Start, then serve until SIGTERM/SIGINT; SIGHUP reloads the config."""
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        watchdog = systemd.watchdog_interval()
+        try:
+            self.start()
+            while not self._stop.wait(min(watchdog or 1.0, 1.0)):
+                if self._reload.is_set():
+                    self._reload.clear()
+                    try:
+                        self.reload()
+                    except EdgeRuntimeError:
+                        pass  # already logged as one line
+                    except Exception:  # a reload must never end the daemon
+                        log.exception("daemon: reload failed; keeping the running config")
+                if watchdog and self.alive():
+                    systemd.notify("WATCHDOG=1")
+        finally:
+            self.stop()
+
+    def health(self) -> dict[str, Any]:
+        """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).
+
+        ``state`` is ``starting`` (model not loaded), ``ok``, or ``degraded`` with one short reason
+        per fault that stops inspection or delivery (e.g. ``disk full``); faults heal by themselves.
+        """
+        # Faults that heal by themselves are re-derived here from their source, so they clear with it.
+        if self.journal.full:
+            self.faults.add("disk full")
+        else:
+            self.faults.discard("disk full")
+        ready = bool(self.inspector and self.inspector.ready and self.alive())
+        reasons = sorted(self.faults)
+        # A receiver that stops taking deliveries degrades the device without making it unready:
+        # inspection goes on, the rows wait in the journal's file, and a rollout must not undo an
+        # update because one webhook receiver is down.
+        stalled = [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
+                   for blocked in [self.verdicts.webhooks.blocked()] if blocked]
+        state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
+        if state == "ok" and stalled:
+            state = "degraded"
+        return {"ready": ready and not reasons, "state": state, "reasons": reasons + stalled}
+
+    def alive(self) -> bool:
+        """The pipeline really works: the worker turns and no inspection has hung."""
+        return self.inspector is not None and self.worker.alive(max_busy_s=60.0)
+
+    # ---- reload ------------------------------------------------------------------------------
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file: cameras change in place; the model reloads only if it changed.
+        Returns what happened: `applied` (changed settings now in effect) and `restart_needed`."""
+        with self._reload_lock:  # SIGHUP and the MQTT command may race
+            return self._reload_locked()
+
+    def _reload_locked(self) -> dict[str, Any]:
+        if self.config_path is None:
+            log.info("daemon: reload requested but no config file was given; nothing to do")
+            return {"applied": [], "restart_needed": []}
+        systemd.notify("RELOADING=1")
+        try:
+            new = load_config(self.config_path)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line, keep running
+            log.error("daemon: reload refused, keeping the running config: %s", exc)
+            systemd.notify("READY=1")
+            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
+        if self.extra_cameras:
+            names = {c.name for c in new.cameras}
+            new = new.model_copy(update={"cameras": new.cameras + [
+                c for c in self.extra_cameras if c.name not in names]})
+        changes = describe_changes(self.config, new)
+        new = restart_only(self.config, new)  # settings that need a restart keep their running value
+        if new.model != self.config.model or new.device_id != self.config.device_id:
+            log.info("daemon: model settings changed; loading the new model")
+            try:
+                fresh = self._load_inspector(new)
+            except EdgeRuntimeError as exc:
+                log.error("daemon: new model failed to load, keeping the old one: %s", exc)
+                new = new.model_copy(update={"model": self.config.model, "device_id": self.config.device_id})
+                # Not applied after all: the reply and the log line must not say they were.
+                changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
+            else:
+                old, self.inspector = self.inspector, fresh
+                if old is not None:
+                    old.close()  # waits for the inspection in progress (inspector lock)
+        old_cams = {c.name: c for c in self.config.cameras}
+        new_cams = {c.name: c for c in new.cameras}
+        for name, cfg in old_cams.items():
+            if new_cams.get(name) != cfg and name in self.rigs:
+                rigs = dict(self.rigs)
+                rig = rigs.pop(name)
+                self.rigs = rigs
+                rig.stop()
+                log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
+        self.journal.max_rows, self.journal.max_age_s = new.journal.max_rows, new.journal.max_age_days * 86400
+        self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.config = new
+        self.verdicts.reload(new.rules, new.rules_budget)
+        if self.api is not None and (restart := self.api.apply(new.api)):
+            log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))
+        for name, cfg in new_cams.items():
+            if name not in self.rigs:
+                self._start_camera(cfg)
+        if self.mqtt is not None:
+            self.mqtt.publish_discovery()
+        log.info("daemon: config reloaded (%d cameras); applied: %s; need a restart: %s", len(self.rigs),
+                 ", ".join(changes.applied) or "nothing", ", ".join(changes.restart_needed) or "nothing")
+        systemd.notify("READY=1")
+        return {"applied": changes.applied, "restart_needed": changes.restart_needed}
+
+    # ---- inspection entry points ---------------------------------------------------------------
+
+    def trigger(self, camera: str, prompt: str | None = None) -> Future[Result]:
+        """Inspect a camera's newest frame now (any trigger mode). Raises QueueFull or UnknownCamera."""
+        rig = self.rigs.get(camera)
+        if rig is None:
+            raise UnknownCamera(f"no camera named {camera!r}")
+        if self.journal.refusing():
+            raise StorageFull("disk full: the journal cannot store results; free space on the device")
+        frame = rig.camera.slot.peek()
+        if frame is None:
+            raise EdgeRuntimeError(f"camera {camera!r} has no frame yet (state: {rig.camera.state.value})")
+        return self.inspections.submit(InspectionRequest(
+            frame.image, camera, prompt or rig.cfg.prompt, frame.seq, frame.capture_ms, "trigger"))
+
+    def submit_image(self, image: np.ndarray, prompt: str | None = None, camera: str = "api",
+                     journal: bool = False) -> Future[Result]:
+        """Inspect an uploaded image through the shared queue. Raises QueueFull."""
+        return self.inspections.submit(InspectionRequest(image, camera, prompt, journal=journal))
+
+    def submit_job(self, job: Callable[[Any], T]) -> Future[T]:
+        """Run `job(inspector)` in the worker, in turn with inspections (chat completions). Raises QueueFull."""
+        return self.inspections.submit(InspectionRequest(None, "openai", journal=False, job=job))
+
+    def latest_jpeg(self, camera: str) -> bytes | None:
+        rig = self.rigs.get(camera)
+        if rig is None:
+            raise UnknownCamera(f"no camera named {camera!r}")
+        return rig.latest_jpeg(self.config.inspection.jpeg_quality)
+
+    # ---- queries (the rest of Device) ----------------------------------------------------------
+
+    def camera_names(self) -> list[str]:
+        return sorted(self.rigs)
+
+    def model_info(self) -> ModelInfo | None:
+        inspector = self.inspector
+        if inspector is None:
+            return None
+        return ModelInfo(str(inspector.bundle.manifest.name), inspector.model_name, inspector.ready,
+                         inspector.max_tokens, self.config.model.context_size,
+                         inspector.bundle.manifest.verdict_schema)
+
+    def get_result(self, result_id: str) -> dict[str, Any] | None:
+        return self.journal.get(result_id)
+
+    def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
+                      limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
+        return self.journal.query(camera, since, until, limit, before_seq)
+
+    def subscribe(self, listener: ResultListener) -> None:
+        """Call `listener` with every Result once it is journaled (MQTT, SSE, metrics)."""
+        self.worker.listeners.append(listener)
+
+    # ---- status ------------------------------------------------------------------------------
+
+    def threads(self) -> list[SupervisedThread]:
+        """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox)."""
+        threads = self.worker.threads() + (self.mqtt.threads() if self.mqtt else [])
+        for rig in self.rigs.values():
+            threads += rig.schedule.threads()
+        return threads
+
+    def status(self) -> dict[str, Any]:
+        rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
+        cameras = [camera_status(rig) for rig in rigs.values()]
+        inspector = self.inspector
+        health = self.health()  # the one source of truth: status.ready is what /readyz answers
+        return {
+            "device": config.device_id,
+            "version": __version__,
+            "uptime_s": round(time.time() - self.started, 1),
+            "ready": health["ready"],
+            "model_loaded": bool(inspector and inspector.ready),
+            "health": health,
+            "model": inspector.bundle.describe() if inspector else None,
+            "cameras": cameras,
+            "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
+                           "inspected": self.worker.inspected, "errors": self.worker.errors,
+                           "not_journaled": self.worker.not_journaled,
+                           "batched_generations": self.worker.batches,
+                           "energy_j_last": self.worker.last_energy_j},
+            "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
+                        "escaped": self.journal.escaped, "resyncs": self.journal.resyncs,
+                        "free_mb": None if self.journal.free_bytes is None
+                        else round(self.journal.free_bytes / 1048576, 1)},
+            "threads": {t.name: t.status() for t in self.threads()},
+            "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
+            "governor": self.gate.decision().state,
+            "offload": self.offload.status() if self.offload else {"enabled": False},
+            **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
+        }
+
+    def telemetry(self) -> dict[str, Any]:
+        """The periodic health message: camera states and rates, throughput, backlog, governor."""
+        now, inspected = time.monotonic(), self.worker.inspected
+        then, before = self._telemetry_mark
+        self._telemetry_mark = (now, inspected)
+        return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _current_inspector(self) -> Inspector:
+        if self.inspector is None:
+            raise EdgeRuntimeError("the model is not loaded")
+        return self.inspector
+
+    def _stats_for(self, camera: str) -> ScheduleStats | None:
+        rig = self.rigs.get(camera)
+        return rig.schedule.stats if rig else None
+
+    def _start_camera(self, cfg: CameraConfig) -> None:
+        if not cfg.enabled:
+            log.info("daemon: camera %s is disabled", cfg.name)
+            return
+        rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages, self.config.images)
+        rig.schedule.offload = self.offload
+        if self.offload is not None:
+            self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`
+        self.rigs = {**self.rigs, cfg.name: rig}
+        rig.start()
+        log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)
+
+    def _load_inspector(self, config: Config) -> Inspector:
+        return Inspector(resolve_bundle(config, self.model_dir), config.model, config.device_id)
+
+
+def _as_device(daemon: Daemon) -> Device:
+    """Never called: mypy checks here that the composition root implements the interface it hands out."""
+    return daemon

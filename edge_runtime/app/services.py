@@ -1,0 +1,74 @@
+"""The chat, evidence and review half of `contracts.Device`, for `app.Daemon` (kept apart so the
+composition root stays small): each method delegates to the service that owns the data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
+
+from edge_runtime.app.verdicts import VerdictServices
+from edge_runtime.core.contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.llm.picker import Sampling
+
+T = TypeVar("T")
+
+
+class ServicesHost(Protocol):
+    """What the mixin needs of the class it is mixed into (`app.Daemon`); mypy checks each use."""
+
+    verdicts: VerdictServices
+
+    def submit_job(self, job: Callable[[Any], T]) -> Future[T]: ...
+
+    def _current_inspector(self) -> Inspector: ...
+
+
+class DeviceServices:
+    """Mixed into `app.Daemon`: the chat, evidence and review methods of `contracts.Device`."""
+
+    def constraint(self: ServicesHost, schema: dict[str, Any]) -> str:
+        return self._current_inspector().constraint(schema)
+
+    def chat(self: ServicesHost, job: ChatJob) -> Future[ChatOutput]:
+        """Run a chat completion in the worker, in turn with inspections. Raises QueueFull."""
+        sampling = Sampling(job.temperature, job.top_p, job.seed)
+
+        def run(inspector: Inspector) -> ChatOutput:
+            try:
+                encoded = inspector.encode(job.image) if job.image is not None else None
+                prefix, image, suffix = inspector.sequence(job.prompt, encoded, job.system)
+                return inspector.generate(prefix, image, suffix, job.grammar, job.max_tokens or inspector.max_tokens,
+                                          sampling, job.on_text, job.stops)
+            finally:
+                if job.on_end is not None:
+                    job.on_end()
+        return self.submit_job(run)
+
+    # ---- evidence and review (VerdictServices) -------------------------------------------------
+
+    def verdict_status(self: ServicesHost) -> dict[str, Any] | None:
+        return self.verdicts.status()
+
+    def evidence_file(self: ServicesHost, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        store = self.verdicts.evidence
+        found = store.lookup(result_id) if store is not None else None
+        if store is None or found is None:
+            return None
+        return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
+            EvidenceFile(found.path, found.sha256)
+
+    def query_inspections(self: ServicesHost, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
+        return self.verdicts.reviews.query(f)
+
+    def iterate_inspections(self: ServicesHost, f: ResultFilter) -> Iterator[dict[str, Any]]:
+        return self.verdicts.reviews.iterate(f)
+
+    def verdict_error(self: ServicesHost, verdict: dict[str, Any]) -> tuple[str, str] | None:
+        errors = sorted(self._current_inspector().validator.iter_errors(verdict), key=str)
+        return (errors[0].message, "".join(f".{p}" for p in errors[0].absolute_path)) if errors else None
+
+    def review_result(self: ServicesHost, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
+                      note: str | None) -> dict[str, Any]:
+        return self.verdicts.reviews.write(result, action, correction, note)

@@ -1,0 +1,92 @@
+"""A running camera and its trigger loop, as the daemon holds them per configured camera, and how
+they read in the status snapshot and the telemetry message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+
+from edge_runtime.capture.camera import Camera
+from edge_runtime.capture.scheduler import CameraSchedule
+from edge_runtime.config.schema import CameraConfig, Config, ImageLimits, load_config
+from edge_runtime.core.contracts import (
+    Gate,  # re-exported: its old home was app.py
+)
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.inspection_queue import InspectionQueue
+from edge_runtime.core.result import utc_now
+
+
+class CameraRig:
+    """A running camera and its trigger loop."""
+
+    def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool,
+                 limits: ImageLimits | None = None) -> None:
+        self.cfg = cfg
+        self.camera = Camera(cfg, limits)  # folder cameras decode with the configured image limits
+        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined)
+        self._jpeg: tuple[int, bytes] | None = None
+
+    def start(self) -> None:
+        self.camera.start()
+        self.schedule.start()
+
+    def stop(self) -> None:
+        self.schedule.stop()
+        self.camera.stop()
+
+    def latest_jpeg(self, quality: int) -> bytes | None:
+        """The newest frame as JPEG, encoded lazily and cached per frame."""
+        frame = self.camera.slot.peek()
+        if frame is None:
+            return None
+        if self._jpeg is None or self._jpeg[0] != frame.seq:
+            ok, buf = cv2.imencode(".jpg", frame.image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+            if not ok:
+                return None
+            self._jpeg = (frame.seq, buf.tobytes())
+        return self._jpeg[1]
+
+
+def camera_status(rig: CameraRig) -> dict[str, Any]:
+    """One camera's entry of the status snapshot: capture state and counters, trigger counters."""
+    cam = rig.camera.status()
+    s = rig.schedule.stats
+    return {
+        "name": cam.name, "kind": cam.kind, "source": cam.source, "state": cam.state,
+        "last_error": cam.last_error, "fps": cam.fps, "trigger": rig.cfg.trigger.mode,
+        "frames": {**cam.stats, "inspected": s.inspected, "skipped_unchanged": s.skipped_unchanged,
+                   "skipped_busy": s.skipped_busy, "skipped_paused": s.skipped_paused,
+                   "errors": s.errors},
+        "last_result": s.last_result,
+    }
+
+
+def telemetry_message(status: dict[str, Any], inspections_per_min: float) -> dict[str, Any]:
+    """The periodic MQTT health message, cut from a status snapshot."""
+    return {
+        "ts": utc_now(), "device": status["device"], "uptime_s": status["uptime_s"],
+        "health": status["health"],
+        "inspections_per_min": round(inspections_per_min, 2),
+        "queue_depth": status["inspection"]["queue_depth"],
+        "outbox_backlog": status["journal"]["unsent"],
+        "outbox_parked": status["journal"]["parked"],
+        "energy_j_last_inspection": status["inspection"]["energy_j_last"],
+        "cameras": [{"name": c["name"], "state": c["state"], "fps": c["fps"],
+                     "captured": c["frames"]["captured"], "dropped": c["frames"]["dropped"],
+                     "inspected": c["frames"]["inspected"]} for c in status["cameras"]],
+        "governor": status["governor"],
+    }
+
+
+def cameras_not_in_file(config: Config, path: Path | None) -> list[CameraConfig]:
+    """Cameras the command line added beyond the file (`run --demo`): a reload keeps them."""
+    if path is None:
+        return list(config.cameras)
+    try:
+        in_file = {c.name for c in load_config(path).cameras}
+    except EdgeRuntimeError:
+        return []
+    return [c for c in config.cameras if c.name not in in_file]

@@ -1,0 +1,148 @@
+"""When to inspect: trigger modes per camera and the governor gate.
+
+Each camera has a trigger loop that takes its newest frame when an inspection is due and hands it
+to the single `InspectionQueue` (inspection_queue.py; the worker draining it is in worker.py). At
+most one inspection per camera is in flight, so a slow model makes cameras skip frames (counted as
+drops in their slot) instead of queueing them. API requests share the same queue; when it is full
+they are refused (`QueueFull`), never buffered.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import cv2
+import numpy as np
+
+from edge_runtime.capture.camera import Camera, Frame
+from edge_runtime.config.schema import TriggerConfig
+
+# These lived here; re-exported so that old import paths keep working.
+from edge_runtime.core.contracts import Gate, GateDecision, QueueFull
+from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
+from edge_runtime.core.supervise import SupervisedThread
+
+log = logging.getLogger(__name__)
+
+
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """32x32 grey float thumbnail: cheap enough to compare every frame."""
+    grey = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+    return cv2.resize(grey, (32, 32), interpolation=cv2.INTER_AREA).astype(np.float32) / 255.0
+
+
+def scene_change(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.abs(a - b)))
+
+
+class CameraSchedule:
+    """The trigger loop of one camera."""
+
+    def __init__(self, camera: Camera, trigger: TriggerConfig, prompt: str | None,
+                 inspections: InspectionQueue, gate: Gate, pipelined: bool = True) -> None:
+        self.camera = camera
+        self.pipelined = pipelined
+        self.trigger = trigger
+        self.prompt = prompt
+        self.inspections = inspections
+        self.gate = gate
+        self.stats = ScheduleStats()
+        self.offload: Any = None  # the Offloader (offload/router.py) when offload is enabled
+        self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
+        self._last_seq = 0
+        self._stop = threading.Event()
+        self._thread = SupervisedThread(f"schedule-{camera.name}", self._run, self._stop, log)
+
+    def threads(self) -> list[SupervisedThread]:
+        return [self._thread]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        mode = self.trigger.mode
+        if mode == "on_demand":
+            self._stop.wait()  # inspections come only through Daemon.trigger(); stay visible as alive
+            return
+        next_due = time.monotonic()
+        while not self._stop.is_set():
+            wait = self.trigger.change_check_s if mode == "on_change" else 0.0
+            if mode == "interval":
+                wait = max(0.0, next_due - time.monotonic())
+            if wait and self._stop.wait(wait):
+                return
+            gate = self.gate.decision()
+            route = self.offload.route(self.camera.name, gate) if self.offload is not None else None
+            if route is not None:  # the central server inspects at the configured rate; the device rests
+                gate = GateDecision(state=gate.state)
+            if gate.paused:
+                self.stats.skipped_paused += 1
+                self._stop.wait(0.5)
+                continue
+            frame = self.camera.slot.take(self._last_seq, timeout=0.5)
+            if frame is None:
+                continue
+            self._last_seq = frame.seq
+            if mode == "interval":
+                next_due = max(next_due + self.trigger.interval_s / max(gate.rate_factor, 1e-3),
+                               time.monotonic())
+            if mode == "on_change":
+                thumb = thumbnail(frame.image)
+                if self._reference is not None and \
+                        scene_change(thumb, self._reference) < self.trigger.change_threshold:
+                    self.stats.skipped_unchanged += 1
+                    continue
+                self._reference = thumb
+            self._inspect(frame, mode, gate, route)
+
+    def _inspect(self, frame: Frame, trigger: str, gate: GateDecision, route: str | None = None) -> None:
+        request = InspectionRequest(frame.image, self.camera.name, self.prompt, frame.seq,
+                                    frame.capture_ms, trigger)
+        started = time.monotonic()
+        try:
+            future = self._submit(request, route)
+        except QueueFull:
+            self.stats.skipped_busy += 1
+            self._stop.wait(0.05)
+            return
+        # One frame per camera in each stage: with pipelining the next frame may be encoded while this
+        # one is generated; frames arriving meanwhile replace each other in the slot (counted drops).
+        pipelined = self.pipelined and trigger == "continuous" and gate.rate_factor >= 1.0
+        while not self._stop.is_set():
+            if pipelined and request.encoded.wait(0.5):
+                break
+            try:
+                future.result(timeout=0 if pipelined else 0.5)
+                break
+            except FutureTimeout:
+                continue
+            except Exception:  # noqa: BLE001 - the worker already counted and logged it
+                break
+        if trigger == "continuous" and gate.rate_factor < 1.0:
+            # Throttled continuous mode keeps the model busy only `rate_factor` of the time.
+            busy = time.monotonic() - started
+            self._stop.wait(busy * (1.0 / max(gate.rate_factor, 1e-3) - 1.0))
+
+    def _submit(self, request: InspectionRequest, route: str | None) -> Future[Any]:
+        """The local queue, or the central server when offload engages (docs/scale-out.md)."""
+        offload = self.offload
+        if offload is not None and route is not None:
+            return offload.take(request, route)
+        try:
+            future = self.inspections.submit(request)
+        except QueueFull:
+            if offload is None or not offload.engages_on_queue_full:
+                raise
+            return offload.take(request, "queue_full")
+        if offload is not None:
+            future.add_done_callback(lambda f: offload.after_local(request, f))
+        return future

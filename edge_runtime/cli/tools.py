@@ -1,0 +1,145 @@
+"""The tool commands of `edge-runtime` (`ota …`, `models …`, `config …`, `dataset export`): each
+takes the parsed arguments and the config, prints its output and returns the exit code. `cli.py`
+parses and dispatches; a user mistake raises EdgeRuntimeError (one line, exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from edge_runtime.config.schema import Config, config_schema
+from edge_runtime.core.errors import EdgeRuntimeError
+
+
+def cmd_ota_agent(args: argparse.Namespace, config: Config) -> int:
+    import signal
+    import threading
+
+    from edge_runtime.ota.service import run_agent
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_agent(config, stop)
+    return 0
+
+
+def cmd_ota_keygen(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.ota.manifest import generate_keypair
+
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    private, public = generate_keypair()
+    (out / "fleet.key").write_text(private + "\n")
+    (out / "fleet.key").chmod(0o600)
+    (out / "fleet.pub").write_text(public + "\n")
+    print(json.dumps({"private_key": str(out / "fleet.key"), "public_key": public}))
+    return 0
+
+
+def cmd_ota_sign(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.ota.manifest import ManifestRefused, parse, sign
+
+    try:
+        manifest = parse(Path(args.manifest).read_bytes())
+    except ManifestRefused as exc:
+        raise EdgeRuntimeError(f"{args.manifest}: {exc}") from None
+    signed = sign(manifest, Path(args.key).read_text().strip())
+    text = signed.model_dump_json(exclude_none=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_ota_publish(args: argparse.Namespace, config: Config) -> int:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from edge_runtime.delivery.mqtt.client import configure_client
+
+    payload = Path(args.manifest).read_bytes()
+    topic = f"edge/group/{args.group}/cmd/ota" if args.group else f"edge/{args.device}/cmd/ota"
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    configure_client(client, config.mqtt)  # the fleet's broker credentials and TLS from --config
+    try:
+        client.connect(args.host or config.mqtt.host, args.port or config.mqtt.port)
+    except OSError as exc:
+        raise EdgeRuntimeError(f"cannot reach the broker: {exc}") from None
+    client.loop_start()
+    client.publish(topic, payload, qos=1).wait_for_publish(timeout=10)
+    client.loop_stop()
+    client.disconnect()
+    print(f"published to {topic}")
+    return 0
+
+
+def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.demo import build_demo_bundle
+
+    from edge_runtime.core.bundle import demo_bundle_dir, load_bundle
+
+    out = Path(args.dir) if args.dir else demo_bundle_dir(config.data_dir)
+    bundle = load_bundle(build_demo_bundle(out, quant=args.quant))
+    print(json.dumps(bundle.describe()))
+    return 0
+
+
+def cmd_models_bench(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.realistic import build_bench_bundle
+
+    from edge_runtime.core.bundle import load_bundle
+
+    out = Path(args.dir) if args.dir else config.data_dir / "models" / args.name
+    print(json.dumps(load_bundle(build_bench_bundle(args.name, out)).describe()))
+    return 0
+
+
+def cmd_models_export(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.export import ExportError, export_checkpoint
+    from edge_runtime_models.llama_cpp_tools import ConverterError
+
+    from edge_runtime.core.bundle import load_bundle
+
+    schema = None
+    if args.schema:
+        try:
+            schema = json.loads(Path(args.schema).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise EdgeRuntimeError(f"{args.schema}: not a readable JSON schema ({exc})") from None
+    try:
+        report = export_checkpoint(Path(args.checkpoint), Path(args.out), args.quant, name=args.name, schema=schema,
+                                   prompt=args.prompt, llama_cpp_src=Path(args.llama_cpp_src) if args.llama_cpp_src
+                                   else None, progress=not args.quiet, threads=config.model.threads)
+    except (ExportError, ConverterError) as exc:
+        raise EdgeRuntimeError(str(exc)) from None
+    print(json.dumps({**load_bundle(report.out_dir).describe(), "family": report.family,
+                      "seconds": report.seconds}))
+    return 0
+
+
+def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.core.bundle import load_bundle
+
+    bundle = load_bundle(args.dir)
+    print(json.dumps({"ok": True, **bundle.describe()}))
+    return 0
+
+
+def cmd_config_validate(args: argparse.Namespace, config: Config) -> int:
+    print(f"{args.file}: ok")
+    return 0
+
+
+def cmd_dataset_export(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.verdicts.review import export_from_config
+
+    print(json.dumps(export_from_config(config, Path(args.dir), args.all, args.camera)))
+    return 0
+
+
+def cmd_config_schema(args: argparse.Namespace, config: Config) -> int:
+    print(json.dumps(config_schema(), indent=2))
+    return 0

@@ -1,0 +1,278 @@
+"""Types shared across layers: the governor's gate, a batched inspection job, and the `Device`.
+
+No engine imports here (no ONNX Runtime, llama.cpp, OpenCV, paho, Flask): every layer may import
+this module, so it must stay cheap and must not import any sibling but `config` and `result`.
+`Device` is what the HTTP layer and the MQTT commands depend on; `app.Daemon` implements it
+(mypy checks that in `app.py`), so they never reach into the daemon's insides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import numpy as np
+
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.result import Result
+
+if TYPE_CHECKING:
+    from edge_runtime.config.schema import Config
+
+T = TypeVar("T")
+
+
+class CommandError(Exception):
+    """A remote command's payload is wrong; the message goes back in the MQTT error reply."""
+
+
+class QueueFull(EdgeRuntimeError):
+    """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
+
+
+class UnknownCamera(EdgeRuntimeError):
+    """No camera of that name is configured."""
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """What the governor allows now: a rate factor (1 = configured rate) or a pause."""
+
+    rate_factor: float = 1.0
+    paused: bool = False
+    state: dict[str, Any] | None = None
+
+
+class Gate(Protocol):
+    def decision(self) -> GateDecision: ...
+
+
+class OpenGate:
+    """No governor: always full rate."""
+
+    def decision(self) -> GateDecision:
+        return GateDecision()
+
+
+@dataclass
+class Encoded:
+    """The output of the first half: image embeddings plus what the Result needs of the frame."""
+
+    embeds: np.ndarray  # [T*N, D]: N embeddings per tile, T tiles (1 unless the bundle tiles)
+    width: int
+    height: int
+    preprocess_ms: float
+    encode_ms: float
+    grid: tuple[int, int] = (0, 0)  # tile rows, cols; (0, 0) for one untiled image
+
+
+@dataclass
+class BatchJob:
+    """One frame of a batched inspection: already encoded, plus what its Result records."""
+
+    encoded: Encoded
+    camera: str
+    prompt: str | None = None
+    seq: int = 0
+    capture_ms: float = 0.0
+    governor: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The loaded model as clients see it (`/v1/models`, `/readyz`, the status page)."""
+
+    name: str  # the bundle's manifest name: the OpenAI model id
+    model_name: str  # name plus version, as Results record it
+    ready: bool
+    max_tokens: int
+    context_size: int
+    verdict_schema: dict[str, Any]  # the JSON schema every verdict (and a reviewer's correction) follows
+
+
+STATES = ("pending", "confirmed", "corrected")
+TIMESTAMP = r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$"  # RFC 3339, or a prefix
+_TS = re.compile(TIMESTAMP)
+
+
+class ReviewError(ValueError):
+    """A review or query parameter is wrong; `field` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class ResultFilter:
+    """A query over results and their reviews (`/api/v1/inspections`, exports); `check` bounds it."""
+
+    camera: str | None = None
+    defect: bool | None = None
+    category: str | None = None
+    since: str | None = None
+    until: str | None = None
+    review: str | None = None          # pending | confirmed | corrected | reviewed | none
+    below: float | None = None         # confidence below (the low-confidence part of the queue)
+    before: int | None = None          # cursor: journal seq, newest first
+    after: int | None = None           # only rows newer than this seq (live polling)
+    limit: int = 50
+    defect_field: str = "defect"
+
+    def check(self) -> ResultFilter:
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None and not _TS.match(value):
+                raise ReviewError(f"{name} must be an RFC 3339 time, e.g. 2026-11-30T06:00:00Z", name)
+        if self.review is not None and self.review not in (*STATES, "reviewed", "none"):
+            raise ReviewError("review must be pending, confirmed, corrected, reviewed or none", "review")
+        if not 1 <= self.limit <= 1000:
+            raise ReviewError("limit must be between 1 and 1000", "limit")
+        for name in ("before", "after"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 2**63:
+                raise ReviewError(f"{name} must be a cursor from a previous page", name)
+        if self.camera is not None and len(self.camera) > 64:
+            raise ReviewError("camera is at most 64 characters", "camera")
+        if self.category is not None and len(self.category) > 200:
+            raise ReviewError("category is at most 200 characters", "category")
+        return self
+
+
+ResultListener = Callable[[Result], None]
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    """One chat completion as the API asks it of the device (already bounded and validated)."""
+
+    prompt: str  # the conversation, laid into the bundle's prompt slot
+    system: str | None = None
+    image: np.ndarray | None = None  # decoded, within images.max_pixels
+    grammar: str | None = None  # from `Device.constraint`; None: free text
+    max_tokens: int = 0  # 0: the model's default
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+    stops: list[str] = field(default_factory=list)
+    on_text: Callable[[str], None] | None = None  # each decoded piece, as it is generated (streaming)
+    on_end: Callable[[], None] | None = None  # once the job ran, whatever happened (ends a stream)
+
+
+class ChatOutput(Protocol):
+    """What a finished chat job returns (the language model's Generation)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def finish_reason(self) -> str: ...  # "stop" or "length"
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class EvidenceFile:
+    """A kept evidence image (or its thumbnail) on disk; retention may delete it at any time."""
+
+    path: Path
+    etag: str  # content-addressed: the image's sha256 (plus "-t" for a thumbnail)
+
+
+class DeviceStatus(Protocol):
+    """What the device is and how it is doing: the status page, health probes, metrics, telemetry."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def started(self) -> float: ...  # time.time() at construction
+
+    def status(self) -> dict[str, Any]: ...
+
+    def health(self) -> dict[str, Any]: ...  # cheap: no journal query
+
+    def alive(self) -> bool: ...
+
+    def camera_names(self) -> list[str]: ...
+
+    def model_info(self) -> ModelInfo | None: ...  # None until the model is loaded
+
+    def verdict_status(self) -> dict[str, Any] | None: ...  # rules, evidence, webhooks, reviews (metrics)
+
+    def subscribe(self, listener: ResultListener) -> None: ...  # every Result after it is journaled
+
+
+class DeviceResults(Protocol):
+    """The journaled verdicts: one result, filtered queries, exports, evidence images."""
+
+    def get_result(self, result_id: str) -> dict[str, Any] | None: ...
+
+    def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
+                      limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]: ...
+
+    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]: ...
+
+    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]: ...  # every match, for exports
+
+    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        """The kept image of a result, None if none was kept; OSError if retention just deleted it."""
+        ...
+
+
+class DeviceCameras(Protocol):
+    """The cameras: their newest frame and an inspection on demand (`UnknownCamera`, `QueueFull`)."""
+
+    def latest_jpeg(self, camera: str) -> bytes | None: ...
+
+    def trigger(self, camera: str, prompt: str | None = None) -> Future[Result]: ...
+
+
+class DeviceInference(Protocol):
+    """The one loaded model, in turn with the cameras through the one bounded queue (`QueueFull`)."""
+
+    def submit_image(self, image: np.ndarray, prompt: str | None = None, camera: str = "api",
+                     journal: bool = False) -> Future[Result]: ...
+
+    def submit_job(self, job: Callable[[Any], T]) -> Future[T]: ...  # runs with the inspector (chat)
+
+    def constraint(self, schema: dict[str, Any]) -> str:
+        """The JSON schema as a grammar for `ChatJob.grammar`; `InputError` over the complexity budget,
+        any other exception for a schema the converter cannot take."""
+        ...
+
+    def chat(self, job: ChatJob) -> Future[ChatOutput]: ...  # the OpenAI endpoint
+
+
+class DeviceReview(Protocol):
+    """A technician's review of a verdict, checked against the bundle's schema."""
+
+    def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
+        """(message, dotted path) of the first way `verdict` breaks the bundle's schema, None if valid.
+        Raises EdgeRuntimeError while no model is loaded."""
+        ...
+
+    def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
+                      note: str | None) -> dict[str, Any]: ...  # ReviewError for a wrong action or note
+
+
+class DeviceControl(Protocol):
+    def reload(self) -> dict[str, Any]: ...  # re-read the config file; what changed and what needs a restart
+
+
+class Device(DeviceStatus, DeviceResults, DeviceCameras, DeviceInference, DeviceReview, DeviceControl, Protocol):
+    """The running device as a whole (implemented by `app.Daemon`; mypy checks that in `app.py`).
+
+    Consumers depend on the roles they use, as vLLM's `EngineClient` keeps a client to the engine
+    alone: the metrics on `DeviceStatus`, the review blueprint on results + review, the OpenAI
+    endpoint on `DeviceInference`. Methods that queue work raise `QueueFull` when the queue is full,
+    `UnknownCamera` for a camera that is not configured and `StorageFull` when the journal refuses results.
+    """

@@ -1,0 +1,156 @@
+"""Untrusted image bytes -> a BGR frame, refusing hostile input before it costs memory.
+
+Every path that turns image bytes into pixels (REST, OpenAI, the CLI, camera folders) comes through
+here. The header is read first (Pillow, no pixel decode) and checked against the limits, so a
+decompression bomb never allocates its pixels. JPEG is decoded strictly by libjpeg-turbo (simplejpeg):
+a truncated scan is an error, not a picture with a grey tail, even when an end-of-image marker was
+appended. PNG chunks are checked (CRCs, IEND) before OpenCV decodes; BMP, TIFF and WebP decoders
+already fail on missing data. Animated and multi-page images are refused: which frame to inspect
+would be a guess.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from edge_runtime.core.errors import ImageError, ImageTooLarge
+
+# Our own max_pixels check replaces Pillow's global bomb warning.
+Image.MAX_IMAGE_PIXELS = None
+# OpenCV's own "[ WARN:0@1.2] ..." / "[ERROR:0@1.2] imdecode_ ..." lines bypass our logger and the
+# one-line-per-event log; every failure is reported in our words (ImageError, a camera's last_error).
+# A user who sets OPENCV_LOG_LEVEL (e.g. DEBUG) gets OpenCV's own output back.
+if "OPENCV_LOG_LEVEL" not in os.environ:
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
+# Pillow warns (on stderr) about the corrupt files we then refuse with our own one-line reason.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+
+SUPPORTED_FORMATS = {"JPEG", "PNG", "BMP", "TIFF", "WEBP"}
+MAX_PIXELS = 50_000_000
+MIN_SIDE = 16
+MAX_FILE_BYTES = 64 * 1024 * 1024
+_EXIF_ORIENTATION = 0x0112
+
+
+def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> np.ndarray:
+    """Decode JPEG/PNG/BMP/TIFF/WebP bytes to a BGR uint8 frame, or raise ImageError saying why."""
+    if not data:
+        raise ImageError("the image is empty (0 bytes)")
+    try:
+        with Image.open(io.BytesIO(data)) as header:
+            fmt, (width, height) = header.format, header.size
+            animated = bool(getattr(header, "is_animated", False))
+            orientation = _orientation(header) if fmt == "JPEG" else 1
+    except Exception:  # noqa: BLE001 - Pillow raises many types for garbage input
+        raise ImageError("the data is not an image in a supported format "
+                         f"({', '.join(sorted(SUPPORTED_FORMATS))})") from None
+    if fmt not in SUPPORTED_FORMATS:
+        raise ImageError(f"unsupported image format {fmt}; use one of {', '.join(sorted(SUPPORTED_FORMATS))}")
+    if width * height > max_pixels:
+        raise ImageTooLarge(f"the image declares {width}x{height} pixels, more than the limit of "
+                            f"{max_pixels} pixels")
+    if min(width, height) < min_side:
+        raise ImageError(f"the image is {width}x{height} pixels; each side must be at least {min_side}")
+    if animated:
+        raise ImageError(f"the {fmt} image has several frames (animated or multi-page); send one still image")
+    if fmt == "JPEG":
+        return _orient(_decode_jpeg(data), orientation)
+    if fmt == "PNG":
+        return _decode_png(data)
+    try:
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    except cv2.error:  # some decoders raise where others return None
+        decoded = None
+    if decoded is None:
+        raise ImageError(f"the {fmt} image is corrupt or truncated and could not be decoded")
+    return decoded
+
+
+def read_image_file(path: Path | str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE,
+                    max_bytes: int = MAX_FILE_BYTES) -> np.ndarray:
+    """decode_image on a file, its size checked before a byte is read."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ImageError(f"{path} is a folder, not an image file")
+        if size > max_bytes:
+            raise ImageTooLarge(f"{path}: the file is {_mib(size)}, more than the limit of {_mib(max_bytes)}")
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # the file may have grown since stat()
+    except FileNotFoundError:
+        raise ImageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ImageError(f"{path} cannot be read: {exc.strerror}") from None
+    if len(data) > max_bytes:
+        raise ImageTooLarge(f"{path}: the file is larger than the limit of {_mib(max_bytes)}")
+    try:
+        return decode_image(data, max_pixels, min_side)
+    except ImageTooLarge as exc:
+        raise ImageTooLarge(f"{path}: {exc}") from None
+    except ImageError as exc:
+        raise ImageError(f"{path}: {exc}") from None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 10 * 2**20 else f"{n / 2**20:.0f} MiB"
+
+
+def _decode_jpeg(data: bytes) -> np.ndarray:
+    # strict: libjpeg's "recoverable" warnings (premature end of data, corrupt segments) are errors.
+    try:
+        return np.asarray(simplejpeg.decode_jpeg(data, colorspace="BGR", strict=True))
+    except (ValueError, RuntimeError) as exc:
+        reason = str(exc).strip().rstrip(".") or "decoder error"
+        raise ImageError(f"the JPEG is corrupt or truncated ({reason})") from None
+
+
+def _decode_png(data: bytes) -> np.ndarray:
+    """Chunks first (every CRC, IEND), then Pillow's decoder, which raises on a short zlib stream
+    where libpng (in OpenCV) would print to stderr. Converted as OpenCV's IMREAD_COLOR does."""
+    try:
+        with Image.open(io.BytesIO(data)) as png:
+            png.verify()
+        with Image.open(io.BytesIO(data)) as png:
+            png.load()
+            if png.mode.startswith("I"):  # 16-bit grey: keep the high byte, as OpenCV does
+                grey = (np.asarray(png).astype(np.uint32) >> 8).clip(0, 255).astype(np.uint8)
+                return cv2.cvtColor(grey, cv2.COLOR_GRAY2BGR)
+            return cv2.cvtColor(np.asarray(png.convert("RGB")), cv2.COLOR_RGB2BGR)
+    except Exception as exc:  # noqa: BLE001 - Pillow raises SyntaxError, OSError, struct.error...
+        raise ImageError(f"the PNG is corrupt or truncated ({exc})") from None
+
+
+def _orientation(header: Image.Image) -> int:
+    try:
+        value = header.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # noqa: BLE001 - broken EXIF is ignored, as cameras' viewers do
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _orient(frame: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply the EXIF orientation (as OpenCV's imread does), so every decode path agrees."""
+    if orientation == 2:
+        return cv2.flip(frame, 1)
+    if orientation == 3:
+        return cv2.rotate(frame, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(frame, 0)
+    if orientation == 5:
+        return cv2.transpose(frame)
+    if orientation == 6:
+        return cv2.rotate(frame, cv2.ROTATE_90_CLOCKWISE)
+    if orientation == 7:
+        return cv2.flip(cv2.transpose(frame), -1)
+    if orientation == 8:
+        return cv2.rotate(frame, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    return frame

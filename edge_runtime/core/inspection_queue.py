@@ -1,0 +1,75 @@
+"""The one bounded queue in front of the model, what goes through it, and per-camera counters.
+
+API requests and camera schedules share the queue; when it is full they are refused (`QueueFull`),
+never buffered. Here apart from `scheduler.py` so that the worker (`worker.py`) needs no trigger loop.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.core.contracts import QueueFull
+
+
+@dataclass
+class InspectionRequest:
+    image: np.ndarray | None
+    camera: str
+    prompt: str | None = None
+    seq: int = 0
+    capture_ms: float = 0.0
+    trigger: str = "api"
+    journal: bool = True
+    job: Callable[[Any], Any] | None = None  # runs instead of an inspection (chat completions)
+    future: Future[Any] = field(default_factory=Future)
+    encoded: threading.Event = field(default_factory=threading.Event)  # set once the encoder stage is done
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class InspectionQueue:
+    """The one bounded queue in front of the model."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._q: queue.Queue[InspectionRequest | None] = queue.Queue(maxsize)
+        self.maxsize = maxsize
+
+    def submit(self, request: InspectionRequest) -> Future[Any]:
+        try:
+            self._q.put_nowait(request)
+        except queue.Full:
+            raise QueueFull(f"the inspection queue is full ({self.maxsize} waiting)") from None
+        return request.future
+
+    def get(self, timeout: float) -> InspectionRequest | None:
+        try:
+            return self._q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def wake(self) -> None:
+        try:
+            self._q.put_nowait(None)
+        except queue.Full:
+            pass
+
+    @property
+    def depth(self) -> int:
+        return self._q.qsize()
+
+
+@dataclass
+class ScheduleStats:
+    inspected: int = 0
+    skipped_unchanged: int = 0
+    skipped_busy: int = 0
+    skipped_paused: int = 0
+    errors: int = 0
+    last_result: dict[str, Any] | None = None

@@ -1,0 +1,373 @@
+"""MQTT: availability, the result outbox, telemetry and commands, over one paho-mqtt 2.x client.
+
+Results are published from the journal, oldest first, and a row is marked sent only when the broker
+acknowledged it (PUBACK for QoS 1). A broker outage, a reconnect or a `kill -9` therefore loses
+nothing: what was not acknowledged is published again (consumers de-duplicate by `id`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edge_runtime.config.schema import MqttConfig
+from edge_runtime.core.contracts import CommandError  # re-exported: it was defined here
+from edge_runtime.core.errors import InputError, StorageFull
+from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.verdicts.journal import Journal
+
+log = logging.getLogger(__name__)
+
+CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
+# Commands on our topic that another process answers: `ota` goes to the update agent.
+EXTERNAL_COMMANDS = frozenset({"ota"})
+
+
+def configure_client(client: mqtt.Client, cfg: MqttConfig) -> None:
+    """Credentials and TLS from the config; shared by the daemon, the OTA agent and the fleet CLI."""
+    if cfg.username:
+        client.username_pw_set(cfg.username, cfg.password.get_secret_value() if cfg.password else None)
+    if cfg.tls.enabled:
+        client.tls_set(ca_certs=str(cfg.tls.ca_file) if cfg.tls.ca_file else None,
+                       certfile=str(cfg.tls.cert_file) if cfg.tls.cert_file else None,
+                       keyfile=str(cfg.tls.key_file) if cfg.tls.key_file else None,
+                       cert_reqs=ssl.CERT_REQUIRED)
+        client.tls_insecure_set(cfg.tls.insecure)
+
+
+class MqttService:
+    """Connects, keeps `<prefix>/status` truthful, drains the journal, answers commands."""
+
+    def __init__(self, cfg: MqttConfig, device_id: str, prefix: str, journal: Journal,
+                 telemetry: Callable[[], dict[str, Any]], commands: dict[str, CommandHandler]) -> None:
+        self.cfg = cfg
+        self.device_id = device_id
+        self.prefix = prefix
+        self.journal = journal
+        self.telemetry = telemetry
+        self.commands = commands
+        self.connected = False
+        self.last_error: str | None = None
+        self.published = 0
+        self.discovery: Callable[[], list[tuple[str, str]]] | None = None  # set by the wiring
+        # Published results not yet acknowledged, with their journal seq. paho flags each
+        # MQTTMessageInfo when the PUBACK arrives (also for resends after a reconnect).
+        self._inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
+        self._cursor = 0  # highest journal seq handed to paho
+        self._acked: list[int] = []  # acknowledged but not yet marked (the disk may be full)
+        self._discovered: set[str] = set()  # retained discovery topics we published (to clear them)
+        self.parked = 0  # rows set aside by this process because paho refused them
+        self._error_log = RateLimitedLog(log)
+        # Other messages queued in the journal's file (alerts, reviews: outbox.py), drained the same way.
+        self.messages: Any = None
+        self._msg_inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
+        self._msg_cursor = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix="mqtt-cmd")
+        self._thread = SupervisedThread("mqtt-outbox", self._outbox_loop, self._stop, log)
+        self.client = self._make_client()
+
+    @property
+    def status_topic(self) -> str:
+        return f"{self.prefix}/status"
+
+    def result_topic(self, camera: str) -> str:
+        return f"{self.prefix}/{camera}/result"
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def _make_client(self) -> mqtt.Client:
+        cfg = self.cfg
+        self.client_id = cfg.client_id or f"edge-runtime-{self.device_id}"
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                             clean_session=cfg.clean_session, protocol=mqtt.MQTTv311)
+        client.will_set(self.status_topic, "offline", qos=1, retain=True)
+        configure_client(client, cfg)
+        client.reconnect_delay_set(1, 30)
+        client.max_inflight_messages_set(cfg.max_inflight)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        return client
+
+    def start(self) -> None:
+        log.info("mqtt: connecting to %s:%d as %s (tls %s)", self.cfg.host, self.cfg.port,
+                 self.client_id, "on" if self.cfg.tls.enabled else "off")
+        self.client.connect_async(self.cfg.host, self.cfg.port, self.cfg.keepalive)
+        self.client.loop_start()  # retries the first connection too
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Announce `offline` (a clean shutdown sends no Last Will), then disconnect."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5)
+        if self.connected:
+            info = self.client.publish(self.status_topic, "offline", qos=1, retain=True)
+            try:
+                info.wait_for_publish(timeout=3)
+            except (RuntimeError, ValueError):
+                pass
+        try:
+            self._flush_acks()
+        except StorageFull:
+            pass  # unmarked rows are published again after the restart (consumers de-duplicate by id)
+        self.client.disconnect()
+        self.client.loop_stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def notify(self, _result: object = None) -> None:
+        """Wake the outbox: a new result is in the journal."""
+        self._wake.set()
+
+    def threads(self) -> list[SupervisedThread]:
+        return [self._thread]
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            inflight = len(self._inflight)
+        counts = self.journal.counts()
+        return {"enabled": True, "connected": self.connected, "broker": f"{self.cfg.host}:{self.cfg.port}",
+                "last_error": self.last_error, "published": self.published, "inflight": inflight,
+                "backlog": counts["unsent"], "parked": counts["parked"]}
+
+    # ---- paho callbacks (network thread) ---------------------------------------------------------
+
+    def _on_connect(self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
+                    _props: Properties | None) -> None:
+        if reason.is_failure:
+            error = f"connection refused: {reason}"
+            if error != self.last_error:  # paho retries every few seconds: say it once
+                log.warning("mqtt: %s", error)
+            self.last_error = error
+            return
+        self.connected = True
+        self.last_error = None
+        log.info("mqtt: connected to %s:%d", self.cfg.host, self.cfg.port)
+        client.publish(self.status_topic, "online", qos=1, retain=True)
+        client.subscribe(f"{self.prefix}/cmd/+", qos=1)
+        self.publish_discovery()
+        self._wake.set()
+
+    def _on_connect_fail(self, _client: mqtt.Client, _userdata: Any) -> None:
+        # A refused or unreachable broker never reaches on_connect: without this, status said null.
+        error = f"cannot connect to {self.cfg.host}:{self.cfg.port} (refused or unreachable; retrying)"
+        if error != self.last_error:
+            log.warning("mqtt: %s", error)
+        self.last_error = error
+
+    def publish_discovery(self) -> None:
+        """(Re)publish Home Assistant discovery configs; called on connect and when cameras change.
+        Configs of cameras that are gone get an empty retained payload, which removes them in HA."""
+        if self.discovery is None or not self.connected:
+            return
+        configs = dict(self.discovery())
+        for topic in sorted(self._discovered - configs.keys()):
+            self.client.publish(topic, b"", qos=1, retain=True)
+        for topic, payload in configs.items():
+            self.client.publish(topic, payload, qos=1, retain=True)
+        self._discovered = set(configs)
+
+    def _on_disconnect(self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: ReasonCode,
+                       _props: Properties | None) -> None:
+        if self._stop.is_set():
+            log.info("mqtt: disconnected")  # our own clean shutdown (Ctrl-C, SIGTERM): not a warning
+        elif self.connected:
+            log.warning("mqtt: disconnected (%s); results stay in the journal until delivered", reason)
+            self.last_error = f"disconnected: {reason}"
+        self.connected = False
+
+    def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, _reason: ReasonCode,
+                    _props: Properties | None) -> None:
+        self._wake.set()
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        name = msg.topic.rsplit("/", 1)[-1]
+        if msg.topic.endswith("/reply") or name in EXTERNAL_COMMANDS:
+            return
+        self._executor.submit(self._run_command, name, bytes(msg.payload))
+
+    # ---- outbox --------------------------------------------------------------------------------
+
+    def _outbox_loop(self) -> None:
+        next_telemetry = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            try:
+                self._flush_acks()
+                if not self.connected:
+                    continue
+                self._publish_backlog()
+                if time.monotonic() >= next_telemetry:
+                    next_telemetry = time.monotonic() + self.cfg.telemetry_interval_s
+                    self.client.publish(f"{self.prefix}/telemetry", json.dumps(self.telemetry()), qos=0)
+            except StorageFull as exc:
+                self._error_log.log(logging.ERROR, "mqtt: %s; delivered rows stay unmarked for now", exc)
+                self._stop.wait(1.0)
+            except Exception:  # noqa: BLE001 - logged once a minute; the loop goes on
+                self._error_log.log(logging.ERROR, "mqtt: outbox error", exc_info=True)
+                self._stop.wait(1.0)
+
+    def _publish_backlog(self) -> None:
+        room = self.cfg.max_inflight - len(self._inflight)
+        if room <= 0:
+            return
+        for seq, camera, body in self.journal.unsent(after_seq=self._cursor, limit=room):
+            try:
+                info = self.client.publish(self.result_topic(camera), body, qos=self.cfg.qos)
+            except (ValueError, TypeError, OverflowError) as exc:
+                # One row paho refuses (a wildcard in the topic, an oversized payload) must not block
+                # every later row: set it aside with its reason and move on.
+                self._park(seq, camera, f"{type(exc).__name__}: {exc}")
+                self._cursor = seq
+                continue
+            self._cursor = seq
+            with self._lock:
+                self._inflight.append((info, seq))
+        if self.messages is not None:
+            for seq, topic, payload in self.messages.unsent(after_seq=self._msg_cursor, limit=room):
+                self._msg_cursor = seq
+                try:
+                    info = self.client.publish(f"{self.prefix}/{topic}", payload, qos=1)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    # As for results: one message paho refuses must not block the ones behind it.
+                    log.error("mqtt: message %d on %r cannot be published and is dropped: %s", seq, topic, exc)
+                    self.messages.mark_sent([seq])
+                    self.parked += 1
+                    continue
+                with self._lock:
+                    self._msg_inflight.append((info, seq))
+
+    def _park(self, seq: int, camera: str, reason: str) -> None:
+        log.error("mqtt: result %d of camera %r cannot be published and is set aside: %s", seq, camera, reason)
+        self.journal.park(seq, reason)
+        self.parked += 1
+
+    def _flush_acks(self) -> None:
+        """Mark acknowledged results sent in the journal, in one transaction."""
+        with self._lock:
+            acked = [seq for info, seq in self._inflight if info.is_published()]
+            self._inflight = [(info, seq) for info, seq in self._inflight if not info.is_published()]
+            self._acked += acked
+            acked, self._acked = self._acked, []
+        if acked:
+            try:
+                self.journal.mark_sent(acked)
+            except Exception:
+                with self._lock:  # kept for the next try, so they are not published again needlessly
+                    self._acked = acked + self._acked
+                raise
+            self.published += len(acked)
+        if self.messages is not None:
+            with self._lock:
+                done = [seq for info, seq in self._msg_inflight if info.is_published()]
+                self._msg_inflight = [(i, s) for i, s in self._msg_inflight if not i.is_published()]
+            self.messages.mark_sent(done)
+
+    # ---- commands ------------------------------------------------------------------------------
+
+    def _run_command(self, name: str, payload: bytes) -> None:
+        reply: dict[str, Any] = {"command": name}
+        try:
+            try:
+                request = json.loads(payload or b"{}", object_pairs_hook=_no_duplicates)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                raise CommandError(f"payload is not valid JSON: {exc}") from None
+            bad = _surrogate_field(request)
+            if bad is not None:
+                raise CommandError(f"{bad}: contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8")
+            if not isinstance(request, dict):
+                raise CommandError("payload must be a JSON object")
+            reply["id"] = request.pop("id", None)
+            handler = self.commands.get(name)
+            if handler is None:
+                raise CommandError(f"unknown command {name!r}; known: {', '.join(sorted(self.commands))}")
+            reply.update(ok=True, result=handler(request))
+        except CommandError as exc:
+            reply.update(ok=False, error=str(exc))
+        except InputError as exc:  # refused input: the reply names the field, like the HTTP 4xx
+            reply.update(ok=False, error=str(exc), field=exc.field)
+        except Exception as exc:  # noqa: BLE001 - any failure becomes an error reply, never a crash
+            reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+        log.info("mqtt: command %s -> %s", name, "ok" if reply["ok"] else reply["error"])
+        self.client.publish(f"{self.prefix}/cmd/{name}/reply", json.dumps(reply), qos=1)
+
+
+def homeassistant_discovery(ha_prefix: str, prefix: str, device_id: str, cameras: list[str],
+                            version: str) -> list[tuple[str, str]]:
+    """Retained discovery configs: per camera a `defect` binary sensor and confidence/latency sensors."""
+    device = {"identifiers": [f"edge-runtime-{device_id}"], "name": f"Edge inspection {device_id}",
+              "manufacturer": "edge-runtime", "sw_version": version}
+    availability = {"availability_topic": f"{prefix}/status", "payload_available": "online",
+                    "payload_not_available": "offline"}
+    out = []
+    for cam in cameras:
+        state = f"{prefix}/{cam}/result"
+        uid = f"{device_id}_{cam}"
+        entities = [
+            ("binary_sensor", "defect", {"name": f"{cam} defect", "device_class": "problem",
+                                         "value_template": "{{ 'ON' if value_json.verdict.defect else 'OFF' }}"}),
+            ("sensor", "confidence", {"name": f"{cam} confidence", "unit_of_measurement": "%",
+                                      "value_template": "{{ (value_json.verdict.confidence * 100) | round(1) }}"}),
+            ("sensor", "latency", {"name": f"{cam} inspection time", "unit_of_measurement": "ms",
+                                   "device_class": "duration",
+                                   "value_template": "{{ value_json.timings_ms.total | round(0) }}"}),
+        ]
+        for component, key, extra in entities:
+            config = {"unique_id": f"{uid}_{key}", "object_id": f"{uid}_{key}", "state_topic": state,
+                      "device": device, **availability, **extra}
+            out.append((f"{ha_prefix}/{component}/{uid}/{key}/config", json.dumps(config)))
+    return out
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A key twice in one object is refused: the second value would slip past what checked the first."""
+    out: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in out:
+            raise CommandError(f"{_shown(key)}: the key appears more than once in the payload")
+        out[key] = item
+    return out
+
+
+def _shown(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()[:80]
+
+
+def _surrogate_field(value: Any) -> str | None:
+    """The dotted path of the first key or string holding a lone surrogate (walked without recursion)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path or "payload"
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                where = f"{path}.{key}" if path else str(key)
+                if _SURROGATE.search(key):
+                    return _shown(where)
+                stack.append((sub, where))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{path}.{i}" if path else str(i)) for i, sub in enumerate(item))
+    return None

@@ -1,0 +1,238 @@
+"""Image -> Result: preprocess (OpenCV), encode (ONNX Runtime), generate (llama.cpp), timings.
+
+The work is split in two halves so a caller can overlap them: `encode()` (preprocess + vision,
+thread-safe) and `generate()` (the language model, one at a time under a lock).
+"""
+
+from __future__ import annotations
+
+# The native engines load first, in their one safe order (engines.py).
+from edge_runtime.inference import engines  # noqa: F401
+
+# isort: split
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from jsonschema import Draft202012Validator
+
+from edge_runtime.config.schema import ModelConfig
+from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.contracts import BatchJob, Encoded  # moved there: the scheduler uses them without the engines
+from edge_runtime.core.errors import BundleError, InferenceError, InputError
+from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.inference.llm.feed import Generation, ImagePart
+from edge_runtime.inference.llm.grammar import schema_to_grammar
+from edge_runtime.inference.llm.model import LanguageModel
+from edge_runtime.inference.llm.picker import GREEDY, Sampling
+from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
+from edge_runtime.inference.token_cache import TokenCache
+from edge_runtime.inference.vision import Preprocessor, VisionEncoder
+
+log = logging.getLogger(__name__)
+_IMAGE = "\x00image\x00"
+
+
+class Inspector:
+    """One loaded bundle serving every camera and API request."""
+
+    def __init__(self, bundle: Bundle, settings: ModelConfig, device_id: str) -> None:
+        self.bundle = bundle
+        self.settings = settings
+        self.device_id = device_id
+        m = bundle.manifest
+        self.preprocessor = Preprocessor(m.preprocess)
+        self._lock = threading.Lock()
+        self.ready = False
+        # Every step below may fail (a bad file, a refused grammar, the warm-up): the stack frees
+        # what the steps before it built, so a failed load or reload leaks no native memory.
+        with ExitStack() as stack:
+            self.language = stack.enter_context(LanguageModel(
+                bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
+                settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
+                settings.constraint_engine, settings.fast_forward, m.files.language.sha256,
+                settings.batch_kv_cache))
+            vision_path = bundle.vision_path
+            if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
+                vision_path = bundle.vision_fp16_path
+            self.vision = stack.enter_context(VisionEncoder(vision_path, m.vision.input, m.vision.output,
+                                                            settings.providers, settings.threads))
+            self.default_prompt = settings.prompt or m.prompt.default
+            self.max_tokens = settings.max_tokens or m.generation.max_tokens
+            try:  # a schema the grammar cannot hold the model to, or the engine cannot take
+                self.grammar = schema_to_grammar(m.verdict_schema, "verdict_schema")
+                self.language.check_grammar(self.grammar)
+            except InputError as exc:
+                why = str(exc).removeprefix("response_format.json_schema: ").removeprefix("verdict_schema: ")
+                raise BundleError(f"{bundle.root / 'bundle.yaml'}: verdict_schema: {why}") from None
+            self.validator = Draft202012Validator(m.verdict_schema)
+            self._token_cache = TokenCache(settings.token_cache_bytes)
+            self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
+            self._image_token = -1
+            if m.vision.layout is not None:
+                ids = self.language.tokenize(m.vision.layout.image_token)
+                if len(ids) != 1:
+                    raise BundleError(f"{bundle.root / 'bundle.yaml'}: vision.layout.image_token "
+                                      f"{m.vision.layout.image_token!r} is not one token of the language model")
+                self._image_token = ids[0]
+            if settings.warmup:
+                self.warm_up()
+            self._stack = stack.pop_all()
+        self.ready = True
+
+    def __enter__(self) -> Inspector:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def model_name(self) -> str:
+        return self.bundle.name
+
+    def warm_up(self) -> None:
+        """One full inspection of a grey frame: allocates buffers, fills the prefix cache."""
+        t0 = time.perf_counter()
+        m = self.bundle.manifest.preprocess
+        self.inspect(np.full((m.height, m.width, 3), 127, np.uint8), camera="warmup")
+        log.info("inspector: warmed up in %.0f ms", (time.perf_counter() - t0) * 1000)
+
+    def encode(self, frame: np.ndarray) -> Encoded:
+        t0 = time.perf_counter()
+        pixels, grid = self.preprocessor.process(frame)
+        t1 = time.perf_counter()
+        out = self.vision.encode(pixels)
+        embeds = out.reshape(-1, out.shape[-1])
+        t2 = time.perf_counter()
+        return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
+
+    def sequence(self, prompt: str, enc: Encoded | None, system: str | None = None, field: str = "messages"
+                 ) -> tuple[list[int], ImagePart, list[int]]:
+        """(prefix, image part, suffix) of one inspection: the prompt template with the image in place.
+
+        Bundles with an image token (exported models) tokenize the whole prompt with the image
+        expanded to image tokens, as the model's own processor does, then put an embedding at each
+        image token; the tokens before the first one are the cached prefix.
+        """
+        p = self.bundle.manifest.prompt
+        layout = self.bundle.manifest.vision.layout
+        if layout is None:
+            text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
+            before, after = text.split(_IMAGE)
+            return (self._tokenize(before, field), None if enc is None else enc.embeds,
+                    self._tokenize(after, field))
+        image_text = "" if enc is None else image_prompt(layout, self.bundle.manifest.vision.image_tokens, enc.grid)
+        ids = self._tokenize(
+            p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt),
+            field)
+        if enc is None:
+            return ids, None, []
+        return split_at_image_tokens(ids, self._image_token, enc.embeds)
+
+    def _tokenize(self, text: str, field: str = "messages") -> list[int]:
+        """The same prompt texts come back every frame (one per question and tile grid): tokenize once.
+
+        A text too long to fit the context is refused before it is tokenized (InputError naming
+        `field`): no token can hold more than `max_token_bytes` bytes, so a longer text cannot fit."""
+        ids = self._token_cache.get(text)
+        if ids is None:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > self.max_prompt_bytes:
+                raise InputError(f"{field}: the prompt is {size} bytes; the model's context of "
+                                 f"{self.language.n_ctx} tokens holds at most {self.max_prompt_bytes}",
+                                 field=field)
+            ids = self.language.tokenize(text)
+            self._token_cache.put(text, ids)
+        return list(ids)
+
+    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int]]:
+        """Token ids before and after the image for this question (bundles without an image layout)."""
+        if self.bundle.manifest.vision.layout is not None:
+            raise InferenceError("this bundle lays the image out with tokens: use Inspector.sequence()")
+        prefix, _, suffix = self.sequence(prompt, None)
+        return prefix, suffix
+
+    def constraint(self, schema: dict[str, Any]) -> str:
+        """A client's JSON schema as a grammar, checked by the budget and by this model's constraint
+        engine before anything is queued (InputError naming response_format.json_schema)."""
+        grammar = schema_to_grammar(schema)
+        self.language.check_grammar(grammar)
+        return grammar
+
+    def generate(self, prefix: list[int], image: ImagePart, suffix: list[int],
+                 grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,
+                 on_text: Callable[[str], None] | None = None, stop: list[str] | None = None) -> Generation:
+        with self._lock:
+            return self.language.generate(prefix, image, suffix, grammar, max_tokens, sampling, on_text, stop)
+
+    def generate_batch(self, items: list[tuple[list[int], ImagePart, list[int]]], grammar: str | None,
+                       max_tokens: int) -> list[Generation]:
+        """Greedy generation for several sequences (one prefix) as parallel sequences of one batch."""
+        with self._lock:
+            return self.language.generate_batch(items, grammar, max_tokens)
+
+    def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
+                seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,
+                encoded: Encoded | None = None) -> Result:
+        """Run the whole pipeline on one BGR frame and return a schema-valid Result."""
+        enc = encoded or self.encode(frame)
+        t0 = time.perf_counter()
+        question = prompt or self.default_prompt
+        prefix, image, suffix = self.sequence(question, enc, field="prompt")
+        gen = self.generate(prefix, image, suffix, self.grammar, self.max_tokens)
+        return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0)
+
+    def inspect_batch(self, jobs: list[BatchJob]) -> list[Result | InferenceError]:
+        """Several encoded frames (e.g. from different cameras) generated as parallel sequences."""
+        t0 = time.perf_counter()
+        questions = [job.prompt or self.default_prompt for job in jobs]
+        items = [self.sequence(question, job.encoded) for job, question in zip(jobs, questions, strict=True)]
+        gens = self.generate_batch(items, self.grammar, self.max_tokens)
+        out: list[Result | InferenceError] = []
+        for job, question, gen in zip(jobs, questions, gens, strict=True):
+            try:
+                out.append(self._result(job.encoded, gen, question, job.camera, job.seq, job.capture_ms,
+                                        job.governor, t0))
+            except InferenceError as exc:
+                out.append(exc)
+        return out
+
+    def _result(self, enc: Encoded, gen: Generation, question: str, camera: str, seq: int, capture_ms: float,
+                governor: dict[str, Any] | None, t0: float) -> Result:
+        verdict = self.parse_verdict(gen)
+        total = capture_ms + enc.preprocess_ms + enc.encode_ms + (time.perf_counter() - t0) * 1000
+        timings = {
+            "capture": round(capture_ms, 3), "preprocess": round(enc.preprocess_ms, 3),
+            "encode": round(enc.encode_ms, 3), "prefill": round(gen.prefill_ms, 3),
+            "decode": round(gen.decode_ms, 3), "total": round(total, 3),
+        }
+        return Result(device=self.device_id, camera=camera, frame=FrameInfo(seq, enc.width, enc.height),
+                      verdict=verdict, text=gen.text, model=self.model_name, timings_ms=timings,
+                      prompt=question, governor=governor)
+
+    def parse_verdict(self, gen: Generation) -> dict[str, Any]:
+        if gen.finish_reason == "length":
+            raise InferenceError(f"the model used all {self.max_tokens} tokens before finishing the "
+                                 "verdict; raise model.max_tokens")
+        try:
+            verdict = json.loads(gen.text)
+        except json.JSONDecodeError as exc:
+            raise InferenceError(f"the model's output is not valid JSON ({exc.msg})") from None
+        errors = sorted(self.validator.iter_errors(verdict), key=str)
+        if errors:
+            raise InferenceError(f"the verdict does not match the bundle's schema: {errors[0].message}")
+        return dict(verdict)
+
+    def close(self) -> None:
+        """Free the language model and the vision encoder (waits for a generation in progress)."""
+        self.ready = False
+        with self._lock:
+            self._stack.close()  # idempotent: a second close() finds the stack empty

@@ -1,0 +1,274 @@
+"""The llama.cpp language model: text + image embeddings in, grammar-constrained text out.
+
+The KV cache of the prompt's prefix (system text and everything before the image) is kept between
+calls and reused when the next prompt starts the same way. Every native resource is owned by a
+wrapper on one `ExitStack`: a step that fails in the constructor frees what the earlier ones built,
+and `close()` (idempotent) frees it all.
+"""
+
+from __future__ import annotations
+
+from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
+
+import ctypes
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.core.errors import BundleError, InferenceError, InputError
+from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
+from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
+from edge_runtime.inference.llm.parallel import Item, ParallelSequences
+from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
+
+_GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type values for the KV cache
+
+
+class LanguageModel:
+    """Owns the llama.cpp model, its contexts and batches; `close()` frees them. Not thread-safe."""
+
+    def __init__(self, path: Path, context_size: int, threads: int, gpu_layers: int,
+                 batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16",
+                 constraint_engine: str = "llguidance", fast_forward: bool = True, model_key: str = "",
+                 batch_kv_cache: str = "per_sequence") -> None:
+        self.batch_kv_cache = batch_kv_cache
+        self.constraint_engine = constraint_engine
+        self.fast_forward = fast_forward and constraint_engine == "llguidance"
+        self._model_key = model_key or str(path)
+        self._path = str(path)
+        self.kv_type = _GGML_TYPES[kv_cache_type]
+        self.n_ctx = context_size
+        self.n_batch = batch_size
+        self.threads = threads
+        self.reuse_prefix = reuse_prefix
+        self._cached_prefix: list[int] = []
+        self._llm: llama_cpp.Llama | None = None
+        with ExitStack() as stack:
+            try:  # llama_cpp.Llama owns the model and the main context (llama-cpp-python's _internals)
+                llm = llama_cpp.Llama(
+                    model_path=str(path), n_ctx=context_size, n_batch=batch_size, n_ubatch=batch_size,
+                    n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, verbose=False,
+                    type_k=self.kv_type, type_v=self.kv_type,
+                )
+            except ValueError as exc:  # llama-cpp-python's only signal is "Failed to load model"
+                raise BundleError(f"{path} could not be loaded by llama.cpp ({exc}); "
+                                  "run with log level debug to see llama.cpp's reason") from None
+            stack.callback(llm.close)
+            self._llm = llm
+            self.n_embd = llm.n_embd()
+            self.feed = Feed(batch_size, self.n_embd, on_error=self.forget_prefix)
+            stack.callback(self.feed.close)
+            self.parallel = ParallelSequences(self)
+            stack.callback(self.parallel.close)
+            # Per-token lookups done once per model, not once per generated token.
+            self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+            self._probe = ctypes.create_string_buffer(256)
+            self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+            self._pieces: dict[int, bytes] = {}
+            # The longest token's bytes: a text longer than n_ctx times this cannot fit the context.
+            self.max_token_bytes = max(1, max(self._piece_length(t) for t in range(self.n_vocab)))
+            # Full-vocabulary candidate arrays for the grammar pass, one per sequence sampled at once,
+            # kept between generations (1.8 MB each for a 150k vocabulary).
+            self._candidate_pool: list[Candidates] = []
+            stack.callback(setattr, self, "_llm", None)  # runs first: the model reads as closed
+            self._stack = stack.pop_all()
+
+    def __enter__(self) -> LanguageModel:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the contexts, batches and model (once; later calls do nothing)."""
+        self._stack.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._llm is None
+
+    @property
+    def llm(self) -> llama_cpp.Llama:
+        if self._llm is None:
+            raise RuntimeError("language model is closed")
+        return self._llm
+
+    # -- the handles the picker, the parallel sequences and bench read --------------------------
+    @property
+    def ctx(self) -> Any:
+        """The main context's pointer (llama_context *)."""
+        return self.llm.ctx
+
+    @property
+    def model_ptr(self) -> Any:
+        return self.llm.model
+
+    @property
+    def vocab(self) -> Any:
+        return llama_cpp.llama_model_get_vocab(self.llm.model)
+
+    @property
+    def context_params(self) -> Any:
+        return self.llm.context_params
+
+    def check_grammar(self, gbnf: str) -> None:
+        """Translate the grammar for this model's constraint engine now, so a grammar it cannot
+        take is refused up front (InputError), not in the middle of a generation."""
+        if self.constraint_engine == "llguidance":
+            lark_for(gbnf)
+
+    def guidance_tokenizer(self) -> VocabTokenizer:
+        """llguidance's view of this model's vocabulary (built once per model checksum)."""
+        return tokenizer_for(self._path, self.n_vocab, self.eog, self._model_key)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    # -- per-stage API: prefill, then generate from the logits it left ---------------------------
+    def prefill(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int = 1) -> tuple[int, int]:
+        """Decode the prompt into the main context (reusing the cached prefix when it matches), leaving
+        the logits of its last token; return (prompt tokens, prompt tokens whose KV cache was reused)."""
+        prefix, segments, suffix = self._check_prompt(prefix, image, suffix, max_tokens)
+        reused = self._prefill_prefix(prefix)
+        pos = self.feed.segments(self.ctx, segments, len(prefix), want_last_logits=not suffix)
+        pos = self.feed.token_ids(self.ctx, suffix, pos, want_last_logits=True)
+        return pos, reused
+
+    def forget_prefix(self, clear: bool = False) -> None:
+        """Drop the prefix cache (and, with `clear`, the whole KV cache of the main context)."""
+        self._cached_prefix = []
+        if clear:
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+
+    def decode(self, tokens: list[int], pos: int, want_last_logits: bool = True) -> int:
+        """Decode `tokens` at positions pos.. of the main context; return the next position."""
+        return self.feed.token_ids(self.ctx, tokens, pos, want_last_logits)
+
+    def generate(
+        self, prefix: list[int], image: ImagePart, suffix: list[int],
+        grammar: str | None, max_tokens: int, sampling: Sampling | None = None,
+        on_text: Callable[[str], None] | None = None, stop: list[str] | None = None,
+    ) -> Generation:
+        """Prefill prefix + image + suffix, then generate until end or max_tokens."""
+        t0 = time.perf_counter()
+        pos, reused = self.prefill(prefix, image, suffix, max_tokens)
+        prefill_ms = (time.perf_counter() - t0) * 1000
+        prompt_tokens = pos
+        out: list[bytes] = []
+        ids: list[int] = []
+        finish = "length"
+        t1 = time.perf_counter()
+        calls0, decode0 = self.feed.decode_calls, self.feed.decode_s
+        picker = TokenPicker(self, grammar, sampling or GREEDY)
+        try:
+            for _ in range(max_tokens):
+                token, piece = picker.next_token()
+                if token < 0:
+                    finish = "stop"
+                    break
+                step = [(token, piece)]
+                if self.fast_forward:
+                    step += picker.forced(max_tokens - len(ids) - 1)
+                out.extend(p for _, p in step)
+                ids.extend(t for t, _ in step)
+                if stop and any(s in picker.emitted.decode("utf-8", "ignore") for s in stop):
+                    finish = "stop"
+                    break
+                if on_text is not None:
+                    delta = picker.text_so_far_delta()
+                    if delta:
+                        on_text(delta)
+                if len(ids) >= max_tokens:
+                    break
+                # The chosen token and the ones the grammar forces after it: one llama_decode.
+                pos = self.decode([t for t, _ in step], pos)
+        finally:
+            picker.close()
+        decode_ms = (time.perf_counter() - t1) * 1000
+        text = b"".join(out).decode("utf-8", errors="replace")
+        for s in stop or []:
+            text = text.split(s, 1)[0]  # OpenAI semantics: the stop string is not returned
+        return Generation(
+            text=text, tokens=len(out),
+            prompt_tokens=prompt_tokens, prefill_ms=prefill_ms, decode_ms=decode_ms,
+            finish_reason=finish, prefix_reused=reused, token_ids=ids,
+            steps=self.feed.decode_calls - calls0, llama_decode_ms=(self.feed.decode_s - decode0) * 1000,
+        )
+
+    def prompt_logits(self, prefix: list[int], image: ImagePart, suffix: list[int]) -> np.ndarray:
+        """The logits after the whole prompt (a copy): what the first generated token is chosen from."""
+        self.prefill(prefix, image, suffix)
+        ptr = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def generate_batch(self, items: Sequence[Item], grammar: str | None, max_tokens: int) -> list[Generation]:
+        """Greedy generation for several prompts as parallel sequences of one llama.cpp batch."""
+        if len(items) == 1:
+            prefix, image, suffix = items[0]
+            return [self.generate(prefix, image, suffix, grammar, max_tokens)]
+        return self.parallel.generate(items, grammar, max_tokens)
+
+    def _check_prompt(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int
+                      ) -> tuple[list[int], list[Segment], list[int]]:
+        segments = image_segments(image)
+        prompt_tokens = len(prefix) + sum(len(seg) for seg in segments) + len(suffix)
+        if prompt_tokens >= self.n_ctx:
+            raise InputError(f"messages: the prompt is {prompt_tokens} tokens, the context holds "
+                             f"{self.n_ctx}", field="messages")
+        if prompt_tokens + max_tokens > self.n_ctx:
+            raise InputError(f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the context size {self.n_ctx}; at most {self.n_ctx - prompt_tokens} "
+                             "fit", field="max_tokens")
+        for seg in segments:
+            if isinstance(seg, np.ndarray) and seg.shape[1] != self.n_embd:
+                raise InferenceError(f"image embeddings are {seg.shape[1]} wide, the language "
+                                     f"model expects {self.n_embd}")
+        if not suffix and not segments:
+            if not prefix:
+                raise InferenceError("the prompt is empty")
+            prefix, suffix = prefix[:-1], prefix[-1:]  # the last prompt token must yield logits
+        return prefix, segments, suffix
+
+    def _prefill_prefix(self, prefix: list[int]) -> int:
+        """Reuse the cached prefix KV when the prompt starts the same way; return tokens reused."""
+        memory = llama_cpp.llama_get_memory(self.ctx)
+        if self.reuse_prefix and prefix and prefix == self._cached_prefix:
+            # Drop everything after the prefix: the previous image, its question and answer.
+            if llama_cpp.llama_memory_seq_rm(memory, 0, len(prefix), -1):
+                return len(prefix)
+        llama_cpp.llama_memory_clear(memory, True)
+        self._cached_prefix = []
+        self.feed.token_ids(self.ctx, prefix, 0, want_last_logits=False)
+        self._cached_prefix = list(prefix)
+        return 0
+
+    def borrow_candidates(self) -> Candidates:
+        return self._candidate_pool.pop() if self._candidate_pool else Candidates(self.n_vocab)
+
+    def return_candidates(self, candidates: Candidates) -> None:
+        self._candidate_pool.append(candidates)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (cached)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._render_piece(token)
+        return piece
+
+    def _piece_length(self, token: int) -> int:
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._probe, 256, 0, True)
+        return abs(n)
+
+    def _render_piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]

@@ -1,0 +1,44 @@
+"""Where the model comes from: `--model`, then `model.path`, then the demo bundle (built on first use).
+
+One place for the daemon and the CLI. It lives apart from `bundle.py` because building the demo
+bundle needs the offline builders (`edge_runtime_models`), which themselves import `bundle`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edge_runtime.config.schema import Config
+from edge_runtime.core.bundle import Bundle, demo_bundle_dir, load_bundle
+from edge_runtime.core.errors import BundleError
+
+if TYPE_CHECKING:
+    from edge_runtime.inference.inspector import Inspector
+
+
+def ensure_demo_bundle(data_dir: Path) -> Bundle:
+    """Load the demo bundle from the data folder, building it first when missing or damaged."""
+    path = demo_bundle_dir(data_dir)
+    try:
+        return load_bundle(path)
+    except BundleError:
+        from edge_runtime_models.demo import build_demo_bundle  # torch-free, but slow to import
+
+        build_demo_bundle(path)
+        return load_bundle(path)
+
+
+def resolve_bundle(config: Config, model_dir: str | None) -> Bundle:
+    """--model, then config model.path, then the demo bundle."""
+    path = model_dir or config.model.path
+    if path:
+        return load_bundle(path, verify_checksums=config.model.verify_checksums)
+    return ensure_demo_bundle(config.data_dir)
+
+
+def open_inspector(config: Config, model_dir: str | None) -> Inspector:
+    """The bundle, loaded into a ready Inspector (the engines load on first call)."""
+    from edge_runtime.inference.inspector import Inspector
+
+    return Inspector(resolve_bundle(config, model_dir), config.model, config.device_id)

@@ -1,0 +1,272 @@
+"""The inspection worker: two supervised stages (encode, then generate) behind the one queue.
+
+Stage 1 decodes, preprocesses and encodes frame N+1 while stage 2 generates frame N; frames of
+several cameras that are ready together are generated as one batch. Every Result is journaled
+before any listener (MQTT, SSE, metrics) sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edge_runtime.core.contracts import BatchJob, Gate, QueueFull, ResultListener
+from edge_runtime.core.errors import InputError, StorageFull
+from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
+from edge_runtime.core.result import Result
+from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+
+log = logging.getLogger(__name__)  # the result lines are counted by tests/test_lifecycle.py
+
+class InspectionWorker:
+    """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
+
+    def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
+                 journal: Any, gate: Gate, stats_for: Callable[[str], ScheduleStats | None],
+                 overlap: bool = True, max_batch: int = 4) -> None:
+        self.inspections = inspections
+        self.get_inspector = get_inspector
+        self.journal = journal
+        self.gate = gate
+        self.stats_for = stats_for
+        self.listeners: list[ResultListener] = []
+        self._deliver_lock = threading.Lock()
+        # Around the journal row of journaled results: evidence and rules (before),
+        self.before_journal: list[Callable[[np.ndarray | None, Result], None]] = []
+        # the rows of their actions inside the journal's transaction, wake-ups after its commit.
+        self.in_journal: list[Callable[[sqlite3.Connection, Result], None]] = []
+        self.after_journal: list[ResultListener] = []
+        self.heartbeat = time.monotonic()
+        self.busy_since: float | None = None
+        self.inspected = 0
+        self.errors = 0
+        self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
+        self._full_log = RateLimitedLog(log)
+        self.batches = 0  # generations that ran several cameras' frames as parallel sequences
+        self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
+        self.last_energy_j: float | None = None
+        self.overlap = overlap
+        self.max_batch = max_batch if overlap else 1  # batching needs frames encoded ahead of generation
+        self._stop = threading.Event()
+        # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,
+        # so frame N+1 is decoded, preprocessed and encoded while frame N is generated.
+        self._handoff: queue.Queue[tuple[InspectionRequest, Any]] = queue.Queue(maxsize=self.max_batch)
+        self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
+        self._thread = SupervisedThread("inspector", self._run, self._stop, log)
+
+    def threads(self) -> list[SupervisedThread]:
+        return [self._encoder, self._thread]
+
+    def start(self) -> None:
+        self._encoder.start()
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the inspection in progress (its result is journaled), then stop."""
+        self._stop.set()
+        self.inspections.wake()
+        for thread in (self._encoder, self._thread):
+            thread.join(timeout)
+        self._refuse_leftovers()
+
+    def _refuse_leftovers(self) -> None:
+        """Answer every request that never started, so no caller waits forever. Both stages have
+        stopped: a request the encoder handed on after the generator's last look is still in the hand-off."""
+        leftovers: list[InspectionRequest] = []
+        while True:
+            try:
+                leftovers.append(self._handoff.get_nowait()[0])
+            except queue.Empty:
+                break
+        while self.inspections.depth:
+            request = self.inspections.get(timeout=0)
+            if request is not None:  # None: the wake-up marker
+                leftovers.append(request)
+        for request in leftovers:
+            if not request.future.done():
+                request.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def alive(self, max_busy_s: float) -> bool:
+        """True while both stages turn and no single inspection has hung."""
+        if not (self._thread.is_alive() and self._encoder.is_alive()):
+            return False
+        if self.busy_since is not None:
+            return time.monotonic() - self.busy_since < max_busy_s
+        return time.monotonic() - self.heartbeat < 5.0
+
+    def _encode_loop(self) -> None:
+        while not self._stop.is_set():
+            request = self.inspections.get(timeout=1.0)
+            if request is None or not request.future.set_running_or_notify_cancel():
+                continue
+            if request.journal and self.journal.refusing():
+                # The disk is full: refuse before the model spends anything on a verdict nobody gets.
+                self._storage_full(request, StorageFull("disk full: the journal cannot store results"))
+                continue
+            encoded: Any = None
+            if self.overlap and request.job is None and request.image is not None:
+                try:
+                    inspector = self.get_inspector()
+                    encoded = (inspector, inspector.encode(request.image))
+                except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
+                    encoded = exc
+            request.encoded.set()
+            while not self._stop.is_set():
+                try:
+                    self._handoff.put((request, encoded), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            else:
+                request.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _run(self) -> None:
+        while not self._stop.is_set() or not self._handoff.empty():
+            self.heartbeat = time.monotonic()
+            try:
+                ready = [self._handoff.get(timeout=1.0)]
+            except queue.Empty:
+                continue
+            while len(ready) < self.max_batch:  # other cameras' frames that are ready now join the batch
+                try:
+                    ready.append(self._handoff.get_nowait())
+                except queue.Empty:
+                    break
+            self.busy_since = time.monotonic()
+            try:
+                work = [(request, self._usable(encoded)) for request, encoded in ready]
+                batchable = [(r, e) for r, e in work
+                             if r.job is None and e is not None and not isinstance(e, Exception)]
+                batched = {id(r) for r, _ in batchable} if len(batchable) > 1 else set()
+                if batched:
+                    self._inspect_batch(batchable)
+                for request, encoded in work:
+                    if id(request) not in batched:
+                        self._finish(request, encoded)
+            finally:
+                self.busy_since = None
+        # Refuse whatever is still queued so no caller waits forever.
+        while (leftover := self.inspections.get(timeout=0)) is not None:
+            leftover.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _usable(self, encoded: Any) -> Any:
+        """The embeddings, unless a reload replaced the model that computed them (then: encode again)."""
+        if encoded is None or isinstance(encoded, Exception):
+            return encoded
+        return encoded[1] if encoded[0] is self.get_inspector() else None
+
+    def _finish(self, request: InspectionRequest, encoded: Any) -> None:
+        try:
+            if isinstance(encoded, Exception):
+                raise encoded
+            result = self._inspect(request, encoded)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller; the loop goes on
+            self._failed(request, exc)
+        else:
+            request.future.set_result(result)
+
+    def _failed(self, request: InspectionRequest, exc: Exception) -> None:
+        if isinstance(exc, StorageFull):
+            self._storage_full(request, exc)
+            return
+        if isinstance(exc, InputError):  # the client's mistake, answered with a 4xx: not our error
+            log.info("inspection of %s refused: %s", request.camera, exc)
+            request.future.set_exception(exc)
+            return
+        self.errors += 1
+        stats = self.stats_for(request.camera)
+        if stats:
+            stats.errors += 1
+        log.error("inspection of %s failed: %s", request.camera, exc)
+        request.future.set_exception(exc)
+
+    def _storage_full(self, request: InspectionRequest, exc: StorageFull) -> None:
+        """Counted, and logged once a minute (a camera at 10 fps made 10 error lines a second)."""
+        self.not_journaled += 1
+        self._full_log.log(logging.ERROR, "inspection: %s; verdicts are neither journaled nor published "
+                           "until space returns", exc)
+        request.future.set_exception(exc)
+
+    def _inspect_batch(self, work: list[tuple[InspectionRequest, Any]]) -> None:
+        gate = self.gate.decision()
+        t0 = time.monotonic()
+        jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state) for r, enc in work]
+        try:
+            outcomes = self.get_inspector().inspect_batch(jobs)
+            self.batches += 1
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed: every caller hears it
+            for request, _ in work:
+                self._failed(request, exc)
+            return
+        energy = self.energy(t0, time.monotonic()) if self.energy is not None else None
+        for (request, _), outcome in zip(work, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._failed(request, outcome)
+                continue
+            if energy is not None:
+                outcome.energy_j = self.last_energy_j = round(energy / len(work), 4)
+            try:
+                delivered = self._deliver(request, outcome)
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it, the rest go on
+                self._failed(request, exc)
+            else:
+                request.future.set_result(delivered)
+
+    def _inspect(self, request: InspectionRequest, encoded: Any = None) -> Any:
+        inspector = self.get_inspector()
+        if request.job is not None:
+            return request.job(inspector)
+        gate = self.gate.decision()
+        t0 = time.monotonic()
+        result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
+                                           seq=request.seq, capture_ms=request.capture_ms,
+                                           governor=gate.state, encoded=encoded)
+        if self.energy is not None:
+            result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
+        return self._deliver(request, result)
+
+    def _in_journal(self, result: Result) -> Callable[[sqlite3.Connection], None] | None:
+        if not self.in_journal:
+            return None
+        hooks = list(self.in_journal)
+
+        def stage(db: sqlite3.Connection) -> None:
+            for hook in hooks:
+                hook(db, result)
+        return stage
+
+    def _deliver(self, request: InspectionRequest, result: Result) -> Result:
+        """Journal first (durable before anyone else sees it), then counters, log and listeners.
+        One result at a time: the offload workers deliver too, and the verdict hooks (evidence, the
+        rules' side effects) keep per-result state between before_journal and after_journal."""
+        with self._deliver_lock:
+            if request.journal:
+                for hook in self.before_journal:
+                    hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
+                # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
+                # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
+                self.journal.add(result, extra=self._in_journal(result))
+                self._full_log.reset()
+                for after in self.after_journal:
+                    after(result)
+            self.inspected += 1
+            stats = self.stats_for(request.camera)
+            if stats:
+                stats.inspected += 1
+                stats.last_result = result.to_dict()
+            log.info("result %s camera=%s verdict=%s total=%.0fms", result.id, result.camera,
+                     json.dumps(result.verdict, ensure_ascii=False), result.timings_ms["total"])
+            for listener in self.listeners:
+                try:
+                    listener(result)
+                except Exception:
+                    log.exception("result listener failed")
+            return result

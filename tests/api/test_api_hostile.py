@@ -1,0 +1,245 @@
+"""Hostile and malformed requests: every client error is a fast 4xx JSON error naming its field."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from flask.testing import FlaskClient
+
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.core.errors import InputError
+from edge_runtime.core.samples import part_image
+from tests.api.test_api import running_daemon
+from tests.support.images import encode, png_bomb
+
+JPEG = encode(part_image(3, defect=True), ".jpg")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
+    for d in running_daemon(tmp_path_factory.mktemp("hostile"), demo_dir, results=1):
+        d.config.images.max_pixels = 20_000_000  # so the 49-MP PNG below is refused by size
+        yield d
+
+
+def error_of(response: object, status: int) -> dict[str, object]:
+    assert response.status_code == status, (response.status_code, response.get_data(as_text=True)[:300])  # type: ignore[attr-defined]
+    assert response.mimetype == "application/json"  # type: ignore[attr-defined]
+    error: dict[str, object] = response.json["error"]  # type: ignore[attr-defined]
+    return error
+
+
+def chat(text: str = "Describe the part.", **extra: object) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": text}], "max_tokens": 8, **extra}
+
+
+# ---- 4xx naming the field (issue 14 items 9 and 10) ---------------------------------------------
+
+def test_results_cursor_beyond_int64_is_400_naming_before(client: FlaskClient) -> None:
+    error = error_of(client.get("/api/v1/results?before=12345678901234567890"), 400)
+    assert error["field"] == "before"
+
+
+@pytest.mark.parametrize("path", ["/api/v1/infer", "/v1/chat/completions", "/api/v1/cameras/belt/trigger"])
+def test_deeply_nested_json_is_400_not_a_crash(client: FlaskClient, path: str) -> None:
+    nested_40 = json.dumps({"image": json.loads("[" * 40 + '"x"' + "]" * 40)})
+    for body in ("[" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000, nested_40):
+        error = error_of(client.post(path, data=body, content_type="application/json"), 400)
+        assert error["field"] == "body" and "nested" in str(error["message"])
+
+
+def test_chat_seed_minus_one_means_a_random_seed(client: FlaskClient) -> None:
+    reply = client.post("/v1/chat/completions", json=chat(seed=-1, temperature=0.7))
+    assert reply.status_code == 200, reply.json
+    error = error_of(client.post("/v1/chat/completions", json=chat(seed=-2)), 400)
+    assert error["field"] == "seed"
+
+
+def test_chat_takes_json_sent_as_a_form_like_curl_d_does(client: FlaskClient) -> None:
+    reply = client.post("/v1/chat/completions", data=json.dumps(chat()),
+                        content_type="application/x-www-form-urlencoded")
+    assert reply.status_code == 200, reply.json
+
+
+def test_chat_denormal_temperature_is_greedy_not_a_crash(client: FlaskClient) -> None:
+    # Found by schemathesis: 2.2250738585e-313 made the sampler's probabilities NaN (500).
+    reply = client.post("/v1/chat/completions", json=chat(temperature=2.2250738585e-313))
+    assert reply.status_code == 200, reply.json
+
+
+def test_chat_max_tokens_beyond_the_context_is_400_saying_so(client: FlaskClient, daemon: Daemon) -> None:
+    error = error_of(client.post("/v1/chat/completions", json=chat(max_tokens=8192)), 400)
+    assert error["field"] == "max_tokens" and f"context of {daemon.config.model.context_size}" in str(error["message"])
+
+
+def test_chat_text_far_longer_than_the_context_is_refused_before_tokenizing(client: FlaskClient) -> None:
+    started = time.perf_counter()
+    error = error_of(client.post("/v1/chat/completions", json=chat("bolt " * 4_000)), 400)  # 20000 > 2048 * 8
+    assert error["field"] == "messages" and time.perf_counter() - started < 1.0
+    error = error_of(client.post("/v1/chat/completions", json=chat("bolt " * 200_000)), 400)
+    assert error["field"] == "messages.0.content"
+
+
+def test_chat_message_count_is_bounded(client: FlaskClient) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}] * 65}
+    assert error_of(client.post("/v1/chat/completions", json=body), 400)["field"] == "messages"
+
+
+def test_input_error_from_the_model_layer_is_400_naming_its_field(client: FlaskClient, daemon: Daemon,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The model layer refuses a prompt longer than its context with InputError inside the future.
+    refused: Future[object] = Future()
+    refused.set_exception(InputError("the prompt has 3000 tokens; the context holds 2048", field="prompt"))
+    monkeypatch.setattr(daemon, "submit_image", lambda *a, **k: refused)
+    error = error_of(client.post("/api/v1/infer", json={"image": base64.b64encode(JPEG).decode(),
+                                                        "prompt": "x"}), 400)
+    assert error["field"] == "prompt" and "context holds 2048" in str(error["message"])
+
+
+def test_trigger_prompt_must_be_a_string_and_is_never_journaled(client: FlaskClient, daemon: Daemon) -> None:
+    before = daemon.journal.counts()["total"]
+    error = error_of(client.post("/api/v1/cameras/belt/trigger", json={"prompt": 123}), 400)
+    assert error["field"] == "prompt"
+    rows = daemon.journal.query(limit=50)
+    assert all(isinstance(r["prompt"], str) for r in rows) and daemon.journal.counts()["total"] >= before
+
+
+@pytest.mark.parametrize("path", ["/api/v1/cameras/belt/trigger", "/api/v1/infer"])
+def test_a_20000_character_prompt_is_400(client: FlaskClient, path: str) -> None:
+    body = {"prompt": "x" * 20_000, "image": base64.b64encode(JPEG).decode()}
+    if "trigger" in path:
+        body.pop("image")
+    assert error_of(client.post(path, json=body), 400)["field"] == "prompt"
+
+
+def test_unknown_fields_are_named(client: FlaskClient) -> None:
+    error = error_of(client.post("/api/v1/cameras/belt/trigger", json={"promt": "typo"}), 400)
+    assert error["field"] == "promt"
+
+
+def test_method_not_allowed_carries_allow(client: FlaskClient) -> None:
+    response = client.delete("/api/v1/infer")
+    error_of(response, 405)
+    assert response.headers["Allow"] == "OPTIONS, POST"
+
+
+def test_non_finite_numbers_are_not_json(client: FlaskClient) -> None:
+    body = '{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
+    assert error_of(client.post("/v1/chat/completions", data=body, content_type="application/json"), 400)[
+        "field"] == "body"
+
+
+def test_response_format_shape_is_validated(client: FlaskClient) -> None:
+    error = error_of(client.post("/v1/chat/completions", json=chat(response_format={"type": "json_schema"})), 400)
+    assert error["field"] == "response_format"
+    error = error_of(client.post("/v1/chat/completions", json=chat(response_format={"type": "xml"})), 400)
+    assert error["field"] == "response_format.type"
+
+
+def test_base64_size_is_checked_before_decoding(client: FlaskClient, daemon: Daemon) -> None:
+    limit = int(daemon.config.api.max_request_mb * 1024 * 1024)
+    daemon.config.api.max_request_mb, old = 0.5, daemon.config.api.max_request_mb
+    try:  # the body passes the request limit; the image inside it does not pass the image limit
+        body = {"image": "A" * (limit // 2)}
+        error = error_of(client.post("/api/v1/infer", json=body), 413)
+        assert error["field"] == "image"
+    finally:
+        daemon.config.api.max_request_mb = old
+
+
+# ---- hostile uploads on every image path (issue 14 item 6) -----------------------------------------
+
+def _png(width: int, height: int, rows: bytes | None = None, depth: int = 8, color: int = 2) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    channels = {0: 1, 2: 3, 6: 4}[color]
+    comp = zlib.compressobj(9)
+    row = b"\0" + b"\0" * (width * channels * depth // 8)
+    idat = b"".join(comp.compress(row) for _ in range(height)) + comp.flush() if rows is None else rows
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def _cmyk_jpeg() -> bytes:
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("CMYK", (64, 48), (10, 200, 30, 0)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def _animated_gif() -> bytes:
+    from PIL import Image
+    buf = io.BytesIO()
+    frames = [Image.new("RGB", (64, 48), (i * 40, 0, 0)) for i in range(3)]
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:])
+    return buf.getvalue()
+
+
+# name -> (bytes, acceptable statuses). Valid but unusual images may be inspected (200); nothing 5xx.
+CORPUS: dict[str, tuple[bytes, set[int]]] = {
+    "zero-byte": (b"", {400}),
+    "truncated-jpeg": (JPEG[: len(JPEG) // 2], {400}),
+    "wrong-magic": (b"\x89PNG\r\n\x1a\n" + JPEG[2:], {400}),
+    "png-49-megapixel-bomb": (_png(7000, 7000, depth=8, color=0), {413}),
+    "png-30000x30000-header": (png_bomb(30000, 30000), {413}),
+    "png-16-bit": (encode(np.full((48, 64, 3), 30000, np.uint16), ".png"), {200, 400}),
+    "cmyk-jpeg": (_cmyk_jpeg(), {200, 400}),
+    "animated-gif": (_animated_gif(), {400}),
+    "svg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="64" height="48"><script>alert(1)</script></svg>', {400}),
+    # A complete JPEG with bytes after its end marker is a valid image (cameras append metadata there):
+    # its pixels are inspected, the trailing bytes are never interpreted. A truncated scan is refused.
+    "jpeg-zip-polyglot": (JPEG + b"PK\x03\x04" + b"\0" * 200, {200}),
+    "html-in-png-comment": (_png(32, 32)[:-12] + b"<html><script>x</script></html>" + _png(32, 32)[-12:], {200, 400}),
+    "garbage-after-jpeg-header": (JPEG[:200] + bytes(range(256)) * 20, {400}),
+}
+
+
+def _post(client: FlaskClient, path: str, data: bytes) -> object:
+    if path == "multipart":
+        return client.post("/api/v1/infer", data={"image": (io.BytesIO(data), "x.bin")})
+    if path == "json":
+        return client.post("/api/v1/infer", json={"image": base64.b64encode(data).decode()})
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return client.post("/v1/chat/completions", json={"max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "ok?"}]}]})
+
+
+@pytest.mark.parametrize("path", ["multipart", "json", "openai-data-url"])
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_hostile_upload_is_refused_fast(client: FlaskClient, path: str, name: str) -> None:
+    data, statuses = CORPUS[name]
+    started = time.perf_counter()
+    response = _post(client, path, data)
+    elapsed = time.perf_counter() - started
+    assert response.status_code in statuses, (response.status_code, response.get_data(as_text=True)[:200])  # type: ignore[attr-defined]
+    print(f"\nhostile {name} via {path}: {response.status_code} in {elapsed * 1000:.0f} ms")  # type: ignore[attr-defined]
+    if response.status_code >= 400:  # type: ignore[attr-defined]
+        assert response.json["error"]["field"].endswith(("image", "url"))  # type: ignore[attr-defined]
+        assert elapsed < 2.0, elapsed
+    assert client.get("/healthz").status_code == 200
+
+
+def test_truncated_jpeg_with_an_end_marker_appended_is_400(client: FlaskClient) -> None:
+    forged = JPEG[: len(JPEG) // 2] + b"\xff\xd9"
+    response = client.post("/api/v1/infer", data={"image": (io.BytesIO(forged), "x.jpg")})
+    assert response.status_code == 400
+
+
+def test_cv2_is_not_asked_to_decode_what_the_header_refuses(client: FlaskClient,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = cv2.imdecode
+    monkeypatch.setattr(cv2, "imdecode", lambda *a: calls.append(1) or real(*a))
+    error_of(_post(client, "multipart", png_bomb(30000, 30000)), 413)  # type: ignore[arg-type]
+    assert calls == []

@@ -1,0 +1,309 @@
+"""Slow and greedy clients against the real waitress server: a request must arrive whole within
+`api.request_deadline_s`, one address holds at most `api.connections_per_client` connections, and
+`/healthz` from 127.0.0.1 connects and answers while other clients fill the connection table.
+
+Any 127.x address is a distinct client on Linux: the sockets bind 127.0.0.2, 127.0.0.3, ... as source.
+"""
+
+from __future__ import annotations
+
+import resource
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from edge_runtime.api import CLEANUP_S
+from edge_runtime.api.guard import CONNECTION_LIMIT
+from edge_runtime.app.daemon import Daemon
+from tests.api.test_api import make_daemon
+from tests.support.waiting import wait_for
+
+HEAD = b"GET /healthz HTTP/1.1\r\nHost: device\r\nX-Slow: "
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # ~1,100 sockets on both ends, one process
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 4096), hard), hard))
+    d = make_daemon(tmp_path_factory.mktemp("slowloris"), demo_dir, camera=False)
+    yield d
+    d.stop()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.fixture
+def port(daemon: Daemon) -> Iterator[int]:
+    assert daemon.api is not None
+    yield daemon.api.port
+    daemon.api.apply(daemon.config.api)  # back to the configured limits
+    guard = daemon.api._server
+    wait_for(lambda: not guard.per_client, timeout=15, what="the server to forget closed connections")
+
+
+def set_limits(daemon: Daemon, **update: object) -> None:
+    assert daemon.api is not None
+    assert daemon.api.apply(daemon.config.api.model_copy(update=update)) == []  # live, no restart
+
+
+def connect(port: int, source: str) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+
+
+def get_healthz(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body) to a /healthz request on `sock`."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: device\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
+def refused(sock: socket.socket) -> bool:
+    """The server closed this connection without serving it (a 429 line, EOF or a reset)."""
+    sock.settimeout(2)
+    try:
+        data = sock.recv(4096)
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return data == b"" or data.startswith(b"HTTP/1.1 429")
+
+
+def healthz_latencies(port: int, probes: int = 20) -> list[float]:
+    out = []
+    for _ in range(probes):
+        started = time.perf_counter()
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+        out.append(time.perf_counter() - started)
+    return sorted(out)
+
+
+class Dribblers:
+    """Connections that send a request head one byte every `every` seconds and never finish it;
+    records when each one was first fed and when the server answered or closed it."""
+
+    def __init__(self, port: int, sources: list[str], per_source: int, every: float = 0.3) -> None:
+        self.socks = [connect(port, src) for src in sources for _ in range(per_source)]
+        self.started: dict[socket.socket, float] = {}
+        self.ended: dict[socket.socket, tuple[float, bytes]] = {}
+        self.every = every
+        self._stop = threading.Event()
+        for sock in self.socks:
+            sock.setblocking(False)
+            self._send(sock, HEAD)
+            self.started[sock] = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _send(self, sock: socket.socket, data: bytes) -> None:
+        try:
+            sock.send(data)
+        except OSError:
+            self.ended.setdefault(sock, (time.monotonic(), b""))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            live = [s for s in self.socks if s not in self.ended]
+            if not live:
+                return
+            readable, _, _ = select.select(live, [], [], self.every)
+            for sock in readable:
+                try:
+                    data = sock.recv(4096)
+                except OSError:
+                    data = b""
+                self.ended[sock] = (time.monotonic(), data)
+            for sock in live:
+                if sock not in self.ended:
+                    self._send(sock, b"x")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for sock in self.socks:
+            sock.close()
+
+
+def metric(port: int, name: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_dribbling_client_gets_408_and_is_closed_at_the_request_deadline(daemon: Daemon, port: int) -> None:
+    set_limits(daemon, request_deadline_s=1.0)
+    cut_before = metric(port, "edge_api_requests_cut_total")
+    # From 127.0.0.1: exempt from the per-client cap, not from the deadline.
+    slow = Dribblers(port, ["127.0.0.1"], 1)
+    try:
+        (sock,) = slow.socks
+        wait_for(lambda: sock in slow.ended, timeout=8, what="the server to cut the dribbling request")
+        at, answer = slow.ended[sock]
+        took = at - slow.started[sock]
+    finally:
+        slow.close()
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"request_timeout"' in answer, answer
+    assert 1.0 <= took < 1.0 + CLEANUP_S + 1.5, took
+    assert metric(port, "edge_api_requests_cut_total") == cut_before + 1
+
+
+def test_deadline_runs_per_request_not_per_keepalive_connection(daemon: Daemon, port: int) -> None:
+    set_limits(daemon, request_deadline_s=1.0)
+    with connect(port, "127.0.0.2") as sock:
+        for _ in range(4):  # 2.4 s on one connection, each request whole at once
+            assert get_healthz(sock).startswith(b"HTTP/1.1 200 ")
+            time.sleep(0.6)
+
+
+def test_two_hundred_dribblers_are_all_cut_while_healthz_answers_in_milliseconds(daemon: Daemon, port: int) -> None:
+    set_limits(daemon, request_deadline_s=2.0, connections_per_client=256)
+    slow = Dribblers(port, ["127.0.0.2"], 200)
+    try:
+        latencies = healthz_latencies(port)
+        print(f"\n200 dribblers: /healthz p50 {latencies[10] * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
+        assert latencies[-1] < 0.5, latencies
+        wait_for(lambda: len(slow.ended) == 200, timeout=2.0 + CLEANUP_S + 5, what="every dribbler cut")
+        # Each got the 408, or (when its next byte crossed the close) a reset that discarded it.
+        answers = [answer[:12] for _, answer in slow.ended.values()]
+        assert set(answers) <= {b"HTTP/1.1 408", b""} and answers.count(b"HTTP/1.1 408") >= 100, answers
+        cut_after = sorted(at - slow.started[s] for s, (at, _) in slow.ended.items())
+        assert 2.0 <= cut_after[0] and cut_after[-1] < 2.0 + CLEANUP_S + 3, cut_after
+    finally:
+        slow.close()
+
+
+def test_connection_beyond_the_per_client_cap_is_refused_while_another_address_gets_through(
+        daemon: Daemon, port: int) -> None:
+    cap = daemon.config.api.connections_per_client
+    assert cap == 64  # the default
+    held = [connect(port, "127.0.0.2") for _ in range(cap)]
+    try:
+        refused_before = metric(port, "edge_api_connections_refused_total")
+        extra = connect(port, "127.0.0.2")
+        assert refused(extra)
+        extra.close()
+        assert metric(port, "edge_api_connections_refused_total") == refused_before + 1
+        assert get_healthz(held[0]).startswith(b"HTTP/1.1 200 ") and get_healthz(held[-1]).startswith(b"HTTP/1.1 200 ")
+        with connect(port, "127.0.0.3") as other:
+            assert get_healthz(other).startswith(b"HTTP/1.1 200 ")
+        # A closed connection gives its slot back.
+        held.pop().close()
+
+        def one_more() -> bool:
+            sock = connect(port, "127.0.0.2")
+            if refused(sock):
+                sock.close()
+                return False
+            held.append(sock)
+            return True
+        wait_for(one_more, timeout=5, what="a slot for 127.0.0.2 after one of its connections closed")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_healthz_from_loopback_connects_while_other_clients_fill_the_connection_table(
+        daemon: Daemon, port: int) -> None:
+    set_limits(daemon, request_deadline_s=60)
+    sources = [f"127.0.0.{i}" for i in range(2, 2 + CONNECTION_LIMIT // 64 + 1)]  # 8 x 64 = 512
+    slow = Dribblers(port, sources, 64)
+    try:
+        assert daemon.api is not None
+        server = daemon.api._server
+        # (- 2: waitress's own limit counts its listening socket and wake-up pipe as connections)
+        wait_for(lambda: len(server.active_channels) >= CONNECTION_LIMIT - 2, timeout=5, what="a full table")
+        latencies = healthz_latencies(port)
+        print(f"\n{CONNECTION_LIMIT} connections held: /healthz p50 {latencies[10] * 1000:.1f} ms, "
+              f"max {latencies[-1] * 1000:.1f} ms")
+        assert latencies[-1] < 1.0, latencies
+        wait_for(lambda: len(slow.ended) >= 512 - CONNECTION_LIMIT, timeout=5, what="the surplus refused")
+        assert len(slow.ended) == 512 - CONNECTION_LIMIT  # the other 500 stayed open all along
+    finally:
+        slow.close()
+
+
+def test_a_pipelined_request_is_not_cut_while_the_one_before_it_is_served() -> None:
+    """waitress reads nothing more of a connection while it serves a request on it, so a pipelined
+    request that arrived in part must not run out of time meanwhile (the 408 used to land inside the
+    first response's chunked body)."""
+    from edge_runtime.api.guard import Limits, create_guarded_server
+
+    def slow(environ: dict[str, object], start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        for i in range(4):
+            time.sleep(0.5)
+            yield b"chunk%d\n" % i
+
+    server = create_guarded_server(slow, Limits(request_deadline_s=0.5), map={}, host="127.0.0.1", port=0,
+                                   threads=2, cleanup_interval=0.2, channel_timeout=10)
+    threading.Thread(target=server.run, daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.socket.getsockname()[1]), timeout=10) as sock:
+            sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n")  # /b not finished
+            data = b""
+            while b"chunk3" not in data:
+                chunk = sock.recv(65536)
+                assert chunk, f"closed early: {data!r}"
+                data += chunk
+        assert b"408" not in data and server.cut_requests == 0
+    finally:
+        server.close()
+
+
+def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spooling() -> None:
+    """waitress spools a request body to a temporary file before the app (and its token check) sees
+    it: forty unauthenticated 30 MB uploads took 1.2 GB of /tmp. Bodies are reserved at their head."""
+    from edge_runtime.api.guard import Limits, create_guarded_server
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        environ["wsgi.input"].read()
+        start_response("401 Unauthorized", [("Content-Type", "text/plain")])
+        return [b"no"]
+
+    server = create_guarded_server(app, Limits(bodies_bytes=2_000_000), map={}, host="127.0.0.1", port=0,
+                                   threads=2, max_request_body_size=1_000_000, channel_timeout=10)
+    threading.Thread(target=server.run, daemon=True).start()
+    port = server.socket.getsockname()[1]
+    head = b"POST /api/v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n"
+    socks = []
+    try:
+        for _ in range(2):  # 1.8 MB reserved: both fit
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(head + b"x" * 1000)
+            socks.append(s)
+        wait_for(lambda: server.bodies_in_flight == 1_800_000, 5, "two bodies reserved")
+        third = socket.create_connection(("127.0.0.1", port), timeout=5)
+        third.sendall(head + b"x" * 1000)
+        answer = third.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b'"busy"' in answer, answer
+        assert server.bodies_refused == 1
+        third.close()
+        socks[0].sendall(b"x" * 899_000)  # the first upload completes: its reservation is released
+        assert socks[0].recv(4096).startswith(b"HTTP/1.1 401")
+        wait_for(lambda: server.bodies_in_flight == 900_000, 5, "the first body released")
+        fourth = socket.create_connection(("127.0.0.1", port), timeout=5)
+        fourth.sendall(head + b"x" * 899_999 + b"x")
+        assert fourth.recv(4096).startswith(b"HTTP/1.1 401")  # fits again
+        fourth.close()
+    finally:
+        for s in socks:
+            s.close()
+        try:  # while the server's loop runs: it is what sees the connections close
+            wait_for(lambda: server.bodies_in_flight == 0, 5, "every reservation released when connections close")
+        finally:
+            server.close()

@@ -1,0 +1,144 @@
+"""The daemon's fault paths on the real engines: model reload and its fallback, refusing queued work
+at shutdown, and the hung-inspection watchdog. Work is submitted through the `Device` interface."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.core.contracts import Device, QueueFull
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.samples import write_sample_video
+from tests.app.test_reload import daemon_with_file
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture
+def on_demand(tmp_path: Path) -> CameraConfig:
+    video = write_sample_video(tmp_path / "v.avi", frames=20)
+    return CameraConfig(name="cam", source=str(video), fps=10, trigger=TriggerConfig(mode="on_demand"))
+
+
+def inspect_now(daemon: Device) -> Any:
+    wait_for(lambda: daemon.latest_jpeg("cam"), what="a frame")
+    return daemon.trigger("cam").result(timeout=30)
+
+
+def test_a_changed_model_is_loaded_on_reload_and_the_old_one_closed(tmp_path: Path, demo_dir: Path,
+                                                                     on_demand: CameraConfig) -> None:
+    daemon, path, cfg = daemon_with_file(tmp_path, demo_dir, [on_demand], [])
+    try:
+        old = daemon.inspector
+        cfg.model.max_tokens = 200  # a model setting: the bundle is loaded again with it
+        path.write_text(cfg.model_dump_json())
+        assert daemon.reload()["applied"] == ["model.max_tokens"]
+        assert daemon.inspector is not old and old is not None and not old.ready
+        info = daemon.model_info()
+        assert info is not None and info.ready and info.max_tokens == 200
+        assert info.verdict_schema["required"] == ["defect", "category", "confidence", "notes"]
+        assert inspect_now(daemon).model == info.model_name
+    finally:
+        daemon.stop()
+
+
+def test_a_model_that_fails_to_load_on_reload_keeps_the_running_one(tmp_path: Path, demo_dir: Path,
+                                                                     bundle_copy: Path,
+                                                                     on_demand: CameraConfig) -> None:
+    (bundle_copy / "language.gguf").write_bytes(b"GGUF but not a model")  # fails its checksum
+    daemon, path, cfg = daemon_with_file(tmp_path, demo_dir, [on_demand], [])
+    try:
+        old = daemon.inspector
+        cfg.model.path = bundle_copy
+        cfg.log_level = "debug"
+        path.write_text(cfg.model_dump_json())
+        outcome = daemon.reload()
+        assert daemon.inspector is old and old is not None and old.ready
+        assert daemon.config.model.path == demo_dir  # the running model's settings stay with it
+        assert outcome["applied"] == ["log_level"]  # the rest of the file applies; the model path did not
+        assert daemon.health()["state"] == "ok" and inspect_now(daemon).verdict
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture
+def bare_daemon(tmp_path: Path, demo_dir: Path) -> Iterator[Daemon]:
+    cfg = Config(device_id="faults", data_dir=tmp_path / "data")
+    cfg.model.path, cfg.model.threads = demo_dir, 2
+    cfg.api.enabled = cfg.mqtt.enabled = False
+    cfg.inspection.queue_size = 8
+    daemon = Daemon(cfg)
+    daemon.start()
+    yield daemon
+    if daemon.inspector is not None:
+        daemon.stop()
+
+
+def blocking_job(started: threading.Event, release: threading.Event) -> Any:
+    def job(_inspector: Any) -> str:
+        started.set()
+        release.wait(30)
+        return "ran"
+    return job
+
+
+def test_work_still_queued_at_shutdown_is_refused_not_left_waiting(bare_daemon: Daemon) -> None:
+    started, release = threading.Event(), threading.Event()
+    first = bare_daemon.submit_job(blocking_job(started, release))
+    assert started.wait(30)
+    queued: list[Future[Any]] = [bare_daemon.submit_job(lambda _i: "ran") for _ in range(8)]
+    stopper = threading.Thread(target=bare_daemon.stop)
+    stopper.start()
+    wait_for(lambda: bare_daemon.worker._stop.is_set(), what="the stop to begin")
+    release.set()  # the inspection in progress finishes; whatever has not started must be answered
+    stopper.join(30)
+    assert first.result(timeout=0) == "ran"
+    outcomes = []
+    for future in queued:
+        assert future.done(), "a caller would wait forever"
+        exc = future.exception(timeout=0)
+        outcomes.append("ran" if exc is None else str(exc))
+    refused = [o for o in outcomes if o != "ran"]
+    assert refused and set(refused) == {"the daemon is shutting down"}
+    assert all(isinstance(f.exception(timeout=0), QueueFull) for f in queued if f.exception(timeout=0))
+
+
+def test_stop_refuses_work_not_started_even_while_an_inspection_overruns_it(bare_daemon: Daemon) -> None:
+    started, release = threading.Event(), threading.Event()
+    first = bare_daemon.submit_job(blocking_job(started, release))
+    assert started.wait(30)
+    queued = [bare_daemon.submit_job(lambda _i: "ran") for _ in range(8)]  # 4 handed on, 1 held, 3 queued
+    try:
+        bare_daemon.worker.stop(timeout=0.3)  # the inspection in progress outlasts the stop's patience
+        wait_for(lambda: all(f.done() for f in queued), timeout=5, what="every waiting caller to be answered")
+        assert {str(f.exception(timeout=0)) for f in queued} == {"the daemon is shutting down"}
+    finally:
+        release.set()
+    assert first.result(timeout=30) == "ran"  # the one in progress still finishes
+
+
+def test_a_hung_inspection_makes_the_pipeline_not_alive_until_it_returns(bare_daemon: Daemon) -> None:
+    started, release = threading.Event(), threading.Event()
+    try:
+        assert bare_daemon.worker.alive(max_busy_s=0.3)
+        future = bare_daemon.submit_job(blocking_job(started, release))
+        assert started.wait(30)
+        wait_for(lambda: not bare_daemon.worker.alive(max_busy_s=0.3), what="the watchdog to see the hang")
+        assert bare_daemon.worker.alive(max_busy_s=60)  # the daemon's own limit is not reached yet
+    finally:
+        release.set()
+    assert future.result(timeout=30) == "ran"
+    wait_for(lambda: bare_daemon.worker.alive(max_busy_s=0.3), what="alive again")
+
+
+def test_an_unknown_camera_is_refused_through_the_device_interface(bare_daemon: Daemon) -> None:
+    device: Device = bare_daemon
+    with pytest.raises(EdgeRuntimeError, match="no camera named 'nope'"):
+        device.trigger("nope")
+    assert device.camera_names() == [] and device.get_result("no-such-id") is None

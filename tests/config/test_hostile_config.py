@@ -1,0 +1,133 @@
+"""Broken and hostile config files: one config error line (exit 2), never a crash; names are anchored."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_runtime.config.schema import MAX_CONFIG_BYTES, load_config, parse_config
+from edge_runtime.core.errors import ConfigError
+
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
+
+# name -> file content (bytes); each must be refused with one ConfigError line.
+CORPUS: dict[str, bytes] = {
+    "unhashable_key": b"? [a, b]\n: 1\n",
+    "mapping_key": b"? {a: 1}\n: 1\n",
+    "recursive_alias": b"x: &a [*a]\n",
+    "recursive_mapping_alias": b"model: &m\n  threads: *m\n",
+    "billion_laughs": LAUGHS.encode(),
+    "deep_nesting": b"x: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+    "binary_garbage": bytes(range(256)) * 4,
+    "nul_bytes": b"device_id: a\x00b\n",
+    "python_tag": b"x: !!python/object/apply:os.system ['true']\n",
+    "not_a_mapping": b"- 1\n- 2\n",
+    "wildcard_camera": b"cameras:\n  - name: 'line#1'\n    source: x.avi\n",
+    "huge_integer": b"api: {port: 1" + b"0" * 5000 + b"}\n",  # past Python's int() digit limit
+    "merge_key": b"x: &d {threads: 1}\nmodel: {<<: *d}\n",
+    "binary_tag": b"device_id: !!binary aGVsbG8=\n",
+    "lone_surrogate": b'device_id: "a\\ud800"\n',
+    "lone_surrogate_key": b'"k\\udfff": 1\n',
+}
+BAD_NAMES = ["line#1", "line+1", "a/b", "<b>x</b>", "x" * 100, "-lead", "", "a b", "$SYS"]
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_broken_config_is_one_config_error(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    path.write_bytes(CORPUS[name])
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(str(path)) and "\n" not in message and len(message) < 400
+
+
+def test_unhashable_key_names_its_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:2: a key must be a plain value"):
+        parse_config("device_id: a\n? [a, b]\n: 1\n")
+
+
+def test_recursive_alias_is_named() -> None:
+    with pytest.raises(ConfigError, match="refers to itself"):
+        parse_config("x: &a [*a]\n")
+
+
+def test_alias_bomb_is_refused_before_it_expands() -> None:
+    with pytest.raises(ConfigError, match="too many values"):
+        parse_config(LAUGHS)
+
+
+def test_a_directory_is_not_a_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(tmp_path)
+
+
+def test_an_unreadable_file_is_one_line(tmp_path: Path) -> None:
+    # As root (CI) file permissions do not stop reading; a symlink loop fails open() for anyone.
+    path = tmp_path / "loop.yaml"
+    path.symlink_to(path)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config(path)
+
+
+def test_a_huge_file_is_refused_after_a_bounded_read(tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    with path.open("wb") as f:
+        f.truncate(1 << 30)  # sparse 1 GiB: reading it whole would cost a gigabyte of memory
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config(path)
+    assert MAX_CONFIG_BYTES <= 1 << 20
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_camera_names_unsafe_in_topics_urls_or_files_are_refused(bad: str) -> None:
+    text = f"device_id: ok\ncameras:\n  - name: {bad!r}\n    source: x.avi\n"
+    with pytest.raises(ConfigError, match=r"<config>:3: cameras\.0\.name"):
+        parse_config(text)
+
+
+@pytest.mark.parametrize("bad", ["a#b", "a+b", "a/b", "<i>", "x" * 100, "-x"])
+def test_device_id_unsafe_in_topics_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:1: device_id"):
+        parse_config(f"device_id: {bad!r}\n")
+
+
+@pytest.mark.parametrize("bad", ["edge/#", "edge/+/x", "edge//x", "/edge", "$SYS/x", "a/<b>"])
+def test_topic_prefix_pieces_are_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:2: mqtt\.topic_prefix"):
+        parse_config(f"mqtt:\n  topic_prefix: {bad!r}\n")
+
+
+def test_safe_names_pass() -> None:
+    cfg = parse_config("device_id: line-7.plant\nmqtt:\n  topic_prefix: factory/hall_2/line-7\n"
+                       "cameras:\n  - name: Belt_2-top\n    source: x.avi\n")
+    assert cfg.cameras[0].name == "Belt_2-top" and cfg.topic_prefix() == "factory/hall_2/line-7"
+
+
+@pytest.mark.parametrize("name", ["unhashable_key", "recursive_alias", "billion_laughs", "binary_garbage"])
+def test_config_validate_exits_2_with_one_line(name: str, tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    path.write_bytes(CORPUS[name])
+    proc = subprocess.run([sys.executable, "-m", "edge_runtime", "config", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+
+
+def test_an_environment_value_that_is_not_utf8_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    path.write_text("device_id: a\nmqtt:\n  host: ${EDGE_TEST_BAD_HOST}\n")
+    env = {**os.environ, "EDGE_TEST_BAD_HOST": "x"}
+    code = ("import os, sys; from edge_runtime.config.schema import load_config\n"
+            "os.environb[b'EDGE_TEST_BAD_HOST'] = b'br\\xffoker'\n"
+            "try:\n    load_config(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.startswith(f"ConfigError {path}:3:") and "not valid UTF-8" in out, out

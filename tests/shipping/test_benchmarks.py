@@ -1,0 +1,71 @@
+"""Every script in benchmarks/ still runs: a smoke run of each on the demo bundle with the smallest
+arguments, so a refactor cannot silently break one (parallel_agreement.py once crashed on a private
+attribute that had moved). The figures are not checked here; docs/benchmarks.md holds real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import Broker
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+# script -> (arguments with {bundle}/{port}/{trace} filled in, a string its output must contain)
+SMOKE: dict[str, tuple[list[str], str]] = {
+    "api_load.py": (["--seconds", "1", "--clients", "1", "--infer", "2"], "status_requests_per_s"),
+    "daemon_rates.py": (["--seconds", "2"], "per_camera_per_s"),
+    "evidence_cost.py": (["--frames", "2", "--inspections", "2"], "difference_ms"),
+    "governor_run.py": (["--model", "{bundle}", "--gpu-layers", "0", "--seconds", "2", "--replay", "{trace}"],
+                        '"governed"'),
+    "inspection_queries.py": (["--results", "2000"], "export all defects"),
+    "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
+    "parallel_agreement.py": (["{bundle}"], "same verdicts"),
+    "parallel_profile.py": (["{bundle}"], "one camera"),
+    "soak.py": (["--minutes", "0.25", "--warmup-min", "0", "--sample-s", "3", "--cameras", "1"], '"rss_mb"'),
+    "token_profile.py": (["{bundle}", "2"], "µs/token"),
+}
+# Shell drivers for the lent GPU machine (nvcc, CUDA): checked for syntax here, shellcheck'd in test_shipping.
+GPU_ONLY = {"gpu_llm.sh", "gpu_run.sh"}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = Broker(tmp_path_factory.mktemp("broker")).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_every_benchmark_script_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts == set(SMOKE) | GPU_ONLY, "give the new script a smoke run in SMOKE (or GPU_ONLY)"
+
+
+@pytest.mark.parametrize("script", sorted(GPU_ONLY))
+def test_gpu_driver_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(BENCH / script)], check=True, timeout=30)
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_benchmark_runs_on_the_demo_bundle(script: str, demo_dir: Path, broker: Broker, tmp_path: Path) -> None:
+    trace = tmp_path / "power.jsonl"
+    trace.write_text("".join(json.dumps({"t": t, "total_power_w": 8 + t % 3, "temperatures": {"cpu": 50 + t}}) + "\n"
+                             for t in range(6)))
+    args, expected = SMOKE[script]
+    argv = [a.format(bundle=demo_dir, port=broker.port, trace=trace) for a in args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "EDGE_RUNTIME_DATA": str(tmp_path / "data")}
+    proc = subprocess.run([sys.executable, str(BENCH / script), *argv], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert expected in output, output[-3000:]

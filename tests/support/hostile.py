@@ -1,0 +1,155 @@
+"""The hostile image corpus: files a decoder must refuse with a reason, generated (no binaries in git).
+
+    python tests/hostile.py [DIR]      writes every file into DIR (default tests/fixtures/hostile/)
+
+Each entry is (file name, bytes, regex the refusal must match). `odd_but_valid()` gives the unusual
+images that must decode (CMYK, 16-bit, palette, grey+alpha, EXIF-rotated).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from edge_runtime.core.samples import part_image
+
+HERE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile"
+
+
+def encode(frame: np.ndarray, ext: str) -> bytes:
+    ok, buf = cv2.imencode(ext, frame)
+    assert ok, ext
+    return buf.tobytes()
+
+
+def pil_bytes(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **kwargs)
+    return buf.getvalue()
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png(width: int, height: int, idat: bytes, color_type: int = 2) -> bytes:
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def png_zero_bomb(width: int, height: int) -> bytes:
+    """A complete, valid black RGB PNG: tiny on disk, width*height*3 bytes once decoded."""
+    z = zlib.compressobj(1)  # fast; the file size does not matter
+    row = b"\0" * (1 + 3 * width)  # filter byte + pixels
+    parts = [z.compress(row) for _ in range(height)]
+    parts.append(z.flush())
+    return png(width, height, b"".join(parts))
+
+
+def jpeg_declaring(width: int, height: int) -> bytes:
+    """A real JPEG whose SOF0 is rewritten to declare another size (a header-only bomb)."""
+    data = bytearray(encode(part_image(0, 64, 64), ".jpg"))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def _part(width: int = 320, height: int = 240) -> np.ndarray:
+    return part_image(0, width, height)
+
+
+def _rgb(frame: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(frame[:, :, ::-1]))
+
+
+def corpus() -> list[tuple[str, bytes, str]]:
+    jpg = encode(_part(), ".jpg")
+    progressive = pil_bytes(_rgb(_part()), "JPEG", progressive=True)
+    good_png = encode(_part(), ".png")
+    bad_crc = bytearray(good_png)
+    bad_crc[100] ^= 0xFF
+    raw = b"".join(b"\0" + _part()[y, :, ::-1].tobytes() for y in range(240))
+    frames = [_rgb(_part()), _rgb(part_image(1, 320, 240))]
+    return [
+        ("empty.jpg", b"", "empty"),
+        ("text.png", b"hello, this is a text file\n" * 8, "not an image"),
+        ("random.jpg", np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes(), "not an image"),
+        ("svg.png", b'<svg xmlns="http://www.w3.org/2000/svg" width="9999" height="9999"/>', "not an image"),
+        ("gif.gif", pil_bytes(_rgb(_part()), "GIF"), "unsupported image format GIF"),
+        ("icon.png", pil_bytes(_rgb(_part(64, 64)), "ICO"), "unsupported image format ICO"),
+        ("jpeg_truncated.jpg", jpg[:len(jpg) // 2], "JPEG is corrupt or truncated"),
+        ("jpeg_truncated_eoi.jpg", jpg[:len(jpg) // 2] + b"\xff\xd9", "JPEG is corrupt or truncated"),
+        ("jpeg_progressive_truncated_eoi.jpg", progressive[:len(progressive) // 2] + b"\xff\xd9",
+         "JPEG is corrupt or truncated"),
+        ("jpeg_header_only.jpg", jpg[:400], "JPEG is corrupt or truncated|not an image"),
+        ("jpeg_bomb.jpg", jpeg_declaring(60000, 60000), "declares 60000x60000 pixels, more than the limit"),
+        ("png_bomb_header.png", png(60000, 60000, zlib.compress(b"\0" * 1024)), "declares 60000x60000 pixels"),
+        ("png_bomb_zeros.png", png_zero_bomb(8000, 8000), "declares 8000x8000 pixels, more than the limit"),
+        ("png_truncated.png", good_png[:len(good_png) // 2], "truncated|corrupt"),
+        ("png_truncated_iend.png", good_png[:len(good_png) // 2] + chunk(b"IEND", b""), "truncated|corrupt"),
+        ("png_bad_crc.png", bytes(bad_crc), "PNG is corrupt or truncated"),
+        ("png_short_zlib.png", png(320, 240, zlib.compress(raw)[:5000]), "corrupt or truncated"),
+        ("png_animated.png", pil_bytes(frames[0], "PNG", save_all=True, append_images=frames[1:]),
+         "several frames"),
+        ("png_1x1.png", encode(np.zeros((1, 1, 3), np.uint8), ".png"), "each side must be at least 16"),
+        ("png_thin.png", png_zero_bomb(20000, 1), "each side must be at least 16"),
+        ("webp_animated.webp", pil_bytes(frames[0], "WEBP", save_all=True, append_images=frames[1:]),
+         "several frames"),
+        ("webp_truncated.webp", encode(_part(), ".webp")[:600], "corrupt or truncated|not an image"),
+        ("tiff_multipage.tif", pil_bytes(frames[0], "TIFF", save_all=True, append_images=frames[1:]),
+         "several frames"),
+        ("tiff_truncated.tif", encode(_part(), ".tiff")[:5000], "corrupt or truncated|not an image"),
+        ("bmp_truncated.bmp", encode(_part(), ".bmp")[:20000], "corrupt or truncated"),
+        ("bmp_bomb.bmp", _bmp_declaring(70000, 70000), "declares 70000x70000 pixels"),
+    ]
+
+
+def _bmp_declaring(width: int, height: int) -> bytes:
+    data = bytearray(encode(_part(32, 32), ".bmp"))
+    data[18:26] = struct.pack("<ii", width, height)
+    return bytes(data)
+
+
+def _exif_rotated() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 clockwise to display
+    return pil_bytes(_rgb(_part(320, 240)), "JPEG", exif=exif.tobytes())
+
+
+def odd_but_valid() -> list[tuple[str, Callable[[], bytes], tuple[int, int]]]:
+    """(name, bytes factory, expected (height, width)) of unusual images that must decode to BGR."""
+    part = _part()
+    return [
+        ("cmyk.jpg", lambda: pil_bytes(_rgb(part).convert("CMYK"), "JPEG"), (240, 320)),
+        ("grey.jpg", lambda: pil_bytes(_rgb(part).convert("L"), "JPEG"), (240, 320)),
+        ("exif_rotated.jpg", _exif_rotated, (320, 240)),
+        ("rgb16.png", lambda: encode(part.astype(np.uint16) * 257, ".png"), (240, 320)),
+        ("grey16.png", lambda: encode(part[:, :, 0].astype(np.uint16) * 257, ".png"), (240, 320)),
+        ("palette.png", lambda: pil_bytes(_rgb(part).convert("P"), "PNG", transparency=0), (240, 320)),
+        ("grey_alpha.png", lambda: pil_bytes(_rgb(part).convert("LA"), "PNG"), (240, 320)),
+        ("rgba.webp", lambda: pil_bytes(_rgb(part).convert("RGBA"), "WEBP"), (240, 320)),
+        ("rgb16.tif", lambda: encode(part.astype(np.uint16) * 257, ".tiff"), (240, 320)),
+        ("jpeg_trailing_bytes.jpg", lambda: encode(part, ".jpg") + b"\0" * 64, (240, 320)),
+    ]
+
+
+def write_corpus(folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, data, _ in corpus():
+        (folder / name).write_bytes(data)
+        paths.append(folder / name)
+    return paths
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    print("\n".join(str(p) for p in write_corpus(out)))
