@@ -40,7 +40,7 @@ NESTED_SCHEMA: dict[str, Any] = {
         "findings": {"type": "array", "items": {"$ref": "#/$defs/finding"}, "maxItems": 2},
         "tags": {"type": "array", "items": {"type": "string", "enum": ["scratch", "dent", "stain"]}, "maxItems": 3},
         # The form reads both nullable spellings (test_both_nullable_spellings_...); the type-list
-        # one is bounded in the grammar too (tests/test_schema_support.py).
+        # one is bounded in the grammar too (tests/inference/test_schema_support.py).
         "operator_note": {"anyOf": [{"type": "string", "maxLength": 12}, {"type": "null"}]},
         "disposition": {"oneOf": [
             {"type": "object", "additionalProperties": False, "required": ["rework"],

@@ -72,7 +72,7 @@ def test_folder_bomb_is_refused_without_growing_memory(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "bomb.png").write_bytes(png_zero_bomb(12000, 12000))
     (folder / "good.jpg").write_bytes(encode(part_image(2), ".jpg"))
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "folder_rss.py"), str(folder)],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "folder_rss.py"), str(folder)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     growth_mb = float(proc.stdout.split()[-1])

@@ -312,7 +312,7 @@ def test_frames_go_to_the_central_server_while_the_governor_pauses_the_device(
         daemon.stop()
 
 
-# ---- longer runs, in `make test-robustness` (pytest -m robustness -s tests/test_offload.py) ---------------
+# ---- longer runs, in `make test-robustness` (pytest -m robustness -s tests/fleet/test_offload.py) ---------------
 
 robustness = [pytest.mark.robustness]
 

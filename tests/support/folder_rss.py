@@ -1,6 +1,6 @@
 """Run a folder camera until it delivered a frame and refused a file; print its peak RSS growth in MB.
 
-    python tests/folder_rss.py FOLDER      (used by test_capture.py and for docs/reliability.md)
+    python tests/support/folder_rss.py FOLDER      (used by capture/test_capture.py and for docs/reliability.md)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The hostile image corpus: files a decoder must refuse with a reason, generated (no binaries in git).
 
-    python tests/hostile.py [DIR]      writes every file into DIR (default tests/fixtures/hostile/)
+    python tests/support/hostile.py [DIR]      writes every file into DIR (default tests/fixtures/hostile/)
 
 Each entry is (file name, bytes, regex the refusal must match). `odd_but_valid()` gives the unusual
 images that must decode (CMYK, 16-bit, palette, grey+alpha, EXIF-rotated).

@@ -204,7 +204,7 @@ def test_a_full_outbox_logs_one_line_a_minute_not_one_a_verdict(tmp_path: Path,
                 line.deliver(make_result(i))
         full = sorted(r.name for r in caplog.records if "outbox full" in r.getMessage())
         # one line each, not 35 each
-        assert full == ["edge_runtime.verdicts.messages", "edge_runtime.delivery.webhooks"]
+        assert full == ["edge_runtime.delivery.webhooks", "edge_runtime.verdicts.messages"]
         assert line.services.webhooks.dropped == 35 and line.services.messages.dropped_unsent == 35
     finally:
         line.close()
