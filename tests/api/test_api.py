@@ -17,6 +17,7 @@ from flask.testing import FlaskClient
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import part_image, write_sample_video
+from tests.support.flask_json import json_of
 from tests.support.images import encode, png_bomb
 
 JPEG = encode(part_image(3, defect=True), ".jpg")
@@ -61,25 +62,25 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
 def test_health_and_readiness(client: FlaskClient) -> None:
     assert client.get("/healthz").json == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json["ready"] is True
+    assert ready.status_code == 200 and json_of(ready)["ready"] is True
 
 
 def test_status_describes_device_cameras_and_model(client: FlaskClient) -> None:
-    status = client.get("/api/v1/status").json
+    status = json_of(client.get("/api/v1/status"))
     assert status["device"] == "api-test" and status["ready"] is True
     assert status["model"]["name"] == "edge-demo-vlm"
     assert status["cameras"][0]["name"] == "belt" and status["cameras"][0]["state"] == "streaming"
 
 
 def test_results_page_and_single_result(client: FlaskClient) -> None:
-    page = client.get("/api/v1/results?limit=1&camera=belt").json
+    page = json_of(client.get("/api/v1/results?limit=1&camera=belt"))
     assert len(page["results"]) == 1 and page["next_before"] is not None
-    older = client.get(f"/api/v1/results?limit=1&before={page['next_before']}").json["results"]
+    older = json_of(client.get(f"/api/v1/results?limit=1&before={page['next_before']}"))["results"]
     assert older[0]["journal_seq"] < page["results"][0]["journal_seq"]
     one = client.get(f"/api/v1/results/{page['results'][0]['id']}")
-    assert one.status_code == 200 and one.json["camera"] == "belt"
+    assert one.status_code == 200 and json_of(one)["camera"] == "belt"
     missing = client.get("/api/v1/results/nope")
-    assert missing.status_code == 404 and "no result" in missing.json["error"]["message"]
+    assert missing.status_code == 404 and "no result" in json_of(missing)["error"]["message"]
     assert client.get("/api/v1/results?limit=zero").status_code == 400
 
 
@@ -93,9 +94,9 @@ def test_infer_multipart_and_json(client: FlaskClient) -> None:
     from io import BytesIO
     multipart = client.post("/api/v1/infer", data={"image": (BytesIO(JPEG), "p.jpg"), "prompt": "Scratches?"})
     assert multipart.status_code == 200, multipart.json
-    assert multipart.json["prompt"] == "Scratches?" and multipart.json["frame"]["width"] == 640
+    assert json_of(multipart)["prompt"] == "Scratches?" and json_of(multipart)["frame"]["width"] == 640
     as_json = client.post("/api/v1/infer", json={"image": base64.b64encode(JPEG).decode()})
-    assert as_json.status_code == 200 and "defect" in as_json.json["verdict"]
+    assert as_json.status_code == 200 and "defect" in json_of(as_json)["verdict"]
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [
@@ -106,7 +107,7 @@ def test_infer_multipart_and_json(client: FlaskClient) -> None:
 def test_bad_uploads_get_documented_errors(client: FlaskClient, body: bytes, status: int, message: str) -> None:
     from io import BytesIO
     response = client.post("/api/v1/infer", data={"image": (BytesIO(body), "x.jpg")})
-    assert response.status_code == status and message in response.json["error"]["message"]
+    assert response.status_code == status and message in json_of(response)["error"]["message"]
     assert client.get("/healthz").status_code == 200
 
 
@@ -172,7 +173,7 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
             time.sleep(0.3)
         full = c.post("/api/v1/infer", json=body)
         assert full is not None and full.status_code == 429 and full.headers["Retry-After"] == "2"
-        assert "queue is full" in full.json["error"]["message"]
+        assert "queue is full" in json_of(full)["error"]["message"]
         release.set()
         for t in threads:
             t.join(15)
@@ -183,7 +184,7 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
 
 
 def test_openapi_document_lists_every_endpoint(client: FlaskClient) -> None:
-    doc = client.get("/api/v1/openapi.json").json
+    doc = json_of(client.get("/api/v1/openapi.json"))
     assert doc["openapi"].startswith("3.")
     for path in ("/healthz", "/readyz", "/api/v1/status", "/api/v1/results", "/api/v1/results/{result_id}",
                  "/api/v1/cameras/{name}/frame.jpg", "/api/v1/infer", "/api/v1/cameras/{name}/trigger",
@@ -234,6 +235,7 @@ def test_server_sent_events_deliver_new_results(base_url: str) -> None:
     event = None
     with requests.get(f"{base_url}/api/v1/events", stream=True, timeout=30) as stream:
         for line in stream.iter_lines(decode_unicode=True):
+            assert isinstance(line, str)  # decode_unicode with the text/event-stream charset
             if line.startswith("data: "):
                 event = json.loads(line[6:])
                 break

@@ -107,6 +107,7 @@ def events_of(response: requests.Response, want: int, timeout: float = 20,
     event_id = None
     deadline = time.monotonic() + timeout
     for line in response.iter_lines(decode_unicode=True):
+        assert isinstance(line, str)  # decode_unicode with the text/event-stream charset
         if lines is not None:
             lines.append(line)
         if line.startswith("id: "):

@@ -19,6 +19,7 @@ from flask.testing import FlaskClient
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.core.samples import part_image, write_sample_video
 from tests.api.test_api import running_daemon
+from tests.support.flask_json import json_of
 from tests.support.images import encode
 from tests.support.waiting import wait_for
 
@@ -31,12 +32,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
 
 
 def test_readiness_is_503_with_state_and_reasons_while_degraded(client: FlaskClient, daemon: Daemon) -> None:
-    assert client.get("/readyz").json["state"] == "ok"
+    assert json_of(client.get("/readyz"))["state"] == "ok"
     daemon.faults.add("offload endpoints down")
     try:
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.headers["Retry-After"]
-        assert ready.json["state"] == "degraded" and ready.json["reasons"] == ["offload endpoints down"]
+        assert json_of(ready)["state"] == "degraded" and json_of(ready)["reasons"] == ["offload endpoints down"]
         assert client.get("/healthz").status_code == 200  # alive all the same
     finally:
         daemon.faults.discard("offload endpoints down")

@@ -19,6 +19,7 @@ from edge_runtime.app.daemon import Daemon
 from edge_runtime.config.schema import load_config
 from edge_runtime.core.samples import write_sample_video
 from tests.support.browser import chromium
+from tests.support.flask_json import json_of
 from tests.support.waiting import wait_for
 
 TOKEN = "floor-7-token"
@@ -53,7 +54,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
 def result_id(daemon: Daemon) -> str:
     assert daemon.api is not None
     client = daemon.api.app.test_client()
-    rows = client.get("/api/v1/inspections?limit=20", headers={"Authorization": f"Bearer {TOKEN}"}).json
+    rows = json_of(client.get("/api/v1/inspections?limit=20", headers={"Authorization": f"Bearer {TOKEN}"}))
     with_image = [r for r in rows["results"] if r.get("evidence")]
     assert with_image, rows
     return str(with_image[0]["id"])
@@ -100,8 +101,8 @@ def test_every_get_route_but_the_exemptions_needs_the_token_under_auth_all(daemo
 
 def test_openapi_document_marks_every_operation_but_the_exemptions_as_secured(daemon: Daemon) -> None:
     assert daemon.api is not None
-    document = daemon.api.app.test_client().get("/api/v1/openapi.json",
-                                                 headers={"Authorization": f"Bearer {TOKEN}"}).json
+    document = json_of(daemon.api.app.test_client().get("/api/v1/openapi.json",
+                                                         headers={"Authorization": f"Bearer {TOKEN}"}))
     assert document["security"] == [{"bearer": []}]
     open_ops = {p for p, ops in document["paths"].items() if all(op.get("security") == [] for op in ops.values())}
     assert open_ops == OPEN_PATHS
@@ -125,6 +126,7 @@ def test_session_cookie_opens_reads_but_never_writes(daemon: Daemon, result_id: 
     signed = requests.post(f"{base}/api/v1/session", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
     assert signed.status_code == 204
     cookie = signed.cookies[SESSION_COOKIE]
+    assert cookie is not None
     set_cookie = signed.headers["Set-Cookie"]
     assert "HttpOnly" in set_cookie and "SameSite=Strict" in set_cookie
     jar = {SESSION_COOKIE: cookie}

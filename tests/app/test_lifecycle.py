@@ -28,7 +28,7 @@ def journal_rows(db: Path, camera: str | None = None) -> int:
             return 0
 
 
-def wait_until(cond, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+def wait_until(cond, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
@@ -60,7 +60,7 @@ def start(cfg: Path, log: Path, env: dict[str, str] | None = None) -> subprocess
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
-def test_sigterm_mid_inspection_exits_cleanly_with_the_journal_intact(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_mid_inspection_exits_cleanly_with_the_journal_intact(setup, tmp_path: Path) -> None:
     cfg, _, db = setup
     proc = start(cfg, tmp_path / "log")
     try:
@@ -78,7 +78,7 @@ def test_sigterm_mid_inspection_exits_cleanly_with_the_journal_intact(setup, tmp
     assert journal_rows(db) == logged  # every finished (logged) result is in the journal
 
 
-def test_sighup_adds_a_camera_without_reloading_the_model(setup, tmp_path: Path, demo_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_sighup_adds_a_camera_without_reloading_the_model(setup, tmp_path: Path, demo_dir: Path) -> None:
     cfg, video, db = setup
     proc = start(cfg, tmp_path / "log")
     try:
@@ -94,7 +94,7 @@ def test_sighup_adds_a_camera_without_reloading_the_model(setup, tmp_path: Path,
     assert "config reloaded (2 cameras)" in log and "loading the new model" not in log
 
 
-def test_systemd_gets_ready_and_watchdog_pings(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_systemd_gets_ready_and_watchdog_pings(setup, tmp_path: Path) -> None:
     cfg, _, _ = setup
     sock_path = str(tmp_path / "notify.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

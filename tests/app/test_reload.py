@@ -19,7 +19,7 @@ from tests.config.test_hostile_config import CORPUS
 from tests.support.waiting import wait_for
 
 
-def test_sighup_with_broken_configs_keeps_the_daemon_running(setup, tmp_path: Path, demo_dir: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_sighup_with_broken_configs_keeps_the_daemon_running(setup, tmp_path: Path, demo_dir: Path) -> None:  # noqa: F811
     cfg, video, _ = setup
     log = tmp_path / "log"
     proc = start(cfg, log)
@@ -38,7 +38,7 @@ def test_sighup_with_broken_configs_keeps_the_daemon_running(setup, tmp_path: Pa
             else:
                 cfg.write_bytes(CORPUS[name])
             proc.send_signal(signal.SIGHUP)
-            wait_until(lambda n=n: log.read_text().count("reload refused") == n, timeout=30)  # type: ignore[misc]
+            wait_until(lambda n=n: log.read_text().count("reload refused") == n, timeout=30)
             assert proc.poll() is None, name
         cfg.unlink()
         write_config(cfg, tmp_path / "data", demo_dir, [("first", video), ("second", video)])

@@ -51,7 +51,7 @@ def test_infer_builds_the_demo_bundle_when_none_is_given(tmp_path: Path) -> None
     (lambda d: (d / "notes.txt").write_text("just text") and d / "notes.txt", "not an image"),
     (lambda d: (d / "cut.jpg").write_bytes(encode(part_image(0), ".jpg")[:2500]) and d / "cut.jpg", "truncated"),
 ])
-def test_bad_images_give_one_line_and_exit_2(make_input, message: str, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_bad_images_give_one_line_and_exit_2(make_input, message: str, tmp_path: Path,
                                             data_dir: Path) -> None:
     proc = run_cli("infer", str(make_input(tmp_path)), data_dir=data_dir)
     assert proc.returncode == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_device_id_must_be_topic_safe() -> None:
 def test_schema_has_a_description_for_every_field() -> None:
     schema = config_schema()
 
-    def walk(node: dict) -> None:  # type: ignore[type-arg]
+    def walk(node: dict[str, Any]) -> None:
         for name, prop in node.get("properties", {}).items():
             assert prop.get("description"), f"{name} has no description"
     walk(schema)

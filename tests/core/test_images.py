@@ -65,6 +65,7 @@ def test_exif_orientation_is_applied_as_opencv_does() -> None:
     data = dict((n, m) for n, m, _ in odd_but_valid())["exif_rotated.jpg"]()
     ours = decode_image(data)
     reference = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert reference is not None
     assert ours.shape == reference.shape == (320, 240, 3)
     assert np.abs(ours.astype(int) - reference).mean() < 2
 
@@ -82,7 +83,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path: Path)
     assert read_image_file(big).shape == (480, 640, 3)
 
 
-def test_preprocess_matches_the_bundle_spec(demo_bundle) -> None:  # type: ignore[no-untyped-def]
+def test_preprocess_matches_the_bundle_spec(demo_bundle) -> None:
     spec = demo_bundle.manifest.preprocess
     tensor = Preprocessor(spec)(part_image(1))
     assert tensor.shape == (1, 3, spec.height, spec.width) and tensor.dtype == np.float32
@@ -92,7 +93,7 @@ def test_preprocess_matches_the_bundle_spec(demo_bundle) -> None:  # type: ignor
     assert np.allclose(grey[0, :, 10, 10], expected, atol=1e-5)
 
 
-def test_letterbox_and_clahe_keep_the_encoder_shape(demo_bundle) -> None:  # type: ignore[no-untyped-def]
+def test_letterbox_and_clahe_keep_the_encoder_shape(demo_bundle) -> None:
     from edge_runtime.core.bundle import Clahe
 
     spec = demo_bundle.manifest.preprocess.model_copy(update={"keep_aspect": True, "clahe": Clahe()})
@@ -106,4 +107,5 @@ def test_letterbox_and_clahe_keep_the_encoder_shape(demo_bundle) -> None:  # typ
 def test_png_variants_decode_to_the_same_pixels_as_opencv(name: str) -> None:
     data = dict((n, m) for n, m, _ in odd_but_valid())[name]()
     reference = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert reference is not None
     assert np.array_equal(decode_image(data), reference)

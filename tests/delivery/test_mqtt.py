@@ -39,13 +39,13 @@ class Subscriber:
                                   clean_session=not persistent)
         self.client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
         self.client.on_message = self._on_message
-        self.client.reconnect_delay_set(0.2, 1)
+        self.client.reconnect_delay_set(0.2, 1)  # type: ignore[arg-type]  # paho annotates int; it takes a float
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
     def _on_message(self, _c: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
         with self.lock:
-            self.messages.append((msg.topic, msg.payload, msg.retain))
+            self.messages.append((msg.topic, bytes(msg.payload), msg.retain))
 
     def on(self, topic: str) -> list[bytes]:
         with self.lock:

@@ -41,7 +41,7 @@ class CentralSubscriber:
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="fleet-consumer", clean_session=False)
         self.client.on_connect = lambda c, *_: c.subscribe("edge/+/+/result", qos=1)
         self.client.on_message = self._on_message
-        self.client.reconnect_delay_set(0.2, 1)
+        self.client.reconnect_delay_set(0.2, 1)  # type: ignore[arg-type]  # paho annotates int; it takes a float
         self.client.connect("127.0.0.1", port, keepalive=10)
         self.client.loop_start()
 

@@ -75,7 +75,7 @@ def test_forced_tokens_are_decoded_in_one_batch(inspector: Inspector, monkeypatc
     decodes: list[int] = []
     real = Feed.decode
 
-    def counting(self: Feed, ctx, batch) -> None:  # type: ignore[no-untyped-def]
+    def counting(self: Feed, ctx, batch) -> None:
         decodes.append(batch.n_tokens)
         real(self, ctx, batch)
 

@@ -25,6 +25,7 @@ from edge_runtime.core.errors import BundleError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from tests.api.test_api import running_daemon
+from tests.support.flask_json import json_of
 from tests.support.images import synthetic_frames
 
 AWKWARD_ENUM = ['say "hi"', "back\\slash", "tab\there", "new\nline", "caf\u00e9", "plain"]
@@ -96,7 +97,7 @@ def test_chat_with_an_awkward_json_schema_answers_strict_json(client: FlaskClien
             "response_format": {"type": "json_schema", "json_schema": {"name": "k", "schema": schema}}}
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.get_data(as_text=True)[:300]
-    content = response.json["choices"][0]["message"]["content"]
+    content = json_of(response)["choices"][0]["message"]["content"]
     jsonschema.validate(json.loads(content, strict=True), schema)
 
 
@@ -110,14 +111,19 @@ def test_a_schema_the_engine_cannot_express_is_a_400_before_anything_is_queued(
     monkeypatch.setattr(constraint, "gbnf_to_lark", refuse)
     queued: list[object] = []
     real_submit = daemon.submit_job
-    monkeypatch.setattr(daemon, "submit_job", lambda job: queued.append(job) or real_submit(job))
+
+    def submit(job: Any) -> Any:
+        queued.append(job)
+        return real_submit(job)
+
+    monkeypatch.setattr(daemon, "submit_job", submit)
     schema = {"type": "object", "properties": {"only_here": {"type": "boolean"}}, "required": ["only_here"]}
     body = {"messages": [{"role": "user", "content": "?"}], "max_tokens": 8,
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 400, response.get_data(as_text=True)[:300]
-    assert response.json["error"]["field"] == "response_format.json_schema"
-    assert "cannot express" in response.json["error"]["message"]
+    assert json_of(response)["error"]["field"] == "response_format.json_schema"
+    assert "cannot express" in json_of(response)["error"]["message"]
     assert queued == []  # refused up front, not in the worker
 
 
@@ -159,7 +165,7 @@ def test_a_schema_the_grammar_cannot_hold_the_model_to_is_a_400_naming_why(clien
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": NOT_ENFORCEABLE[reason]}}}
     response = client.post("/v1/chat/completions", json=body)
     assert response.status_code == 400, response.get_data(as_text=True)[:300]
-    error = response.json["error"]
+    error = json_of(response)["error"]
     assert error["field"] == "response_format.json_schema" and reason in error["message"], error
 
 

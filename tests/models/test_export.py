@@ -4,8 +4,10 @@ transformers' own forward pass on the same image and prompt (docs/models.md stat
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import cv2
 import jsonschema
@@ -53,7 +55,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _inspector(bundle: Bundle, **settings: object) -> Inspector:
-    return Inspector(bundle, ModelConfig(threads=2, warmup=False, **settings), "test")  # type: ignore[arg-type]
+    return Inspector(bundle, ModelConfig(threads=2, warmup=False, **settings), "test")
 
 
 def _reference(checkpoint: Path, bundle: Bundle, frame: np.ndarray) -> dict[str, object]:
@@ -76,7 +78,7 @@ def _reference(checkpoint: Path, bundle: Bundle, frame: np.ndarray) -> dict[str,
 def _our_ids(inspector: Inspector, prefix: list[int], image: object, suffix: list[int]) -> list[int]:
     ids = list(prefix)
     for seg in image if isinstance(image, list) else [image]:
-        ids += [inspector._image_token] * len(seg) if isinstance(seg, np.ndarray) else list(seg)
+        ids += [inspector._image_token] * len(seg) if isinstance(seg, np.ndarray) else list(cast(Iterable[int], seg))
     return ids + list(suffix)
 
 

@@ -74,7 +74,7 @@ def test_nvml_reading_is_in_celsius_watts_and_megahertz(monkeypatch: pytest.Monk
     assert snap.power_w == {"gpu0": pytest.approx(118.437)} and snap.total_power_w == pytest.approx(118.437)
     assert snap.clocks_mhz == {"gpu0": 1980.0}
     sensor.close()
-    assert nvml.calls == ["init", "shutdown"]  # type: ignore[attr-defined]
+    assert nvml.calls == ["init", "shutdown"]
 
 
 def test_nvml_sums_every_gpu_and_skips_a_threshold_it_does_not_support() -> None:

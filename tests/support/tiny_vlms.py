@@ -24,6 +24,7 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
+    PreTrainedTokenizerBase,
 )
 
 _CORPUS = [
@@ -51,7 +52,7 @@ IDEFICS3_TEMPLATE = (
 )
 
 
-def _tokenizer(work: Path, specials: list[str]) -> tuple[object, bytes]:
+def _tokenizer(work: Path, specials: list[str]) -> tuple[PreTrainedTokenizerBase, bytes]:
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(_CORPUS), model_writer=model, vocab_size=400, model_type="bpe", byte_fallback=True,
@@ -65,6 +66,12 @@ def _tokenizer(work: Path, specials: list[str]) -> tuple[object, bytes]:
     tok = AutoTokenizer.from_pretrained(folder)
     tok.add_special_tokens({"additional_special_tokens": specials})
     return tok, model.getvalue()
+
+
+def _token_id(tok: PreTrainedTokenizerBase, token: str) -> int:
+    token_id = tok.convert_tokens_to_ids(token)
+    assert isinstance(token_id, int), token_id  # one token in, one id out
+    return token_id
 
 
 def _text_config(vocab: int) -> LlamaConfig:
@@ -83,7 +90,7 @@ def build_llava(out: Path) -> Path:
     vision = CLIPVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                               image_size=56, patch_size=14, projection_dim=64)
     config = LlavaConfig(vision_config=vision, text_config=_text_config(len(tok)),
-                         image_token_id=tok.convert_tokens_to_ids("<image>"), image_seq_length=16,
+                         image_token_index=_token_id(tok, "<image>"), image_seq_length=16,
                          vision_feature_layer=-2, vision_feature_select_strategy="default")
     model = LlavaForConditionalGeneration(config).eval()
     processor = LlavaProcessor(
@@ -106,7 +113,7 @@ def build_idefics3(out: Path) -> Path:
     vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                   image_size=32, patch_size=8)
     config = Idefics3Config(vision_config=vision.to_dict(), text_config=_text_config(len(tok)).to_dict(),
-                            scale_factor=2, image_token_id=tok.convert_tokens_to_ids("<image>"))
+                            scale_factor=2, image_token_id=_token_id(tok, "<image>"))
     model = Idefics3ForConditionalGeneration(config).eval()
     processor = Idefics3Processor(
         image_processor=Idefics3ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),

@@ -44,8 +44,10 @@ def test_evidence_is_a_content_named_jpeg_with_a_thumbnail(tmp_path: Path) -> No
                     "bytes": len(data), "width": 320, "height": 240}
     assert found.path == tmp_path / "ev" / link["sha256"][:2] / f"{link['sha256']}.jpg"
     decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert decoded is not None
     assert decoded.shape == image.shape
     thumb = cv2.imdecode(np.frombuffer(found.thumbnail.read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+    assert thumb is not None
     assert max(thumb.shape[:2]) == 64
     assert not [p for p in store_files(tmp_path / "ev") if p.name.startswith(".tmp")]  # renamed, not left half
 
@@ -146,6 +148,7 @@ def test_a_lost_thumbnail_is_made_again_from_the_image(tmp_path: Path) -> None:
     assert found is not None
     found.thumbnail.write_bytes(b"")  # what a power cut can leave of a file that was never fsync'd
     thumb = cv2.imdecode(np.frombuffer(store.thumbnail(found).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+    assert thumb is not None
     assert max(thumb.shape[:2]) == 48
 
 

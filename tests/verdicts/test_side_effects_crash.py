@@ -9,7 +9,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from edge_runtime.core.samples import write_sample_video
 from tests.support.broker import Broker
@@ -89,6 +91,11 @@ def test_a_kill_right_after_the_journal_commit_loses_no_alert_webhook_or_review_
         return subprocess.Popen([sys.executable, "-c", code, "--config", str(config), "run"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    def alerts_of(rid: str) -> list[dict[str, Any]]:
+        return [a for a in alerts.on("/cam/alert") if a["result_id"] == rid]
+
+    def webhook_of(rid: str) -> bool:
+        return f"{rid}:every:1" in receiver.keys()
 
     proc = start(crash=True)
     try:
@@ -103,9 +110,8 @@ def test_a_kill_right_after_the_journal_commit_loses_no_alert_webhook_or_review_
 
         proc = start(crash=False)
         for rid in fired:
-            wait_for(lambda rid=rid: [a for a in alerts.on("/cam/alert") if a["result_id"] == rid], 60,
-                     f"the alert of {rid} after the restart")
-            wait_for(lambda rid=rid: f"{rid}:every:1" in receiver.keys(), 30, f"the webhook of {rid}")
+            wait_for(partial(alerts_of, rid), 60, f"the alert of {rid} after the restart")
+            wait_for(partial(webhook_of, rid), 30, f"the webhook of {rid}")
         assert set(fired) <= pending_reviews(journal)
     finally:
         proc.terminate()
