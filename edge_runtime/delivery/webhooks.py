@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from edge_runtime.verdicts.messages import open_db
+from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 
 from edge_runtime.config.schema import EvidenceConfig  # lives with the other sections
-from edge_runtime.verdicts.messages import open_db
+from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
 FAULT = "evidence disk full"

@@ -24,6 +24,7 @@ from typing import Any
 
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import Result
+from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
 PRUNE_LOG_EVERY_S = 60.0  # the "deleted the oldest" line: once, then at most this often, with a count
@@ -83,9 +84,7 @@ class Journal:
         self._next_space_check = 0.0
         self._next_checkpoint = time.monotonic() + 60
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = open_db(path)
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reason" not in columns:  # journals written before parking existed

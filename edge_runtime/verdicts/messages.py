@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from edge_runtime.verdicts.database import open_db
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mqtt_outbox (
     seq      INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -25,15 +27,6 @@ CREATE INDEX IF NOT EXISTS mqtt_outbox_unsent ON mqtt_outbox (sent, seq);
 """
 MAX_PAYLOAD = 256 * 1024  # an alert is a few hundred bytes; refuse anything that would bloat the file
 log = logging.getLogger(__name__)
-
-
-def open_db(path: Path) -> sqlite3.Connection:
-    """A connection of our own to the journal's file (WAL lets it share the file with the journal)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    return db
 
 
 class MessageOutbox:

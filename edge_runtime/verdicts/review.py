@@ -21,7 +21,8 @@ from typing import Any
 
 from edge_runtime.core.contracts import ResultFilter, ReviewError  # defined with the Device, which takes a filter
 from edge_runtime.core.result import utc_now
-from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageOutbox, open_db
+from edge_runtime.verdicts.database import open_db
+from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageOutbox
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS reviews (
