@@ -146,6 +146,14 @@ class ResultFilter:
 ResultListener = Callable[[Result], None]
 
 
+class ResultJournal(Protocol):
+    """Where the worker writes each verdict before anyone sees it (`verdicts.journal.Journal`)."""
+
+    def refusing(self) -> bool: ...  # full, and the next trial write is not due: refuse at once
+
+    def add(self, result: Result, extra: Callable[[Any], None] | None = None) -> int: ...  # StorageFull
+
+
 @dataclass(frozen=True)
 class ChatJob:
     """One chat completion as the API asks it of the device (already bounded and validated)."""

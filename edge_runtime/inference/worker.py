@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_runtime.core.contracts import BatchJob, Gate, QueueFull, ResultListener
+from edge_runtime.core.contracts import BatchJob, Gate, QueueFull, ResultJournal, ResultListener
 from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
@@ -30,7 +30,7 @@ class InspectionWorker:
     """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
 
     def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
-                 journal: Any, gate: Gate, stats_for: Callable[[str], ScheduleStats | None],
+                 journal: ResultJournal, gate: Gate, stats_for: Callable[[str], ScheduleStats | None],
                  overlap: bool = True, max_batch: int = 4) -> None:
         self.inspections = inspections
         self.get_inspector = get_inspector
