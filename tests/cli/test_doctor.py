@@ -18,6 +18,7 @@ from typing import Any
 from edge_runtime.cli.doctor import Check, Doctor
 from edge_runtime.config.schema import Config
 from tests.support.broker import Broker
+from tests.support.jtop import RecordedJtop
 from tests.support.mjpeg import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -54,21 +55,6 @@ def orin_nano(root: Path, jtop_service: bool = True) -> Path:
         (root / "run").mkdir()
         (root / "run/jtop.sock").touch()
     return root
-
-
-class RecordedJtop:
-    """jtop's client as a context manager, answering from the recorded Orin Nano service dict."""
-
-    def __init__(self) -> None:
-        data = json.loads((FIXTURES / "jtop_orin_nano.json").read_text())
-        self.board = {"hardware": {"Model": "NVIDIA Jetson Orin Nano Developer Kit"}}
-        self.temperature, self.power = data["temperature"], data["power"]
-
-    def __enter__(self) -> RecordedJtop:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        pass
 
 
 def no_jtop() -> Any:

@@ -14,6 +14,7 @@ import pytest
 from edge_runtime.config.schema import GovernorConfig
 from edge_runtime.power import Governor, Level, ReplaySensor, Snapshot, SysfsSensor, detect_sensor
 from edge_runtime.power.jetson import JtopSensor, snapshot_from_jtop
+from tests.support.jtop import RecordedJtop
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -27,20 +28,6 @@ def test_jtop_dicts_become_a_snapshot() -> None:
     assert snap.temperatures["tj"] == 51.8 and snap.trip_points["tj"] == 99.0
     assert snap.power_w["VDD_CPU_GPU_CV"] == pytest.approx(2.411)
     assert snap.total_power_w == pytest.approx(7.991) and snap.power_mode == "15W"
-
-
-class RecordedJtop:
-    """Stands in for jtop's client object where no Jetson exists: same attributes, recorded values."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.temperature, self.power, self.nvpmodel = data["temperature"], data["power"], data["nvpmodel"]
-        self.alive = True
-
-    def ok(self) -> bool:
-        return self.alive
-
-    def close(self) -> None:
-        pass
 
 
 def test_jtop_sensor_reports_service_loss_and_recovers() -> None:

@@ -4,7 +4,6 @@ records what was set. The stand-ins have the same attributes and units as the re
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import time
@@ -18,6 +17,7 @@ from edge_runtime.config.schema import GovernorConfig, JetsonActions
 from edge_runtime.power import GovernorService, Level, detect_sensor
 from edge_runtime.power.jetson import JtopSensor
 from edge_runtime.power.sensors import NvmlSensor
+from tests.support.jtop import RecordedJtop
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -105,45 +105,8 @@ def test_nvml_without_a_gpu_is_refused_and_auto_falls_back_to_none(monkeypatch: 
 
 # ---- Jetson actions through jtop -----------------------------------------------------------------
 
-class RecordingJtop:
-    """jtop's client where no Jetson exists: recorded readings, and every power action it is asked for."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.temperature, self.power = data["temperature"], data["power"]
-        self._mode = data["nvpmodel"]
-        self.actions: list[tuple[str, Any]] = []
-
-    def ok(self) -> bool:
-        return True
-
-    @property
-    def nvpmodel(self) -> Any:
-        return self._mode
-
-    @nvpmodel.setter
-    def nvpmodel(self, mode: Any) -> None:
-        self.actions.append(("nvpmodel", mode))
-        self._mode = mode
-
-    @property
-    def jetson_clocks(self) -> bool:
-        return True
-
-    @jetson_clocks.setter
-    def jetson_clocks(self, on: bool) -> None:
-        self.actions.append(("jetson_clocks", on))
-
-    def close(self) -> None:
-        pass
-
-    def set_temperature(self, celsius: float) -> None:
-        for sensor in self.temperature.values():
-            if sensor.get("online", True):
-                sensor["temp"] = celsius
-
-
-def recorded_jtop() -> RecordingJtop:
-    return RecordingJtop(copy.deepcopy(json.loads((FIXTURES / "jtop_orin_nano.json").read_text())))
+def recorded_jtop() -> RecordedJtop:
+    return RecordedJtop()
 
 
 def poll_until(service: GovernorService, level: Level, timeout_s: float = 10.0) -> None:
