@@ -28,10 +28,10 @@ from edge_runtime.core import http
 from edge_runtime.core.contracts import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import FrameInfo, Result
-from edge_runtime.core.samples import write_sample_video
 from edge_runtime.fleet.offload.client import Endpoint
 from edge_runtime.fleet.offload.router import Offloader
 from edge_runtime.ota.service import ManifestPoller
+from tests.support.offload import stand_in_inspector
 from tests.support.waiting import wait_for
 
 SCHEMA = {"type": "object", "properties": {"defect": {"type": "boolean"}}, "required": ["defect"]}
@@ -240,14 +240,7 @@ def test_the_ota_manifest_poll_has_the_same_overall_deadline(caplog: pytest.LogC
 # ---- the Offloader and the daemon ---------------------------------------------------------------
 
 
-class _Bundle:
-    class manifest:
-        verdict_schema = SCHEMA
-
-
-class _Inspector:
-    bundle = _Bundle
-    default_prompt = "Is there a defect?"
+_INSPECTOR = stand_in_inspector(SCHEMA)
 
 
 def test_an_offloaded_frame_falls_back_to_local_within_the_deadline(caplog: pytest.LogCaptureFixture) -> None:
@@ -264,7 +257,7 @@ def test_an_offloaded_frame_falls_back_to_local_within_the_deadline(caplog: pyte
 
     cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=server.url, timeout_s=2)], workers=1,
                         retry={"attempts": 1}, breaker={"failures": 2, "open_s": 60})
-    off = Offloader(cfg, {"a"}, "dev", lambda: _Inspector, lambda req, res: res, local, lambda: GateDecision())
+    off = Offloader(cfg, {"a"}, "dev", lambda: _INSPECTOR, lambda req, res: res, local, lambda: GateDecision())
     off.start()
     try:
         with caplog.at_level(logging.WARNING, "edge_runtime.fleet.offload"):
@@ -287,11 +280,6 @@ def test_an_offloaded_frame_falls_back_to_local_within_the_deadline(caplog: pyte
     finally:
         off.stop()
         server.close()
-
-
-@pytest.fixture(scope="module")
-def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_sample_video(tmp_path_factory.mktemp("video") / "parts.avi", frames=60)
 
 
 def daemon_against(tmp_path: Path, demo_dir: Path, video: Path, url: str, **offload: Any) -> Daemon:

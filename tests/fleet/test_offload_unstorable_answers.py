@@ -29,10 +29,10 @@ from edge_runtime.config.schema import CameraConfig, TriggerConfig, parse_config
 from edge_runtime.core.contracts import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import FrameInfo, Result
-from edge_runtime.core.samples import write_sample_video
 from edge_runtime.fleet.offload.client import Endpoint, parse_answer
 from edge_runtime.fleet.offload.router import STORE_FAULT, Offloader
 from edge_runtime.verdicts.journal import Journal
+from tests.support.offload import stand_in_inspector
 from tests.support.waiting import wait_for
 
 GOOD = '{"defect": false, "category": "none", "confidence": 0.93, "notes": "surface clean"}'
@@ -127,14 +127,7 @@ def test_an_unstorable_answer_is_an_endpoint_failure_the_breaker_counts(case: st
 # ---- the Offloader: a store failure takes the fallback -------------------------------------------
 
 
-class _Bundle:
-    class manifest:
-        verdict_schema = SCHEMA
-
-
-class _Inspector:
-    bundle = _Bundle
-    default_prompt = "Is there a defect?"
+_INSPECTOR = stand_in_inspector(SCHEMA)
 
 
 def test_a_remote_verdict_the_journal_refuses_is_inspected_locally_counted_logged_and_degraded(
@@ -162,7 +155,7 @@ def test_a_remote_verdict_the_journal_refuses_is_inspected_locally_counted_logge
 
     faults: list[tuple[str, bool]] = []
     cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=server.url, timeout_s=2)], workers=1)
-    off = Offloader(cfg, {"a"}, "dev", lambda: _Inspector, deliver, local, lambda: GateDecision(),
+    off = Offloader(cfg, {"a"}, "dev", lambda: _INSPECTOR, deliver, local, lambda: GateDecision(),
                     lambda reason, active: faults.append((reason, active)))
     off.start()
     try:
@@ -201,7 +194,7 @@ def test_a_second_opinion_the_journal_refuses_is_counted_as_a_failed_second_opin
         raise OSError("disk I/O error")
 
     cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=server.url, timeout_s=2)], workers=1)
-    off = Offloader(cfg, set(), "dev", lambda: _Inspector, deliver, lambda r: Future(), lambda: GateDecision())
+    off = Offloader(cfg, set(), "dev", lambda: _INSPECTOR, deliver, lambda r: Future(), lambda: GateDecision())
     off.start()
     try:
         asked = Result(device="dev", camera="a", frame=FrameInfo(1, 32, 32), verdict={"defect": True},
@@ -218,11 +211,6 @@ def test_a_second_opinion_the_journal_refuses_is_counted_as_a_failed_second_opin
 
 
 # ---- the real daemon: the real journal, the real local model ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_sample_video(tmp_path_factory.mktemp("video") / "parts.avi", frames=60)
 
 
 @pytest.fixture
@@ -289,7 +277,7 @@ def test_the_store_fault_heals_by_itself_when_no_failure_came_for_a_while(monkey
 
     faults: list[tuple[str, bool]] = []
     cfg = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=server.url, timeout_s=2)], workers=1)
-    off = Offloader(cfg, {"a"}, "dev", lambda: _Inspector, deliver, local, lambda: GateDecision(),
+    off = Offloader(cfg, {"a"}, "dev", lambda: _INSPECTOR, deliver, local, lambda: GateDecision(),
                     lambda reason, active: faults.append((reason, active)))
     off.start()
     try:
