@@ -1,0 +1,40 @@
+"""The one interface for everything that consumes a journaled verdict.
+
+MQTT, webhooks, the event stream, offload's escalations and the line I/O stations are all sinks; the
+daemon holds them as one list (Frigate's `Communicator` and its `comms: list[...]` are the model).
+A sink is told about a result only after the result is committed to the journal, so a sink that
+falls behind or fails never loses a verdict: it catches up from the journal or its own queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from edge_runtime.core.result import Result
+
+
+@dataclass(frozen=True)
+class SinkHealth:
+    """What `/healthz` and the status page show for one sink; `ok=False` makes the device degraded."""
+
+    ok: bool
+    detail: str = ""
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A consumer of journaled verdicts. `notify` runs on the delivery thread: it must return at
+    once (enqueue, never block on the network) and must not raise; a slow receiver stays the sink's
+    own problem and shows in `health()`."""
+
+    name: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def notify(self, result: Result) -> None: ...
+
+    def health(self) -> SinkHealth: ...
