@@ -21,7 +21,7 @@ import requests
 
 import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.samples import part_image
 
 

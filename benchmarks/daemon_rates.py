@@ -13,7 +13,7 @@ from pathlib import Path
 
 import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 
 

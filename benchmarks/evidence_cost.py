@@ -46,7 +46,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def store_cost(tmp: Path, n: int) -> list[dict[str, object]]:
-    from edge_runtime.config.schema import EvidenceConfig
+    from edge_runtime.config import EvidenceConfig
     from edge_runtime.verdicts.evidence import EvidenceStore
 
     rows = []
@@ -71,7 +71,7 @@ def daemon_ab(tmp: Path, n: int) -> dict[str, object]:
     from edge_runtime_models.demo import build_demo_bundle
 
     from edge_runtime.app.daemon import Daemon
-    from edge_runtime.config.schema import Config
+    from edge_runtime.config import Config
 
     bundle = build_demo_bundle(tmp / "bundle")
     frames = camera_frames(tmp, 640, 480, n)

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edge_runtime.config.schema import MqttConfig
+from edge_runtime.config import MqttConfig
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.verdicts.journal import Journal

@@ -20,7 +20,7 @@ from edge_runtime.api.events import EventHub
 from edge_runtime.api.guard import ConnectionMetrics, Limits, create_guarded_server
 from edge_runtime.api.memory import fix_mmap_threshold
 from edge_runtime.api.metrics import Metrics
-from edge_runtime.config.schema import ApiConfig
+from edge_runtime.config import ApiConfig
 from edge_runtime.core.contracts import Device
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result

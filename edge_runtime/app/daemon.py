@@ -28,7 +28,7 @@ from edge_runtime.app.reload import describe_changes, restart_only
 from edge_runtime.app.services import DeviceServices
 from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig, camera_status, cameras_not_in_file, telemetry_message
-from edge_runtime.config.schema import CameraConfig, Config, load_config
+from edge_runtime.config import CameraConfig, Config, load_config
 from edge_runtime.core import systemd
 from edge_runtime.core.contracts import Device, Gate, ModelInfo, OpenGate, ResultListener, UnknownCamera
 from edge_runtime.core.errors import EdgeRuntimeError, StorageFull

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 
 # Settings (dotted prefixes) the running daemon picks up on reload. Everything else is built once at
 # start (broker connection, HTTP server, queue, governor, journal file) and needs a restart.

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import AlertAction, ReaskAction, ReviewAction, Rule, RulesBudget, WebhookAction
-from edge_runtime.config.schema import EvidenceConfig
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result, utc_now
 from edge_runtime.delivery.webhooks import WebhookOutbox

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 
 from edge_runtime.capture.camera import Camera, Frame
-from edge_runtime.config.schema import TriggerConfig
+from edge_runtime.config import TriggerConfig
 
 # These lived here; re-exported so that old import paths keep working.
 from edge_runtime.core.contracts import Gate, GateDecision, QueueFull

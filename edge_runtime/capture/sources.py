@@ -17,7 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edge_runtime.config.schema import CameraConfig, ImageLimits
+from edge_runtime.config import CameraConfig, ImageLimits
 from edge_runtime.core.errors import ImageError
 from edge_runtime.core.images import read_image_file
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 
 # L4T release -> JetPack (major lines; NVIDIA's release notes).
 JETPACK = {"36.4": "6.1/6.2", "36.3": "6.0", "36.2": "6.0 DP", "35.6": "5.1.4", "35.5": "5.1.3",

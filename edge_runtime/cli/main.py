@@ -27,7 +27,7 @@ from edge_runtime.cli.tools import (
     cmd_ota_publish,
     cmd_ota_sign,
 )
-from edge_runtime.config.schema import Config, load_config
+from edge_runtime.config import Config, load_config
 from edge_runtime.core.errors import EdgeRuntimeError
 
 log = logging.getLogger("edge_runtime")
@@ -66,7 +66,7 @@ def cmd_infer(args: argparse.Namespace, config: Config) -> int:
 
 def demo_config(config: Config) -> Config:
     """The demo: the demo bundle and a generated sample video as camera `demo`."""
-    from edge_runtime.config.schema import CameraConfig, TriggerConfig
+    from edge_runtime.config import CameraConfig, TriggerConfig
     from edge_runtime.core.samples import write_sample_video
 
     video = config.data_dir / "samples" / "demo.avi"

@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from edge_runtime.config.schema import Config, config_schema
+from edge_runtime.config import Config, config_schema
 from edge_runtime.core.errors import EdgeRuntimeError
 
 

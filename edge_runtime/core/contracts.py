@@ -21,7 +21,7 @@ from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result
 
 if TYPE_CHECKING:
-    from edge_runtime.config.schema import Config
+    from edge_runtime.config import Config
 
 T = TypeVar("T")
 

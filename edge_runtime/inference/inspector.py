@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from jsonschema import Draft202012Validator
 
-from edge_runtime.config.schema import ModelConfig
+from edge_runtime.config import ModelConfig
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.core.contracts import BatchJob, Encoded  # moved there: the scheduler uses them without the engines
 from edge_runtime.core.errors import BundleError, InferenceError, InputError

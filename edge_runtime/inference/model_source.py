@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle, demo_bundle_dir, load_bundle
 from edge_runtime.core.errors import BundleError
 

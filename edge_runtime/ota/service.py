@@ -14,7 +14,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core import http
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.ota.agent import OtaAgent

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from edge_runtime.config.schema import GovernorConfig
+from edge_runtime.config import GovernorConfig
 from edge_runtime.core.contracts import GateDecision
 from edge_runtime.power.snapshot import Sensor, Snapshot
 

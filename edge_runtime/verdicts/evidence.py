@@ -25,7 +25,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_runtime.config.schema import EvidenceConfig  # lives with the other sections
+from edge_runtime.config import EvidenceConfig  # lives with the other sections
 from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import requests
 from flask.testing import FlaskClient
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import part_image, write_sample_video
 from tests.support.flask_json import json_of
 from tests.support.images import encode, png_bomb

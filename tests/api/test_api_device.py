@@ -13,7 +13,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from edge_runtime.api import ApiServer, create_app
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.contracts import (
     ChatJob,
     ChatOutput,

@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from edge_runtime.api.auth import OPEN_ENDPOINTS, SESSION_COOKIE, session_value
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import load_config
+from edge_runtime.config import load_config
 from edge_runtime.core.samples import write_sample_video
 from tests.support.browser import chromium
 from tests.support.flask_json import json_of

@@ -11,8 +11,8 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.config.rules import Rule
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.verdicts.review import export_from_config
 from tests.support.broker import Broker

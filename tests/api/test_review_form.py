@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 from tests.support.browser import chromium
 from tests.support.waiting import wait_for

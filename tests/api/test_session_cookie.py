@@ -13,7 +13,7 @@ import requests
 
 from edge_runtime.api.auth import FAILURES_BURST, SESSION_COOKIE, FailureLimiter, client_key
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import load_config
+from edge_runtime.config import load_config
 from tests.api.test_http_read_auth import TOKEN, write_config
 
 

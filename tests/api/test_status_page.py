@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 from tests.support.browser import chromium
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 from tests.support.mjpeg import MjpegCamera, free_port
 from tests.support.waiting import wait_for

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.contracts import Device, QueueFull
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.samples import write_sample_video

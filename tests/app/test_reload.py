@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.samples import write_sample_video
 from tests.app.test_lifecycle import setup, start, wait_until, write_config  # noqa: F401

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.cli.doctor import Check, Doctor
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from tests.support.broker import Broker
 from tests.support.jtop import RecordedJtop
 from tests.support.mjpeg import free_port

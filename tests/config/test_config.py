@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.config.schema import config_schema, load_config, parse_config
+from edge_runtime.config import config_schema, load_config, parse_config
 from edge_runtime.core.errors import ConfigError
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_runtime.config.schema import MAX_CONFIG_BYTES, load_config, parse_config
+from edge_runtime.config import MAX_CONFIG_BYTES, load_config, parse_config
 from edge_runtime.core.errors import ConfigError
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -125,7 +125,7 @@ def test_an_environment_value_that_is_not_utf8_names_its_line(tmp_path: Path) ->
     path = tmp_path / "edge.yaml"
     path.write_text("device_id: a\nmqtt:\n  host: ${EDGE_TEST_BAD_HOST}\n")
     env = {**os.environ, "EDGE_TEST_BAD_HOST": "x"}
-    code = ("import os, sys; from edge_runtime.config.schema import load_config\n"
+    code = ("import os, sys; from edge_runtime.config import load_config\n"
             "os.environb[b'EDGE_TEST_BAD_HOST'] = b'br\\xffoker'\n"
             "try:\n    load_config(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
     out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,

@@ -20,7 +20,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, MqttConfig, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, MqttConfig, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 from tests.support.broker import Broker
 from tests.support.waiting import wait_for
@@ -202,7 +202,7 @@ def test_password_authentication(tmp_path: Path, demo_dir: Path, video: Path, da
         assert refused.status()["mqtt"]["connected"] is False
         refused.stop()
         monkeypatch.setenv("TEST_MQTT_PASSWORD", "s3cret-pw")  # undone after the test
-        from edge_runtime.config.schema import parse_config
+        from edge_runtime.config import parse_config
         secret = parse_config("mqtt:\n  password: ${TEST_MQTT_PASSWORD}\n").mqtt.password
         ok = start_daemon(make_config(tmp_path / "b", demo_dir, video, broker.port, username="edge",
                                       password=secret), daemons)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, TriggerConfig
+from edge_runtime.config import CameraConfig, TriggerConfig
 from tests.delivery.test_mqtt import PREFIX, Subscriber, broker, daemons, make_config, start_daemon, video  # noqa: F401
 from tests.support.broker import Broker
 from tests.support.mjpeg import free_port

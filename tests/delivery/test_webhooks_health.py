@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import load_config
+from edge_runtime.config import load_config
 from edge_runtime.core.samples import write_sample_video
 from tests.support.receiver import Receiver
 from tests.support.waiting import wait_for

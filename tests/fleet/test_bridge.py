@@ -15,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
 from tests.support.broker import Broker
 from tests.support.waiting import wait_for

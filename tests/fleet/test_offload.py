@@ -20,8 +20,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig, parse_config
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig, parse_config
 from edge_runtime.core.contracts import GateDecision
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video
@@ -276,7 +276,7 @@ def test_reload_that_sets_a_camera_remote_sends_its_frames_to_the_central_server
         return path
 
     path = write(remote=False)
-    from edge_runtime.config.schema import load_config
+    from edge_runtime.config import load_config
     daemon = Daemon(load_config(path), config_path=path)
     daemon.start()
     try:
@@ -321,7 +321,7 @@ robustness = [pytest.mark.robustness]
 def test_remote_inspection_latency_overhead_vs_local(tmp_path: Path, demo_dir: Path, central: CentralServer) -> None:
     """The same demo model on both sides, one thread each, measured in turns on the same frames (one
     local inspection, then the same frame remote) so load from elsewhere hits both alike."""
-    from edge_runtime.config.schema import ModelConfig
+    from edge_runtime.config import ModelConfig
     from edge_runtime.core.bundle import load_bundle
     from edge_runtime.core.samples import part_image
     from edge_runtime.fleet.offload.client import chat_request, encode_jpeg

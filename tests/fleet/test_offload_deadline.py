@@ -22,8 +22,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, TriggerConfig, parse_config
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
-from edge_runtime.config.schema import CameraConfig, TriggerConfig, parse_config
 from edge_runtime.core import http
 from edge_runtime.core.contracts import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
+from edge_runtime.config import parse_config
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
-from edge_runtime.config.schema import parse_config
 from edge_runtime.core.contracts import GateDecision
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.core.inspection_queue import InspectionRequest

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import jsonschema
 import pytest
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import Feed

@@ -9,7 +9,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.core.result import STAGES
 from edge_runtime.inference.inspector import Inspector

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.core.errors import InputError
 from edge_runtime.inference.inspector import Inspector

@@ -19,7 +19,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import Config
+from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.core.errors import BundleError
 from edge_runtime.inference.inspector import Inspector

@@ -19,7 +19,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from edge_runtime.cli.main import main
-from edge_runtime.config.schema import ModelConfig
+from edge_runtime.config import ModelConfig
 from edge_runtime.core.bundle import Bundle, load_bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.picker import Sampling

@@ -314,7 +314,7 @@ def test_agent_killed_at_each_step_converges_on_restart(fleet: dict[str, Any], k
 
 def test_statuses_arrive_on_mqtt_in_order(fleet: dict[str, Any], keys: tuple[str, str], tmp_path: Path,
                                          ota_broker: int) -> None:
-    from edge_runtime.config.schema import Config
+    from edge_runtime.config import Config
 
     config = Config.model_validate({
         "device_id": "ota-dev", "data_dir": str(tmp_path), "mqtt": {"host": "127.0.0.1", "port": ota_broker},
@@ -351,7 +351,7 @@ def test_group_topic_and_polled_manifest_url_both_deliver(fleet: dict[str, Any],
     """A group publish reaches the device; a manifest served over HTTP is picked up by polling."""
     import http.server
 
-    from edge_runtime.config.schema import Config
+    from edge_runtime.config import Config
 
     port = ota_broker
     site = tmp_path / "site"

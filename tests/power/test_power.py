@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.config.schema import GovernorConfig
+from edge_runtime.config import GovernorConfig
 from edge_runtime.power import Governor, Level, ReplaySensor, Snapshot, SysfsSensor, detect_sensor
 from edge_runtime.power.jetson import JtopSensor, snapshot_from_jtop
 from tests.support.jtop import RecordedJtop
@@ -205,7 +205,7 @@ def test_far_over_the_limit_pauses_at_once() -> None:
 
 def _daemon_with_trace(tmp_path: Path, demo_dir: Path, temp: float) -> Any:
     from edge_runtime.app.daemon import Daemon
-    from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+    from edge_runtime.config import CameraConfig, Config, TriggerConfig
     from edge_runtime.core.samples import write_sample_video
 
     trace = tmp_path / "trace.jsonl"

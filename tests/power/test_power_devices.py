@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.config.schema import GovernorConfig, JetsonActions
+from edge_runtime.config import GovernorConfig, JetsonActions
 from edge_runtime.power import GovernorService, Level, detect_sensor
 from edge_runtime.power.jetson import JtopSensor
 from edge_runtime.power.sensors import NvmlSensor

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from edge_runtime.cli.main import build_parser
-from edge_runtime.config.schema import CameraConfig, Config
+from edge_runtime.config import CameraConfig, Config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ def peak_rss_mb() -> float:
 
 def main(folder: str) -> None:
     from edge_runtime.capture.camera import Camera
-    from edge_runtime.config.schema import CameraConfig
+    from edge_runtime.config import CameraConfig
 
     camera = Camera(CameraConfig(name="drop", source=folder, fps=50))
     before = peak_rss_mb()  # everything imported, nothing decoded

@@ -138,7 +138,7 @@ def _populated(tmp_path: Path, n: int) -> Path:
     """A real journal with `n` confirmed results with evidence (the real classes, no daemon)."""
     import numpy as np
 
-    from edge_runtime.config.schema import load_config
+    from edge_runtime.config import load_config
     from edge_runtime.verdicts.evidence import EvidenceStore
     from edge_runtime.verdicts.journal import Journal
     from edge_runtime.verdicts.review import ReviewStore

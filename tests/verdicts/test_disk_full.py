@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video

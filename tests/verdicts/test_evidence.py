@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edge_runtime.config.schema import EvidenceConfig
+from edge_runtime.config import EvidenceConfig
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.verdicts.evidence import FAULT, EvidenceStore
 from edge_runtime.verdicts.journal import Journal

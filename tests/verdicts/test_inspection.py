@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config.schema import load_config
+from edge_runtime.config import load_config
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.verdicts.evidence import FAULT

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from edge_runtime.config import parse_config
 from edge_runtime.config.rules import Rule
-from edge_runtime.config.schema import parse_config
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.verdicts.rules import RuleEngine
 
@@ -116,7 +116,7 @@ def test_a_valid_rules_section_loads() -> None:
 
 def test_firings_of_results_that_never_reached_the_journal_do_not_pile_up(tmp_path: Path) -> None:
     from edge_runtime.app.verdicts import VerdictServices
-    from edge_runtime.config.schema import EvidenceConfig
+    from edge_runtime.config import EvidenceConfig
     from edge_runtime.core.result import FrameInfo, Result
 
     services = VerdictServices(EvidenceConfig(enabled=False), [rule()], tmp_path, tmp_path / "j.sqlite3", set(),

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from edge_runtime.app.verdicts import VerdictServices
+from edge_runtime.config import EvidenceConfig, parse_config
 from edge_runtime.config.rules import Rule, RulesBudget
-from edge_runtime.config.schema import EvidenceConfig, parse_config
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.verdicts.rules import RuleEngine
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from edge_runtime.app.verdicts import VerdictServices
+from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import Rule
-from edge_runtime.config.schema import EvidenceConfig
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.inspector import Inspector

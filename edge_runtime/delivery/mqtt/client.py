@@ -22,7 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edge_runtime.config.schema import MqttConfig
+from edge_runtime.config import MqttConfig
 from edge_runtime.core.contracts import CommandError  # re-exported: it was defined here
 from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread

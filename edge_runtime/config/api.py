@@ -1,0 +1,32 @@
+"""`api:`: the local HTTP API, OpenAI endpoint, metrics and status page."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from edge_runtime.config.base import Section
+
+
+class ApiConfig(Section):
+    enabled: bool = Field(True, description="Serve the REST API, OpenAI endpoint, metrics and status page.")
+    host: str = Field("0.0.0.0", description="Bind address; 127.0.0.1 keeps everything on the device.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    token: SecretStr | None = Field(
+        None, description="Bearer token for inference and mutating endpoints (and every read with "
+        "auth: all). Without one, those endpoints answer only clients on loopback.")
+    auth: Literal["writes", "all"] = Field(
+        "writes", description="What needs the token: writes (inference and changes; reads are open) or "
+        "all (every endpoint but /healthz, /readyz and the status page's shell and static files).")
+    threads: int = Field(6, ge=2, le=64, description="WSGI worker threads (live event streams hold one each).")
+    max_request_mb: float = Field(16, gt=0, le=512, description="Largest accepted request body.")
+    allow_remote_image_urls: bool = Field(
+        False, description="Let /v1/chat/completions fetch http(s) image URLs (data: URLs always work).")
+    request_timeout_s: float = Field(60, gt=0, description="How long an API request waits for its verdict.")
+    request_deadline_s: float = Field(
+        15, ge=0.5, le=600, description="A request's head and body must arrive within this many seconds "
+        "of its first byte, or the connection gets a 408 and is closed (slow-sending clients).")
+    connections_per_client: int = Field(
+        64, ge=1, le=500, description="Most connections one client address may hold open; more are "
+        "refused at once. 127.0.0.1 and ::1 are exempt (local health checks).")

@@ -1,0 +1,118 @@
+"""The `line_io:` section: stations a line (a PLC) triggers, and the protocols it speaks to them.
+
+A station is bound to one camera; the line triggers it with a part id and a recipe, and reads back
+OK/NOK through a FIFO it acknowledges. The state machine is `lineio/station.py`; docs/line-io.md.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from pydantic import Field, field_validator, model_validator
+
+from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.rules import Condition
+
+PART_ID_MAX = 32
+# Printable ASCII: part ids travel as Modbus registers, OPC UA strings and MQTT metrics alike.
+TEXT_ID = re.compile(r"[\x20-\x7e]{0,32}")
+RECIPE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$"
+
+
+class RecipeConfig(Section):
+    """What one RecipeId selects: the question asked and the rule that makes its verdict NOK."""
+
+    prompt: str | None = Field(None, max_length=4000,
+                               description="Inspection prompt for this recipe (default: the camera's prompt).")
+    nok_when: list[Condition] | None = Field(
+        None, min_length=1, max_length=16,
+        description="NOK when all these conditions hold (default: the station's nok_when).")
+
+
+class StationConfig(Section):
+    """One inspection station of the line, bound to a camera."""
+
+    name: str = Field(pattern=NAME, description="Station name (OPC UA object, metrics label, journal).")
+    camera: str = Field(pattern=NAME, description="The configured camera this station triggers.")
+    result_deadline_ms: int = Field(
+        2000, ge=10, le=600_000,
+        description="A verdict not ready this long after the trigger is reported NOK with defect code "
+                    "900 (timeout), never a default OK.")
+    acquisition_timeout_ms: int = Field(
+        1000, ge=10, le=60_000,
+        description="How long a trigger waits for a new frame from the camera before it is NOK with "
+                    "defect code 901 (no frame).")
+    fifo_depth: int = Field(8, ge=1, le=64, description="Results that wait for ResultAck (in-flight jobs "
+                            "count); a trigger beyond it is refused and sets Overrun.")
+    heartbeat_ms: int = Field(500, ge=50, le=60_000, description="Heartbeat increments this often.")
+    enabled_at_start: bool = Field(True, description="TriggerEnable after a start, until the line writes it.")
+    nok_when: list[Condition] = Field(
+        min_length=1, max_length=16,
+        description="The verdict is NOK when all these conditions hold (the rules' conditions, e.g. "
+                    "{field: verdict.defect, equals: true}); an empty or missing verdict is ERROR (NOK).")
+    defect_code_field: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,4}$",
+        description="Dotted path of an integer in the result used as DefectCode of a NOK (default 1).")
+    recipes: dict[str, RecipeConfig] = Field(
+        default_factory=dict, max_length=256,
+        description="RecipeId -> recipe; with none configured the line must send an empty RecipeId.")
+    default_recipe: str | None = Field(None, description="The recipe used when the line sends an empty RecipeId.")
+
+    @field_validator("recipes")
+    @classmethod
+    def _recipe_ids(cls, v: dict[str, RecipeConfig]) -> dict[str, RecipeConfig]:
+        bad = [k for k in v if not re.fullmatch(RECIPE_ID, k)]
+        if bad:
+            raise ValueError(f"recipe ids are 1-32 letters, digits, '_', '.' or '-'; not {bad[0]!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _default_known(self) -> StationConfig:
+        if self.default_recipe is not None and self.default_recipe not in self.recipes:
+            raise ValueError(f"default_recipe {self.default_recipe!r} is not one of the recipes")
+        return self
+
+
+class ModbusConfig(Section):
+    """Modbus TCP server for PLCs (off by default); the register map is in docs/line-io.md."""
+
+    enabled: bool = Field(False, description="Serve the stations' register map over Modbus TCP.")
+    host: str = Field("127.0.0.1", description="Address of the interface to listen on (the line network's "
+                      "address of this device; 0.0.0.0 listens on every interface).")
+    port: int = Field(502, ge=0, le=65535, description="TCP port (502 is Modbus's; below 1024 needs "
+                      "CAP_NET_BIND_SERVICE; 0 picks a free one).")
+    allow: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1/32", "::1/128"], min_length=1, max_length=64,
+        description="Client addresses or networks (CIDR) allowed to connect; a connection from any "
+                    "other address is closed at once.")
+    max_clients: int = Field(4, ge=1, le=64, description="Connections held at once; one more is closed.")
+    stride: int = Field(100, ge=100, le=1000, description="Registers between two stations' blocks "
+                        "(station n starts at n * stride).")
+
+    @field_validator("allow")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"allow: {item!r} is not an IP address or network (e.g. 10.0.5.0/24)") from None
+        return v
+
+
+class LineIOConfig(Section):
+    """Stations and the protocol servers the line talks to (all off unless configured)."""
+
+    stations: list[StationConfig] = Field(default_factory=list, max_length=16,
+                                          description="The stations of this device.")
+    modbus: ModbusConfig = Field(default_factory=ModbusConfig, description="Modbus TCP server (off by default).")
+
+    @field_validator("stations")
+    @classmethod
+    def _unique(cls, v: list[StationConfig]) -> list[StationConfig]:
+        names = [s.name for s in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"station names must be unique; repeated: {', '.join(dupes)}")
+        return v

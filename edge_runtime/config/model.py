@@ -1,0 +1,53 @@
+"""`model:`: the bundle and how llama.cpp and ONNX Runtime run it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from edge_runtime.config.base import Section
+
+DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+class ModelConfig(Section):
+    path: Path | None = Field(
+        None, description="Model bundle folder. Empty: the demo bundle, built on first use.")
+    threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, le=256,
+        description="CPU threads for llama.cpp and ONNX Runtime (default: all cores).")
+    context_size: int = Field(2048, ge=256, le=131072, description="llama.cpp context (tokens).")
+    batch_size: int = Field(512, ge=32, le=8192, description="llama.cpp batch size (tokens per decode).")
+    gpu_layers: int = Field(0, ge=-1, description="Layers offloaded to the GPU; -1 offloads all.")
+    kv_cache_type: Literal["f16", "f32"] = Field(
+        "f16", description="llama.cpp KV cache precision: f16 halves its memory; f32 matches a float32 "
+        "reference implementation to ~1e-5 (docs/models.md).")
+    providers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROVIDERS),
+        description="ONNX Runtime execution providers in order of preference; missing ones are skipped.")
+    vision_precision: Literal["fp32", "fp16"] = Field(
+        "fp32", description="fp16 loads the bundle's half-precision encoder (for CUDA/TensorRT); "
+        "bundles without one keep fp32.")
+    prompt: str | None = Field(None, description="Inspection question; empty uses the bundle's default.")
+    max_tokens: int | None = Field(None, ge=1, le=8192,
+                                   description="Verdict token limit; empty uses the bundle's.")
+    reuse_prefix_cache: bool = Field(
+        True, description="Keep the KV cache of the fixed prompt prefix between inspections.")
+    verify_checksums: bool = Field(True, description="Check the bundle's sha256 sums at load.")
+    warmup: bool = Field(True, description="Run one inspection at load so the first real one is fast.")
+    constraint_engine: Literal["llguidance", "gbnf"] = Field(
+        "llguidance", description="JSON constraint engine: llguidance (token masks in Rust, only when the "
+        "best token is refused; forced tokens in one batch) or gbnf (llama.cpp's grammar sampler).")
+    fast_forward: bool = Field(
+        True, description="llguidance: decode the tokens the grammar forces in one batch. Off: one token "
+        "per step, exactly the tokens greedy decoding picks (docs/benchmarks.md).")
+    batch_kv_cache: Literal["per_sequence", "unified"] = Field(
+        "per_sequence", description="KV cache of cameras generated as parallel sequences: per_sequence "
+        "gives each its own stream (verdicts bit-identical to one at a time); unified shares one buffer "
+        "(~15% more batched tokens/s on a 1.5B model, but verdicts may differ from one at a time).")
+    token_cache_bytes: int = Field(
+        4 * 1024 * 1024, ge=0, le=1 << 30,
+        description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")
