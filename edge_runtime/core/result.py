@@ -49,6 +49,12 @@ class Result:
     # Who answered: {engine: edge|remote, endpoint, model}; remote results add reason (and
     # second_opinion_of for escalations). See docs/scale-out.md.
     source: dict[str, Any] = field(default_factory=lambda: {"engine": "edge", "endpoint": None, "model": None})
+    # Set when a line triggered it (docs/line-io.md): the station, the part id the PLC sent, the recipe,
+    # and the station's job id (InspectionSeq) that the line acknowledges.
+    station: str | None = None
+    part_id: str | None = None
+    recipe: str | None = None
+    inspection_seq: int | None = None
 
     def __post_init__(self) -> None:
         if self.source.get("engine") == "edge" and self.source.get("model") is None:

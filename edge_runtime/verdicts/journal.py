@@ -89,6 +89,11 @@ class Journal:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reason" not in columns:  # journals written before parking existed
             self._db.execute("ALTER TABLE results ADD COLUMN reason TEXT")
+        for name in ("station", "part_id", "recipe"):  # line I/O (docs/line-io.md); older journals lack them
+            if name not in columns:
+                self._db.execute(f"ALTER TABLE results ADD COLUMN {name} TEXT")
+        self._db.execute("CREATE INDEX IF NOT EXISTS results_station ON results (station, seq) "
+                         "WHERE station IS NOT NULL")
         self._added = 0
         self._recount()
 
@@ -145,8 +150,10 @@ class Journal:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             cur = self._db.execute(
-                "INSERT INTO results (id, ts, created, camera, body) VALUES (?, ?, ?, ?, ?)",
-                (result.id, result.ts, time.time(), result.camera, self._body(result)))
+                "INSERT INTO results (id, ts, created, camera, body, station, part_id, recipe) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (result.id, result.ts, time.time(), result.camera, self._body(result), result.station,
+                 result.part_id, result.recipe))
             if extra is not None:
                 try:
                     extra(self._db)

@@ -1,0 +1,1 @@
+"""Line I/O: the station handshake (station.py) and the protocols a PLC speaks to it (docs/line-io.md)."""

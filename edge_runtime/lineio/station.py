@@ -1,0 +1,461 @@
+"""The station handshake every line protocol shares: trigger in, AcquisitionDone, OK/NOK out, ack.
+
+One `Station` per configured station. A protocol adapter (OPC UA, Modbus, Sparkplug, GPIO) turns the
+line's writes into `trigger` / `release_trigger` / `ack_result` / `set_trigger_enable` and publishes
+what `watch` reports. The station never times an ejector: it reports results in trigger order through
+a FIFO that only the line's ResultAck clears, and the PLC does the reject timing.
+
+Durability: a trigger is written to the job store before it is acknowledged, a decided result and an
+ack likewise, so after a kill -9 the FIFO comes back as it was (a job cut off before its verdict
+becomes ERROR with defect code 902) and numbering continues: no part is reported twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Protocol
+
+from edge_runtime.config.line_io import PART_ID_MAX, TEXT_ID, StationConfig
+from edge_runtime.core.result import Result as Inspection
+from edge_runtime.core.sink import SinkHealth
+from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.verdicts.line_jobs import StoredJob
+from edge_runtime.verdicts.rules import condition_holds, lookup
+
+log = logging.getLogger(__name__)
+
+# DefectCode values the station itself gives (a NOK verdict gives 1 or its defect_code_field).
+DEFECT_NOK = 1
+DEFECT_TIMEOUT = 900  # no verdict by result_deadline_ms
+DEFECT_NO_FRAME = 901  # the camera gave no new frame in time (or is down)
+DEFECT_INTERRUPTED = 902  # the daemon stopped between trigger and verdict
+DEFECT_INSPECTION_FAILED = 903  # the inspection raised (queue full, disk full, model error)
+DEFECT_NO_VERDICT = 904  # the model's answer held no verdict
+HEARTBEAT_MOD = 1 << 16
+
+
+class Result(IntEnum):
+    NONE = 0
+    OK = 1
+    NOK = 2
+    ERROR = 3  # counts as NOK on the line
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Everything the device shows the line, one consistent snapshot. While `result_valid`,
+    inspection_seq/part_id/recipe/result/defect_code are the FIFO head's; otherwise they are the
+    last trigger's, with result NONE."""
+
+    trigger_enable: bool
+    ready: bool
+    trigger_ack: bool
+    busy: bool
+    acquisition_done: bool
+    result_valid: bool
+    inspection_seq: int
+    part_id: str
+    recipe: str
+    result: Result
+    defect_code: int
+    heartbeat: int
+    fault: bool
+    buffer_count: int
+    overrun: bool
+
+
+class LineRefused(Exception):
+    """A trigger the station did not take; `reason` is one of the documented words."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # not_ready | disabled | busy | overrun | bad_part_id | bad_recipe
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the capture side needs to inspect one triggered part."""
+
+    station: str
+    seq: int
+    part_id: str
+    recipe: str
+    camera: str
+    prompt: str | None
+    deadline: float  # time.monotonic() by which the frame must be taken
+
+
+class JobStore(Protocol):
+    """Where triggers, outcomes and acks are made durable (verdicts/line_jobs.py)."""
+
+    def triggered(self, station: str, seq: int, part_id: str, recipe: str) -> None: ...
+
+    def decided(self, station: str, seq: int, result: int, defect_code: int, result_id: str | None) -> None: ...
+
+    def acked(self, station: str, seq: int) -> None: ...
+
+    def open_jobs(self, station: str) -> list[StoredJob]: ...
+
+    def last_seq(self, station: str) -> int: ...
+
+    def journaled_result(self, station: str, seq: int) -> Inspection | None: ...
+
+
+# start(job, on_acquired) takes the frame (may block until job.deadline), calls on_acquired() the moment
+# it is taken, and returns the Future of the journaled Result; raising means no frame.
+StartJob = Callable[[JobRequest, Callable[[], None]], "Future[Inspection]"]
+
+
+@dataclass
+class _Job:
+    seq: int
+    part_id: str
+    recipe: str
+    deadline: float  # monotonic: the verdict must be decided by then
+    triggered: float = field(default_factory=time.monotonic)
+    acquired: bool = False
+    result: Result = Result.NONE
+    defect_code: int = 0
+    result_id: str | None = None
+
+
+class Station:
+    """The handshake state machine of one station. Thread-safe; `watch` callbacks run on the thread
+    that changed the state, in order, and must not block."""
+
+    def __init__(self, cfg: StationConfig, jobs: JobStore, start: StartJob,
+                 warm: Callable[[], bool] = lambda: True, fault: Callable[[], str | None] = lambda: None,
+                 camera_prompt: str | None = None) -> None:
+        self.name = cfg.name
+        self.cfg = cfg
+        self._jobs = jobs
+        self._start = start
+        self._warm, self._fault = warm, fault
+        self._camera_prompt = camera_prompt
+        self._lock = threading.RLock()
+        self._notify_lock = threading.RLock()  # a watcher may trigger (GPIO): re-entry is fine
+        self._watchers: list[Callable[[Signals], None]] = []
+        self._fifo: deque[_Job] = deque()  # in-flight and decided jobs, in trigger order
+        self._captures: queue.Queue[_Job] = queue.Queue()
+        self._enabled = cfg.enabled_at_start
+        self._trigger_ack = False
+        self._acquiring: _Job | None = None
+        self._last: _Job | None = None
+        self._overrun = False
+        self._heartbeat = 0
+        self._ready_now = False
+        self._fault_now: str | None = None
+        self._last_sent: Signals | None = None
+        self._stop = threading.Event()
+        self._bad_log = RateLimitedLog(log)
+        self.counters: dict[str, int] = {"triggers": 0, "refused": 0, "results_ok": 0, "results_nok": 0,
+                                         "results_error": 0, "timeouts": 0, "overruns": 0, "acks": 0,
+                                         "late_verdicts": 0, "watcher_errors": 0}
+        self.refusals: dict[str, int] = {}
+        self._seq = jobs.last_seq(self.name)
+        self._restore()
+        self._threads = [SupervisedThread(f"station-{self.name}-capture", self._capture_loop, self._stop, log),
+                         SupervisedThread(f"station-{self.name}-clock", self._clock_loop, self._stop, log)]
+
+    # ---- the line's side ----------------------------------------------------------------------
+
+    def set_trigger_enable(self, on: bool) -> None:
+        with self._lock:
+            self._enabled = bool(on)
+        self._changed()
+
+    def trigger(self, part_id: str = "", recipe: str | None = None) -> int:
+        """A rising edge of Trigger: returns the InspectionSeq (job id) or raises LineRefused."""
+        try:
+            seq = self._trigger(part_id, recipe)
+        except LineRefused as exc:
+            with self._lock:
+                self.counters["refused"] += 1
+                self.refusals[exc.reason] = self.refusals.get(exc.reason, 0) + 1
+            self._changed()
+            raise
+        self._changed()
+        return seq
+
+    def _trigger(self, part_id: str, recipe: str | None) -> int:
+        if not isinstance(part_id, str) or len(part_id) > PART_ID_MAX or not TEXT_ID.fullmatch(part_id):
+            raise LineRefused("bad_part_id", f"PartId must be at most {PART_ID_MAX} printable ASCII characters")
+        recipe_id = self._recipe_id(recipe)
+        with self._lock:
+            if not self._ready_now or self._fault_now is not None:
+                raise LineRefused("not_ready", f"station {self.name} is not ready"
+                                  + (f" ({self._fault_now})" if self._fault_now else " (model not warm)"))
+            if not self._enabled:
+                raise LineRefused("disabled", f"TriggerEnable of station {self.name} is off")
+            if self._acquiring is not None:
+                raise LineRefused("busy", f"station {self.name} is still taking the frame of job "
+                                  f"{self._acquiring.seq}")
+            if len(self._fifo) >= self.cfg.fifo_depth:
+                if not self._overrun:
+                    self.counters["overruns"] += 1
+                self._overrun = True
+                raise LineRefused("overrun", f"the result FIFO of station {self.name} is full "
+                                  f"({self.cfg.fifo_depth}); acknowledge results first")
+            seq = self._seq + 1
+            # Durable before the line sees TriggerAck: a restart must not hand this number out again.
+            self._jobs.triggered(self.name, seq, part_id, recipe_id)
+            self._seq = seq
+            job = _Job(seq, part_id, recipe_id, time.monotonic() + self.cfg.result_deadline_ms / 1000)
+            self._fifo.append(job)
+            self._acquiring = job
+            self._last = job
+            self._trigger_ack = True
+            self.counters["triggers"] += 1
+            self._captures.put(job)
+            return seq
+
+    def _recipe_id(self, recipe: str | None) -> str:
+        recipe = recipe or ""
+        if not isinstance(recipe, str) or len(recipe) > PART_ID_MAX:
+            raise LineRefused("bad_recipe", "RecipeId must be a string of at most 32 characters")
+        if not recipe:
+            return self.cfg.default_recipe or ""
+        if recipe not in self.cfg.recipes:
+            known = ", ".join(sorted(self.cfg.recipes)[:8]) or "none configured"
+            raise LineRefused("bad_recipe", f"unknown RecipeId {recipe[:32]!r} (known: {known})")
+        return recipe
+
+    def release_trigger(self) -> None:
+        """The line dropped Trigger (level protocols): TriggerAck follows it down."""
+        with self._lock:
+            self._trigger_ack = False
+        self._changed()
+
+    def ack_result(self, seq: int | None = None) -> bool:
+        """ResultAck: clears the FIFO head when it holds a result (and `seq` matches, when given)."""
+        with self._lock:
+            head = self._fifo[0] if self._fifo else None
+            if head is None or head.result == Result.NONE or (seq is not None and seq != head.seq):
+                return False
+            self._jobs.acked(self.name, head.seq)
+            self._fifo.popleft()
+            self.counters["acks"] += 1
+            if len(self._fifo) < self.cfg.fifo_depth:
+                self._overrun = False
+        self._changed()
+        return True
+
+    def signals(self) -> Signals:
+        with self._lock:
+            head = self._fifo[0] if self._fifo else None
+            valid = head is not None and head.result != Result.NONE
+            shown = head if valid else self._last
+            decided = sum(1 for j in self._fifo if j.result != Result.NONE)
+            ready = (self._ready_now and self._fault_now is None and self._enabled and self._acquiring is None
+                     and len(self._fifo) < self.cfg.fifo_depth)
+            return Signals(
+                trigger_enable=self._enabled, ready=ready, trigger_ack=self._trigger_ack,
+                busy=any(j.result == Result.NONE for j in self._fifo),
+                acquisition_done=self._last is not None and self._last.acquired,
+                result_valid=valid, inspection_seq=shown.seq if shown else 0,
+                part_id=shown.part_id if shown else "", recipe=shown.recipe if shown else "",
+                result=shown.result if (shown is not None and valid) else Result.NONE,
+                defect_code=shown.defect_code if (shown is not None and valid) else 0,
+                heartbeat=self._heartbeat, fault=self._fault_now is not None,
+                buffer_count=decided, overrun=self._overrun)
+
+    def watch(self, callback: Callable[[Signals], None]) -> Callable[[], None]:
+        """Call `callback(signals)` on every change; returns the unsubscribe function."""
+        with self._notify_lock:
+            self._watchers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._notify_lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+        return unsubscribe
+
+    def fault_reason(self) -> str | None:
+        return self._fault_now
+
+    # ---- Sink ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._poll_health()
+        for t in self._threads:
+            t.start()
+        self._changed()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(2.0)
+
+    def notify(self, result: Inspection) -> None:
+        """A journaled verdict; only this station's are taken. Returns at once, never raises."""
+        if result.station != self.name or result.inspection_seq is None:
+            return
+        try:
+            self._verdict(result.inspection_seq, result)
+        except Exception:  # noqa: BLE001 - the delivery thread must not die for one station
+            self._bad_log.log(logging.ERROR, "station %s: could not take verdict %s", self.name, result.id,
+                              exc_info=True)
+
+    def health(self) -> SinkHealth:
+        with self._lock:
+            counters = {**self.counters, "refusals": dict(self.refusals), "fifo": len(self._fifo),
+                        "seq": self._seq}
+            fault = self._fault_now
+        return SinkHealth(ok=fault is None, detail=fault or "", counters=counters)
+
+    def threads(self) -> list[SupervisedThread]:
+        return list(self._threads)
+
+    # ---- outcomes -----------------------------------------------------------------------------
+
+    def _find(self, seq: int) -> _Job | None:
+        return next((j for j in self._fifo if j.seq == seq), None)
+
+    def _verdict(self, seq: int, result: Inspection) -> None:
+        outcome, code = self.judge(result)
+        self._decide(seq, outcome, code, result.id)
+
+    def judge(self, result: Inspection) -> tuple[Result, int]:
+        """OK / NOK (with its defect code) / ERROR for one verdict, by the recipe's or station's rule."""
+        if not isinstance(result.verdict, dict) or not result.verdict:
+            return Result.ERROR, DEFECT_NO_VERDICT
+        recipe = self.cfg.recipes.get(result.recipe or "")
+        conditions = (recipe.nok_when if recipe is not None and recipe.nok_when else None) or self.cfg.nok_when
+        data = result.to_dict()
+        if not all(condition_holds(c, data) for c in conditions):
+            return Result.OK, 0
+        code = DEFECT_NOK
+        if self.cfg.defect_code_field:
+            value = lookup(data, self.cfg.defect_code_field)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 900:
+                code = value
+        return Result.NOK, code
+
+    def _decide(self, seq: int, outcome: Result, code: int, result_id: str | None) -> bool:
+        with self._lock:
+            job = self._find(seq)
+            if job is None or job.result != Result.NONE:
+                if result_id is not None and seq <= self._seq:
+                    self.counters["late_verdicts"] += 1
+                return False
+            self._jobs.decided(self.name, seq, int(outcome), code, result_id)
+            job.result, job.defect_code, job.result_id = outcome, code, result_id
+            if not job.acquired and outcome != Result.OK and self._acquiring is job:
+                self._acquiring = None  # it will never be taken; let the next part come
+            self.counters[{Result.OK: "results_ok", Result.NOK: "results_nok"}.get(outcome, "results_error")] += 1
+            if code == DEFECT_TIMEOUT:
+                self.counters["timeouts"] += 1
+        self._changed()
+        return True
+
+    def _acquired(self, job: _Job) -> None:
+        with self._lock:
+            job.acquired = True
+            if self._acquiring is job:
+                self._acquiring = None
+        self._changed()
+
+    def _done(self, seq: int, future: Future[Inspection]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            log.warning("station %s: inspection of job %d failed: %s", self.name, seq, exc)
+            self._decide(seq, Result.ERROR, DEFECT_INSPECTION_FAILED, None)
+            return
+        self._verdict(seq, future.result())
+
+    # ---- threads --------------------------------------------------------------------------------
+
+    def _capture_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self._captures.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if job.result != Result.NONE:
+                continue
+            recipe = self.cfg.recipes.get(job.recipe)
+            prompt = recipe.prompt if recipe is not None and recipe.prompt else self._camera_prompt
+            deadline = min(job.deadline, time.monotonic() + self.cfg.acquisition_timeout_ms / 1000)
+            request = JobRequest(self.name, job.seq, job.part_id, job.recipe, self.cfg.camera, prompt, deadline)
+            try:
+                future = self._start(request, lambda j=job: self._acquired(j))  # type: ignore[misc]
+            except Exception as exc:  # noqa: BLE001 - any capture failure is this part's ERROR, not the thread's
+                log.warning("station %s: no frame for job %d: %s", self.name, job.seq, exc)
+                self._decide(job.seq, Result.ERROR, DEFECT_NO_FRAME, None)
+                continue
+            future.add_done_callback(lambda f, s=job.seq: self._done(s, f))  # type: ignore[misc]
+
+    def _clock_loop(self) -> None:
+        period = self.cfg.heartbeat_ms / 1000
+        next_beat = time.monotonic() + period
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = [j.seq for j in self._fifo if j.result == Result.NONE and j.deadline <= now]
+                pending = [j.deadline for j in self._fifo if j.result == Result.NONE]
+            for seq in due:
+                self._decide(seq, Result.NOK, DEFECT_TIMEOUT, None)  # never a default OK
+            if now >= next_beat:
+                next_beat = max(next_beat + period, now)
+                with self._lock:
+                    self._heartbeat = (self._heartbeat + 1) % HEARTBEAT_MOD
+                self._poll_health()
+                self._changed()
+            wake = min([next_beat, *pending])
+            self._stop.wait(max(0.001, min(wake - time.monotonic(), period)))
+
+    def _poll_health(self) -> None:
+        try:
+            ready, fault = bool(self._warm()), self._fault()
+        except Exception as exc:  # noqa: BLE001 - a failing probe is a fault, not a dead clock
+            ready, fault = False, f"health probe failed: {exc}"
+        with self._lock:
+            self._ready_now, self._fault_now = ready, fault
+
+    # ---- restart ------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """The FIFO as the job store left it: decided jobs wait for their ack; a job with no recorded
+        outcome takes its journaled verdict if there is one, else it is ERROR (interrupted)."""
+        for stored in self._jobs.open_jobs(self.name):
+            job = _Job(stored.seq, stored.part_id, stored.recipe, deadline=0.0, acquired=True)
+            if stored.result is not None:
+                job.result, job.defect_code, job.result_id = Result(stored.result), stored.defect_code, stored.result_id
+            else:
+                found = self._jobs.journaled_result(self.name, stored.seq)
+                outcome, code = self.judge(found) if found is not None else (Result.ERROR, DEFECT_INTERRUPTED)
+                self._jobs.decided(self.name, stored.seq, int(outcome), code, found.id if found else None)
+                job.result, job.defect_code, job.result_id = outcome, code, found.id if found else None
+            self._fifo.append(job)
+            self._last = job
+        if len(self._fifo) >= self.cfg.fifo_depth:
+            self._overrun = True
+
+    # ---- change notification --------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        with self._notify_lock:
+            snap = self.signals()
+            if snap == self._last_sent:
+                return
+            self._last_sent = snap
+            for callback in list(self._watchers):
+                try:
+                    callback(snap)
+                except Exception:  # noqa: BLE001 - one failing watcher never stops the others
+                    self.counters["watcher_errors"] += 1
+                    self._bad_log.log(logging.ERROR, "station %s: a signal watcher failed", self.name,
+                                      exc_info=True)
+
+
+def tagged(result: Inspection, job: JobRequest) -> Inspection:
+    """The result of a station's job, carrying station, part id, recipe and job id."""
+    return replace(result, station=job.station, part_id=job.part_id, recipe=job.recipe, inspection_seq=job.seq)

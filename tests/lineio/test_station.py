@@ -1,0 +1,361 @@
+"""The station handshake on its own: a real job store (SQLite), a capture side the test drives."""
+
+from __future__ import annotations
+
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_runtime.config.line_io import StationConfig
+from edge_runtime.core.result import FrameInfo
+from edge_runtime.core.result import Result as Inspection
+from edge_runtime.lineio.station import (
+    DEFECT_INTERRUPTED,
+    DEFECT_NO_FRAME,
+    DEFECT_NO_VERDICT,
+    DEFECT_TIMEOUT,
+    JobRequest,
+    LineRefused,
+    Result,
+    Signals,
+    Station,
+    tagged,
+)
+from edge_runtime.verdicts.journal import Journal
+from edge_runtime.verdicts.line_jobs import LineJobs
+
+
+def station_config(**over: Any) -> StationConfig:
+    data: dict[str, Any] = {"name": "s1", "camera": "cam", "heartbeat_ms": 50, "result_deadline_ms": 5000,
+                            "nok_when": [{"field": "verdict.defect", "equals": True}]}
+    data.update(over)
+    return StationConfig.model_validate(data)
+
+
+class Line:
+    """The capture side: records each job, takes the frame when told, resolves verdicts by hand."""
+
+    def __init__(self, acquire_at_once: bool = True, fail: bool = False) -> None:
+        self.jobs: dict[int, tuple[JobRequest, Future[Inspection], Callable[[], None]]] = {}
+        self.acquire_at_once = acquire_at_once
+        self.fail = fail
+        self.started = threading.Event()
+
+    def start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Inspection]:
+        if self.fail:
+            raise RuntimeError("camera is down")
+        future: Future[Inspection] = Future()
+        self.jobs[job.seq] = (job, future, on_acquired)
+        if self.acquire_at_once:
+            on_acquired()
+        self.started.set()
+        return future
+
+    def verdict(self, seq: int, verdict: dict[str, Any]) -> Inspection:
+        job, future, _ = self.jobs[seq]
+        result = tagged(Inspection(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict=verdict,
+                                   text="", model="m", timings_ms={}, prompt=""), job)
+        future.set_result(result)
+        return result
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[LineJobs]:
+    store = LineJobs(tmp_path / "journal.sqlite3")
+    yield store
+    store.close()
+
+
+def running(cfg: StationConfig, jobs: LineJobs, line: Line, **kw: Any) -> Station:
+    station = Station(cfg, jobs, line.start, **kw)
+    station.start()
+    return station
+
+
+def test_ok_handshake_trigger_acquisition_result_ack(jobs: LineJobs) -> None:
+    line = Line(acquire_at_once=False)
+    station = running(station_config(), jobs, line)
+    seen: list[Signals] = []
+    station.watch(seen.append)
+    try:
+        assert station.signals().ready
+        seq = station.trigger("PART-0001")
+        s = station.signals()
+        assert (s.trigger_ack, s.busy, s.acquisition_done, s.result_valid) == (True, True, False, False)
+        assert s.inspection_seq == seq and s.part_id == "PART-0001" and not s.ready  # acquiring
+        wait_for(lambda: seq in line.jobs)
+        line.jobs[seq][2]()  # the frame is taken
+        s = station.signals()
+        assert s.acquisition_done and s.busy and not s.result_valid and s.ready
+        station.release_trigger()
+        line.verdict(seq, {"defect": False})
+        wait_for(lambda: station.signals().result_valid)
+        s = station.signals()
+        assert (s.result, s.defect_code, s.buffer_count, s.busy) == (Result.OK, 0, 1, False)
+        assert not s.trigger_ack
+        assert station.ack_result(seq + 1) is False  # another job's ack does not clear this one
+        assert station.ack_result(seq) is True
+        s = station.signals()
+        assert not s.result_valid and s.buffer_count == 0 and s.result == Result.NONE
+        assert [x.acquisition_done for x in seen].index(True) < [x.result_valid for x in seen].index(True)
+        row = jobs.job("s1", seq)
+        assert row is not None and row["result"] == 1 and row["acked"] is not None
+        assert row["part_id"] == "PART-0001"
+    finally:
+        station.stop()
+
+
+def test_nok_by_the_station_rule_with_its_defect_code(jobs: LineJobs) -> None:
+    line = Line()
+    station = running(station_config(defect_code_field="verdict.code"), jobs, line)
+    try:
+        seq = station.trigger("P2")
+        wait_for(lambda: seq in line.jobs)
+        line.verdict(seq, {"defect": True, "code": 17})
+        wait_for(lambda: station.signals().result_valid)
+        assert (station.signals().result, station.signals().defect_code) == (Result.NOK, 17)
+        assert station.health().counters["results_nok"] == 1
+    finally:
+        station.stop()
+
+
+def test_recipe_selects_prompt_and_nok_rule(jobs: LineJobs) -> None:
+    cfg = station_config(recipes={"bolt": {"prompt": "Is the bolt there?",
+                                           "nok_when": [{"field": "verdict.present", "equals": False}]}})
+    line = Line()
+    station = running(cfg, jobs, line, camera_prompt="camera default")
+    try:
+        seq = station.trigger("P", "bolt")
+        wait_for(lambda: seq in line.jobs)
+        assert line.jobs[seq][0].prompt == "Is the bolt there?" and line.jobs[seq][0].recipe == "bolt"
+        line.verdict(seq, {"present": False, "defect": False})
+        wait_for(lambda: station.signals().result_valid)
+        assert station.signals().result == Result.NOK and station.signals().recipe == "bolt"
+        with pytest.raises(LineRefused) as refused:
+            station.trigger("P", "nut")
+        assert refused.value.reason == "bad_recipe"
+    finally:
+        station.stop()
+
+
+def test_results_leave_in_trigger_order(jobs: LineJobs) -> None:
+    line = Line()
+    station = running(station_config(), jobs, line)
+    try:
+        first = station.trigger("A")
+        wait_for(lambda: first in line.jobs)
+        second = station.trigger("B")
+        wait_for(lambda: second in line.jobs)
+        line.verdict(second, {"defect": True})
+        time.sleep(0.05)
+        assert not station.signals().result_valid  # B is ready, but A is first on the belt
+        line.verdict(first, {"defect": False})
+        wait_for(lambda: station.signals().result_valid)
+        s = station.signals()
+        assert (s.inspection_seq, s.part_id, s.result, s.buffer_count) == (first, "A", Result.OK, 2)
+        assert station.ack_result()
+        s = station.signals()
+        assert (s.inspection_seq, s.part_id, s.result) == (second, "B", Result.NOK)
+    finally:
+        station.stop()
+
+
+def test_fifo_overrun_refuses_and_flags_until_an_ack(jobs: LineJobs) -> None:
+    line = Line()
+    station = running(station_config(fifo_depth=2), jobs, line)
+    try:
+        for part in ("A", "B"):
+            seq = station.trigger(part)
+            wait_for(lambda s=seq: s in line.jobs)  # type: ignore[misc]
+            line.verdict(seq, {"defect": False})
+        with pytest.raises(LineRefused) as refused:
+            station.trigger("C")
+        assert refused.value.reason == "overrun"
+        s = station.signals()
+        assert s.overrun and s.buffer_count == 2 and not s.ready
+        assert station.health().counters["overruns"] == 1
+        assert station.ack_result()
+        assert not station.signals().overrun and station.signals().ready
+        station.trigger("C")
+    finally:
+        station.stop()
+
+
+def test_a_verdict_past_the_deadline_is_nok_timeout_never_ok(jobs: LineJobs) -> None:
+    line = Line()
+    station = running(station_config(result_deadline_ms=100), jobs, line)
+    try:
+        seq = station.trigger("SLOW")
+        wait_for(lambda: station.signals().result_valid, timeout=2)
+        s = station.signals()
+        assert (s.result, s.defect_code, s.inspection_seq) == (Result.NOK, DEFECT_TIMEOUT, seq)
+        line.verdict(seq, {"defect": False})  # the late OK changes nothing
+        time.sleep(0.05)
+        assert station.signals().result == Result.NOK
+        assert station.health().counters["timeouts"] == 1
+        assert station.health().counters["late_verdicts"] == 1
+    finally:
+        station.stop()
+
+
+def test_no_frame_and_empty_verdicts_are_errors(jobs: LineJobs) -> None:
+    station = running(station_config(), jobs, Line(fail=True))
+    try:
+        station.trigger("X")
+        wait_for(lambda: station.signals().result_valid)
+        assert (station.signals().result, station.signals().defect_code) == (Result.ERROR, DEFECT_NO_FRAME)
+        assert station.signals().ready  # the failed acquisition does not hold the station busy
+    finally:
+        station.stop()
+    line = Line()
+    station = running(station_config(name="s2"), jobs, line)
+    try:
+        seq = station.trigger("Y")
+        wait_for(lambda: seq in line.jobs)
+        line.verdict(seq, {})
+        wait_for(lambda: station.signals().result_valid)
+        assert (station.signals().result, station.signals().defect_code) == (Result.ERROR, DEFECT_NO_VERDICT)
+    finally:
+        station.stop()
+
+
+def test_not_ready_until_warm_and_on_fault_and_when_disabled(jobs: LineJobs) -> None:
+    warm = threading.Event()
+    fault: list[str | None] = [None]
+    station = running(station_config(), jobs, Line(), warm=warm.is_set, fault=lambda: fault[0])
+    try:
+        assert not station.signals().ready
+        with pytest.raises(LineRefused) as refused:
+            station.trigger("A")
+        assert refused.value.reason == "not_ready"
+        warm.set()
+        wait_for(lambda: station.signals().ready, timeout=2)
+        fault[0] = "camera cam is down"
+        wait_for(lambda: station.signals().fault, timeout=2)
+        assert not station.signals().ready and not station.health().ok
+        fault[0] = None
+        wait_for(lambda: station.signals().ready, timeout=2)
+        station.set_trigger_enable(False)
+        assert not station.signals().ready
+        with pytest.raises(LineRefused) as refused:
+            station.trigger("A")
+        assert refused.value.reason == "disabled"
+    finally:
+        station.stop()
+
+
+@pytest.mark.parametrize("part", ["x" * 33, "tab\there", "é", "\x00"])
+def test_bad_part_ids_are_refused(jobs: LineJobs, part: str) -> None:
+    station = running(station_config(), jobs, Line())
+    try:
+        with pytest.raises(LineRefused) as refused:
+            station.trigger(part)
+        assert refused.value.reason == "bad_part_id"
+        assert jobs.last_seq("s1") == 0
+    finally:
+        station.stop()
+
+
+def test_heartbeat_increments(jobs: LineJobs) -> None:
+    station = running(station_config(heartbeat_ms=50), jobs, Line())
+    try:
+        first = station.signals().heartbeat
+        wait_for(lambda: station.signals().heartbeat >= first + 3, timeout=2)
+    finally:
+        station.stop()
+
+
+def test_a_failing_watcher_does_not_stop_the_others(jobs: LineJobs) -> None:
+    station = running(station_config(), jobs, Line())
+    got: list[Signals] = []
+
+    def broken(_: Signals) -> None:
+        raise RuntimeError("boom")
+    station.watch(broken)
+    unsubscribe = station.watch(got.append)
+    try:
+        station.trigger("A")
+        assert got and got[-1].trigger_ack
+        assert station.health().counters["watcher_errors"] >= 1
+        unsubscribe()
+        n = len(got)
+        station.release_trigger()
+        assert len(got) == n
+    finally:
+        station.stop()
+
+
+def test_restart_restores_the_fifo_without_duplicating_a_part(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    jobs = LineJobs(path)
+    line = Line()
+    station = running(station_config(), jobs, line)
+    decided = station.trigger("DECIDED")
+    wait_for(lambda: decided in line.jobs)
+    line.verdict(decided, {"defect": True})
+    wait_for(lambda: station.signals().result_valid)
+    journaled = station.trigger("JOURNALED")
+    wait_for(lambda: journaled in line.jobs)
+    cut = station.trigger("CUT")
+    station.stop()
+    # The verdict of JOURNALED reached the journal, but the daemon died before the station saw it.
+    journal.add(line.verdict(journaled, {"defect": False}))
+    jobs.close()
+
+    again = LineJobs(path)
+    line2 = Line()
+    station = running(station_config(), again, line2)
+    try:
+        s = station.signals()
+        assert s.result_valid and (s.inspection_seq, s.part_id, s.result) == (decided, "DECIDED", Result.NOK)
+        assert s.buffer_count == 3
+        assert station.ack_result()
+        s = station.signals()
+        assert (s.inspection_seq, s.part_id, s.result) == (journaled, "JOURNALED", Result.OK)
+        assert station.ack_result()
+        s = station.signals()
+        assert (s.inspection_seq, s.result, s.defect_code) == (cut, Result.ERROR, DEFECT_INTERRUPTED)
+        assert station.ack_result()
+        assert station.trigger("NEXT") == cut + 1  # numbering continues: no job id is reused
+    finally:
+        station.stop()
+        again.close()
+        journal.close()
+
+
+def test_a_trigger_flood_is_held_in_bounded_memory(jobs: LineJobs) -> None:
+    line = Line()
+    station = running(station_config(fifo_depth=8), jobs, line)
+    try:
+        station.trigger("warm-up")
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        refused = 0
+        for i in range(20_000):
+            try:
+                station.trigger(f"P{i}")
+            except LineRefused:
+                refused += 1
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+        assert refused >= 20_000 - 8
+        assert station.health().counters["fifo"] <= 8
+        assert grown < 512 * 1024, f"memory grew {grown} bytes under a trigger flood"
+    finally:
+        station.stop()
