@@ -255,6 +255,9 @@ def build_parser() -> Parser:
     dexport.add_argument("--all", action="store_true", help="also results nobody reviewed yet")
     dexport.add_argument("--camera", help="only this camera")
     dexport.set_defaults(func=cmd_dataset_export)
+    from edge_runtime.cli.eval import add_eval_parser
+
+    add_eval_parser(p, sub)
     return p
 
 

@@ -1,0 +1,190 @@
+"""One evaluation: read the dataset, run every variant (bundle x prompt), measure, compare, report."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edge_runtime.config.schema import Config
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.result import utc_now
+from edge_runtime.evaluation import confidence as conf
+from edge_runtime.evaluation.compare import compare
+from edge_runtime.evaluation.dataset import Dataset, open_dataset
+from edge_runtime.evaluation.defect import DefectRule, default_defect, parse_defect, rule_defect
+from edge_runtime.evaluation.metrics import Pair, defect_metrics, field_metrics, latency_metrics
+from edge_runtime.evaluation.report import write_html, write_json
+from edge_runtime.evaluation.runner import RunLog, run_variant, variant_key
+from edge_runtime.inference.model_source import open_inspector, resolve_bundle
+
+MAX_PROMPTS_BYTES = 1 << 20
+MAX_PROMPTS = 16
+MAX_PROMPT_CHARS = 4000
+
+
+@dataclass
+class EvalOptions:
+    """What `edge-runtime eval` was asked (see cli/eval.py for each option's meaning)."""
+
+    dataset: Path | None
+    out: Path
+    models: list[str | None] = field(default_factory=lambda: [None])
+    prompts: list[str | None] = field(default_factory=lambda: [None])
+    from_journal: bool = False
+    camera: str | None = None
+    limit: int | None = None
+    defect: str | None = None
+    defect_rule: str | None = None
+    target_escape: float = 0.005
+    confidence_field: str = "verdict.confidence"
+    class_field: str | None = None
+    progress: bool = True
+
+
+def parse_rate(text: str) -> float:
+    """`0.5%` or `0.005` -> 0.005."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", text)
+    if not m:
+        raise EdgeRuntimeError(f"--target-escape: {text!r} is not a rate like 0.5% or 0.005")
+    value = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not 0 <= value < 1:
+        raise EdgeRuntimeError(f"--target-escape: {text!r} must be at least 0 and under 100%")
+    return value
+
+
+def load_prompts(path: Path) -> list[str | None]:
+    """A JSON list of prompts, or one prompt per line (blank lines and # comments skipped)."""
+    try:
+        raw = path.read_bytes()[:MAX_PROMPTS_BYTES + 1]
+    except OSError as exc:
+        raise EdgeRuntimeError(f"--prompts {path}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_PROMPTS_BYTES:
+        raise EdgeRuntimeError(f"--prompts {path}: larger than 1 MiB")
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        loaded = json.loads(text)
+        prompts = loaded if isinstance(loaded, list) else None
+    except ValueError:
+        prompts = None
+    if prompts is None:
+        prompts = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not prompts or len(prompts) > MAX_PROMPTS:
+        raise EdgeRuntimeError(f"--prompts {path}: give 1 to {MAX_PROMPTS} prompts")
+    for p in prompts:
+        if not isinstance(p, str) or not p.strip() or len(p) > MAX_PROMPT_CHARS:
+            raise EdgeRuntimeError(f"--prompts {path}: each prompt is a non-empty string of at most "
+                                   f"{MAX_PROMPT_CHARS} characters")
+    return list(prompts)
+
+
+def _defect_rule(config: Config, opts: EvalOptions, schema: dict[str, Any]) -> DefectRule:
+    if opts.defect and opts.defect_rule:
+        raise EdgeRuntimeError("give --defect or --defect-rule, not both")
+    if opts.defect_rule:
+        return rule_defect(config.rules, opts.defect_rule)
+    return parse_defect(opts.defect) if opts.defect else default_defect(schema)
+
+
+def read_dataset(config: Config, opts: EvalOptions, schema: dict[str, Any]) -> Dataset:
+    if opts.from_journal:
+        from edge_runtime.evaluation.journal import journal_dataset
+
+        return journal_dataset(config, schema, opts.camera, opts.limit)
+    if opts.dataset is None:
+        raise EdgeRuntimeError("give a DATASET (folder, .jsonl or .csv) or --from-journal")
+    return open_dataset(opts.dataset, schema, class_field=opts.class_field, limit=opts.limit)
+
+
+def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
+    """Run the evaluation; writes OUT/runs.jsonl, OUT/report.json, OUT/report.html; returns the report."""
+    schema = resolve_bundle(config, opts.models[0]).manifest.verdict_schema  # no engine loaded yet
+    rule = _defect_rule(config, opts, schema)
+    ds = read_dataset(config, opts, schema)
+    if not ds.samples:
+        raise EdgeRuntimeError(f"no usable labelled image in the dataset ({_counts(ds.counts)}); "
+                               f"first problem: {ds.issues[0] if ds.issues else 'none'}")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    log = RunLog(opts.out / "runs.jsonl")
+    variants: list[dict[str, Any]] = []
+    verdicts: dict[str, dict[str, Any]] = {}
+    pairs_of: dict[str, list[Pair]] = {}
+    try:
+        for model in opts.models:
+            inspector = open_inspector(config, model)
+            try:
+                for prompt in opts.prompts:
+                    label = f"{chr(ord('A') + len(variants))}: {inspector.model_name}"
+                    key = variant_key(inspector, prompt)
+                    stats = run_variant(inspector, key, label, prompt, ds.samples, log, config.images,
+                                        config.inspection.max_batch, opts.progress)
+                    pairs = [Pair(s, log.records[(key, s.id)].get("verdict"), log.records[(key, s.id)])
+                             for s in ds.samples]
+                    pairs_of[key] = pairs
+                    verdicts[key] = {p.sample.id: p.verdict for p in pairs}
+                    variants.append(_variant(label, key, model, inspector.model_name,
+                                             prompt or inspector.default_prompt, pairs, rule, opts, stats,
+                                             inspector.bundle.manifest.verdict_schema))
+            finally:
+                inspector.close()
+    finally:
+        log.close()
+    first = variants[0]
+    for kind, n in first["errors"].items():
+        ds.counts[kind] += n
+    for p in pairs_of[first["key"]]:
+        if p.record.get("kind") == "bad_image":
+            ds.issues.append(f"bad_image: {p.sample.id}: {p.record.get('error')}")
+    comparisons = [{"a": first["label"], "b": v["label"],
+                    **compare(pairs_of[first["key"]], pairs_of[v["key"]], rule)} for v in variants[1:]]
+    report = {"generated": utc_now(), "defect_rule": rule.text, "target_escape": opts.target_escape,
+              "dataset": {"path": "journal" if opts.from_journal else str(opts.dataset), "source": ds.source,
+                          "samples": len(ds.samples), "issue_counts": dict(ds.counts), "issues": ds.issues[:10_000]},
+              "variants": variants, "comparisons": comparisons}
+    write_json(report, opts.out)
+    write_html(report, {s.id: s.image for s in ds.samples}, verdicts, opts.out, config.images)
+    return report
+
+
+def _variant(label: str, key: str, model: str | None, model_name: str, prompt: str, pairs: list[Pair],
+             rule: DefectRule, opts: EvalOptions, stats: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    rows = conf.decisions(pairs, rule, opts.confidence_field)
+    threshold = conf.threshold_for(rows, opts.target_escape) if rows else None
+    errors = Counter(str(p.record.get("kind")) for p in pairs if p.verdict is None)
+    return {
+        "label": label, "key": key, "model": model or model_name, "prompt": prompt,
+        "errors": dict(errors), "defect": defect_metrics(pairs, rule),
+        "fields": field_metrics(pairs, schema),
+        "latency": latency_metrics(pairs),
+        "confidence": {"field": opts.confidence_field, "reliability": conf.reliability(rows),
+                       "threshold": threshold,
+                       "rule_snippet": (conf.rule_snippet(threshold, rule, opts.confidence_field)
+                                        if threshold else None)},
+        "run": {"inspected_now": stats.inspected, "reused": stats.reused, "wall_s": round(stats.wall_s, 3),
+                "images_per_s": stats.images_per_s},
+    }
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """The few numbers a line engineer reads first (what `--json` prints)."""
+    return {
+        "dataset": {k: report["dataset"][k] for k in ("path", "source", "samples", "issue_counts")},
+        "defect_rule": report["defect_rule"],
+        "variants": [{"label": v["label"], "model": v["model"], "prompt": v["prompt"],
+                      "escape": v["defect"]["escape"], "false_reject": v["defect"]["false_reject"],
+                      "precision": v["defect"]["precision"], "recall": v["defect"]["recall"], "f1": v["defect"]["f1"],
+                      "accuracy": {n: f["accuracy"] for n, f in v["fields"].items()}, "errors": v["errors"],
+                      "latency_ms": {k: v["latency"]["total_ms"][k] for k in ("p50", "p95")},
+                      "tokens_per_verdict": v["latency"]["tokens"]["mean"],
+                      "min_confidence": (v["confidence"]["threshold"] or {}).get("min_confidence"),
+                      "images_per_s": v["run"]["images_per_s"]} for v in report["variants"]],
+        "comparisons": [{k: c[k] for k in ("a", "b", "paired", "escape", "false_reject")}
+                        for c in report["comparisons"]],
+    }
+
+
+def _counts(counts: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "it is empty"
