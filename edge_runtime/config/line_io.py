@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -101,11 +103,51 @@ class ModbusConfig(Section):
         return v
 
 
+class OpcUaUser(Section):
+    """One OPC UA user; the password is stored only as a scrypt hash."""
+
+    name: str = Field(pattern=NAME, description="User name the client logs in with.")
+    password_hash: str = Field(pattern=r"^scrypt\$\d{1,7}\$\d{1,2}\$\d{1,2}\$[0-9a-f]{32}\$[0-9a-f]{64}$",
+                               description="scrypt$N$r$p$salt$hash, as `python -m edge_runtime.lineio.passwords` "
+                                           "prints it; never the plain password.")
+
+
+class OpcUaConfig(Section):
+    """The OPC UA server (shaped after OPC 40100 Machine Vision); secure by default (docs/line-io.md)."""
+
+    enabled: bool = Field(False, description="Serve the stations over OPC UA.")
+    host: str = Field("127.0.0.1", max_length=255, description="Address to bind: the line network's interface "
+                      "(0.0.0.0 for all).")
+    port: int = Field(4840, ge=1, le=65535, description="TCP port (4840 is OPC UA's).")
+    security: list[Literal["sign", "sign_and_encrypt", "none"]] = Field(
+        default_factory=lambda: ["sign", "sign_and_encrypt"], min_length=1, max_length=3,
+        description="Basic256Sha256 Sign and SignAndEncrypt by default; 'none' (no security at all) only when "
+                    "listed here, and the server warns at every start.")
+    pki_dir: Path | None = Field(None, description="Certificates: own/ (generated on first start), trusted/ "
+                                 "(client certificates to accept), rejected/ (refused ones, to move by hand). "
+                                 "Default <data_dir>/opcua.")
+    users: list[OpcUaUser] = Field(default_factory=list, max_length=64, description="Users who may log in.")
+    anonymous: bool = Field(False, description="Also accept clients without a user (not recommended).")
+    application_uri: str | None = Field(None, max_length=200, pattern=r"^urn:[\x21-\x7e]+$",
+                                        description="Server application URI (default urn:<device_id>:edge-runtime).")
+    sampling_ms: int = Field(10, ge=1, le=10_000, description="Fastest sampling interval the server offers.")
+
+    @model_validator(mode="after")
+    def _someone_can_log_in(self) -> OpcUaConfig:
+        if self.enabled and not self.users and not self.anonymous:
+            raise ValueError("opcua: give at least one user (or anonymous: true) so a client can log in")
+        names = [u.name for u in self.users]
+        if len(set(names)) != len(names):
+            raise ValueError("opcua: user names must be unique")
+        return self
+
+
 class LineIOConfig(Section):
     """Stations and the protocol servers the line talks to (all off unless configured)."""
 
     stations: list[StationConfig] = Field(default_factory=list, max_length=16,
                                           description="The stations of this device.")
+    opcua: OpcUaConfig = Field(default_factory=OpcUaConfig, description="The OPC UA server.")
     modbus: ModbusConfig = Field(default_factory=ModbusConfig, description="Modbus TCP server (off by default).")
 
     @field_validator("stations")
