@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cp
 from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle, load_bundle
 from edge_runtime.inference.inspector import Inspector
+from tests.support.tiny_pairs import TinyPair, tiny_pair
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +54,13 @@ def gbnf_inspector(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
     ins = Inspector(demo_bundle, settings, config.device_id)
     yield ins
     ins.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs() -> Callable[[str], TinyPair]:
+    """`tiny_pairs("qwen2.5-vl" | "gemma3" | "smolvlm")`: a random-weight LM GGUF + mmproj GGUF pair,
+    converted by llama.cpp's converter at first use and cached (tests/support/tiny_pairs.py)."""
+    return tiny_pair
 
 
 @pytest.fixture

@@ -1,0 +1,158 @@
+"""Tiny random-weight transformers checkpoints laid out for llama.cpp's converter (tests/support/tiny_pairs.py).
+
+Each family gets the SentencePiece tokenizer of tiny_vlms.py (byte fallback) plus the marker tokens
+libmtmd writes around an image, a `tokenizer.model` beside the weights, and a `preprocessor_config.json`.
+Weights are drawn larger than the usual 0.02 init so logits spread over several units and the
+equality tolerances mean something.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.support.tiny_vlms import _token_id, _tokenizer
+
+# Chat templates in the families' own shape (what `models import` renders into prompt.template).
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def _save_tokenizer(tok: object, sp_model: bytes, out: Path, chat_template: str | None = None) -> None:
+    """The tokenizer as the converter reads it: tokenizer.model plus the added tokens, marked special,
+    in tokenizer_config.json's added_tokens_decoder (transformers 5.x keeps them only in tokenizer.json)."""
+    if chat_template is not None:
+        tok.chat_template = chat_template  # type: ignore[attr-defined]
+    tok.save_pretrained(out)  # type: ignore[attr-defined]
+    (out / "tokenizer.model").write_bytes(sp_model)
+    mark_special_tokens(out)
+
+
+def mark_special_tokens(out: Path) -> None:
+    doc = json.loads((out / "tokenizer.json").read_text())
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg["added_tokens_decoder"] = {
+        str(t["id"]): {"content": t["content"], "special": True, "normalized": False, "lstrip": False,
+                       "rstrip": False, "single_word": False}
+        for t in doc.get("added_tokens", []) if t["id"] >= 3}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def build_qwen25vl(out: Path) -> Path:
+    """Qwen2.5-VL: 3-block window-attention ViT (patch 14, merge 2) + M-RoPE qwen2 decoder (sections 2,3,3)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessor
+
+    torch.manual_seed(3)
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                "<|video_pad|>"]
+    tok, sp_model = _tokenizer(out.parent / "qwen-tok", specials)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                bos_token_id=1, eos_token_id=_token_id(tok, "<|im_end|>"), initializer_range=0.25)
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[2],
+                  initializer_range=0.25)
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=_token_id(tok, "<|image_pad|>"),
+                              video_token_id=_token_id(tok, "<|video_pad|>"),
+                              vision_start_token_id=_token_id(tok, "<|vision_start|>"),
+                              vision_end_token_id=_token_id(tok, "<|vision_end|>"), tie_word_embeddings=False)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    model.save_pretrained(out)
+    # 56x56 .. 112x112 pixels: 4 to 16 merged image tokens
+    Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                          temporal_patch_size=2).save_pretrained(out)
+    _save_tokenizer(tok, sp_model, out, QWEN_TEMPLATE)
+    return out
+
+
+def build_gemma3(out: Path) -> Path:
+    """Gemma 3: SigLIP tower (64 px, patch 8 -> 8x8 patches) pooled to 16 tokens + gemma3 decoder."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor
+
+    torch.manual_seed(4)
+    specials = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+    tok, sp_model = _tokenizer(out.parent / "gemma-tok", specials)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                sliding_window=512, query_pre_attn_scalar=16, rms_norm_eps=1e-6, bos_token_id=1,
+                eos_token_id=_token_id(tok, "<end_of_turn>"), pad_token_id=0, initializer_range=0.25)
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=64, patch_size=8, layer_norm_eps=1e-6)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16,
+                          boi_token_index=_token_id(tok, "<start_of_image>"),
+                          eoi_token_index=_token_id(tok, "<end_of_image>"),
+                          image_token_index=_token_id(tok, "<image_soft_token>"), initializer_range=0.25)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    model.save_pretrained(out)
+    # The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it).
+    for shard in out.glob("*.safetensors"):
+        tensors = load_file(shard)
+        renamed = {_gemma_key(k): v.contiguous() for k, v in tensors.items()}
+        save_file(renamed, shard, metadata={"format": "pt"})
+    Gemma3ImageProcessor(size={"height": 64, "width": 64}, image_seq_length=16).save_pretrained(out)
+    cfg = json.loads((out / "preprocessor_config.json").read_text())
+    cfg["image_seq_length"] = 16
+    (out / "preprocessor_config.json").write_text(json.dumps(cfg))
+    _save_tokenizer(tok, sp_model, out, GEMMA_TEMPLATE)
+    return out
+
+
+def _gemma_key(key: str) -> str:
+    for head in ("model.vision_tower.", "vision_tower."):
+        if key.startswith(head) and not key.startswith(head + "vision_model."):
+            return head + "vision_model." + key[len(head):]
+    return key
+
+
+def build_smolvlm(out: Path) -> Path:
+    """SmolVLM (v1) / Idefics3 as tiny_vlms.build_idefics3 lays it out, plus the "\\n\\n" token libmtmd
+    looks up for the global image (one token in SmolVLM's BPE vocabulary); the text part is named as
+    SmolVLM's own config names it, which is how the converter picks the llama class for the LM GGUF."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+    )
+
+    from tests.support.tiny_vlms import IDEFICS3_TEMPLATE, _text_config
+
+    torch.manual_seed(2)
+    specials = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>", "\n\n"] + [
+        f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tok, sp_model = _tokenizer(out.parent / "smolvlm-tok", specials)
+    vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=32, patch_size=8)
+    config = Idefics3Config(vision_config=vision.to_dict(), text_config=_text_config(len(tok)).to_dict(),
+                            scale_factor=2, image_token_id=_token_id(tok, "<image>"))
+    model = Idefics3ForConditionalGeneration(config).eval()
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),
+        tokenizer=tok, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE.replace("<|im_start|>", ""))
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "tokenizer.model").write_bytes(sp_model)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    mark_special_tokens(out)
+    return out
+
+
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm,
+}

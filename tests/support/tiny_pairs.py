@@ -1,0 +1,130 @@
+"""Tiny random-weight GGUF + mmproj pairs, made at test time: a transformers checkpoint from a small
+config, converted by the llama.cpp converter that llama-cpp-python 0.3.36 vendors.
+
+The converter is not in the installed wheel: `pip download` fetches the 0.3.36 sdist (PyPI, pip's
+cache) and its `convert_hf_to_gguf.py`, `conversion/` and `gguf-py/` are unpacked once. Pairs are
+cached under `~/.cache/edge-runtime/tiny-pairs/<hash of this file>/<family>/` (`EDGE_RUNTIME_CACHE`
+moves the root), so a change here makes new ones and an unchanged file costs nothing.
+
+Pitfalls (docs/FACTS): the converter wants `preprocessor_config.json` with `image_mean`/`image_std`,
+a SentencePiece `tokenizer.model` (the BPE path refuses unknown pre-tokenizers), and libmtmd's
+marker tokens (`<|vision_start|>`, `<start_of_image>`, ...) must be single tokens of the vocabulary;
+byte fallback makes any text tokenizable; Qwen2.5-VL vision needs >= 3 blocks; Gemma 3's vision keys
+are `vision_tower.vision_model.*` for the converter but `vision_tower.*` in transformers 5.x.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "0.3.36"
+FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm")
+_HERE = Path(__file__)
+
+
+@dataclass(frozen=True)
+class TinyPair:
+    family: str
+    language: Path  # the LM GGUF
+    mmproj: Path  # the projector GGUF
+    hf_dir: Path  # the transformers checkpoint it was converted from (for reference logits)
+    template: str  # the prompt template, {system} {image} {prompt} as in bundle.yaml format 2
+    image_max_tokens: int
+
+
+# The prompt templates the chat templates render to (what `models import` derives at import).
+_TEMPLATES = {
+    "qwen2.5-vl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
+                  "<|im_start|>assistant\n",
+    "gemma3": "<start_of_turn>user\n{system}{image}{prompt}<end_of_turn>\n<start_of_turn>model\n",
+    "smolvlm": "User:{image}{prompt}<end_of_utterance>\nAssistant:",
+}
+
+
+def cache_root() -> Path:
+    base = Path(os.environ.get("EDGE_RUNTIME_CACHE", Path.home() / ".cache" / "edge-runtime"))
+    return base
+
+
+def _code_hash() -> str:
+    h = hashlib.sha256()
+    for f in (_HERE, _HERE.with_name("tiny_pair_models.py"), _HERE.with_name("tiny_vlms.py")):
+        h.update(f.read_bytes())
+    h.update(LLAMA_CPP_PYTHON.encode())
+    return h.hexdigest()[:16]
+
+
+def converter_dir() -> Path:
+    """The unpacked converter of the vendored llama.cpp (downloaded with pip once, then cached)."""
+    out = cache_root() / "llama-convert" / LLAMA_CPP_PYTHON
+    if (out / "convert_hf_to_gguf.py").is_file():
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                        "--no-deps", "--no-binary", ":all:", "-d", tmp, "-q"], check=True)
+        (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
+        top = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+        stage = Path(tmp) / "x"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if m.name == top + "convert_hf_to_gguf.py"
+                       or m.name.startswith((top + "conversion/", top + "gguf-py/"))]
+            tar.extractall(stage, members=members, filter="data")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp_out = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp_out, ignore_errors=True)
+        shutil.move(str(stage / top), tmp_out)
+        os.replace(tmp_out, out)
+    return out
+
+
+def _convert(hf_dir: Path, out: Path, mmproj: bool) -> None:
+    conv = converter_dir()
+    cmd = [sys.executable, str(conv / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out),
+           "--outtype", "f32"]
+    if mmproj:
+        cmd.append("--mmproj")
+    env = {**os.environ, "PYTHONPATH": str(conv / "gguf-py"), "NO_LOCAL_GGUF": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"convert_hf_to_gguf failed for {hf_dir}:\n{res.stderr[-3000:]}")
+
+
+def tiny_pair(family: str) -> TinyPair:
+    """The cached pair of `family` (one of FAMILIES), made on first use (a few seconds each)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}; known: {', '.join(FAMILIES)}")
+    folder = cache_root() / "tiny-pairs" / _code_hash() / family
+    done = folder / "done.json"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{family}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers or two sessions: one builds, the rest wait
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            from tests.support import tiny_pair_models as builders  # torch + transformers: only when building
+
+            hf = folder / "hf"
+            builders.BUILDERS[family](hf)
+            _convert(hf, folder / "model.gguf", mmproj=False)
+            _convert(hf, folder / "mmproj.gguf", mmproj=True)
+            done.write_text(json.dumps({"family": family}))
+    return TinyPair(family, folder / "model.gguf", folder / "mmproj.gguf", folder / "hf", _TEMPLATES[family],
+                    _IMAGE_MAX_TOKENS[family])
+
+
+_IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64}
+
+
+if __name__ == "__main__":  # python -m tests.support.tiny_pairs [family...]: build and print the paths
+    for fam in sys.argv[1:] or FAMILIES:
+        print(tiny_pair(fam))
