@@ -1,0 +1,195 @@
+"""The Modbus TCP server against a real Station, driven by an independent client (npm modbus-serial)
+and by pymodbus's own client where a second opinion is cheap."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymodbus.client import ModbusTcpClient
+
+from edge_runtime.config.line_io import ModbusConfig
+from edge_runtime.lineio import modbus_map as rm
+from edge_runtime.lineio.modbus import ModbusServer
+from edge_runtime.lineio.station import JobRequest
+from tests.support.line_station import Line
+from tests.support.npm import npm_package
+
+PLC = Path(__file__).with_name("modbus_plc.js")
+MODBUS_SERIAL = "modbus-serial@8.0.25"
+
+
+def nok_when_part_says_so(job: JobRequest) -> bool:
+    return job.part_id.startswith("NOK")
+
+
+@pytest.fixture
+def line(tmp_path: Path) -> Iterator[Line]:
+    ln = Line(tmp_path, auto=nok_when_part_says_so).start()
+    yield ln
+    ln.stop()
+
+
+def serve(line: Line, **cfg: Any) -> ModbusServer:
+    server = ModbusServer([line.station], ModbusConfig(enabled=True, port=0, **cfg))
+    server.start()
+    assert server.listening.wait(10), server.last_error
+    return server
+
+
+@pytest.fixture
+def server(line: Line) -> Iterator[ModbusServer]:
+    srv = serve(line)
+    yield srv
+    srv.stop()
+
+
+def plc(port: int, *steps: str) -> list[dict[str, Any]]:
+    """Run the independent client's steps; one JSON answer per step."""
+    modules = npm_package(MODBUS_SERIAL)
+    node = shutil.which("node")
+    assert node
+    out = subprocess.run([node, str(PLC), str(port), *steps], capture_output=True, text=True, timeout=60,
+                         env={"NODE_PATH": str(modules), "PATH": "/usr/bin:/bin"})
+    answers = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    assert answers, f"no answer from the client: {out.stderr}"
+    return answers
+
+
+def closed_without_answer(sock: socket.socket) -> bool:
+    """Send a valid request (read one register at 50): a refused connection ends with no answer."""
+    try:
+        sock.sendall(bytes.fromhex("000100000006010300320001"))
+        return sock.recv(64) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def test_ok_and_nok_handshakes_through_an_independent_client(line: Line, server: ModbusServer) -> None:
+    assert server.port is not None
+    ok, nok = plc(server.port, "handshake:PART-0001", "handshake:NOK-PART-0002")
+    assert ok.get("result") == 1, (ok, nok)
+    assert (ok["result"], ok["defect"], ok["part_id"]) == (1, 0, "PART-0001"), ok
+    assert (nok["result"], nok["defect"], nok["part_id"]) == (2, 1, "NOK-PART-0002"), nok
+    assert nok["seq"] == ok["seq"] + 1
+    assert ok["acq_status"] & rm.ACQUISITION_DONE and ok["acq_status"] & rm.TRIGGER_ACK
+    # After the ack the FIFO is empty and ResultValid is down.
+    assert nok["buffer_after"] == 0 and not nok["after_status"] & rm.RESULT_VALID
+    health = line.station.health().counters
+    assert health["acks"] == 2 and health["results_ok"] == 1 and health["results_nok"] == 1
+    assert server.health().counters["triggers"] == 2
+
+
+def test_a_write_outside_the_control_registers_is_refused(server: ModbusServer) -> None:
+    assert server.port is not None
+    status, gap, past = plc(server.port, f"write:{rm.STATUS}:1", "write:30:1", "write:150:1")
+    assert (status["ok"], status["code"]) == (False, 2), status  # illegal data address
+    assert (gap["ok"], gap["code"]) == (False, 2), gap
+    assert (past["ok"], past["code"]) == (False, 2), past
+    # pymodbus's client agrees, and coils are an illegal function, not a back door into the same block.
+    client = ModbusTcpClient("127.0.0.1", port=server.port)
+    assert client.connect()
+    try:
+        assert client.write_register(rm.SEQ, 7).exception_code == 2
+        assert client.write_coil(0, True).exception_code == 1
+        assert client.read_holding_registers(rm.SEQ, count=2).registers == [0, 0]
+    finally:
+        client.close()
+
+
+def test_a_client_outside_the_allow_list_is_closed(line: Line) -> None:
+    srv = serve(line, allow=["10.99.0.0/16"])
+    try:
+        assert srv.port is not None
+        answers = plc(srv.port, "read:50:1")
+        assert not answers[0].get("ok", False), answers
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=2) as sock:
+            assert closed_without_answer(sock)
+        assert srv.health().counters["refused_clients"] >= 2
+        assert srv.health().counters["connections"] == 0
+    finally:
+        srv.stop()
+
+
+def test_too_many_connections_are_closed(line: Line) -> None:
+    srv = serve(line, max_clients=1)
+    try:
+        assert srv.port is not None
+        first = ModbusTcpClient("127.0.0.1", port=srv.port)
+        assert first.connect()
+        deadline = time.monotonic() + 5
+        while srv.health().counters["connections"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the server has taken the first connection
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=2) as sock:
+            assert closed_without_answer(sock)
+        assert not first.read_holding_registers(rm.STATUS, count=1).isError()
+        first.close()
+    finally:
+        srv.stop()
+
+
+def test_a_refused_trigger_says_why(tmp_path: Path) -> None:
+    ln = Line(tmp_path, fifo_depth=1).start()  # no verdicts: the first job stays, the second overruns
+    srv = serve(ln)
+    client = ModbusTcpClient("127.0.0.1", port=srv.port or 0)
+    try:
+        assert client.connect()
+        client.write_registers(0, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text("A", 16)])
+        client.write_register(0, rm.TRIGGER_ENABLE)
+        client.write_registers(0, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text("B", 16)])
+        regs = client.read_holding_registers(rm.STATUS, count=rm.STATUS_END - rm.STATUS).registers
+        assert regs[rm.LAST_REFUSAL - rm.STATUS] == rm.REFUSAL_CODES["overrun"]
+        assert regs[0] & rm.OVERRUN and rm.decode_text(regs[rm.PART_ID_ECHO - rm.STATUS:]) == "A"
+        client.write_registers(0, [rm.TRIGGER_ENABLE, *rm.encode_text("bad\x01id", 16)])
+        client.write_register(0, rm.TRIGGER_ENABLE | rm.TRIGGER)
+        regs = client.read_holding_registers(rm.STATUS, count=8).registers
+        assert regs[rm.LAST_REFUSAL - rm.STATUS] == rm.REFUSAL_CODES["bad_part_id"]
+    finally:
+        client.close()
+        srv.stop()
+        ln.stop()
+
+
+def test_a_flood_of_writes_is_held_in_bounded_memory(line: Line, server: ModbusServer) -> None:
+    client = ModbusTcpClient("127.0.0.1", port=server.port or 0)
+    assert client.connect()
+    stop = threading.Event()
+
+    def flood() -> None:
+        while not stop.is_set():
+            client.write_registers(0, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text("FLOOD", 16)])
+            client.write_register(0, rm.TRIGGER_ENABLE | rm.RESULT_ACK)
+
+    tracemalloc.start()
+    try:
+        flood_thread = threading.Thread(target=flood)
+        flood_thread.start()
+        time.sleep(1.0)
+        before = tracemalloc.get_traced_memory()[0]
+        time.sleep(2.0)
+        grown = tracemalloc.get_traced_memory()[0] - before
+        stop.set()
+        flood_thread.join(5)
+    finally:
+        tracemalloc.stop()
+        client.close()
+    counters = server.health().counters
+    assert counters["writes"] > 200, counters
+    assert grown < 2_000_000, f"memory grew {grown} bytes during the flood"
+    assert server.health().ok
+
+
+def test_text_registers_round_trip() -> None:
+    regs = rm.encode_text("AB-12345678901234567890123456789", rm.PART_ID_REGS)
+    assert len(regs) == 16 and regs[0] == 0x4142
+    assert rm.decode_text(regs) == "AB-12345678901234567890123456789"
+    assert rm.decode_text(rm.encode_text("", 16)) == ""
