@@ -142,6 +142,60 @@ class OpcUaConfig(Section):
         return self
 
 
+class SparkplugConfig(Section):
+    """Sparkplug B edge node on the mqtt: broker (its own connection: the Will is its NDEATH)."""
+
+    enabled: bool = Field(False, description="Publish the stations as Sparkplug B devices of one edge node.")
+    group_id: str = Field("edge-runtime", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                          description="Sparkplug group id (spBv1.0/<group_id>/...).")
+    edge_node_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                     description="Edge node id (default: the device id).")
+    max_pending: int = Field(256, ge=8, le=65536, description="Signal changes per station waiting to be "
+                             "published as DDATA; older ones are dropped (counted) beyond it.")
+    max_command_bytes: int = Field(16384, ge=256, le=1_048_576, description="Largest NCMD/DCMD payload "
+                                   "decoded; bigger ones are refused (counted).")
+
+
+class GpioCellConfig(Section):
+    """One simple cell on GPIO lines: a trigger input and OK/NOK outputs for one station."""
+
+    station: str = Field(pattern=NAME, description="The station these lines serve.")
+    trigger_line: int = Field(ge=0, le=1023, description="Line offset of the trigger input on the chip.")
+    trigger_active_low: bool = Field(False, description="The trigger is active when the line is low "
+                                     "(an opto-isolated input that pulls the line down).")
+    bias: Literal["as_is", "pull_up", "pull_down", "disabled"] = Field(
+        "as_is", description="Bias of the trigger input (pull_up for an open-collector opto output).")
+    debounce_ms: float = Field(5, ge=0, le=1000, description="The trigger level must hold this long "
+                               "before an edge counts (contact bounce, noise).")
+    ok_line: int | None = Field(None, ge=0, le=1023, description="Output line set for an OK result.")
+    nok_line: int | None = Field(None, ge=0, le=1023, description="Output line set for a NOK or ERROR "
+                                 "result (the PLC times the reject, never this device).")
+    output_active_low: bool = Field(False, description="Outputs drive the line low when active.")
+    output_mode: Literal["pulse", "level"] = Field(
+        "pulse", description="pulse: the output is active pulse_ms per result; level: it holds the "
+                             "result until the next trigger.")
+    pulse_ms: int = Field(50, ge=1, le=10_000, description="Length of an output pulse.")
+    auto_ack: bool = Field(True, description="Acknowledge each result once it is on the output (a simple "
+                           "cell has no ResultAck wire), so the FIFO never fills.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> GpioCellConfig:
+        lines = [x for x in (self.trigger_line, self.ok_line, self.nok_line) if x is not None]
+        if len(set(lines)) != len(lines):
+            raise ValueError("gpio: trigger_line, ok_line and nok_line must be different lines")
+        return self
+
+
+class GpioConfig(Section):
+    """Trigger input and result outputs on GPIO (libgpiod v2), for cells without a PLC protocol."""
+
+    enabled: bool = Field(False, description="Drive the cells below through the GPIO character device.")
+    chip: str = Field("/dev/gpiochip0", pattern=r"^/dev/gpiochip[0-9]{1,3}$|^gpiochip[0-9]{1,3}$",
+                      description="The GPIO chip (the Jetson 40-pin header is on /dev/gpiochip0; check "
+                                  "with gpioinfo).")
+    cells: list[GpioCellConfig] = Field(default_factory=list, max_length=16, description="One per station.")
+
+
 class LineIOConfig(Section):
     """Stations and the protocol servers the line talks to (all off unless configured)."""
 
@@ -149,6 +203,20 @@ class LineIOConfig(Section):
                                           description="The stations of this device.")
     opcua: OpcUaConfig = Field(default_factory=OpcUaConfig, description="The OPC UA server.")
     modbus: ModbusConfig = Field(default_factory=ModbusConfig, description="Modbus TCP server (off by default).")
+    sparkplug: SparkplugConfig = Field(default_factory=SparkplugConfig,
+                                       description="Sparkplug B edge node (off by default).")
+    gpio: GpioConfig = Field(default_factory=GpioConfig, description="GPIO trigger and outputs (off by default).")
+
+    @model_validator(mode="after")
+    def _gpio_stations(self) -> LineIOConfig:
+        names = {s.name for s in self.stations}
+        for cell in self.gpio.cells:
+            if cell.station not in names:
+                raise ValueError(f"gpio: station {cell.station!r} is not one of the stations")
+        lines = [x for c in self.gpio.cells for x in (c.trigger_line, c.ok_line, c.nok_line) if x is not None]
+        if len(set(lines)) != len(lines):
+            raise ValueError("gpio: two cells use the same line")
+        return self
 
     @field_validator("stations")
     @classmethod
