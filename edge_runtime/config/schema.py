@@ -20,6 +20,7 @@ from edge_runtime.config.cameras import CameraConfig
 from edge_runtime.config.governor import GovernorConfig
 from edge_runtime.config.inspection import ImageLimits, InspectionConfig
 from edge_runtime.config.journal import EvidenceConfig, JournalConfig
+from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.config.loader import Expander, line_of
 from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
@@ -55,6 +56,8 @@ class Config(Section):
                               "verdict (docs/inspection.md).")
     rules_budget: RulesBudget = Field(default_factory=RulesBudget, description="What all rules together may "
                                       "cost per verdict and per minute (re-asks, regex time).")
+    line_io: LineIOConfig = Field(default_factory=LineIOConfig, description="Stations a PLC triggers, and the "
+                                  "OPC UA / Modbus TCP / Sparkplug B / GPIO servers (docs/line-io.md).")
 
     @field_validator("rules")
     @classmethod
