@@ -1,4 +1,5 @@
-"""Model bundles: `bundle.yaml` + `vision.onnx` + `language.gguf`, checked before anything loads.
+"""Model bundles, checked before anything loads: format 1 is `bundle.yaml` + `vision.onnx` (the ONNX
+encoder) + `language.gguf`; format 2 is `bundle.yaml` + a llama.cpp language GGUF + its mmproj GGUF.
 
 Every failure is a `BundleError` whose message is one sentence naming the file and what is wrong.
 """
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from edge_runtime.core.errors import BundleError, InputError
 
 MANIFEST = "bundle.yaml"
+MAX_CHAT_TEMPLATE = 128 * 1024  # characters: real chat templates are 1-20 kB
 
 
 class _Strict(BaseModel):
@@ -109,26 +111,80 @@ class Manifest(_Strict):
     generation: Generation = Generation()
 
 
-class Bundle:
-    """A checked bundle on disk: its manifest and the absolute paths of its two model files."""
+    @property
+    def mtmd(self) -> None:
+        """Format 1 has no mmproj: always None (format 2's manifest has its MtmdInfo here)."""
+        return None
 
-    def __init__(self, root: Path, manifest: Manifest) -> None:
+
+class PairFiles(_Strict):
+    language: BundleFile = Field(description="The llama.cpp language model GGUF.")
+    mmproj: BundleFile = Field(description="The llama.cpp multimodal projector GGUF (libmtmd's mmproj).")
+
+
+class MtmdInfo(_Strict):
+    projector: str = Field(description="clip.projector_type read from the mmproj header.")
+    embedding_dim: int = Field(ge=1, description="The LM's input embedding width the projector outputs.")
+    image_max_tokens: int = Field(1024, ge=1, le=65536,
+                                  description="Caps an image's tokens and the warm-up's compute reservation.")
+
+
+class MmprojManifest(_Strict):
+    format: Literal[2]
+    name: str = Field(min_length=1, max_length=200)
+    version: str = "0"
+    description: str = ""
+    files: PairFiles
+    mtmd: MtmdInfo
+    chat_template: str | None = Field(None, max_length=MAX_CHAT_TEMPLATE,
+                                      description="tokenizer.chat_template of the LM GGUF (null if it has none).")
+    prompt: PromptInfo
+    verdict_schema: dict[str, Any]
+    generation: Generation = Generation()
+
+
+class Bundle:
+    """A checked bundle on disk: its manifest and the absolute paths of its model files."""
+
+    def __init__(self, root: Path, manifest: Manifest | MmprojManifest) -> None:
         self.root = root
         self.manifest = manifest
-        self.vision_path = root / manifest.files.vision.path
         self.language_path = root / manifest.files.language.path
-        fp16 = manifest.files.vision_fp16
-        self.vision_fp16_path = root / fp16.path if fp16 else None
+        self.kind: Literal["onnx", "mmproj"]
+        self.vision_path: Path | None = None
+        self.vision_fp16_path: Path | None = None
+        self.mmproj_path: Path | None = None
+        self.quantization = ""  # of the language model, from its header (format 2) or the manifest
+        if isinstance(manifest, MmprojManifest):
+            self.kind = "mmproj"
+            self.mmproj_path = root / manifest.files.mmproj.path
+        else:
+            self.kind = "onnx"
+            self.vision_path = root / manifest.files.vision.path
+            fp16 = manifest.files.vision_fp16
+            self.vision_fp16_path = root / fp16.path if fp16 else None
+            self.quantization = manifest.language.quantization
 
     @property
     def name(self) -> str:
         return f"{self.manifest.name}@{self.manifest.version}"
 
+    @property
+    def onnx_manifest(self) -> Manifest:
+        """The format-1 manifest, for code of the ONNX-encoder path (BundleError on a format-2 bundle)."""
+        if not isinstance(self.manifest, Manifest):
+            raise BundleError(f"{self.root} is a GGUF + mmproj bundle (format 2), not an ONNX-encoder bundle")
+        return self.manifest
+
     def describe(self) -> dict[str, Any]:
         m = self.manifest
-        return {"name": m.name, "version": m.version, "path": str(self.root),
-                "image_tokens": m.vision.image_tokens, "embedding_dim": m.vision.embedding_dim,
-                "quantization": m.language.quantization,
+        head = {"name": m.name, "version": m.version, "path": str(self.root), "kind": self.kind,
+                "quantization": self.quantization}
+        if isinstance(m, MmprojManifest):
+            return {**head, "projector": m.mtmd.projector, "embedding_dim": m.mtmd.embedding_dim,
+                    "image_max_tokens": m.mtmd.image_max_tokens,
+                    "files": {"language": m.files.language.path, "mmproj": m.files.mmproj.path}}
+        return {**head, "image_tokens": m.vision.image_tokens, "embedding_dim": m.vision.embedding_dim,
                 "input_size": [m.preprocess.width, m.preprocess.height]}
 
 
@@ -143,6 +199,35 @@ def sha256_file(path: Path) -> str:
 def load_bundle(root: Path | str, verify_checksums: bool = True) -> Bundle:
     """Read and check a bundle folder; raise BundleError with one clear sentence on any problem."""
     root = Path(root).expanduser().resolve()
+    manifest_path, manifest = read_manifest(root)
+    if isinstance(manifest, MmprojManifest):
+        from edge_runtime.core.bundle_pair import check_pair_bundle
+
+        bundle = Bundle(root, manifest)
+        check_pair_bundle(bundle, manifest_path, manifest, verify_checksums)
+        _check_schema(manifest_path, manifest.verdict_schema)
+        return bundle
+
+    bundle = Bundle(root, manifest)
+    for role, path, entry in onnx_files(bundle, manifest):
+        if not path.is_file():
+            raise BundleError(f"{path} is missing: bundle.yaml lists it as the {role} model")
+        if verify_checksums and sha256_file(path) != entry.sha256:
+            raise BundleError(f"{path} does not match its sha256 in bundle.yaml (corrupt or replaced file)")
+    _check_schema(manifest_path, manifest.verdict_schema)
+    _check_widths(bundle, manifest)
+    return bundle
+
+
+def onnx_files(bundle: Bundle, manifest: Manifest) -> list[tuple[str, Path, BundleFile]]:
+    files = [("vision", manifest.files.vision), ("language", manifest.files.language)]
+    if manifest.files.vision_fp16 is not None:
+        files.append(("vision_fp16", manifest.files.vision_fp16))
+    return [(role, bundle.root / entry.path, entry) for role, entry in files]
+
+
+def read_manifest(root: Path) -> tuple[Path, Manifest | MmprojManifest]:
+    """bundle.yaml of a folder, validated as format 1 or format 2."""
     manifest_path = root / MANIFEST
     if not root.is_dir():
         raise BundleError(f"model bundle {root} does not exist or is not a folder")
@@ -152,26 +237,19 @@ def load_bundle(root: Path | str, verify_checksums: bool = True) -> Bundle:
         raw = yaml.safe_load(manifest_path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise BundleError(f"{manifest_path} is not valid YAML: {_first_line(exc)}") from None
+    model = MmprojManifest if isinstance(raw, dict) and raw.get("format") == 2 else Manifest
     try:
-        manifest = Manifest.model_validate(raw)
+        manifest = model.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         raise BundleError(f"{manifest_path}: {where}: {err['msg']}") from None
+    return manifest_path, manifest
 
-    bundle = Bundle(root, manifest)
-    files = [("vision", manifest.files.vision), ("language", manifest.files.language)]
-    if manifest.files.vision_fp16 is not None:
-        files.append(("vision_fp16", manifest.files.vision_fp16))
-    for role, entry in files:
-        path = root / entry.path
-        if not path.is_file():
-            raise BundleError(f"{path} is missing: bundle.yaml lists it as the {role} model")
-        if verify_checksums and sha256_file(path) != entry.sha256:
-            raise BundleError(f"{path} does not match its sha256 in bundle.yaml (corrupt or replaced file)")
-    _check_schema(manifest_path, manifest.verdict_schema)
-    _check_widths(bundle)
-    return bundle
+
+def check_schema(manifest_path: Path, schema: dict[str, Any]) -> None:
+    """The verdict schema is a JSON-schema object within the complexity budget."""
+    _check_schema(manifest_path, schema)
 
 
 def _check_schema(manifest_path: Path, schema: dict[str, Any]) -> None:
@@ -192,9 +270,9 @@ def _check_schema(manifest_path: Path, schema: dict[str, Any]) -> None:
     json.dumps(schema)
 
 
-def _check_widths(bundle: Bundle) -> None:
+def _check_widths(bundle: Bundle, m: Manifest) -> None:
     """The vision output width, the manifest and the GGUF embedding width must all agree."""
-    m = bundle.manifest
+    assert bundle.vision_path is not None  # format 1 always has one
     onnx_tokens, onnx_dim = onnx_output_shape(bundle.vision_path, m.vision.output)
     gguf_dim = gguf_embedding_width(bundle.language_path)
     if onnx_dim is not None and onnx_dim != m.vision.embedding_dim:
@@ -226,24 +304,11 @@ def onnx_output_shape(path: Path, output: str) -> tuple[int | None, int | None]:
 
 
 def gguf_embedding_width(path: Path) -> int:
-    """Read `<arch>.embedding_length` from a GGUF header without loading the weights."""
-    from gguf import GGUFReader
+    """Read `<arch>.embedding_length` from a GGUF header without loading the weights (bounded reader)."""
+    from edge_runtime.core.gguf_header import read_header
 
-    try:
-        reader = GGUFReader(str(path))
-        arch = _gguf_field(reader, "general.architecture", path)
-        return int(_gguf_field(reader, f"{arch}.embedding_length", path))
-    except BundleError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - GGUFReader raises ValueError/struct errors alike
-        raise BundleError(f"{path} is not a readable GGUF file: {_first_line(exc)}") from None
-
-
-def _gguf_field(reader: Any, key: str, path: Path) -> Any:
-    field = reader.get_field(key)
-    if field is None:
-        raise BundleError(f"{path} has no {key} key in its GGUF header")
-    return field.contents()
+    header = read_header(path)
+    return int(header.require(f"{header.architecture}.embedding_length", int))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -26,9 +26,11 @@ def test_demo_bundle_is_byte_identical_across_builds(demo_dir: Path, tmp_path: P
 
 def test_demo_bundle_loads_with_matching_widths(demo_dir: Path) -> None:
     bundle = load_bundle(demo_dir)
-    assert bundle.manifest.vision.embedding_dim == 128
-    assert bundle.manifest.vision.image_tokens == 49
-    assert bundle.vision_path.name == "vision.onnx" and bundle.language_path.name == "language.gguf"
+    assert bundle.kind == "onnx" and bundle.mmproj_path is None and bundle.manifest.mtmd is None
+    assert bundle.onnx_manifest.vision.embedding_dim == 128
+    assert bundle.onnx_manifest.vision.image_tokens == 49
+    assert bundle.vision_path is not None and bundle.vision_path.name == "vision.onnx"
+    assert bundle.language_path.name == "language.gguf"
 
 
 def test_missing_folder_is_named(tmp_path: Path) -> None:

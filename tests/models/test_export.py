@@ -63,8 +63,9 @@ def _reference(checkpoint: Path, bundle: Bundle, frame: np.ndarray) -> dict[str,
     model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(checkpoint)
     p = bundle.manifest.prompt
-    assert bundle.manifest.vision.layout is not None
-    text = p.template.format(system=p.system, image=bundle.manifest.vision.layout.image_token, prompt=QUESTION)
+    layout = bundle.onnx_manifest.vision.layout
+    assert layout is not None
+    text = p.template.format(system=p.system, image=layout.image_token, prompt=QUESTION)
     rgb = Image.fromarray(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
     inputs = processor(text=text, images=rgb, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
@@ -103,7 +104,7 @@ def test_exported_bundle_computes_what_transformers_computes(family: Family, kv_
         assert worst <= LOGIT_TOLERANCE[kv_cache_type]
         gen = inspector.generate(prefix, image, suffix, None, GREEDY_STEPS, RAW)
         assert gen.token_ids == ref["tokens"]
-        if family.f32.manifest.preprocess.tiling is not None:
+        if family.f32.onnx_manifest.preprocess.tiling is not None:
             assert grid == (2, 2)
     finally:
         inspector.close()
@@ -125,7 +126,7 @@ def test_q8_0_keeps_the_first_greedy_tokens(family: Family, tmp_path: Path) -> N
 
 def test_q4_k_m_bundle_gives_schema_valid_verdicts(family: Family, tmp_path: Path) -> None:
     bundle = load_bundle(export_checkpoint(family.checkpoint, tmp_path / "q4", progress=False).out_dir)
-    assert bundle.manifest.language.quantization == "Q4_K_M"
+    assert bundle.onnx_manifest.language.quantization == "Q4_K_M"
     inspector = _inspector(bundle)
     try:
         for seed in range(3):
