@@ -174,8 +174,8 @@ def _read_index(path: Path) -> str:
     try:
         size = path.stat().st_size
         if size > MAX_INDEX_BYTES:
-            raise EdgeRuntimeError(f"{path}: {size >> 20} MiB, more than the {MAX_INDEX_BYTES >> 20} MiB an index "
-                                   "file may have; split the dataset")
+            raise EdgeRuntimeError(f"{path}: {size} bytes, more than the {MAX_INDEX_BYTES} an index file may "
+                                   "have; split the dataset")
         with path.open("rb") as f:
             raw = f.read(MAX_INDEX_BYTES + 1)
     except OSError as exc:
