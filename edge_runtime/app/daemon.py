@@ -30,7 +30,7 @@ from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig, camera_status, cameras_not_in_file, telemetry_message
 from edge_runtime.config import CameraConfig, Config, load_config
 from edge_runtime.core import systemd
-from edge_runtime.core.contracts import Device, Gate, ModelInfo, OpenGate, ResultListener, UnknownCamera
+from edge_runtime.core.contracts import Device, Gate, ModelInfo, OpenGate, UnknownCamera
 from edge_runtime.core.errors import EdgeRuntimeError, StorageFull
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
@@ -43,6 +43,7 @@ from edge_runtime.inference.model_source import resolve_bundle
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.power import GovernorGate, GovernorService, detect_sensor
 from edge_runtime.verdicts.journal import Journal
+from edge_runtime.verdicts.pipeline import VerdictPipeline
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,8 +68,12 @@ class Daemon(DeviceServices):
         # Copy-on-write: a reload or a camera start publishes a new dict, so status() and trigger()
         # iterate a snapshot that no other thread mutates.
         self.rigs: dict[str, CameraRig] = {}
-        self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal, self.gate,
-                                       self._stats_for, overlap=config.inspection.overlap_stages,
+        # Every verdict, local or remote, takes one path: journal, then the sinks (verdicts/pipeline.py).
+        self.pipeline = VerdictPipeline(self.journal, self._stats_for)
+        self.sinks = self.pipeline.sinks  # MQTT, the API's event stream and metrics, line I/O stations
+        self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal,
+                                       self.pipeline.deliver, self.gate, self._stats_for,
+                                       overlap=config.inspection.overlap_stages,
                                        max_batch=config.inspection.max_batch)
         self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
         self.governor: GovernorService | None = None
@@ -85,9 +90,9 @@ class Daemon(DeviceServices):
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
                                         self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget)
-        self.worker.before_journal.append(self.verdicts.before_journal)
-        self.worker.in_journal.append(self.verdicts.in_journal)
-        self.worker.after_journal.append(self.verdicts.after_journal)
+        self.pipeline.before_journal.append(self.verdicts.before_journal)
+        self.pipeline.in_journal.append(self.verdicts.in_journal)
+        self.pipeline.after_journal.append(self.verdicts.after_journal)
         self.services.append(self.verdicts)
         if config.mqtt.enabled:
             self._add_mqtt(config)
@@ -95,6 +100,7 @@ class Daemon(DeviceServices):
         if config.api.enabled:
             self.api = ApiServer(self, config.api)
             self.services.append(self.api)
+            self.sinks.append(self.api)
         self.offload: Offloader | None = None
         if config.offload.enabled:
             self._add_offload(config)
@@ -116,7 +122,7 @@ class Daemon(DeviceServices):
             ha = config.mqtt.homeassistant.discovery_prefix
             self.mqtt.discovery = lambda: homeassistant_discovery(
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
-        self.subscribe(self.mqtt.notify)
+        self.sinks.append(self.mqtt)
         self.mqtt.messages = self.verdicts.messages  # alerts and reviews, sent from the journal's file too
         self.verdicts.messages.notify = self.mqtt.notify
         self.services.append(self.mqtt)
@@ -125,7 +131,7 @@ class Daemon(DeviceServices):
         """Scale-out (docs/scale-out.md): remote results are journaled and published like local ones."""
         self.offload = Offloader(
             config.offload, {c.name for c in config.cameras if c.remote}, config.device_id,
-            self._current_inspector, self.worker._deliver, self.inspections.submit, lambda: self.gate.decision(),
+            self._current_inspector, self.pipeline.deliver, self.inspections.submit, lambda: self.gate.decision(),
             lambda reason, active: self.faults.add(reason) if active else self.faults.discard(reason))
         self.services.append(self.offload)  # the first service stopped: frames still queued are counted drops
 
@@ -211,6 +217,7 @@ class Daemon(DeviceServices):
         # update because one webhook receiver is down.
         stalled = [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
                    for blocked in [self.verdicts.webhooks.blocked()] if blocked]
+        stalled += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
         state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
         if state == "ok" and stalled:
             state = "degraded"
@@ -334,10 +341,6 @@ class Daemon(DeviceServices):
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
         return self.journal.query(camera, since, until, limit, before_seq)
 
-    def subscribe(self, listener: ResultListener) -> None:
-        """Call `listener` with every Result once it is journaled (MQTT, SSE, metrics)."""
-        self.worker.listeners.append(listener)
-
     # ---- status ------------------------------------------------------------------------------
 
     def threads(self) -> list[SupervisedThread]:
@@ -362,7 +365,7 @@ class Daemon(DeviceServices):
             "model": inspector.bundle.describe() if inspector else None,
             "cameras": cameras,
             "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
-                           "inspected": self.worker.inspected, "errors": self.worker.errors,
+                           "inspected": self.pipeline.delivered, "errors": self.worker.errors,
                            "not_journaled": self.worker.not_journaled,
                            "batched_generations": self.worker.batches,
                            "energy_j_last": self.worker.last_energy_j},
@@ -379,7 +382,7 @@ class Daemon(DeviceServices):
 
     def telemetry(self) -> dict[str, Any]:
         """The periodic health message: camera states and rates, throughput, backlog, governor."""
-        now, inspected = time.monotonic(), self.worker.inspected
+        now, inspected = time.monotonic(), self.pipeline.delivered
         then, before = self._telemetry_mark
         self._telemetry_mark = (now, inspected)
         return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))

@@ -119,18 +119,24 @@ def open_dataset(path: Path, schema: dict[str, Any], *, class_field: str | None 
     return _class_folders(path, checker, class_field, cap)
 
 
-def records_from_rows(rows: Iterable[tuple[str, dict[str, Any]]], checker: LabelChecker, cap: int,
+def records_from_rows(rows: Iterable[tuple[str, Record]], checker: LabelChecker, cap: int,
                       source: str) -> Dataset:
     """Samples from (where, record) pairs whose `image` is already an absolute path (the journal)."""
     return _finish(Dataset(source), ((where, rec) for where, rec in rows), Path("/"), checker, cap)
 
 
-def _finish(ds: Dataset, records: Iterator[tuple[str, dict[str, Any] | str]], base: Path,
+Record = dict[str, Any] | str | tuple[str, str]
+
+
+def _finish(ds: Dataset, records: Iterator[tuple[str, Record]], base: Path,
             checker: LabelChecker, cap: int) -> Dataset:
     seen: set[str] = set()
     for where, rec in records:
         if isinstance(rec, str):  # the reader's own complaint about this line
             ds.issue("bad_line", f"{where}: {rec}")
+            continue
+        if isinstance(rec, tuple):  # (kind, why): a reader that knows the kind (the journal)
+            ds.issue(rec[0], f"{where}: {rec[1]}")
             continue
         if len(ds.samples) >= cap:
             ds.issue("over_limit", f"{where} and the records after it: more than {cap} records; "

@@ -12,7 +12,7 @@ from typing import Any
 from edge_runtime.config.schema import Config
 from edge_runtime.core.contracts import ResultFilter
 from edge_runtime.core.errors import EdgeRuntimeError
-from edge_runtime.evaluation.dataset import MAX_RECORDS, Dataset, LabelChecker, records_from_rows
+from edge_runtime.evaluation.dataset import MAX_RECORDS, Dataset, LabelChecker, Record, records_from_rows
 from edge_runtime.verdicts.evidence import EvidenceStore
 from edge_runtime.verdicts.review import ReviewStore
 
@@ -26,13 +26,16 @@ def journal_dataset(config: Config, schema: dict[str, Any], camera: str | None =
     evidence = EvidenceStore(config.evidence, config.evidence.path or config.data_dir / "evidence", db_path)
     cap = min(limit, MAX_RECORDS) if limit else MAX_RECORDS
     try:
-        def rows() -> Iterator[tuple[str, dict[str, Any]]]:
+        def rows() -> Iterator[tuple[str, Record]]:
             for row in store.iterate(ResultFilter(camera=camera, review="reviewed")):
                 review = row.get("review") or {}
                 label = review.get("correction") if review.get("state") == "corrected" else row.get("verdict")
                 found = evidence.lookup(row["id"])
-                image = str(found.path) if found else f"/nonexistent/evidence-of-{row['id']}"
-                yield f"journal result {row['id']}", {"id": row["id"], "image": image, "label": label}
+                where = f"journal result {row['id']}"
+                if found is None:
+                    yield where, ("missing_image", "no evidence image kept (see evidence.keep_passes)")
+                    continue
+                yield where, {"id": row["id"], "image": str(found.path), "label": label}
 
         return records_from_rows(rows(), LabelChecker(schema), cap, "journal")
     finally:

@@ -101,3 +101,37 @@ def test_a_path_that_is_no_dataset_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "h.csv").write_text("file,defect\n")
     with pytest.raises(EdgeRuntimeError, match="'image'"):
         open_dataset(tmp_path / "h.csv", DEMO_VERDICT_SCHEMA)
+
+
+def test_from_journal_takes_reviewed_results_with_their_evidence(tmp_path: Path) -> None:
+    from edge_runtime.config.schema import Config
+    from edge_runtime.core.result import FrameInfo, Result
+    from edge_runtime.evaluation.journal import journal_dataset
+    from edge_runtime.verdicts.evidence import EvidenceStore
+    from edge_runtime.verdicts.journal import Journal
+    from edge_runtime.verdicts.review import ReviewStore
+
+    config = Config(data_dir=tmp_path)
+    db = config.journal_path()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    journal = Journal(db)
+    evidence = EvidenceStore(config.evidence.model_copy(update={"keep_passes": 1}), tmp_path / "evidence", db)
+    reviews = ReviewStore(db)
+    verdict = {"defect": False, "category": "none", "confidence": 0.9, "notes": "surface clean"}
+    results = [Result(device="d", camera="a", frame=FrameInfo(i, 64, 48), verdict=verdict, text="", model="m",
+                      timings_ms={}, prompt="p") for i in range(4)]
+    for i, r in enumerate(results):
+        journal.add(r)
+        if i < 3:
+            evidence.save(part_image(i, 64, 48), r.id, verdict)
+    reviews.write(results[0].to_dict(), "confirm")
+    reviews.write(results[1].to_dict(), "correct", {**verdict, "defect": True, "category": "dent"})
+    reviews.write(results[3].to_dict(), "confirm")  # reviewed, but no image was kept
+    # results[2] is not reviewed: not part of the dataset
+    for store in (reviews, evidence, journal):
+        store.close()
+    ds = journal_dataset(config, DEMO_VERDICT_SCHEMA)
+    assert sorted((s.id, s.expected["defect"]) for s in ds.samples) == sorted(
+        [(results[0].id, False), (results[1].id, True)])
+    assert dict(ds.counts) == {"missing_image": 1}
+    assert "no evidence image kept" in ds.issues[0]
