@@ -249,6 +249,11 @@ class Doctor:
             fix = ("run: edge-runtime models demo" if not (self.model_dir or self.config.model.path)
                    else "copy the bundle again (edge-runtime models verify DIR checks it)")
             return Check("model bundle", "fail", str(exc), fix)
+        if b.kind == "mmproj":  # a GGUF + mmproj pair (format 2) has no ONNX encoder
+            d = b.describe()
+            return Check("model bundle", "ok", f"{b.name} at {b.root}: {d['files']['language']} "
+                         f"({d['quantization'] or 'GGUF'}) + {d['files']['mmproj']} ({d['projector']}), "
+                         f"image_max_tokens {d['image_max_tokens']}: checksums, headers and fit match")
         return Check("model bundle", "ok", f"{b.name} at {b.root}: checksums and widths match")
 
 

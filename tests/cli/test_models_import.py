@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from edge_runtime_models.chat_template import TemplateRefused, derive_prompt_tem
 from edge_runtime.cli.main import main
 from edge_runtime.core.bundle import load_bundle
 from tests.support.gguf_files import huge_array_file, huge_tensor_count_file, write_lm, write_mmproj
+from tests.support.tiny_pairs import TinyPair
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -163,3 +165,48 @@ def test_template_with_bos_gets_it_once(tmp_path: Path) -> None:
     assert main(["models", "import", str(lm), str(mm), str(tmp_path / "b")]) == 0
     template = load_bundle(tmp_path / "b").manifest.prompt.template
     assert template.startswith("<bos><start_of_turn>system\n{system}") and template.count("<bos>") == 1
+
+
+def test_doctor_describes_a_pair_bundle(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    from edge_runtime.cli.doctor import Doctor
+    from edge_runtime.config import Config
+
+    out = tmp_path / "b"
+    assert main(["models", "import", str(pair[0]), str(pair[1]), str(out), "--image-max-tokens", "300"]) == 0
+    check = Doctor(Config(data_dir=tmp_path / "data"), str(out)).bundle()
+    assert check.status == "ok"
+    assert "lm.gguf (F16) + mmproj.gguf (qwen2.5vl_merger), image_max_tokens 300" in check.detail
+
+
+# The projector type and LM width libmtmd reports for each tiny family (clip.cpp / llama_model_n_embd_inp).
+TINY = {"qwen2.5-vl": "qwen2.5vl_merger", "gemma3": "gemma3", "smolvlm": "idefics3"}
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_tiny_pairs_import_and_verify(family: str, tiny_pairs: Callable[[str], TinyPair], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    pair = tiny_pairs(family)
+    out = tmp_path / family
+    assert main(["models", "import", str(pair.language), str(pair.mmproj), str(out),
+                 "--image-max-tokens", str(pair.image_max_tokens)]) == 0
+    bundle = load_bundle(out)
+    assert bundle.manifest.mtmd is not None and bundle.manifest.mtmd.projector == TINY[family]
+    assert bundle.manifest.mtmd.embedding_dim == _n_embd_inp(pair.language)
+    template = bundle.manifest.prompt.template
+    assert template.count("{image}") == 1 and template.index("{image}") < template.index("{prompt}")
+    capsys.readouterr()
+    assert main(["models", "verify", str(out)]) == 0
+    assert all(line.startswith("ok") for line in capsys.readouterr().out.splitlines())
+
+
+def _n_embd_inp(path: Path) -> int:
+    """What llama.cpp itself says the model takes (a full load: the tiny weights are kilobytes), independent
+    of our header reader."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    try:
+        return int(llama_cpp.llama_model_n_embd_inp(model))
+    finally:
+        llama_cpp.llama_model_free(model)
