@@ -125,7 +125,8 @@ def latency_metrics(pairs: list[Pair]) -> dict[str, Any]:
     """p50/p95 of the total inspection time and of the tokens per verdict."""
     totals = [float(p.record["timings_ms"]["total"]) for p in pairs
               if p.verdict is not None and isinstance(p.record.get("timings_ms"), dict)]
-    tokens = [int(p.record["tokens"]) for p in pairs if p.verdict is not None and "tokens" in p.record]
+    tokens = [int(p.record["tokens"]) for p in pairs if p.verdict is not None
+              and isinstance(p.record.get("tokens"), int)]
 
     def pct(xs: list[float] | list[int], q: float) -> float | None:
         return float(np.percentile(xs, q)) if xs else None

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -26,6 +27,7 @@ from edge_runtime.core.images import read_image_file
 from edge_runtime.core.result import Result
 from edge_runtime.evaluation.dataset import Sample
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.llm.feed import Generation
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_TEXT_CHARS = 4000
@@ -155,10 +157,12 @@ def run_variant(inspector: Inspector, key: str, label: str, prompt: str | None, 
                 records.append({**base, "error": str(exc)[:500], "kind": "bad_image"})
                 continue
             jobs.append((sample, BatchJob(inspector.encode(frame), camera="eval", prompt=prompt, seq=len(jobs))))
-        outcomes = inspector.inspect_batch([job for _, job in jobs]) if jobs else []
-        for (sample, _), out in zip(jobs, outcomes, strict=True):
+        with _generations(inspector) as gens:
+            outcomes = inspector.inspect_batch([job for _, job in jobs]) if jobs else []
+        tokens = [g.tokens for g in gens] if len(gens) == len(outcomes) else [None] * len(outcomes)
+        for (sample, _), out, n in zip(jobs, outcomes, tokens, strict=True):
             base = {"key": key, "id": sample.id, "stamp": _image_stamp(sample.image)}
-            records.append(_record(inspector, base, out))
+            records.append(_record(base, out, n))
         log.append(records)
         stats.inspected += len(jobs)
         bar.update(len(chunk))
@@ -166,11 +170,30 @@ def run_variant(inspector: Inspector, key: str, label: str, prompt: str | None, 
     return stats
 
 
-def _record(inspector: Inspector, base: dict[str, Any], out: Result | InferenceError) -> dict[str, Any]:
+@contextmanager
+def _generations(inspector: Inspector) -> Iterator[list[Generation]]:
+    """The generations behind one `inspect_batch` call, for their token counts (a Result carries none).
+    The inspector's own `generate_batch` runs unchanged; it is only observed, and restored after."""
+    seen: list[Generation] = []
+    original = inspector.generate_batch
+
+    def observed(items: Any, grammar: str | None, max_tokens: int) -> list[Generation]:
+        gens = original(items, grammar, max_tokens)
+        seen.extend(gens)
+        return gens
+
+    inspector.generate_batch = observed  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del inspector.generate_batch  # the class's method again
+
+
+def _record(base: dict[str, Any], out: Result | InferenceError, tokens: int | None) -> dict[str, Any]:
     if isinstance(out, InferenceError):
-        return {**base, "error": str(out)[:500], "kind": "inference_error"}
-    return {**base, "verdict": out.verdict, "text": out.text[:MAX_TEXT_CHARS],
-            "tokens": len(inspector.language.tokenize(out.text)), "timings_ms": out.timings_ms}
+        return {**base, "error": str(out)[:500], "kind": "inference_error", "tokens": tokens}
+    return {**base, "verdict": out.verdict, "text": out.text[:MAX_TEXT_CHARS], "tokens": tokens,
+            "timings_ms": out.timings_ms}
 
 
 def _chunks(items: list[Sample], n: int) -> Iterator[list[Sample]]:
