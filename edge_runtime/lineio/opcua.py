@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from edge_runtime.lineio.station import LineRefused, Result, Signals, Station
 
 log = logging.getLogger(__name__)
 NAMESPACE = "urn:edge-runtime:lineio"
+MAX_PENDING = 1024
 _POLICIES = {"sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
              "sign_and_encrypt": ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
              "none": ua.SecurityPolicyType.NoSecurity}
@@ -83,10 +85,12 @@ class OpcUaServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._nodes: list[_StationNodes] = []
-        self._pending: dict[int, Signals] = {}  # station index -> newest signals not yet written
+        # Snapshots not yet written, in order: every edge reaches the line (AcquisitionDone low->high for
+        # each job), not only the newest state. Bounded: a stalled loop drops the oldest (counted).
+        self._pending: deque[tuple[int, Signals]] = deque(maxlen=MAX_PENDING)
         self._pending_lock = threading.Lock()
         self.listening = False
-        self.counters = {"calls": 0, "refused_calls": 0, "events": 0, "writes": 0}
+        self.counters = {"calls": 0, "refused_calls": 0, "events": 0, "writes": 0, "dropped_snapshots": 0}
         self._thread = SupervisedThread("lineio-opcua", self._run, self._stop, log)
 
     # ---- service --------------------------------------------------------------------------------
@@ -238,7 +242,9 @@ class OpcUaServer:
         self.counters["refused_calls"] += 1
         if nodes.refusal is not None and self._server is not None:
             text = f"{exc.reason}: {exc}"[:200]
-            asyncio.get_running_loop().create_task(nodes.refusal.write_value(ua.Variant(text, ua.VariantType.String)))
+            write = nodes.refusal.write_value(ua.Variant(text, ua.VariantType.String))
+            if self._loop is not None:  # method callbacks run in asyncua's executor threads
+                asyncio.run_coroutine_threadsafe(write, self._loop)
 
     def _setter(self, nodes: _StationNodes, browse: str) -> Any:
         def setter(node: NodeData, attr: ua.AttributeIds, value: ua.DataValue) -> None:
@@ -274,7 +280,9 @@ class OpcUaServer:
     def _signals_changed(self, i: int, signals: Signals) -> None:
         """A station's watcher (any thread): keep the newest snapshot, wake the loop; never blocks."""
         with self._pending_lock:
-            self._pending[i] = signals
+            if len(self._pending) == MAX_PENDING:
+                self.counters["dropped_snapshots"] += 1
+            self._pending.append((i, signals))
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
             try:
@@ -284,8 +292,9 @@ class OpcUaServer:
 
     async def _flush(self) -> None:
         with self._pending_lock:
-            pending, self._pending = self._pending, {}
-        for i, signals in pending.items():
+            pending = list(self._pending)
+            self._pending.clear()
+        for i, signals in pending:
             if i < len(self._nodes):
                 await self._publish(self._nodes[i], signals)
 
