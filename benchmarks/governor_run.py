@@ -44,12 +44,12 @@ def run_phase(model: str, gpu_layers: int, seconds: float, budget: float | None,
             g = daemon.status()["governor"] or {}
             sample = {"t": round(time.monotonic() - t0, 2), "budget_w": budget, "power_w": g.get("power_w"),
                       "level": g.get("level"), "temps": g.get("temperatures"),
-                      "inspected": daemon.worker.inspected}
+                      "inspected": daemon.pipeline.delivered}
             trace.append(sample)
             if g.get("power_w") is not None:
                 powers.append(g["power_w"])
             levels.append(g.get("level"))
-        inspected = daemon.worker.inspected
+        inspected = daemon.pipeline.delivered
     finally:
         daemon.stop()
     avg = round(statistics.fmean(powers), 1) if powers else None

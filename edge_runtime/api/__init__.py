@@ -24,6 +24,7 @@ from edge_runtime.config import ApiConfig
 from edge_runtime.core.contracts import Device
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result
+from edge_runtime.core.sink import SinkHealth
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +92,22 @@ class ApiServer:
         # Looked up at scrape time, not bound now: what the daemon reports may be replaced or extended.
         self.metrics = Metrics(lambda: daemon.status(), lambda: daemon.health())
         self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
-        daemon.subscribe(self._on_result)
         self._server: Any = None
         self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client, _bodies_bytes(cfg))
         self.metrics.registry.register(ConnectionMetrics(lambda: self._server))
         self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
 
-    def _on_result(self, result: Result) -> None:
+    # ---- a Sink (core/sink.py): the daemon tells the API of every journaled result ------------------
+
+    name = "api"
+
+    def notify(self, result: Result) -> None:
         self.metrics.observe(result)
-        self.events.publish(result.to_dict())
+        self.events.publish(result.to_dict())  # the live event stream: drops for slow readers, never blocks
+
+    def health(self) -> SinkHealth:
+        return SinkHealth(True)
 
     @property
     def port(self) -> int:

@@ -10,8 +10,6 @@ requests get at most `api.threads` threads between them (the server runs `api.th
 from __future__ import annotations
 
 import io
-import json
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +18,7 @@ from typing import Any
 from PIL import Image
 
 from edge_runtime.api.errors import ApiError, invalid
+from edge_runtime.core import strict_json
 
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 RETRY_AFTER_S = 2
@@ -105,78 +104,12 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth, walked without recursion (bounded by the already size-checked body)."""
-    depth, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        depth = max(depth, level)
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return depth
-
-
 def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse a request body; malformed, deeply nested or non-finite JSON is a 400 naming `body`."""
+    """Parse a request body strictly (core/strict_json.py): malformed, deeply nested or non-finite
+    JSON, a key twice in one object and lone surrogates are each a 400 naming the field (or `body`)."""
     if not raw.strip():
         raise invalid("body", "a JSON body is required")
-
-    def no_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
     try:
-        value = json.loads(raw, parse_constant=no_constant, object_pairs_hook=_no_duplicates)
-    except ApiError:
-        raise
-    except RecursionError:  # the C decoder guards its recursion: a deep body ends here, not in a crash
-        raise invalid("body", f"the JSON is nested deeper than {max_depth} levels") from None
-    except ValueError as exc:
-        raise invalid("body", f"not valid JSON ({exc})") from None
-    if json_depth(value) > max_depth:
-        raise invalid("body", f"the JSON is nested deeper than {max_depth} levels")
-    bad = surrogate_path(value)
-    if bad is not None:
-        raise invalid(bad, "contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8")
-    return value
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object with a key twice is refused: the second value would slip past what checked the first."""
-    out: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in out:
-            shown = key if not has_surrogate(key) else key.encode("utf-8", "backslashreplace").decode()
-            raise invalid(shown, "the key appears more than once in one JSON object")
-        out[key] = item
-    return out
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def has_surrogate(text: str) -> bool:
-    """A lone surrogate (JSON's "\\ud800" escape) cannot be encoded as UTF-8: refused at the door, not
-    as a UnicodeEncodeError deep in storage. Searched in place, with no encoded copy of the text."""
-    return _SURROGATE.search(text) is not None
-
-
-def surrogate_path(value: Any) -> str | None:
-    """The dotted path of the first string (a key or a value) holding a lone surrogate, else None.
-    Walked without recursion (the depth is already bounded)."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if has_surrogate(item):
-                return path or "body"
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                where = f"{path}.{key}" if path else str(key)
-                if has_surrogate(key):
-                    return (f"{path}.{key}" if path else key).encode("utf-8", "backslashreplace").decode()
-                stack.append((sub, where))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{path}.{i}" if path else str(i)) for i, sub in enumerate(item))
-    return None
+        return strict_json.loads(raw, max_depth)
+    except strict_json.StrictJsonError as exc:
+        raise invalid(exc.field or "body", str(exc)) from None

@@ -216,7 +216,6 @@ class DeviceStatus(Protocol):
 
     def verdict_status(self) -> dict[str, Any] | None: ...  # rules, evidence, webhooks, reviews (metrics)
 
-    def subscribe(self, listener: ResultListener) -> None: ...  # every Result after it is journaled
 
 
 class DeviceResults(Protocol):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.core.contracts import QueueFull
+from edge_runtime.core.result import Result
 
 
 @dataclass
@@ -73,3 +74,7 @@ class ScheduleStats:
     skipped_paused: int = 0
     errors: int = 0
     last_result: dict[str, Any] | None = None
+
+
+# Journal a Result and tell the sinks (verdicts/pipeline.py); raises StorageFull when the journal refuses.
+Deliver = Callable[[InspectionRequest, Result], Result]

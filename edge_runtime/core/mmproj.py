@@ -21,14 +21,15 @@ class Projector:
     family: str
     tensor: str   # the tensor whose shape gives the output width
     axis: int     # which ggml dimension (ne[axis])
+    languages: tuple[str, ...] = ()  # LM architectures it needs (M-RoPE, Gemma 3's attention); () = any
 
 
 # clip.projector_type -> family and width rule (clip.cpp's load_tensors + clip_n_mmproj_embd).
 PROJECTORS: dict[str, Projector] = {
-    "qwen2vl_merger": Projector("Qwen2-VL", "mm.2.bias", 0),
-    "qwen2.5vl_merger": Projector("Qwen2.5-VL", "mm.2.bias", 0),
-    "qwen3vl_merger": Projector("Qwen3-VL", "mm.2.bias", 0),   # x (1 + deepstack layers)
-    "gemma3": Projector("Gemma 3", "mm.input_projection.weight", 0),
+    "qwen2vl_merger": Projector("Qwen2-VL", "mm.2.bias", 0, ("qwen2vl",)),
+    "qwen2.5vl_merger": Projector("Qwen2.5-VL", "mm.2.bias", 0, ("qwen2vl",)),
+    "qwen3vl_merger": Projector("Qwen3-VL", "mm.2.bias", 0, ("qwen3vl", "qwen3vlmoe")),  # x (1 + deepstack)
+    "gemma3": Projector("Gemma 3", "mm.input_projection.weight", 0, ("gemma3",)),
     "idefics3": Projector("SmolVLM / SmolVLM2 / Idefics3", "mm.model.fc.weight", 1),
     "internvl": Projector("InternVL", "mm.model.mlp.3.weight", 1),
     "resampler": Projector("MiniCPM-V", "resampler.proj.weight", 0),
@@ -95,6 +96,17 @@ def check_pair(lm: GGUFHeader, mm: GGUFHeader) -> PairFit:
     """The projector type and shared width of a language model + mmproj pair, or BundleError."""
     kind, rule, out = projector_width(mm)
     width = language_width(lm)
+    # libmtmd accepts any pair of equal widths (a tiny Gemma 3 mmproj loads on a tiny Qwen2.5-VL LM), but
+    # M-RoPE positions and Gemma 3's image attention are only right with the family's own language model.
+    arch = lm.architecture
+    own = sorted(k for k, r in PROJECTORS.items() if arch in r.languages)
+    if rule.languages and arch not in rule.languages:
+        raise BundleError(f"{mm.path} is a {kind} projector ({rule.family}), which needs a "
+                          f"{' or '.join(rule.languages)} language model, but {lm.path} is {arch}: "
+                          "the mmproj belongs to a different model")
+    if own and kind not in own:
+        raise BundleError(f"{lm.path} is a {arch} language model, which needs a {' or '.join(own)} projector, "
+                          f"but {mm.path} is {kind}: the mmproj belongs to a different model")
     if out != width:
         raise BundleError(f"{mm.path} ({kind}) outputs embeddings {out} wide, but {lm.path} takes "
                           f"{width}: the mmproj belongs to a different model")

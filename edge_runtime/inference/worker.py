@@ -2,51 +2,41 @@
 
 Stage 1 decodes, preprocesses and encodes frame N+1 while stage 2 generates frame N; frames of
 several cameras that are ready together are generated as one batch. Every Result is journaled
-before any listener (MQTT, SSE, metrics) sees it.
+before any sink (MQTT, the event stream, line I/O) sees it: delivery is
+`verdicts/pipeline.VerdictPipeline.deliver`, handed in as `deliver`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from edge_runtime.core.contracts import BatchJob, Gate, QueueFull, ResultJournal, ResultListener
+from edge_runtime.core.contracts import BatchJob, Gate, QueueFull, ResultJournal
 from edge_runtime.core.errors import InputError, StorageFull
-from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
+from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 
 log = logging.getLogger(__name__)  # the result lines are counted by tests/test_lifecycle.py
 
 class InspectionWorker:
-    """Takes requests off the queue, runs the inspector, journals, then tells the listeners."""
+    """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
 
     def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
-                 journal: ResultJournal, gate: Gate, stats_for: Callable[[str], ScheduleStats | None],
-                 overlap: bool = True, max_batch: int = 4) -> None:
+                 journal: ResultJournal, deliver: Deliver, gate: Gate,
+                 stats_for: Callable[[str], ScheduleStats | None], overlap: bool = True, max_batch: int = 4) -> None:
         self.inspections = inspections
         self.get_inspector = get_inspector
         self.journal = journal
         self.gate = gate
         self.stats_for = stats_for
-        self.listeners: list[ResultListener] = []
-        self._deliver_lock = threading.Lock()
-        # Around the journal row of journaled results: evidence and rules (before),
-        self.before_journal: list[Callable[[np.ndarray | None, Result], None]] = []
-        # the rows of their actions inside the journal's transaction, wake-ups after its commit.
-        self.in_journal: list[Callable[[sqlite3.Connection, Result], None]] = []
-        self.after_journal: list[ResultListener] = []
+        self.deliver = deliver  # journal, then the sinks (verdicts/pipeline.py); raises StorageFull
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None
-        self.inspected = 0
         self.errors = 0
         self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
         self._full_log = RateLimitedLog(log)
@@ -233,40 +223,7 @@ class InspectionWorker:
             result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
         return self._deliver(request, result)
 
-    def _in_journal(self, result: Result) -> Callable[[sqlite3.Connection], None] | None:
-        if not self.in_journal:
-            return None
-        hooks = list(self.in_journal)
-
-        def stage(db: sqlite3.Connection) -> None:
-            for hook in hooks:
-                hook(db, result)
-        return stage
-
     def _deliver(self, request: InspectionRequest, result: Result) -> Result:
-        """Journal first (durable before anyone else sees it), then counters, log and listeners.
-        One result at a time: the offload workers deliver too, and the verdict hooks (evidence, the
-        rules' side effects) keep per-result state between before_journal and after_journal."""
-        with self._deliver_lock:
-            if request.journal:
-                for hook in self.before_journal:
-                    hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
-                # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
-                # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
-                self.journal.add(result, extra=self._in_journal(result))
-                self._full_log.reset()
-                for after in self.after_journal:
-                    after(result)
-            self.inspected += 1
-            stats = self.stats_for(request.camera)
-            if stats:
-                stats.inspected += 1
-                stats.last_result = result.to_dict()
-            log.info("result %s camera=%s verdict=%s total=%.0fms", result.id, result.camera,
-                     json.dumps(result.verdict, ensure_ascii=False), result.timings_ms["total"])
-            for listener in self.listeners:
-                try:
-                    listener(result)
-                except Exception:
-                    log.exception("result listener failed")
-            return result
+        delivered = self.deliver(request, result)
+        self._full_log.reset()  # the journal took a row again: the next full disk is logged at once
+        return delivered

@@ -22,10 +22,11 @@ from edge_runtime.core.contracts import (
     ModelInfo,
     QueueFull,
     ResultFilter,
-    ResultListener,
     UnknownCamera,
 )
 from edge_runtime.core.result import Result
+from edge_runtime.core.sink import Sink
+from tests.verdicts.test_journal import make_result
 
 T = TypeVar("T")
 ROW = {"id": "r1", "ts": "2026-11-30T06:00:00Z", "camera": "belt", "journal_seq": 7,
@@ -38,7 +39,6 @@ class FakeDevice:
     def __init__(self, tmp: Path, model: ModelInfo | None = None) -> None:
         self._config = Config(device_id="fake", data_dir=tmp)
         self.model = model
-        self.listeners: list[ResultListener] = []
         self.queried: list[dict[str, Any]] = []
         self.jpeg = b"\xff\xd8fake-jpeg\xff\xd9"
 
@@ -91,9 +91,6 @@ class FakeDevice:
 
     def reload(self) -> dict[str, Any]:
         return {"applied": [], "restart_needed": []}
-
-    def subscribe(self, listener: ResultListener) -> None:
-        self.listeners.append(listener)
 
     def constraint(self, schema: dict[str, Any]) -> str:
         return "start: /.*/"
@@ -184,6 +181,13 @@ def test_inspections_and_review_use_the_device(client: FlaskClient) -> None:
     assert client.get("/api/v1/review/schema").json == {"schema": {"type": "object"}, "token_required": False}
 
 
-def test_the_server_subscribes_to_results_through_the_device(fake: FakeDevice) -> None:
+def test_the_server_is_a_sink_that_feeds_the_event_stream_and_metrics(fake: FakeDevice) -> None:
     server = ApiServer(_as_device(fake), fake.config.api)
-    assert fake.listeners == [server._on_result]
+    assert isinstance(server, Sink) and server.health().ok
+    _q, backlog = server.events.subscribe(after=0)
+    assert backlog == []
+    result = make_result("cam")
+    server.notify(result)
+    _q, backlog = server.events.subscribe(after=0)
+    assert [e for e in backlog if result.id in str(e)]
+    assert server.metrics.registry.get_sample_value("edge_results_total", {"camera": "cam", "verdict": "ok"}) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from edge_runtime.core.bundle import load_bundle
 from edge_runtime.core.errors import BundleError
 from edge_runtime.core.gguf_header import read_header
 from tests.support.gguf_files import huge_array_file, huge_tensor_count_file, write_lm, write_mmproj
+from tests.support.tiny_pairs import TinyPair
 
 
 @pytest.fixture
@@ -81,9 +83,10 @@ def test_manifest_projector_must_match_the_file(pair_dir: Path) -> None:
         load_bundle(pair_dir)
 
 
-@pytest.mark.parametrize(("projector", "width"), [("gemma3", 48), ("idefics3", 80), ("kimivl", 40)])
-def test_width_rule_per_projector_type(projector: str, width: int, tmp_path: Path) -> None:
-    lm = write_lm(tmp_path / "lm.gguf", arch="gemma3", width=width)
+@pytest.mark.parametrize(("projector", "arch", "width"), [("gemma3", "gemma3", 48), ("idefics3", "llama", 80),
+                                                     ("kimivl", "deepseek2", 40)])
+def test_width_rule_per_projector_type(projector: str, arch: str, width: int, tmp_path: Path) -> None:
+    lm = write_lm(tmp_path / "lm.gguf", arch=arch, width=width)
     out = import_pair(lm, write_mmproj(tmp_path / "mm.gguf", projector=projector, width=width), tmp_path / "b")
     assert load_bundle(out).describe()["embedding_dim"] == width
     wrong = write_mmproj(tmp_path / "wrong.gguf", projector=projector, width=width + 16)
@@ -152,3 +155,21 @@ def test_prompt_template_must_be_fillable(pair_dir: Path, template: str, match: 
     _edit(pair_dir, {"template": template}, "prompt")
     with pytest.raises(BundleError, match=match):
         load_bundle(pair_dir)
+
+
+@pytest.mark.parametrize(("arch", "projector"), [("llama", "qwen2.5vl_merger"), ("qwen2vl", "idefics3"),
+                                                 ("gemma3", "kimivl")])
+def test_mrope_and_gemma_projectors_need_their_own_language_model(arch: str, projector: str, tmp_path: Path) -> None:
+    lm = write_lm(tmp_path / "lm.gguf", arch=arch, width=64)
+    mm = write_mmproj(tmp_path / "mm.gguf", projector=projector, width=64)
+    with pytest.raises(BundleError, match=rf"(is a {projector} projector .*, but .*lm\.gguf is {arch}|lm\.gguf "
+                                          rf"is a {arch} language model, which needs a .*, but .* is {projector}):"):
+        import_pair(lm, mm, tmp_path / "b")
+
+
+def test_gemma3_mmproj_on_a_qwen_lm_is_refused(tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """libmtmd itself loads this pair (both 64 wide): only the family rule refuses it."""
+    qwen, gemma = tiny_pairs("qwen2.5-vl"), tiny_pairs("gemma3")
+    with pytest.raises(BundleError, match=r"is a gemma3 projector \(Gemma 3\), which needs a gemma3 language "
+                                          r"model, but .* is qwen2vl"):
+        import_pair(qwen.language, gemma.mmproj, tmp_path / "b")

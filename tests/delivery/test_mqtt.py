@@ -22,6 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, MqttConfig, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
+from edge_runtime.delivery.mqtt import client as mqtt_client
 from tests.support.broker import Broker
 from tests.support.waiting import wait_for
 
@@ -313,3 +314,19 @@ def test_without_a_broker_the_daemon_keeps_journaling(tmp_path: Path, demo_dir: 
     wait_for(lambda: daemon.journal.counts()["total"] >= 3, what="journaled results")
     status = daemon.status()
     assert status["mqtt"]["connected"] is False and status["mqtt"]["backlog"] >= 3
+
+
+def test_a_broker_away_too_long_degrades_the_device_and_its_return_heals_it(
+        tmp_path: Path, demo_dir: Path, video: Path, broker: Broker, daemons: list[Daemon],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mqtt_client, "BROKER_DOWN_DEGRADED_S", 1.0)
+    daemon = start_daemon(make_config(tmp_path, demo_dir, video, broker.port), daemons)
+    wait_for(lambda: daemon.mqtt is not None and daemon.mqtt.connected, what="connected")
+    assert daemon.health()["state"] == "ok"
+    broker.stop()
+    wait_for(lambda: any(r.startswith("mqtt: broker") for r in daemon.health()["reasons"]), timeout=20,
+             what="degraded by the broker's absence")
+    health = daemon.health()
+    assert health["state"] == "degraded" and health["ready"] is True  # inspection goes on, verdicts wait
+    broker.start()
+    wait_for(lambda: daemon.health()["state"] == "ok", timeout=40, what="healed by the broker's return")

@@ -17,8 +17,8 @@ import requests
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.errors import StorageFull
-from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video
+from edge_runtime.verdicts.pipeline import CallbackSink
 from tests.support.mjpeg import free_port
 from tests.support.waiting import wait_for
 
@@ -73,12 +73,8 @@ def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_full_disk_degrades_and_heals_without_restart(cameras: int, small_disk: Path, demo_dir: Path,
                                                       video: Path, caplog: pytest.LogCaptureFixture) -> None:
     daemon = Daemon(config(small_disk, demo_dir, video, cameras))
-    published: list[str] = []  # what the listeners saw: only journaled verdicts may get there
-
-    def listener(result: Result) -> None:
-        published.append(result.id)
-
-    daemon.worker.listeners.append(listener)
+    published: list[str] = []  # what the sinks saw: only journaled verdicts may get there
+    daemon.sinks.append(CallbackSink("test", lambda result: published.append(result.id)))
     daemon.start()
     try:
         wait_for(lambda: daemon.journal.counts()["total"] >= 3, what="results before the disk fills")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import ssl
 import threading
 import time
@@ -23,8 +22,10 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_runtime.config import MqttConfig
+from edge_runtime.core import strict_json
 from edge_runtime.core.contracts import CommandError  # re-exported: it was defined here
 from edge_runtime.core.errors import InputError, StorageFull
+from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.verdicts.journal import Journal
 
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
 # Commands on our topic that another process answers: `ota` goes to the update agent.
 EXTERNAL_COMMANDS = frozenset({"ota"})
+MAX_COMMAND_DEPTH = 32  # a command payload is a flat object; deeper is an attack
+BROKER_DOWN_DEGRADED_S = 60.0  # a broker restart or a short network loss is not yet a fault
 
 
 def configure_client(client: mqtt.Client, cfg: MqttConfig) -> None:
@@ -59,6 +62,7 @@ class MqttService:
         self.telemetry = telemetry
         self.commands = commands
         self.connected = False
+        self._down_since: float | None = None  # monotonic time health() first saw the broker away
         self.last_error: str | None = None
         self.published = 0
         self.discovery: Callable[[], list[tuple[str, str]]] | None = None  # set by the wiring
@@ -132,9 +136,28 @@ class MqttService:
         self.client.loop_stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def notify(self, _result: object = None) -> None:
-        """Wake the outbox: a new result is in the journal."""
+    # ---- a Sink (core/sink.py) ---------------------------------------------------------------------
+
+    name = "mqtt"
+
+    def notify(self, result: object = None) -> None:
+        """Wake the outbox: a new result is in the journal (the outbox reads it from there)."""
         self._wake.set()
+
+    def health(self) -> SinkHealth:
+        """Degraded once the broker has been away for BROKER_DOWN_DEGRADED_S: results wait in the
+        journal meanwhile (nothing is lost), but nobody on the line hears of them. Connecting heals it."""
+        if self.connected:
+            self._down_since = None
+            return SinkHealth(True, "connected")
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        down_s = now - self._down_since
+        if down_s < BROKER_DOWN_DEGRADED_S:
+            return SinkHealth(True, "connecting")
+        return SinkHealth(False, f"broker {self.cfg.host}:{self.cfg.port} unreachable for {down_s:.0f} s "
+                                 "(results wait in the journal)")
 
     def threads(self) -> list[SupervisedThread]:
         return [self._thread]
@@ -286,13 +309,10 @@ class MqttService:
     def _run_command(self, name: str, payload: bytes) -> None:
         reply: dict[str, Any] = {"command": name}
         try:
-            try:
-                request = json.loads(payload or b"{}", object_pairs_hook=_no_duplicates)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-                raise CommandError(f"payload is not valid JSON: {exc}") from None
-            bad = _surrogate_field(request)
-            if bad is not None:
-                raise CommandError(f"{bad}: contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8")
+            try:  # strict: duplicate keys, NaN and lone surrogates refused, naming the field
+                request = strict_json.loads(payload or b"{}", MAX_COMMAND_DEPTH)
+            except strict_json.StrictJsonError as exc:
+                raise CommandError(f"{exc.field or 'payload'}: {exc}") from None
             if not isinstance(request, dict):
                 raise CommandError("payload must be a JSON object")
             reply["id"] = request.pop("id", None)
@@ -335,39 +355,3 @@ def homeassistant_discovery(ha_prefix: str, prefix: str, device_id: str, cameras
                       "device": device, **availability, **extra}
             out.append((f"{ha_prefix}/{component}/{uid}/{key}/config", json.dumps(config)))
     return out
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A key twice in one object is refused: the second value would slip past what checked the first."""
-    out: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in out:
-            raise CommandError(f"{_shown(key)}: the key appears more than once in the payload")
-        out[key] = item
-    return out
-
-
-def _shown(text: str) -> str:
-    return text.encode("utf-8", "backslashreplace").decode()[:80]
-
-
-def _surrogate_field(value: Any) -> str | None:
-    """The dotted path of the first key or string holding a lone surrogate (walked without recursion)."""
-    stack: list[tuple[Any, str]] = [(value, "")]
-    while stack:
-        item, path = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return path or "payload"
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                where = f"{path}.{key}" if path else str(key)
-                if _SURROGATE.search(key):
-                    return _shown(where)
-                stack.append((sub, where))
-        elif isinstance(item, list):
-            stack.extend((sub, f"{path}.{i}" if path else str(i)) for i, sub in enumerate(item))
-    return None

@@ -8,9 +8,7 @@ validated against the same schema before anything downstream sees it.
 from __future__ import annotations
 
 import base64
-import json
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -21,10 +19,11 @@ import numpy as np
 from jsonschema import Draft202012Validator
 
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
-from edge_runtime.core import http
+from edge_runtime.core import http, strict_json
 from edge_runtime.fleet.offload.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
+MAX_ANSWER_DEPTH = 64  # a chat completion with a verdict inside is a few levels deep
 
 
 class RemoteError(Exception):
@@ -81,77 +80,30 @@ def parse_answer(raw: bytes, validator: Draft202012Validator) -> tuple[dict[str,
     surrogate anywhere (keys included; it cannot be stored as UTF-8, so the journal would refuse the
     result), NaN/Infinity or a number too large for a float are refused like any malformed answer."""
     try:
-        body = strict_json(raw)  # bounded by max_response_kb; nesting by the RecursionError below
+        body = strict_json.loads(raw, MAX_ANSWER_DEPTH)  # bounded by max_response_kb
         text = body["choices"][0]["message"]["content"]
         if not isinstance(text, str):
             raise TypeError("content is not a string")
         model = body.get("model")
-    except _Unstorable as exc:
-        raise RemoteError(f"refused answer: {exc}", retry=False) from None
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
+    except strict_json.StrictJsonError as exc:
+        raise RemoteError(f"not an OpenAI chat completion ({exc})" if exc.malformed else
+                          f"refused answer: {_where(exc)}{exc}", retry=False) from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
         raise RemoteError(f"not an OpenAI chat completion ({type(exc).__name__}: {str(exc)[:100]})",
                           retry=False) from None
     try:
-        verdict = strict_json(text)
-    except _Unstorable as exc:
-        raise RemoteError(f"refused verdict: {exc}", retry=False) from None
-    except (ValueError, RecursionError) as exc:
-        raise RemoteError(f"the answer is not JSON ({type(exc).__name__}: {str(exc)[:100]})", retry=False) from None
+        verdict = strict_json.loads(text, MAX_ANSWER_DEPTH)
+    except strict_json.StrictJsonError as exc:
+        raise RemoteError(f"the answer is not JSON ({exc})" if exc.malformed else
+                          f"refused verdict: {_where(exc)}{exc}", retry=False) from None
     error = next(iter(sorted(validator.iter_errors(verdict), key=str)), None)
     if error is not None:
         raise RemoteError(f"the answer does not match the verdict schema: {error.message[:200]}", retry=False)
     return verdict, text, model[:256] if isinstance(model, str) else None
 
 
-class _Unstorable(ValueError):
-    """Valid-looking JSON that must not be kept: duplicate keys, lone surrogates, non-finite numbers."""
-
-
-def strict_json(data: str | bytes) -> Any:
-    """json.loads, refusing what the journal (UTF-8 SQLite, strict JSON consumers) cannot keep."""
-    value = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
-                       parse_float=_finite_float)
-    _no_lone_surrogates(value)
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Unstorable(f"duplicate key {ascii(key)[:80]}")
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise _Unstorable(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Unstorable(f"number out of range ({text[:40]})")
-    return value
-
-
-def _no_lone_surrogates(value: Any) -> None:
-    """Every string, keys included, must encode as UTF-8 (iterative: the nesting is already bounded
-    by json's own recursion limit, but this must not add a second one)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    raise _Unstorable(f"a lone surrogate {item[exc.start:exc.end]!a} in a string") from None
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+def _where(exc: strict_json.StrictJsonError) -> str:
+    return f"{exc.field}: " if exc.field else ""
 
 
 class Endpoint:

@@ -1,0 +1,111 @@
+"""JSON from outside (HTTP bodies, MQTT commands, a central server's answers), read strictly.
+
+Python's `json.loads` accepts what our consumers and the journal cannot keep: a key twice in one
+object (the second value slips past whatever checked the first), `NaN`/`Infinity`, numbers that
+overflow to infinity, and lone surrogates (`"\\ud800"`, valid JSON but not encodable as UTF-8, so
+SQLite and every UTF-8 consumer fail on it later). One reader refuses them all, with the dotted path
+of the offending field, so the HTTP API, the MQTT commands and offload answer alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class StrictJsonError(ValueError):
+    """Why a document was refused; `field` is the dotted path of the offending key or value, or ""
+    when the document as a whole is at fault. `malformed`: not JSON at all (syntax, nesting), as
+    opposed to JSON that must not be kept (duplicate key, NaN, overflow, lone surrogate)."""
+
+    def __init__(self, message: str, field: str = "", malformed: bool = False) -> None:
+        super().__init__(message)
+        self.field = field
+        self.malformed = malformed
+
+
+def loads(data: str | bytes, max_depth: int | None = None) -> Any:
+    """Parse `data` (already bounded in size by the caller) or raise StrictJsonError."""
+    try:
+        value = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant,
+                           parse_float=_finite_float)
+    except StrictJsonError:
+        raise
+    except RecursionError:  # the C decoder guards its recursion: a deep document ends here, not in a crash
+        raise StrictJsonError(f"the JSON is nested deeper than {max_depth or 'the parser allows'} levels",
+                              malformed=True) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise StrictJsonError(f"not valid JSON ({str(exc)[:200]})", malformed=True) from None
+    if max_depth is not None and json_depth(value) > max_depth:
+        raise StrictJsonError(f"the JSON is nested deeper than {max_depth} levels", malformed=True)
+    bad = surrogate_path(value)
+    if bad is not None:
+        raise StrictJsonError("contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8", bad or "")
+    return value
+
+
+def has_surrogate(text: str) -> bool:
+    """Searched in place, with no encoded copy of the text."""
+    return _SURROGATE.search(text) is not None
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A key or path as it may appear in an error message (lone surrogates escaped, bounded)."""
+    return text.encode("utf-8", "backslashreplace").decode()[:limit]
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth, walked without recursion."""
+    depth, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        depth = max(depth, level)
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return depth
+
+
+def surrogate_path(value: Any) -> str | None:
+    """The dotted path of the first key or string holding a lone surrogate ("" for the document
+    itself), else None. Walked without recursion."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if has_surrogate(item):
+                return path
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                where = f"{path}.{key}" if path else str(key)
+                if has_surrogate(key):
+                    return shown(where)
+                stack.append((sub, where))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{path}.{i}" if path else str(i)) for i, sub in enumerate(item))
+    return None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in out:
+            raise StrictJsonError("the key appears more than once in one JSON object", shown(key))
+        out[key] = item
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise StrictJsonError(f"not valid JSON ({name} is not a JSON number)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise StrictJsonError(f"number out of range ({text[:40]})")
+    return value
