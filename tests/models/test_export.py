@@ -89,6 +89,7 @@ def test_exported_bundle_computes_what_transformers_computes(family: Family, kv_
     ref = _reference(family.checkpoint, family.f32, frame)
     inspector = _inspector(family.f32, kv_cache_type=kv_cache_type)
     try:
+        assert inspector.preprocessor is not None  # an ONNX-encoder bundle always has one
         pixels, grid = inspector.preprocessor.process(frame)
         enc = inspector.encode(frame)
         prefix, image, suffix = inspector.sequence(QUESTION, enc)

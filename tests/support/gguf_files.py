@@ -42,12 +42,13 @@ def write_mmproj(path: Path, projector: str = "qwen2.5vl_merger", width: int = 6
     w.add_bool("clip.has_vision_encoder", True)
     w.add_string("clip.projector_type", projector)
     w.add_uint32("clip.vision.projection_dim", width)
-    shapes = tensors if tensors is not None else {
+    defaults: dict[str, dict[str, tuple[int, ...]]] = {
         "qwen2.5vl_merger": {"mm.2.bias": (width,)}, "qwen3vl_merger": {"mm.2.bias": (width,)},
         "gemma3": {"mm.input_projection.weight": (32, width)},       # ne = [width, 32]
         "idefics3": {"mm.model.fc.weight": (width, 32)},             # ne = [32, width]
         "kimivl": {"mm.2.weight": (width, 32)},
-    }.get(projector, {"mm.2.bias": (width,)})
+    }
+    shapes = tensors if tensors is not None else defaults.get(projector, {"mm.2.bias": (width,)})
     for name, shape in shapes.items():
         w.add_tensor(name, np.zeros(shape, np.float32))
     for i in range(deepstack):
