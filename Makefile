@@ -73,5 +73,14 @@ test-ota: venv system-deps
 bench: venv
 	$(BIN)/edge-runtime bench
 
+# Regenerates the committed Sparkplug B payload code from our sparkplug_b.proto (written from the
+# specification's field list) with grpcio-tools' protoc, in a scratch folder (nothing enters the venv).
+# The generated code needs a protobuf runtime at least as new as its protoc (pyproject pins protobuf).
+.PHONY: sparkplug-proto
+sparkplug-proto: venv
+	tmp=$$(mktemp -d) && $(BIN)/pip install --quiet --target $$tmp grpcio-tools==1.85.1 && \
+	cd edge_runtime/lineio/sparkplug && PYTHONPATH=$$tmp $(CURDIR)/$(BIN)/python -m grpc_tools.protoc -I. \
+		--python_out=. --pyi_out=. sparkplug_b.proto; status=$$?; rm -rf $$tmp; exit $$status
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,229 @@
+"""The Sparkplug B edge node against the real Mosquitto broker and a real Station."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edge_runtime.config.line_io import SparkplugConfig
+from edge_runtime.config.mqtt import MqttConfig
+from edge_runtime.delivery.mqtt.client import configure_client
+from edge_runtime.lineio.sparkplug import payload as spb
+from edge_runtime.lineio.sparkplug.node import SparkplugNode
+from edge_runtime.lineio.station import JobRequest
+from tests.support.broker import Broker
+from tests.support.line_station import Line
+
+GROUP = "plant1"
+NODE = "cell7"
+CHILD = Path(__file__).with_name("sparkplug_child.py")
+
+
+class Host:
+    """A Sparkplug host application's view: every message under spBv1.0/, decoded."""
+
+    def __init__(self, port: int) -> None:
+        self.messages: list[tuple[str, dict[str, Any], int | None, int]] = []  # topic, metrics, seq, qos
+        self.cond = threading.Condition()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="scada-host")
+        self.client.on_message = self._on_message
+        subscribed = threading.Event()
+        self.client.on_subscribe = lambda *_a: subscribed.set()
+        self.client.on_connect = lambda c, *_a: c.subscribe("spBv1.0/#", qos=1)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        assert subscribed.wait(5)
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            p = spb.decode(bytes(msg.payload))
+            entry = (msg.topic, spb.metric_values(p), p.seq if p.HasField("seq") else None, msg.qos)
+        except Exception:  # noqa: BLE001 - the garbage the tests themselves send
+            entry = (msg.topic, {"undecodable": True}, None, msg.qos)
+        with self.cond:
+            self.messages.append(entry)
+            self.cond.notify_all()
+
+    def wait(self, pred: Callable[[str, dict[str, Any]], bool], after: int = 0,
+             timeout: float = 10) -> tuple[int, tuple[str, dict[str, Any], int | None, int]]:
+        """The first message from index `after` on that `pred` accepts (index, message)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for i in range(after, len(self.messages)):
+                    if pred(self.messages[i][0], self.messages[i][1]):
+                        return i, self.messages[i]
+                left = deadline - time.monotonic()
+                assert left > 0, f"no such message; saw {[m[0] for m in self.messages[after:]]}"
+                self.cond.wait(left)
+
+    def command(self, topic: str, metrics: list[tuple[str, int, Any]]) -> None:
+        self.client.publish(topic, spb.payload(None, metrics), qos=1).wait_for_publish(5)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def node_seqs(host: Host) -> list[int]:
+    """The seq of every message the node sent (births and data; commands are the host's)."""
+    return [s if s is not None else -1 for t, _m, s, _q in host.messages
+            if t.split("/")[2] in ("NBIRTH", "DBIRTH", "DDATA")]
+
+
+def topic(kind: str, device: str | None = None) -> str:
+    return f"spBv1.0/{GROUP}/{kind}/{NODE}" + (f"/{device}" if device else "")
+
+
+def is_(kind: str, device: str | None = None) -> Callable[[str, dict[str, Any]], bool]:
+    return lambda t, _m: t == topic(kind, device)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "broker").start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def host(broker: Broker) -> Iterator[Host]:
+    h = Host(broker.port)
+    yield h
+    h.close()
+
+
+def nok_when_part_says_so(job: JobRequest) -> bool:
+    return job.part_id.startswith("NOK")
+
+
+@pytest.fixture
+def line(tmp_path: Path) -> Iterator[Line]:
+    ln = Line(tmp_path, auto=nok_when_part_says_so).start()
+    yield ln
+    ln.stop()
+
+
+def make_node(line: Line, broker: Broker, tmp_path: Path, **cfg: Any) -> SparkplugNode:
+    mqtt_cfg = MqttConfig(host="127.0.0.1", port=broker.port, keepalive=5)
+    return SparkplugNode([line.station], SparkplugConfig(enabled=True, group_id=GROUP, **cfg), mqtt_cfg, NODE,
+                         tmp_path / "sparkplug" / "bdseq", configure=lambda c: configure_client(c, mqtt_cfg))
+
+
+@pytest.fixture
+def node(line: Line, broker: Broker, host: Host, tmp_path: Path) -> Iterator[SparkplugNode]:
+    n = make_node(line, broker, tmp_path)
+    n.start()
+    yield n
+    n.stop()
+
+
+def test_births_on_connect_then_a_dcmd_trigger_runs_the_handshake(node: SparkplugNode, host: Host,
+                                                                   line: Line) -> None:
+    i, (_t, nbirth, seq, qos) = host.wait(is_("NBIRTH"))
+    assert (nbirth[spb.BDSEQ], nbirth[spb.REBIRTH], seq, qos) == (0, False, 0, 0)
+    i, (_t, dbirth, seq, _q) = host.wait(is_("DBIRTH", "st1"), i)
+    assert seq == 1 and dbirth["Ready"] is True and dbirth["ResultValid"] is False and "Trigger" in dbirth
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "NOK-77"), ("Trigger", spb.BOOLEAN, True)])
+    j, _msg = host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("ResultValid") is True, i)
+    seen = {k: v for _t, m, _s, _q in host.messages[i + 1:j + 1] for k, v in m.items()}
+    assert seen["TriggerAck"] is True and seen["AcquisitionDone"] is True
+    assert (seen["PartId"], seen["Result"], seen["DefectCode"], seen["InspectionSeq"]) == ("NOK-77", 2, 1, 1)
+    host.command(topic("DCMD", "st1"), [("Trigger", spb.BOOLEAN, False), ("ResultAck", spb.BOOLEAN, True)])
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("ResultValid") is False, j)
+    assert line.station.health().counters["acks"] == 1
+    seqs = node_seqs(host)
+    assert seqs == list(range(len(seqs))), host.messages
+
+
+def test_rebirth_on_ncmd_restarts_seq_with_the_same_bdseq(node: SparkplugNode, host: Host) -> None:
+    i, _msg = host.wait(is_("DBIRTH", "st1"))
+    host.command(topic("NCMD"), [(spb.REBIRTH, spb.BOOLEAN, True)])
+    i, (_t, again, seq, _q) = host.wait(is_("NBIRTH"), i + 1)
+    assert seq == 0 and again[spb.BDSEQ] == 0
+    _i, (_t, _m, seq, _q) = host.wait(is_("DBIRTH", "st1"), i)
+    assert seq == 1
+
+
+def test_bad_commands_are_refused_and_the_node_goes_on(node: SparkplugNode, host: Host) -> None:
+    host.wait(is_("DBIRTH", "st1"))
+    host.client.publish(topic("DCMD", "st1"), b"\xff\x00garbage", qos=1).wait_for_publish(5)
+    host.command(topic("DCMD", "st1"), [("Fault", spb.BOOLEAN, True)])  # read-only
+    host.command(topic("DCMD", "st1"), [("Trigger", spb.STRING, "yes")])  # wrong type
+    host.client.publish(topic("DCMD", "st1"), b"\x00" * 20_000, qos=1).wait_for_publish(5)  # over the limit
+    host.command(topic("DCMD", "nope"), [("Trigger", spb.BOOLEAN, True)])
+    deadline = time.monotonic() + 5
+    while node.counters["refused_commands"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert node.counters["refused_commands"] == 5 and node.counters["triggers"] == 0
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "OK-1"), ("Trigger", spb.BOOLEAN, True)])
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("Result") == 1)
+    assert node.health().ok
+
+
+def test_ndeath_carries_the_births_bdseq_when_the_connection_drops(node: SparkplugNode, host: Host) -> None:
+    i, (_t, birth, _s, _q) = host.wait(is_("NBIRTH"))
+    client = node._client
+    assert client is not None
+    sock = client.socket()
+    assert isinstance(sock, socket.socket)
+    sock.shutdown(socket.SHUT_RDWR)  # the TCP connection ends without a DISCONNECT: the broker sends the Will
+    i, (_t, death, seq, qos) = host.wait(is_("NDEATH"), i)
+    assert death == {spb.BDSEQ: birth[spb.BDSEQ]} and seq is None and qos == 1
+    _i, (_t, reborn, _s, _q) = host.wait(is_("NBIRTH"), i)
+    assert reborn[spb.BDSEQ] == birth[spb.BDSEQ] + 1
+
+
+def test_kill_9_sends_ndeath_and_bdseq_goes_on_after_restart(broker: Broker, host: Host, tmp_path: Path) -> None:
+    def child() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, str(CHILD), str(broker.port), str(tmp_path), GROUP, NODE],
+                                cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": "."})
+
+    proc = child()
+    try:
+        i, (_t, birth, _s, _q) = host.wait(is_("NBIRTH"), timeout=30)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        i, (_t, death, _s, qos) = host.wait(is_("NDEATH"), i)
+        assert death[spb.BDSEQ] == birth[spb.BDSEQ] and qos == 1
+        proc = child()
+        _i, (_t, again, _s, _q) = host.wait(is_("NBIRTH"), i, timeout=30)
+        assert again[spb.BDSEQ] == (birth[spb.BDSEQ] + 1) % 256
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_clean_stop_publishes_ndeath(line: Line, broker: Broker, host: Host, tmp_path: Path) -> None:
+    n = make_node(line, broker, tmp_path)
+    n.start()
+    i, (_t, birth, _s, _q) = host.wait(is_("NBIRTH"))
+    n.stop()
+    _i, (_t, death, _s, _q) = host.wait(is_("NDEATH"), i)
+    assert death[spb.BDSEQ] == birth[spb.BDSEQ]
+
+
+def test_seq_wraps_from_255_to_0(node: SparkplugNode, host: Host) -> None:
+    host.wait(is_("DBIRTH", "st1"))
+    for k in range(300):  # each change of TriggerEnable is one DDATA (TriggerEnable and Ready)
+        host.command(topic("DCMD", "st1"), [("TriggerEnable", spb.BOOLEAN, k % 2 == 1)])
+    deadline = time.monotonic() + 20
+    while len(node_seqs(host)) < 302 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seqs = node_seqs(host)
+    assert len(seqs) >= 302 and node.counters["dropped"] == 0
+    assert all(b == (a + 1) % 256 for a, b in itertools.pairwise(seqs)), seqs
+    assert seqs[256] == 0
