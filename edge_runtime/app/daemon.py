@@ -24,6 +24,7 @@ import numpy as np
 
 from edge_runtime import __version__
 from edge_runtime.api import ApiServer
+from edge_runtime.app.lineio import add_line_io
 from edge_runtime.app.reload import describe_changes, restart_only
 from edge_runtime.app.services import DeviceServices
 from edge_runtime.app.verdicts import VerdictServices
@@ -104,6 +105,7 @@ class Daemon(DeviceServices):
         self.offload: Offloader | None = None
         if config.offload.enabled:
             self._add_offload(config)
+        self.line_io = add_line_io(self)  # stations and their OPC UA/Modbus/... servers (app/lineio.py)
 
     def _add_governor(self, config: Config) -> None:
         try:
@@ -377,6 +379,7 @@ class Daemon(DeviceServices):
             "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
             "governor": self.gate.decision().state,
             "offload": self.offload.status() if self.offload else {"enabled": False},
+            "line_io": self.line_io.status() if self.line_io else {"enabled": False},
             **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
         }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -24,6 +25,7 @@ from edge_runtime.config import TriggerConfig
 
 # These lived here; re-exported so that old import paths keep working.
 from edge_runtime.core.contracts import Gate, GateDecision, QueueFull
+from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.supervise import SupervisedThread
 
@@ -103,6 +105,27 @@ class CameraSchedule:
                     continue
                 self._reference = thumb
             self._inspect(frame, mode, gate, route)
+
+    def capture_for_line(self, prompt: str | None, deadline: float, on_taken: Callable[[Frame], None],
+                         prepare: Callable[[InspectionRequest], None] | None = None) -> InspectionRequest:
+        """A line trigger (lineio/station.py): wait until `deadline` (monotonic) for the first frame
+        newer than the one in the slot now, call `on_taken(frame)` the moment it is there (the part may
+        move), `prepare(request)` (the caller tags it), and queue its inspection. Returns the request (its
+        `future` is the journaled Result). Raises EdgeRuntimeError without a frame in time, QueueFull."""
+        current = self.camera.slot.peek()
+        newer_than = current.seq if current is not None else 0
+        frame = self.camera.slot.take(newer_than, timeout=max(0.0, deadline - time.monotonic()))
+        if frame is None:
+            raise EdgeRuntimeError(f"camera {self.camera.name!r} gave no new frame in time "
+                                   f"(state: {self.camera.state.value})")
+        on_taken(frame)
+        # Its own array: the verdict hooks tell this request's result by the image it carries.
+        request = InspectionRequest(frame.image.copy(), self.camera.name, prompt or self.prompt, frame.seq,
+                                    frame.capture_ms, "line")
+        if prepare is not None:
+            prepare(request)
+        self.inspections.submit(request)
+        return request
 
     def _inspect(self, frame: Frame, trigger: str, gate: GateDecision, route: str | None = None) -> None:
         request = InspectionRequest(frame.image, self.camera.name, self.prompt, frame.seq,

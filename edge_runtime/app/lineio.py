@@ -1,0 +1,199 @@
+"""Line I/O wired into the daemon: the stations (one per `line_io.stations` entry), their job store in
+the journal's file, and the protocol adapters (OPC UA, Modbus TCP, Sparkplug B, GPIO) that serve them.
+
+A line trigger takes the camera's next frame (`CameraSchedule.capture_for_line`), whose inspection
+goes through the shared queue like any other; the verdict hook stamps station, part id, recipe and
+job id on the Result before it is journaled, and the station learns the verdict after the commit.
+Only this module knows the concrete classes; the adapters see only `Station`s. docs/line-io.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_runtime.capture.camera import CameraState
+from edge_runtime.config.line_io import LineIOConfig
+from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, StorageFull
+from edge_runtime.core.result import Result
+from edge_runtime.core.sink import SinkHealth
+from edge_runtime.lineio.station import JobRequest, Station
+from edge_runtime.verdicts.line_jobs import LineJobs
+
+if TYPE_CHECKING:
+    from edge_runtime.app.daemon import Daemon
+    from edge_runtime.core.inspection_queue import InspectionRequest
+
+log = logging.getLogger(__name__)
+_DOWN = {CameraState.FAILED, CameraState.RECONNECTING, CameraState.ENDED, CameraState.STOPPED}
+
+
+class LineIO:
+    """The stations and their adapters, as one daemon service (started after the model is loaded) and
+    one sink (the stations learn their verdicts after the journal commit)."""
+
+    name = "line_io"
+
+    def __init__(self, daemon: Daemon, cfg: LineIOConfig) -> None:
+        self._daemon = daemon
+        self.cfg = cfg
+        cameras = {c.name for c in daemon.config.cameras} | {c.name for c in getattr(daemon, "extra_cameras", [])}
+        for i, st in enumerate(cfg.stations):
+            if st.camera not in cameras:
+                raise ConfigError(f"line_io.stations.{i}.camera: no camera named {st.camera!r} is configured "
+                                  f"(cameras: {', '.join(sorted(cameras)) or 'none'})")
+        self.jobs = LineJobs(daemon.config.journal_path())
+        self._tags: dict[int, tuple[np.ndarray, JobRequest]] = {}  # id(image) -> the job it answers
+        self._tags_lock = threading.Lock()
+        self.stations = [Station(st, self.jobs, self._start_job, warm=self._warm_for(st.camera),
+                                 fault=self._fault_for(st.camera)) for st in cfg.stations]
+        self.adapters: list[Any] = self._adapters()
+        self._started = False
+
+    def _adapters(self) -> list[Any]:
+        adapters: list[Any] = []
+        if not self.stations:
+            return adapters
+        if self.cfg.opcua.enabled:
+            from edge_runtime.lineio.opcua import OpcUaServer  # asyncua only when OPC UA is on
+
+            config, opcua = self._daemon.config, self.cfg.opcua
+            adapters.append(OpcUaServer(self.stations, opcua, opcua.pki_dir or config.data_dir / "opcua",
+                                        opcua.application_uri or f"urn:{config.device_id}:edge-runtime"))
+        if self.cfg.modbus.enabled:
+            from edge_runtime.lineio.modbus import ModbusServer
+
+            adapters.append(ModbusServer(self.stations, self.cfg.modbus))
+        return adapters
+
+    # ---- service ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for station in self.stations:
+            station.start()
+        for adapter in self.adapters:
+            adapter.start()
+
+    def stop(self) -> None:
+        for adapter in reversed(self.adapters):
+            try:
+                adapter.stop()
+            except Exception:  # stop the rest whatever one adapter does
+                log.exception("line I/O: stopping %s failed", type(adapter).__name__)
+        for station in self.stations:
+            station.stop()
+        self.jobs.close()
+
+    def threads(self) -> list[Any]:
+        threads: list[Any] = []
+        for part in [*self.stations, *self.adapters]:
+            threads += part.threads() if hasattr(part, "threads") else []
+        return threads
+
+    def status(self) -> dict[str, Any]:
+        """Each station's signals and counters, each adapter's health (status page, /metrics)."""
+        stations = []
+        for station in self.stations:
+            health = station.health()
+            signals = {k: (int(v) if k == "result" else v) for k, v in vars(station.signals()).items()}
+            stations.append({"name": station.name, "camera": station.cfg.camera, "signals": signals,
+                             "fault": health.detail or None, "counters": health.counters})
+        adapters = {}
+        for adapter in self.adapters:
+            h = adapter.health()
+            adapters[adapter.name] = {"ok": h.ok, "detail": h.detail, "counters": h.counters}
+        return {"enabled": True, "stations": stations, "adapters": adapters}
+
+    # ---- the capture side of a station ----------------------------------------------------------
+
+    def _start_job(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Result]:
+        daemon = self._daemon
+        rig = daemon.rigs.get(job.camera)
+        if rig is None:
+            raise EdgeRuntimeError(f"camera {job.camera!r} is not running")
+        if daemon.journal.refusing():
+            raise StorageFull("disk full: the journal cannot store results")
+
+        def tag(request: InspectionRequest) -> None:
+            assert request.image is not None
+            with self._tags_lock:
+                self._tags[id(request.image)] = (request.image, job)
+
+        request = rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag)
+        request.future.add_done_callback(lambda _f: self._untag(request))
+        return request.future
+
+    def _untag(self, request: InspectionRequest) -> None:
+        with self._tags_lock:
+            entry = self._tags.get(id(request.image))
+            if entry is not None and entry[0] is request.image:
+                del self._tags[id(request.image)]
+
+    def stamp(self, image: np.ndarray | None, result: Result) -> None:
+        """Before the journal: a line job's result carries station, part id, recipe and job id."""
+        if image is None:
+            return
+        with self._tags_lock:
+            entry = self._tags.get(id(image))
+        if entry is None or entry[0] is not image:
+            return
+        job = entry[1]
+        result.station, result.part_id, result.recipe, result.inspection_seq = \
+            job.station, job.part_id, job.recipe, job.seq
+
+    def notify(self, result: Result) -> None:
+        """Sink: a journaled verdict; a line job's goes to its station (which returns at once)."""
+        if result.station is None:
+            return
+        for station in self.stations:
+            station.notify(result)
+
+    def health(self) -> SinkHealth:
+        faults = [f"{s.name}: {s.fault_reason()}" for s in self.stations if s.fault_reason()]
+        faults += [f"{a.name}: {a.health().detail}" for a in self.adapters if not a.health().ok]
+        return SinkHealth(ok=not faults, detail="; ".join(faults)[:300])
+
+    def _warm_for(self, camera: str) -> Callable[[], bool]:
+        def warm() -> bool:
+            inspector, rig = self._daemon.inspector, self._daemon.rigs.get(camera)
+            return bool(inspector is not None and inspector.ready and rig is not None
+                        and rig.camera.state != CameraState.CONNECTING)
+        return warm
+
+    def _fault_for(self, camera: str) -> Callable[[], str | None]:
+        def fault() -> str | None:
+            daemon = self._daemon
+            if daemon.journal.full:
+                return "disk full: the journal cannot store results"
+            rig = daemon.rigs.get(camera)
+            if rig is not None and rig.camera.state in _DOWN:
+                return f"camera {camera} is {rig.camera.state.value}" + \
+                    (f": {rig.camera.last_error}" if rig.camera.last_error else "")
+            return None
+        return fault
+
+
+def add_line_io(daemon: Daemon) -> LineIO | None:
+    """Build line I/O when the config has stations; it joins the daemon's services."""
+    cfg: LineIOConfig | None = getattr(daemon.config, "line_io", None)
+    if cfg is None or not cfg.stations:
+        return None
+    line_io = LineIO(daemon, cfg)
+    daemon.services.append(line_io)
+    pipeline = getattr(daemon, "pipeline", None)  # the verdict pipeline, where the daemon has one
+    if pipeline is not None:
+        pipeline.before_journal.append(line_io.stamp)
+        daemon.sinks.append(line_io)
+    else:
+        worker: Any = daemon.worker  # the worker's own hooks, before the pipeline existed
+        worker.before_journal.append(line_io.stamp)
+        worker.after_journal.append(line_io.notify)
+    return line_io

@@ -1,0 +1,192 @@
+"""Line I/O inside the real daemon: the demo bundle (ONNX Runtime + llama.cpp), a video camera, the
+journal; the station is triggered as a protocol adapter would, and a killed daemon comes back with
+its FIFO (the OPC UA client there is asyncua: test_opcua.py covers the independent one)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
+from edge_runtime.config.line_io import LineIOConfig
+from edge_runtime.core.errors import ConfigError
+from edge_runtime.core.samples import write_sample_video
+from edge_runtime.lineio.passwords import hash_password
+from edge_runtime.lineio.station import Result, Signals
+from tests.support.mjpeg import free_port
+from tests.support.opcua_peer import client_certificate, trust
+from tests.support.waiting import wait_for
+
+# Two recipes whose rules decide regardless of what the random-weight model says.
+RECIPES = {"pass": {"nok_when": [{"field": "verdict.confidence", "lt": -1}]},
+           "reject": {"nok_when": [{"field": "verdict.confidence", "gt": -1}], "prompt": "Reject it?"}}
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sample_video(tmp_path_factory.mktemp("video") / "parts.avi", frames=60)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, demo_dir: Path, video: Path) -> Iterator[Daemon]:
+    cfg = Config(device_id="line-1", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.cameras = [CameraConfig(name="cam", source=str(video), fps=30, trigger=TriggerConfig(mode="on_demand"))]
+    cfg.line_io = LineIOConfig.model_validate({"stations": [{
+        "name": "st1", "camera": "cam", "result_deadline_ms": 60_000, "heartbeat_ms": 100,
+        "nok_when": [{"field": "verdict.defect", "equals": True}], "recipes": RECIPES}]})
+    d = Daemon(cfg)
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.mark.parametrize("recipe,expected", [("pass", Result.OK), ("reject", Result.NOK)])
+def test_a_line_trigger_is_captured_inspected_journaled_and_reported(daemon: Daemon, recipe: str,
+                                                                     expected: Result) -> None:
+    assert daemon.line_io is not None
+    station = daemon.line_io.stations[0]
+    wait_for(lambda: station.signals().ready, timeout=30, what="the station ready (model warm, camera up)")
+    seen: list[tuple[float, Signals]] = []
+    station.watch(lambda s: seen.append((time.monotonic(), s)))
+    t0 = time.monotonic()
+    seq = station.trigger("PART-9", recipe)
+    wait_for(lambda: station.signals().result_valid, timeout=60, what="ResultValid")
+    s = station.signals()
+    assert (s.inspection_seq, s.part_id, s.recipe, s.result) == (seq, "PART-9", recipe, expected)
+    acquired = next(t for t, x in seen if x.acquisition_done and x.inspection_seq == seq)
+    valid = next(t for t, x in seen if x.result_valid)
+    assert t0 <= acquired < valid  # the part may move long before the verdict
+    rows = sqlite3.connect(daemon.config.journal_path()).execute(
+        "SELECT station, part_id, recipe, body FROM results WHERE part_id = 'PART-9'").fetchall()
+    assert len(rows) == 1 and rows[0][:3] == ("st1", "PART-9", recipe)
+    job = daemon.line_io.jobs.job("st1", seq)
+    assert job is not None and job["result_id"] is not None and job["result"] == int(expected)
+    if recipe == "reject":
+        assert '"prompt":"Reject it?"' in rows[0][3]
+    assert station.ack_result(seq)
+    status = daemon.status()["line_io"]["stations"][0]
+    assert status["signals"]["result_valid"] is False and status["counters"]["acks"] == 1
+
+
+def test_a_station_on_an_unknown_camera_is_a_config_error(tmp_path: Path, demo_dir: Path) -> None:
+    cfg = Config(device_id="line-1", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.api.enabled = False
+    cfg.line_io = LineIOConfig.model_validate({"stations": [{
+        "name": "st1", "camera": "nope", "nok_when": [{"field": "verdict.defect", "equals": True}]}]})
+    with pytest.raises(ConfigError, match=r"line_io.stations.0.camera: no camera named 'nope'"):
+        Daemon(cfg)
+
+
+CONFIG = """\
+device_id: kill-1
+data_dir: {data}
+model: {{path: {bundle}, threads: 2}}
+api: {{enabled: false}}
+cameras:
+  - name: cam
+    source: {video}
+    trigger: {{mode: on_demand}}
+line_io:
+  stations:
+    - name: st1
+      camera: cam
+      result_deadline_ms: 60000
+      nok_when: [{{field: verdict.confidence, gt: -1}}]
+  opcua:
+    enabled: true
+    port: {port}
+    pki_dir: {pki}
+    users: [{{name: plc, password_hash: "{hash}"}}]
+"""
+
+
+async def _opcua(endpoint: str, cert: Path, key: Path, actions: list[tuple[str, Any]]) -> list[Any]:
+    from asyncua import Client, ua
+
+    client = Client(endpoint, timeout=10)
+    client.application_uri = "urn:test:kill-plc"
+    await client.set_security_string(f"Basic256Sha256,SignAndEncrypt,{cert},{key}")
+    client.set_user("plc")
+    client.set_password("secret")
+    out: list[Any] = []
+    async with client:
+        idx = await client.get_namespace_index("urn:edge-runtime:lineio")
+        obj = await client.nodes.objects.get_child([f"{idx}:EdgeRuntime", f"{idx}:st1"])
+        for op, arg in actions:
+            if op == "start":
+                out.append(await obj.call_method(f"{idx}:StartSingleJob", arg, ""))
+            elif op == "ack":
+                out.append(await obj.call_method(f"{idx}:ResultAck", ua.Variant(arg, ua.VariantType.UInt32)))
+            elif op == "read":
+                out.append({n: await (await obj.get_child(f"{idx}:{n}")).read_value() for n in arg})
+            elif op == "wait_valid":
+                node = await obj.get_child(f"{idx}:ResultValid")
+                end = time.monotonic() + arg
+                while not await node.read_value():
+                    assert time.monotonic() < end, "no ResultValid"
+                    await asyncio.sleep(0.05)
+    return out
+
+
+def test_kill_9_between_verdict_and_ack_keeps_the_result_and_does_not_repeat_the_part(
+        tmp_path: Path, demo_dir: Path) -> None:
+    port = free_port()
+    cert, key = client_certificate(tmp_path / "plc", "urn:test:kill-plc")
+    trust(tmp_path / "pki", cert)
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.format(data=tmp_path / "data", bundle=demo_dir, port=port, pki=tmp_path / "pki",
+                                    video=write_sample_video(tmp_path / "v.avi", frames=30),
+                                    hash=hash_password("secret")))
+    endpoint = f"opc.tcp://127.0.0.1:{port}/edge-runtime/"
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(config), "run"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ready() -> bool:
+        try:
+            return bool(asyncio.run(_opcua(endpoint, cert, key, [("read", ["Ready"])]))[0]["Ready"])
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    proc = start()
+    try:
+        wait_for(ready, timeout=90, what="the daemon's station Ready over OPC UA")
+        (seq,) = asyncio.run(_opcua(endpoint, cert, key, [("start", "KILL-1"), ("wait_valid", 60)]))
+        os.kill(proc.pid, signal.SIGKILL)  # the verdict is out, the PLC has not acknowledged it
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        proc = start()
+        wait_for(ready, timeout=90, what="Ready after the restart")
+        names = ["ResultValid", "InspectionSeq", "PartId", "Result", "BufferCount"]
+        before, acked, after, nxt = asyncio.run(_opcua(endpoint, cert, key, [
+            ("read", names), ("ack", seq), ("read", ["ResultValid", "BufferCount"]), ("start", "KILL-2")]))
+        assert before == {"ResultValid": True, "InspectionSeq": seq, "PartId": "KILL-1", "Result": int(Result.NOK),
+                          "BufferCount": 1}
+        assert acked is True and after == {"ResultValid": False, "BufferCount": 0}
+        assert nxt == seq + 1  # numbering continues: no job id is handed out twice
+        db = sqlite3.connect(tmp_path / "data" / "journal.sqlite3")
+        assert db.execute("SELECT COUNT(*) FROM results WHERE part_id = 'KILL-1'").fetchone()[0] == 1
+        assert db.execute("SELECT COUNT(*) FROM line_jobs WHERE part_id = 'KILL-1'").fetchone()[0] == 1
+        db.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
