@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from edge_runtime.core.result import STAGES, Result
 from edge_runtime.fleet.offload.metrics import offload_metrics
+from edge_runtime.lineio.metrics import line_io_metrics
 
 # Seconds, as Prometheus names and units want them (1 ms .. 30 s).
 _BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
@@ -65,6 +66,7 @@ class StatusCollector(Collector):
                                       value=mqtt.get("published", 0))
         yield from governor_metrics(s.get("governor"))
         yield from offload_metrics(s.get("offload"))
+        yield from line_io_metrics(s.get("line_io"))
 
 
 def health_metrics(health: dict[str, Any] | None) -> Iterator[Any]:

@@ -22,6 +22,7 @@ from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.core.samples import write_sample_video
+from edge_runtime.lineio.metrics import line_io_metrics
 from edge_runtime.lineio.passwords import hash_password
 from edge_runtime.lineio.station import Result, Signals
 from tests.support.mjpeg import free_port
@@ -80,6 +81,12 @@ def test_a_line_trigger_is_captured_inspected_journaled_and_reported(daemon: Dae
     assert station.ack_result(seq)
     status = daemon.status()["line_io"]["stations"][0]
     assert status["signals"]["result_valid"] is False and status["counters"]["acks"] == 1
+    samples = {(m.name, tuple(sorted(x.labels.items()))): x.value
+               for m in line_io_metrics(daemon.status()["line_io"]) for x in m.samples}
+    outcome = "ok" if expected == Result.OK else "nok"
+    assert samples[("edge_line_triggers", (("station", "st1"),))] == 1
+    assert samples[("edge_line_acks", (("station", "st1"),))] == 1
+    assert samples[("edge_line_results", (("result", outcome), ("station", "st1")))] == 1
 
 
 def test_a_station_on_an_unknown_camera_is_a_config_error(tmp_path: Path, demo_dir: Path) -> None:
