@@ -1,0 +1,248 @@
+"""GPIO for simple cells: a debounced trigger input and OK/NOK outputs (pulse or level), libgpiod v2.
+
+Through a backend with the shape of libgpiod v2's `gpiod.request_lines` (the real one is `gpiod`
+itself): values are logical (`Value.ACTIVE` / `INACTIVE`, active_low applied by the kernel), edge
+events carry CLOCK_MONOTONIC timestamps. A trigger edge counts once the level has held for
+`debounce_ms` (measured from the last edge's timestamp), so bounce and spikes shorter than that are
+ignored. The outputs tell the PLC the verdict; the PLC times any reject, this device never does.
+Untested on hardware: this machine has no GPIO character device; tests/support/fake_gpiod.py
+emulates the v2 behaviour. Wiring with 24 V opto-isolated I/O: docs/line-io.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from functools import partial
+from typing import Any, Protocol
+
+import gpiod
+from gpiod.line import Bias, Direction, Edge, Value
+
+from edge_runtime.config.line_io import GpioCellConfig, GpioConfig
+from edge_runtime.core.sink import SinkHealth
+from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.lineio.station import LineRefused, Result, Signals, Station
+
+log = logging.getLogger(__name__)
+
+BIAS = {"as_is": Bias.AS_IS, "pull_up": Bias.PULL_UP, "pull_down": Bias.PULL_DOWN, "disabled": Bias.DISABLED}
+MAX_EVENTS = 64  # read per wake-up; the kernel's buffer holds the rest (it drops the oldest when full)
+
+
+class LineRequest(Protocol):
+    """What we use of `gpiod.LineRequest`."""
+
+    def get_value(self, line: int) -> Value: ...
+
+    def set_value(self, line: int, value: Value) -> None: ...
+
+    def wait_edge_events(self, timeout: float | None = None) -> bool: ...
+
+    def read_edge_events(self, max_events: int | None = None) -> list[Any]: ...
+
+    def release(self) -> None: ...
+
+
+class GpioBackend(Protocol):
+    def request_lines(self, path: str, config: dict[int, gpiod.LineSettings], consumer: str) -> LineRequest: ...
+
+
+class GpiodBackend:
+    """The real chip through libgpiod v2's Python bindings."""
+
+    def request_lines(self, path: str, config: dict[int, gpiod.LineSettings], consumer: str) -> LineRequest:
+        wanted: dict[Iterable[int | str] | int | str, gpiod.LineSettings | None] = dict(config.items())
+        request: LineRequest = gpiod.request_lines(path, config=wanted, consumer=consumer)
+        return request
+
+
+class GpioCell:
+    """One station's lines: the trigger input thread and the result output thread."""
+
+    def __init__(self, station: Station, cfg: GpioCellConfig, chip: str, backend: GpioBackend) -> None:
+        self.station = station
+        self.cfg = cfg
+        self.chip = chip
+        self.backend = backend
+        self.error: str | None = None
+        self.counters = {"edges": 0, "bounces": 0, "triggers": 0, "refused": 0, "outputs": 0, "acks": 0,
+                         "dropped": 0}
+        self._results: deque[tuple[int, Result]] = deque(maxlen=64)
+        self._cond = threading.Condition()
+        self._last_out = -1  # the last InspectionSeq put on the outputs
+        self._triggered = threading.Event()  # level mode: a new trigger clears the outputs
+        self._unwatch: Any = None
+        self._log = RateLimitedLog(log)
+
+    # ---- input ---------------------------------------------------------------------------------
+
+    def input_loop(self, stop: threading.Event) -> None:
+        settings = gpiod.LineSettings(direction=Direction.INPUT, edge_detection=Edge.BOTH,
+                                      bias=BIAS[self.cfg.bias], active_low=self.cfg.trigger_active_low)
+        req = self._request({self.cfg.trigger_line: settings}, "input")
+        try:
+            debounce_ns = int(self.cfg.debounce_ms * 1_000_000)
+            stable = bool(req.get_value(self.cfg.trigger_line))
+            settle_at: int | None = None  # monotonic ns when the level will have held long enough
+            while not stop.is_set():
+                now = time.monotonic_ns()
+                wait_s = 0.2 if settle_at is None else max(0.0, (settle_at - now) / 1e9)
+                if req.wait_edge_events(wait_s):
+                    events = req.read_edge_events(MAX_EVENTS)
+                    if events:
+                        self.counters["edges"] += len(events)
+                        settle_at = events[-1].timestamp_ns + debounce_ns
+                    continue
+                if settle_at is None or time.monotonic_ns() < settle_at:
+                    continue
+                settle_at = None
+                level = bool(req.get_value(self.cfg.trigger_line))
+                if level == stable:
+                    self.counters["bounces"] += 1  # it went back before it settled
+                    continue
+                stable = level
+                self._edge(level)
+        finally:
+            req.release()
+
+    def _edge(self, active: bool) -> None:
+        if not active:
+            self.station.release_trigger()
+            return
+        self.counters["triggers"] += 1
+        self._triggered.set()
+        with self._cond:
+            self._cond.notify_all()
+        try:
+            self.station.trigger("", None)  # a bare wire carries no part id: InspectionSeq numbers the part
+        except LineRefused as exc:
+            self.counters["refused"] += 1
+            self._log.log(logging.WARNING, "gpio: trigger of station %s refused: %s", self.station.name, exc)
+
+    # ---- output --------------------------------------------------------------------------------
+
+    def watch(self) -> None:
+        self._unwatch = self.station.watch(self._seen)
+
+    def unwatch(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+
+    def _seen(self, s: Signals) -> None:
+        """Watch callback (the station's thread): queue a new result, never block."""
+        if not s.result_valid or s.result == Result.NONE:
+            return
+        with self._cond:
+            if self._results and self._results[-1][0] == s.inspection_seq:
+                return
+            if len(self._results) == self._results.maxlen:
+                self.counters["dropped"] += 1
+            self._results.append((s.inspection_seq, s.result))
+            self._cond.notify_all()
+
+    def output_loop(self, stop: threading.Event) -> None:
+        lines = [x for x in (self.cfg.ok_line, self.cfg.nok_line) if x is not None]
+        if not lines:
+            stop.wait()
+            return
+        settings = gpiod.LineSettings(direction=Direction.OUTPUT, active_low=self.cfg.output_active_low,
+                                      output_value=Value.INACTIVE)
+        req = self._request(dict.fromkeys(lines, settings), "output")
+        try:
+            self._outputs(req, stop)
+        finally:
+            for line in lines:
+                req.set_value(line, Value.INACTIVE)
+            req.release()
+
+    def _outputs(self, req: LineRequest, stop: threading.Event) -> None:
+        off_at: float | None = None  # pulse mode: when the active line goes back
+        active: int | None = None
+        while not stop.is_set():
+            with self._cond:
+                timeout = 0.2 if off_at is None else max(0.0, off_at - time.monotonic())
+                if not self._results and not self._triggered.is_set():
+                    self._cond.wait(timeout)
+                item = self._results.popleft() if self._results else None
+            if self._triggered.is_set() and self.cfg.output_mode == "level" and active is not None:
+                req.set_value(active, Value.INACTIVE)
+                active = None
+            self._triggered.clear()
+            if off_at is not None and time.monotonic() >= off_at and active is not None:
+                req.set_value(active, Value.INACTIVE)
+                active, off_at = None, None
+            if item is None:
+                continue
+            seq, result = item
+            if seq <= self._last_out:
+                continue
+            self._last_out = seq
+            line = self.cfg.ok_line if result == Result.OK else self.cfg.nok_line  # ERROR counts as NOK
+            if active is not None and active != line:
+                req.set_value(active, Value.INACTIVE)
+            if line is not None:
+                req.set_value(line, Value.ACTIVE)
+                active = line
+                self.counters["outputs"] += 1
+                if self.cfg.output_mode == "pulse":
+                    off_at = time.monotonic() + self.cfg.pulse_ms / 1000
+            if self.cfg.auto_ack and self.station.ack_result(seq):
+                self.counters["acks"] += 1
+
+    def _request(self, config: dict[int, gpiod.LineSettings], what: str) -> LineRequest:
+        try:
+            req = self.backend.request_lines(self.chip, config, f"edge-runtime-{self.station.name}")
+        except OSError as exc:
+            self.error = f"cannot request {what} lines {sorted(config)} on {self.chip}: {exc}"
+            raise
+        self.error = None
+        return req
+
+
+class GpioService:
+    """Every configured cell, each on two supervised threads (service: start/stop/health)."""
+
+    name = "gpio"
+
+    def __init__(self, stations: list[Station], cfg: GpioConfig, backend: GpioBackend | None = None) -> None:
+        by_name = {s.name: s for s in stations}
+        self.backend = backend or GpiodBackend()
+        self.cells = [GpioCell(by_name[c.station], c, cfg.chip, self.backend) for c in cfg.cells]
+        self._stop = threading.Event()
+        self._threads: list[SupervisedThread] = []
+        for cell in self.cells:
+            name = cell.station.name
+            self._threads.append(SupervisedThread(f"lineio-gpio-{name}-in", partial(cell.input_loop, self._stop),
+                                                  self._stop, log))
+            self._threads.append(SupervisedThread(f"lineio-gpio-{name}-out", partial(cell.output_loop, self._stop),
+                                                  self._stop, log))
+
+    def start(self) -> None:
+        for cell in self.cells:
+            cell.watch()
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for cell in self.cells:
+            cell.unwatch()
+            with cell._cond:
+                cell._cond.notify_all()
+        for t in self._threads:
+            t.join(3)
+
+    def threads(self) -> list[SupervisedThread]:
+        return list(self._threads)
+
+    def health(self) -> SinkHealth:
+        errors = [c.error for c in self.cells if c.error]
+        counters: dict[str, Any] = {c.station.name: dict(c.counters) for c in self.cells}
+        counters["restarts"] = sum(t.restarts for t in self._threads)
+        return SinkHealth(ok=not errors and all(t.is_alive() for t in self._threads), detail="; ".join(errors),
+                          counters=counters)
+
