@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,27 +146,38 @@ def run_variant(inspector: Inspector, key: str, label: str, prompt: str | None, 
     stats = RunStats(reused=len(samples) - len(todo))
     bar = Progress(label, len(todo), progress)
     t0 = time.perf_counter()
-    for chunk in _chunks(todo, max(1, batch)):
-        records: list[dict[str, Any]] = []
+    chunks = list(_chunks(todo, max(1, batch)))
+
+    def prepare(chunk: list[Sample]) -> tuple[list[dict[str, Any]], list[tuple[Sample, BatchJob]]]:
+        """Read and encode one batch (runs beside the previous batch's generation, as the daemon's
+        worker overlaps encoding with generation)."""
+        refused: list[dict[str, Any]] = []
         jobs: list[tuple[Sample, BatchJob]] = []
         for sample in chunk:
-            base = {"key": key, "id": sample.id, "stamp": _image_stamp(sample.image)}
             try:
                 frame = read_image_file(sample.image, limits.max_pixels, limits.min_side,
                                         int(limits.max_file_mb * 2**20))
             except ImageError as exc:
-                records.append({**base, "error": str(exc)[:500], "kind": "bad_image"})
+                refused.append({"key": key, "id": sample.id, "stamp": _image_stamp(sample.image),
+                                "error": str(exc)[:500], "kind": "bad_image"})
                 continue
             jobs.append((sample, BatchJob(inspector.encode(frame), camera="eval", prompt=prompt, seq=len(jobs))))
-        with _generations(inspector) as gens:
-            outcomes = inspector.inspect_batch([job for _, job in jobs]) if jobs else []
-        tokens = [g.tokens for g in gens] if len(gens) == len(outcomes) else [None] * len(outcomes)
-        for (sample, _), out, n in zip(jobs, outcomes, tokens, strict=True):
-            base = {"key": key, "id": sample.id, "stamp": _image_stamp(sample.image)}
-            records.append(_record(base, out, n))
-        log.append(records)
-        stats.inspected += len(jobs)
-        bar.update(len(chunk))
+        return refused, jobs
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-encode") as pool:
+        ahead = pool.submit(prepare, chunks[0]) if chunks else None
+        for i, chunk in enumerate(chunks):
+            assert ahead is not None
+            records, jobs = ahead.result()
+            ahead = pool.submit(prepare, chunks[i + 1]) if i + 1 < len(chunks) else None
+            with _generations(inspector) as gens:
+                outcomes = inspector.inspect_batch([job for _, job in jobs]) if jobs else []
+            tokens = [g.tokens for g in gens] if len(gens) == len(outcomes) else [None] * len(outcomes)
+            for (sample, _), out, n in zip(jobs, outcomes, tokens, strict=True):
+                records.append(_record({"key": key, "id": sample.id, "stamp": _image_stamp(sample.image)}, out, n))
+            log.append(records)
+            stats.inspected += len(jobs)
+            bar.update(len(chunk))
     stats.wall_s = time.perf_counter() - t0
     return stats
 
