@@ -64,7 +64,7 @@ class Doctor:
     def run(self) -> list[Check]:
         checks: list[Callable[[], Check]] = [
             self.platform, self.nvidia_driver, self.cuda_libraries, self.onnxruntime, self.llama_cpp,
-            self.jtop, self.sensors, self.cameras, self.broker, self.disk, self.bundle]
+            self.jtop, self.sensors, self.cameras, self.broker, self.line_io, self.disk, self.bundle]
         out = []
         for check in checks:
             try:
@@ -226,6 +226,12 @@ class Doctor:
             return Check("mqtt broker", "ok", f"{m.host}:{m.port} accepts connections")
         return Check("mqtt broker", "fail", f"{m.host}:{m.port} is not reachable",
                      "start the broker or set mqtt.host/mqtt.port (results wait in the journal meanwhile)")
+
+    def line_io(self) -> Check:
+        from edge_runtime.lineio.doctor import line_io_findings
+
+        status, detail, fix = line_io_findings(self.config)
+        return Check("line i/o", status, detail, fix)
 
     def disk(self) -> Check:
         path = self.config.journal_path().parent
