@@ -1,6 +1,7 @@
 // A PLC's side of the station handshake, written against the npm package modbus-serial (not pymodbus):
 // node modbus_plc.js PORT STEP... ; prints one JSON object per step on stdout.
 // Steps: handshake:PARTID (enable, trigger, wait AcquisitionDone and ResultValid, read, ack, drop trigger),
+// trigger:PARTID (trigger, wait TriggerAck, leave), collect (wait ResultValid, read, ack),
 // write:ADDR:VALUE (expects an exception, prints its code), read:ADDR:COUNT.
 const ModbusRTU = require("modbus-serial");
 
@@ -54,6 +55,19 @@ async function main() {
         console.log(JSON.stringify({ step, seq: res[1] * 65536 + res[2], result: res[3], defect: res[4],
           part_id: untext(echo.data), acq_status: acq[0], after_status: after.data[0], buffer_after: after.data[6],
           ms_acquired: tAcq, ms_result: tRes }));
+      } else if (kind === "trigger") {  // trigger and leave (the PLC drops off mid-job)
+        await until(client, READY, 3000);
+        await client.writeRegisters(0, [1 | 2, ...text(a, 16)]);
+        const acq = await until(client, TRIGGER_ACK, 3000);
+        console.log(JSON.stringify({ step, ok: true, seq: acq[1] * 65536 + acq[2] }));
+      } else if (kind === "collect") {  // a fresh connection picks up the waiting result and acks it
+        const res = await until(client, RESULT_VALID, 5000);
+        const echo = await client.readHoldingRegisters(58, 16);
+        await client.writeRegister(0, 1 | 4);
+        await client.writeRegister(0, 1);
+        const after = await client.readHoldingRegisters(STATUS, 8);
+        console.log(JSON.stringify({ step, ok: true, seq: res[1] * 65536 + res[2], result: res[3],
+          part_id: untext(echo.data), buffer_after: after.data[6] }));
       } else if (kind === "write") {
         await client.writeRegister(Number(a), Number(b));
         console.log(JSON.stringify({ step, ok: true }));

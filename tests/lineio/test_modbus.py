@@ -89,6 +89,22 @@ def test_ok_and_nok_handshakes_through_an_independent_client(line: Line, server:
     assert server.health().counters["triggers"] == 2
 
 
+def test_a_plc_that_drops_off_mid_job_collects_the_result_after_reconnecting(tmp_path: Path) -> None:
+    ln = Line(tmp_path).start()  # verdicts by hand: the first connection is gone before this one
+    srv = serve(ln)
+    try:
+        assert srv.port is not None
+        (trig,) = plc(srv.port, "trigger:PART-9")
+        assert trig["ok"], trig
+        ln.verdict(trig["seq"], defect=True)
+        (got,) = plc(srv.port, "collect")
+        assert (got["seq"], got["result"], got["part_id"], got["buffer_after"]) == (trig["seq"], 2, "PART-9", 0)
+        assert srv.health().counters["connections"] == 2
+    finally:
+        srv.stop()
+        ln.stop()
+
+
 def test_a_write_outside_the_control_registers_is_refused(server: ModbusServer) -> None:
     assert server.port is not None
     status, gap, past = plc(server.port, f"write:{rm.STATUS}:1", "write:30:1", "write:150:1")
