@@ -139,6 +139,7 @@ async function poll() {
     const h = s.health || { state: "ok", reasons: [] };
     $("banner").hidden = h.state !== "degraded";
     $("banner").textContent = h.state === "degraded" ? `Degraded: ${(h.reasons || []).join("; ") || "not ready"}` : "";
+    lineStations(s.line_io);
     const g = s.governor;
     $("governor-panel").hidden = !g;
     if (g) {
@@ -160,6 +161,22 @@ async function poll() {
     $("ready").className = "badge bad";
   }
   return true;
+}
+
+// Line I/O (docs/line-io.md): one row per station, the signals as the PLC reads them.
+const LINE_RESULT = ["none", "OK", "NOK", "error"];
+function lineStations(lio) {
+  $("line-panel").hidden = !(lio && lio.enabled);
+  if (!lio || !lio.enabled) return;
+  const flag = (on, bad) => `<span class="badge ${on ? (bad ? "bad" : "ok") : ""}">${on ? "1" : "0"}</span>`;
+  $("line-stations").innerHTML = lio.stations.map((st) => {
+    const g = st.signals;
+    return `<tr><td>${esc(st.name)} <small>${esc(st.camera)}</small></td><td>${flag(g.ready)}</td>` +
+      `<td>${flag(g.busy)}</td><td>${flag(g.acquisition_done)}</td><td>${flag(g.result_valid)}</td>` +
+      `<td>${Number(g.inspection_seq)}</td><td>${esc(g.part_id)}</td><td>${esc(LINE_RESULT[g.result] ?? g.result)}</td>` +
+      `<td>${Number(g.defect_code)}</td><td>${Number(g.buffer_count)}</td><td>${flag(g.overrun, true)}</td>` +
+      `<td title="${esc(st.fault || "")}">${flag(g.fault, true)}</td><td>${Number(g.heartbeat)}</td></tr>`;
+  }).join("");
 }
 
 async function loadRecent() {
