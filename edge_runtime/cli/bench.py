@@ -90,22 +90,26 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
                                                        "generate", "total")}
     prompt_tps, gen_tps, gen_tokens, energies = [], [], [], []
     raw_encode, raw_prefill, raw_gen_tps, raw_free_tps = [], [], [], []
-    session = inspector.vision.session
+    vision, preprocessor = inspector.vision, inspector.preprocessor
+    if vision is None or preprocessor is None:
+        raise InferenceError("bench: this is a GGUF + mmproj bundle (format 2); its per-stage bench is not "
+                             "written yet")
+    session = vision.session
     assert session is not None
-    name_in, name_out = inspector.vision.input_name, inspector.vision.output_name
+    name_in, name_out = vision.input_name, vision.output_name
     embeds_first = None
     for i, data in enumerate(images):
         raw_first = i % 2 == 1
         t0 = time.perf_counter()
         frame = decode_image(data)
         t1 = time.perf_counter()
-        pixels, grid = inspector.preprocessor.process(frame)
+        pixels, grid = preprocessor.process(frame)
         t2 = time.perf_counter()
         feed = {name_in: pixels}
         if raw_first:
             raw_encode.append(_time_ms(session.run, [name_out], feed))
         t2b = time.perf_counter()
-        out = inspector.vision.encode(pixels)
+        out = vision.encode(pixels)
         t3 = time.perf_counter()
         if not raw_first:
             raw_encode.append(_time_ms(session.run, [name_out], feed))

@@ -1,4 +1,8 @@
-"""Image -> Result: preprocess (OpenCV), encode (ONNX Runtime), generate (llama.cpp), timings.
+"""Image -> Result: preprocess (OpenCV), encode (ONNX Runtime or libmtmd), generate (llama.cpp), timings.
+
+Two bundle kinds (core/bundle.py): format 1 (ONNX vision encoder + language GGUF) and format 2 (a
+language GGUF + its mmproj GGUF, encoded by libmtmd, llm/mtmd.py); both end in the same prompt
+segments and the same generation path (prefix reuse, batched sequences, constraints).
 
 The work is split in two halves so a caller can overlap them: `encode()` (preprocess + vision,
 thread-safe) and `generate()` (the language model, one at a time under a lock).
@@ -17,20 +21,23 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import cv2
 import numpy as np
 from jsonschema import Draft202012Validator
 
 from edge_runtime.config import ModelConfig
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle import Bundle, Manifest
 from edge_runtime.core.contracts import BatchJob, Encoded  # moved there: the scheduler uses them without the engines
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
-from edge_runtime.inference.llm.feed import Generation, ImagePart
+from edge_runtime.inference.llm.feed import Generation, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from edge_runtime.inference.llm.model import LanguageModel
+from edge_runtime.inference.llm.mtmd import MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
 from edge_runtime.inference.token_cache import TokenCache
@@ -38,6 +45,15 @@ from edge_runtime.inference.vision import Preprocessor, VisionEncoder
 
 log = logging.getLogger(__name__)
 _IMAGE = "\x00image\x00"
+_WARMUP_SIZE = (448, 336)  # the grey warm-up frame of a format-2 bundle (width, height)
+
+
+@dataclass
+class MediaEncoded(Encoded):
+    """A frame encoded by libmtmd: the prompt segments of its image (projector tokens, MediaEmbeds);
+    `embeds` holds all its embeddings stacked, for what reads them as one block."""
+
+    parts: list[Segment] = field(default_factory=list)
 
 
 class Inspector:
@@ -48,7 +64,10 @@ class Inspector:
         self.settings = settings
         self.device_id = device_id
         m = bundle.manifest
-        self.preprocessor = Preprocessor(m.preprocess)
+        onnx = m if isinstance(m, Manifest) else None
+        self.preprocessor: Preprocessor | None = Preprocessor(onnx.preprocess) if onnx is not None else None
+        self.vision: VisionEncoder | None = None
+        self.mtmd: MtmdContext | None = None
         self._lock = threading.Lock()
         self.ready = False
         # Every step below may fail (a bad file, a refused grammar, the warm-up): the stack frees
@@ -59,11 +78,18 @@ class Inspector:
                 settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
                 settings.constraint_engine, settings.fast_forward, m.files.language.sha256,
                 settings.batch_kv_cache))
-            vision_path = bundle.vision_path
-            if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
-                vision_path = bundle.vision_fp16_path
-            self.vision = stack.enter_context(VisionEncoder(vision_path, m.vision.input, m.vision.output,
-                                                            settings.providers, settings.threads))
+            if onnx is None:  # format 2: libmtmd encodes with the mmproj, over the loaded language model
+                assert bundle.mmproj_path is not None and m.mtmd is not None
+                self.mtmd = stack.enter_context(MtmdContext(
+                    bundle.mmproj_path, self.language.model_ptr, settings.threads, settings.gpu_layers != 0,
+                    m.mtmd.image_max_tokens))
+            else:
+                vision_path = bundle.vision_path
+                if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
+                    vision_path = bundle.vision_fp16_path
+                assert vision_path is not None
+                self.vision = stack.enter_context(VisionEncoder(vision_path, onnx.vision.input, onnx.vision.output,
+                                                                settings.providers, settings.threads))
             self.default_prompt = settings.prompt or m.prompt.default
             self.max_tokens = settings.max_tokens or m.generation.max_tokens
             try:  # a schema the grammar cannot hold the model to, or the engine cannot take
@@ -76,11 +102,11 @@ class Inspector:
             self._token_cache = TokenCache(settings.token_cache_bytes)
             self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
             self._image_token = -1
-            if m.vision.layout is not None:
-                ids = self.language.tokenize(m.vision.layout.image_token)
+            if onnx is not None and onnx.vision.layout is not None:
+                ids = self.language.tokenize(onnx.vision.layout.image_token)
                 if len(ids) != 1:
                     raise BundleError(f"{bundle.root / 'bundle.yaml'}: vision.layout.image_token "
-                                      f"{m.vision.layout.image_token!r} is not one token of the language model")
+                                      f"{onnx.vision.layout.image_token!r} is not one token of the language model")
                 self._image_token = ids[0]
             if settings.warmup:
                 self.warm_up()
@@ -101,11 +127,15 @@ class Inspector:
     def warm_up(self) -> None:
         """One full inspection of a grey frame: allocates buffers, fills the prefix cache."""
         t0 = time.perf_counter()
-        m = self.bundle.manifest.preprocess
-        self.inspect(np.full((m.height, m.width, 3), 127, np.uint8), camera="warmup")
+        m = self.bundle.manifest
+        width, height = (m.preprocess.width, m.preprocess.height) if isinstance(m, Manifest) else _WARMUP_SIZE
+        self.inspect(np.full((height, width, 3), 127, np.uint8), camera="warmup")
         log.info("inspector: warmed up in %.0f ms", (time.perf_counter() - t0) * 1000)
 
     def encode(self, frame: np.ndarray) -> Encoded:
+        if self.mtmd is not None:
+            return self._encode_mtmd(frame)
+        assert self.preprocessor is not None and self.vision is not None
         t0 = time.perf_counter()
         pixels, grid = self.preprocessor.process(frame)
         t1 = time.perf_counter()
@@ -113,6 +143,24 @@ class Inspector:
         embeds = out.reshape(-1, out.shape[-1])
         t2 = time.perf_counter()
         return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
+
+    def _encode_mtmd(self, frame: np.ndarray) -> MediaEncoded:
+        """libmtmd's half: its own preprocessing (resize, normalise, tiles) and the mmproj's encoder."""
+        assert self.mtmd is not None
+        t0 = time.perf_counter()
+        if frame.ndim == 2:
+            rgb = cv2.cvtColor(frame, cv2.COLOR_GRAY2RGB)
+        elif frame.shape[2] == 4:
+            rgb = cv2.cvtColor(frame, cv2.COLOR_BGRA2RGB)
+        else:
+            rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+        t1 = time.perf_counter()
+        parts = self.mtmd.image_segments(rgb)
+        t2 = time.perf_counter()
+        blocks = [p.embeds for p in parts if isinstance(p, MediaEmbeds)]
+        embeds = np.concatenate(blocks) if blocks else np.zeros((0, self.mtmd.n_embd), np.float32)
+        return MediaEncoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000,
+                            parts=parts)
 
     def sequence(self, prompt: str, enc: Encoded | None, system: str | None = None, field: str = "messages"
                  ) -> tuple[list[int], ImagePart, list[int]]:
@@ -122,14 +170,23 @@ class Inspector:
         expanded to image tokens, as the model's own processor does, then put an embedding at each
         image token; the tokens before the first one are the cached prefix.
         """
-        p = self.bundle.manifest.prompt
-        layout = self.bundle.manifest.vision.layout
+        m = self.bundle.manifest
+        p = m.prompt
+        layout = m.vision.layout if isinstance(m, Manifest) else None
         if layout is None:
             text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
             before, after = text.split(_IMAGE)
-            return (self._tokenize(before, field), None if enc is None else enc.embeds,
-                    self._tokenize(after, field))
-        image_text = "" if enc is None else image_prompt(layout, self.bundle.manifest.vision.image_tokens, enc.grid)
+            prefix = self._tokenize(before, field)
+            image: ImagePart = None if enc is None else enc.embeds
+            if self.mtmd is not None:  # the GGUF's own BOS (llama.cpp adds it where the vocabulary asks)
+                prefix = self.language.with_bos(prefix)
+                if enc is not None:
+                    if not isinstance(enc, MediaEncoded):
+                        raise InferenceError("this bundle's images are encoded by libmtmd: use Inspector.encode()")
+                    image = enc.parts
+            return prefix, image, self._tokenize(after, field)
+        assert isinstance(m, Manifest)
+        image_text = "" if enc is None else image_prompt(layout, m.vision.image_tokens, enc.grid)
         ids = self._tokenize(
             p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt),
             field)
@@ -155,7 +212,8 @@ class Inspector:
 
     def prompt_parts(self, prompt: str) -> tuple[list[int], list[int]]:
         """Token ids before and after the image for this question (bundles without an image layout)."""
-        if self.bundle.manifest.vision.layout is not None:
+        m = self.bundle.manifest
+        if isinstance(m, Manifest) and m.vision.layout is not None:
             raise InferenceError("this bundle lays the image out with tokens: use Inspector.sequence()")
         prefix, _, suffix = self.sequence(prompt, None)
         return prefix, suffix

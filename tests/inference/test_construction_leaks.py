@@ -105,7 +105,7 @@ def test_closing_an_inspector_twice_is_harmless(demo_bundle: Bundle, config: Con
     settings = config.model.model_copy(update={"warmup": False})
     with Inspector(demo_bundle, settings, "test") as ins:
         ins.close()
-        assert ins.language.closed and ins.vision.session is None
+        assert ins.language.closed and ins.vision is not None and ins.vision.session is None
     ins.close()  # the with block closed it a second time; a third call is as harmless
     assert ins.language.closed
 

@@ -96,6 +96,10 @@ def build_gemma3(out: Path) -> Path:
                           eoi_token_index=_token_id(tok, "<end_of_image>"),
                           image_token_index=_token_id(tok, "<image_soft_token>"), initializer_range=0.25)
     model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # transformers starts the projector's input projection at zeros: every image alike
+        for name, param in model.named_parameters():
+            if "multi_modal_projector" in name and float(param.abs().max()) == 0.0:
+                param.normal_(0.0, 0.25)
     model.save_pretrained(out)
     # The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it).
     for shard in out.glob("*.safetensors"):

@@ -123,6 +123,37 @@ def tiny_pair(family: str) -> TinyPair:
 
 
 _IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64}
+PROJECTORS = {"qwen2.5-vl": "qwen2.5vl_merger", "gemma3": "gemma3", "smolvlm": "idefics3"}
+# A short verdict (everything an enum or a boolean): random weights finish it in a few tokens.
+TINY_SCHEMA: dict[str, object] = {
+    "type": "object", "additionalProperties": False, "required": ["defect", "category"],
+    "properties": {"defect": {"type": "boolean"},
+                   "category": {"enum": ["none", "scratch", "dent", "crack", "stain"]}},
+}
+
+
+def write_pair_bundle(pair: TinyPair, dest: Path, image_max_tokens: int | None = None,
+                      schema: dict[str, object] | None = None) -> Path:
+    """A format-2 bundle folder (bundle.yaml + copies of both GGUFs), as `models import` writes one."""
+    import yaml
+
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for role, src in (("language", pair.language), ("mmproj", pair.mmproj)):
+        name = f"{pair.family}-{role}.gguf"
+        shutil.copyfile(src, dest / name)
+        files[role] = {"path": name, "sha256": hashlib.sha256((dest / name).read_bytes()).hexdigest()}
+    manifest = {
+        "format": 2, "name": f"tiny-{pair.family}", "version": "0", "files": files,
+        "mtmd": {"projector": PROJECTORS[pair.family], "embedding_dim": 64,
+                 "image_max_tokens": image_max_tokens or pair.image_max_tokens},
+        "chat_template": None,
+        "prompt": {"template": pair.template, "system": "You inspect parts. ",
+                   "default": "Inspect the part. Answer in JSON."},
+        "verdict_schema": schema or TINY_SCHEMA, "generation": {"max_tokens": 48},
+    }
+    (dest / "bundle.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return dest
 
 
 if __name__ == "__main__":  # python -m tests.support.tiny_pairs [family...]: build and print the paths

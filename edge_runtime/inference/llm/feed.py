@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.core.errors import InferenceError
-from edge_runtime.inference.llm.handles import Batch
+from edge_runtime.inference.llm.handles import Batch, set_causal_attn
+from edge_runtime.inference.llm.mtmd import MediaEmbeds
 
 
 @dataclass
@@ -36,9 +37,10 @@ class Generation:
 
 
 # What goes between the prompt's prefix and suffix: one block of image embeddings [N, D], or a
-# sequence of embedding blocks and token ids (tiled images with row/column marker tokens between tiles).
-ImagePart = np.ndarray | Sequence[np.ndarray | list[int]] | None
-Segment = np.ndarray | list[int]
+# sequence of embedding blocks and token ids (tiled images with row/column marker tokens between tiles);
+# libmtmd's images come as MediaEmbeds (their positions, n_pos and attention mode with them).
+Segment = np.ndarray | list[int] | MediaEmbeds
+ImagePart = np.ndarray | Sequence[Segment] | None
 
 
 def image_segments(image: ImagePart) -> list[Segment]:
@@ -63,7 +65,8 @@ class Feed:
         self.decode_s = 0.0
         with ExitStack() as stack:
             self.tokens = stack.enter_context(Batch(n_batch))
-            self.embeds = stack.enter_context(Batch(n_batch, n_embd))
+            # room for M-RoPE's 4 positions per embedding (section-major over the batch)
+            self.embeds = stack.enter_context(Batch(n_batch, n_embd, n_pos=4))
             self._stack = stack.pop_all()
 
     def close(self) -> None:
@@ -72,7 +75,9 @@ class Feed:
     def segments(self, ctx: Any, segments: list[Segment], pos: int, want_last_logits: bool, seq: int = 0) -> int:
         for i, seg in enumerate(segments):
             last = want_last_logits and i == len(segments) - 1
-            if isinstance(seg, np.ndarray):
+            if isinstance(seg, MediaEmbeds):
+                pos = self.media(ctx, seg, pos, last, seq)
+            elif isinstance(seg, np.ndarray):
                 pos = self.embeddings(ctx, seg, pos, last, seq)
             else:
                 pos = self.token_ids(ctx, seg, pos, last, seq)
@@ -96,8 +101,44 @@ class Feed:
             pos += len(chunk)
         return pos
 
+    def media(self, ctx: Any, media: MediaEmbeds, pos: int, want_last_logits: bool, seq: int = 0) -> int:
+        """One libmtmd image chunk at pos.. of `seq`, as `mtmd_helper_decode_image_chunk` decodes it:
+        positions from the chunk (M-RoPE: [4, n] section-major per batch), bidirectional attention
+        around it when the projector asks (the whole image in one micro-batch then); the next position
+        is pos + the chunk's n_pos, not + its embedding count."""
+        n = len(media)
+        if media.non_causal and n > self.n_batch:
+            raise InferenceError(f"the image is {n} embeddings, more than model.batch_size {self.n_batch}; "
+                                 "its attention is bidirectional, so it must fit one batch")
+        if media.embeds.shape[1] != self.n_embd:
+            raise InferenceError(f"image embeddings are {media.embeds.shape[1]} wide, the language model "
+                                 f"takes {self.n_embd}")
+        batch = self.embeds.struct
+        embeds = np.ascontiguousarray(media.embeds, dtype=np.float32)
+        row_bytes = self.n_embd * ctypes.sizeof(ctypes.c_float)
+        if media.non_causal:
+            set_causal_attn(ctx, False)
+        try:
+            for start in range(0, n, self.n_batch):
+                stop = min(n, start + self.n_batch)
+                batch.n_tokens = stop - start
+                ctypes.memmove(batch.embd, embeds[start:].ctypes.data, (stop - start) * row_bytes)
+                self.embeds.use_positions(media.positions(pos, start, stop))
+                for i in range(stop - start):
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq
+                    batch.logits[i] = 0
+                if want_last_logits and stop == n:
+                    batch.logits[stop - start - 1] = 1
+                self.decode(ctx, batch)
+        finally:
+            if media.non_causal:
+                set_causal_attn(ctx, True)
+        return pos + media.n_pos
+
     def embeddings(self, ctx: Any, embeds: np.ndarray, pos: int, want_last_logits: bool, seq: int = 0) -> int:
         batch = self.embeds.struct
+        self.embeds.use_positions(())  # the plain position array
         embeds = np.ascontiguousarray(embeds, dtype=np.float32)
         row_bytes = self.n_embd * ctypes.sizeof(ctypes.c_float)
         for start in range(0, embeds.shape[0], self.n_batch):

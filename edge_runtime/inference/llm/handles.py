@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
 
+import ctypes
 from types import TracebackType
 from typing import Any, TypeVar
+
+import numpy as np
 
 from edge_runtime.core.errors import InferenceError
 
@@ -78,14 +81,44 @@ class Context(_Handle):
         return llama_cpp.llama_get_memory(self.ptr)
 
 
-class Batch(_Handle):
-    """A llama_batch of up to `size` tokens, or of embeddings `embd` wide when `embd` > 0."""
+Handle = _Handle  # for the other owning wrappers of this package (mtmd.py)
 
-    def __init__(self, size: int, embd: int = 0) -> None:
+
+class Batch(_Handle):
+    """A llama_batch of up to `size` tokens, or of embeddings `embd` wide when `embd` > 0.
+
+    `n_pos` > 1: room for that many positions per entry (M-RoPE: 4, section-major over the batch's
+    n_tokens), in an array this wrapper owns; llama_batch_init's own `pos` is put back before freeing."""
+
+    def __init__(self, size: int, embd: int = 0, n_pos: int = 1) -> None:
         self._batch = llama_cpp.llama_batch_init(size, embd, 1)
+        self._own_pos: Any = None
+        if n_pos > 1:
+            self._own_pos = (llama_cpp.llama_pos * (size * n_pos))()
         # llama_batch_init returns the struct by value: keep it, and free that struct
-        super().__init__(self._batch, lambda b: llama_cpp.llama_batch_free(b), "a batch")
+        super().__init__(self._batch, self._free_batch, "a batch")
         self.size = size
+        self.n_pos = n_pos
+        self._plain_pos = self._batch.pos
+
+    def _free_batch(self, batch: Any) -> None:
+        batch.pos = self._plain_pos
+        llama_cpp.llama_batch_free(batch)
+
+    def use_positions(self, positions: Any) -> None:
+        """Positions of this batch's entries: [n_tokens] (the plain array) or [n_pos * n_tokens]
+        section-major (the owned one), copied in."""
+        n = len(positions)
+        if n <= self.size:
+            self._batch.pos = self._plain_pos
+            target = self._plain_pos
+        elif self._own_pos is not None and n <= len(self._own_pos):
+            self._batch.pos = ctypes.cast(self._own_pos, type(self._plain_pos))
+            target = self._own_pos
+        else:
+            raise InferenceError(f"{n} positions do not fit a batch of {self.size}")
+        arr = np.ascontiguousarray(positions, dtype=np.int32)
+        ctypes.memmove(target, arr.ctypes.data, n * ctypes.sizeof(llama_cpp.llama_pos))
 
     @property
     def struct(self) -> Any:  # llama_batch (typed loosely: its seq_id is an array of arrays)
@@ -125,6 +158,23 @@ class Sampler(_Handle):
 
 def is_end_of_generation(vocab: Any, token: int) -> bool:
     return bool(llama_cpp.llama_vocab_is_eog(vocab, token))
+
+
+def decode(ctx: Any, batch: Any) -> None:
+    """llama_decode, checked: InferenceError when it returns non-zero (1: no KV slot, <0: an error)."""
+    rc = llama_cpp.llama_decode(ctx, batch)
+    if rc != 0:
+        raise InferenceError(f"llama_decode failed with code {rc}")
+
+
+def set_causal_attn(ctx: Any, causal: bool) -> None:
+    """Causal (the default) or bidirectional attention for the next decodes of `ctx` (Gemma 3's image)."""
+    llama_cpp.llama_set_causal_attn(ctx, causal)
+
+
+def n_embd_inp(model: Any) -> int:
+    """The width of the input embeddings the model takes (wider than n_embd on Qwen3-VL)."""
+    return int(llama_cpp.llama_model_n_embd_inp(model))
 
 
 def decode_next(ctx: Any, token: int) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
+from edge_runtime.inference.llm.handles import n_embd_inp
 from edge_runtime.inference.llm.parallel import Item, ParallelSequences
 from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
 
@@ -60,7 +61,7 @@ class LanguageModel:
                                   "run with log level debug to see llama.cpp's reason") from None
             stack.callback(llm.close)
             self._llm = llm
-            self.n_embd = llm.n_embd()
+            self.n_embd = n_embd_inp(llm.model)  # image embeddings' width (> n_embd on Qwen3-VL)
             self.feed = Feed(batch_size, self.n_embd, on_error=self.forget_prefix)
             stack.callback(self.feed.close)
             self.parallel = ParallelSequences(self)
@@ -129,6 +130,15 @@ class LanguageModel:
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def with_bos(self, prefix: list[int]) -> list[int]:
+        """`prefix` starting with the BOS token when the GGUF asks for one (tokenizer.ggml.add_bos_token)
+        and the text did not already write it, as llama.cpp's own tokenizing with add_special does."""
+        vocab = self.vocab
+        bos = int(llama_cpp.llama_vocab_bos(vocab))
+        if bos < 0 or not llama_cpp.llama_vocab_get_add_bos(vocab) or prefix[:1] == [bos]:
+            return prefix
+        return [bos, *prefix]
 
     # -- per-stage API: prefill, then generate from the logits it left ---------------------------
     def prefill(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int = 1) -> tuple[int, int]:
