@@ -97,6 +97,18 @@ def _place(src: Path, dst: Path, mode: str) -> None:
         os.symlink(src.resolve(), dst)
 
 
+def _check_target(out_dir: Path, sources: tuple[Path, ...], mode: str) -> None:
+    """DIR is replaced as a whole: it must be new, empty, or a bundle folder, never a folder of other files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ImportRefused(f"{out_dir} exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "bundle.yaml").is_file():
+        raise ImportRefused(f"{out_dir} is not empty and is not a bundle folder: the import replaces the whole "
+                            "folder, so give a new or empty one")
+    if mode == "link" and any(out_dir in src.resolve().parents for src in sources):
+        raise ImportRefused(f"--link from files inside {out_dir} would lose them when the folder is replaced: "
+                            "use --copy")
+
+
 def import_pair(language: Path, mmproj: Path, out_dir: Path, options: ImportOptions | None = None) -> Path:
     """Write the format-2 bundle of a language GGUF + mmproj GGUF into `out_dir` (replaced atomically)."""
     opts = options or ImportOptions()
@@ -107,6 +119,8 @@ def import_pair(language: Path, mmproj: Path, out_dir: Path, options: ImportOpti
         raise ImportRefused(f"{language} was given as both the language model and the mmproj")
     if not 1 <= opts.image_max_tokens <= 65536:
         raise ImportRefused(f"--image-max-tokens {opts.image_max_tokens} must be between 1 and 65536")
+    out_dir = out_dir.expanduser().resolve()
+    _check_target(out_dir, (language, mmproj), opts.mode)
     lm, _, fit = read_pair(language, mmproj)
     chat, template = _template(lm, opts.prompt_template)
     general = lm.get("general.name")
@@ -114,11 +128,13 @@ def import_pair(language: Path, mmproj: Path, out_dir: Path, options: ImportOpti
     names = {"language": language.name, "mmproj": mmproj.name}
     if names["language"] == names["mmproj"] or "bundle.yaml" in names.values():
         names = {"language": "language.gguf", "mmproj": "mmproj.gguf"}
-    out_dir = out_dir.expanduser().resolve()
     with bundle_workdir(out_dir) as work:
         files = {}
         for role, src in (("language", language), ("mmproj", mmproj)):
-            _place(src, work / names[role], opts.mode)
+            try:
+                _place(src, work / names[role], opts.mode)
+            except OSError as exc:
+                raise ImportRefused(f"cannot write {out_dir / names[role]}: {exc.strerror or exc}") from None
             files[role] = {"path": names[role], "sha256": sha256_file(work / names[role])}
         manifest = {
             "format": 2, "name": name or "imported-vlm", "version": "0",

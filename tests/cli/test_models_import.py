@@ -210,3 +210,38 @@ def _n_embd_inp(path: Path) -> int:
         return int(llama_cpp.llama_model_n_embd_inp(model))
     finally:
         llama_cpp.llama_model_free(model)
+
+
+def test_import_never_replaces_a_folder_of_other_files(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("keep me")
+    proc = _cli("models", "import", str(pair[0]), str(pair[1]), str(tmp_path))
+    assert proc.returncode == 2 and "is not empty and is not a bundle folder" in proc.stderr
+    assert (tmp_path / "notes.txt").read_text() == "keep me" and pair[0].is_file()
+
+
+def test_reimport_over_a_bundle_from_its_own_files(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    assert main(["models", "import", str(pair[0]), str(pair[1]), str(out)]) == 0
+    assert main(["models", "import", str(out / "lm.gguf"), str(out / "mmproj.gguf"), str(out), "--name", "v2"]) == 0
+    assert load_bundle(out).manifest.name == "v2"
+    with pytest.raises(SystemExit):  # argparse: --copy and --link are exclusive
+        main(["models", "import", str(pair[0]), str(pair[1]), str(out), "--copy", "--link"])
+    assert main(["models", "import", str(out / "lm.gguf"), str(out / "mmproj.gguf"), str(out), "--link"]) == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+def test_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    lm = write_lm(tmp_path / "lm.gguf")
+    big = tmp_path / "big-mmproj.gguf"
+    write_mmproj(big, tensors={"mm.2.bias": (64,), "v.pad.weight": (3 << 20,)})  # 12 MB of zeros
+    assert big.stat().st_size > 12e6
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], check=True)
+    try:
+        proc = _cli("models", "import", str(lm), str(big), str(disk / "b"))
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "cannot write " in proc.stderr and "No space left on device" in proc.stderr
+        assert list(disk.iterdir()) == []  # the half-written folder is gone
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
