@@ -17,7 +17,7 @@ from edge_runtime.evaluation.compare import compare
 from edge_runtime.evaluation.dataset import Dataset, open_dataset
 from edge_runtime.evaluation.defect import DefectRule, default_defect, parse_defect, rule_defect
 from edge_runtime.evaluation.metrics import Pair, defect_metrics, field_metrics, latency_metrics
-from edge_runtime.evaluation.report import write_html, write_json
+from edge_runtime.evaluation.report import write_atomic, write_html, write_json
 from edge_runtime.evaluation.runner import RunLog, run_variant, variant_key
 from edge_runtime.inference.model_source import open_inspector, resolve_bundle
 
@@ -145,6 +145,7 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
                           "samples": len(ds.samples), "issue_counts": dict(ds.counts), "issues": ds.issues[:10_000]},
               "variants": variants, "comparisons": comparisons}
     write_json(report, opts.out)
+    write_atomic(opts.out / "summary.json", json.dumps(summary(report), indent=2, ensure_ascii=False) + "\n")
     write_html(report, {s.id: s.image for s in ds.samples}, verdicts, opts.out, config.images)
     return report
 

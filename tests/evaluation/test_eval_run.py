@@ -48,6 +48,7 @@ def test_eval_on_the_demo_bundle_counts_each_bad_case_and_writes_both_reports(
                                     "--data-dir", str(tmp_path / "data"), "--json")
     assert code == 0, stderr
     summary = json.loads(stdout)
+    assert json.loads((out / "summary.json").read_text()) == summary
     assert summary["dataset"]["samples"] == 25  # 24 + the bomb (refused when read, not when listed)
     assert summary["dataset"]["issue_counts"] == {"missing_image": 1, "bad_label": 1, "duplicate_id": 1,
                                                   "bad_image": 1}
