@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -198,6 +199,9 @@ class SparkplugNode:
             self._log.log(logging.WARNING, "sparkplug: %s", self.last_error)
             client.disconnect()
             return
+        sock = client.socket()
+        if isinstance(sock, socket.socket):  # DDATA come in bursts of small packets: no Nagle delay
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client.subscribe([(self.topics["NCMD"], 1), (self.dcmd_filter, 1)])
         self.connected = True
         self.last_error = None
