@@ -26,6 +26,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "governor_run.py": (["--model", "{bundle}", "--gpu-layers", "0", "--seconds", "2", "--replay", "{trace}"],
                         '"governed"'),
     "inspection_queries.py": (["--results", "2000"], "export all defects"),
+    "line_io.py": (["--jobs", "2"], "trigger_to_result_valid_ms"),
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
     "parallel_profile.py": (["{bundle}"], "one camera"),
