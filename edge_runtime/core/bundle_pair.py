@@ -66,5 +66,5 @@ def check_prompt_template(template: str, where: str) -> None:
 
 def read_pair(language: Path, mmproj: Path) -> tuple[GGUFHeader, GGUFHeader, PairFit]:
     """Both headers and their fit, for `models import` (the same checks as a bundle's)."""
-    lm, mm = read_header(language), read_header(mmproj)
+    lm, mm = read_header(language, keep=frozenset({"tokenizer.ggml.tokens"})), read_header(mmproj)
     return lm, mm, check_pair(lm, mm)

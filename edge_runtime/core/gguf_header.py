@@ -76,8 +76,8 @@ class GGUFHeader:
 
 
 class _Cursor:
-    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
-        self.buf, self.path, self.pos, self.size = buf, path, 0, len(buf)
+    def __init__(self, buf: mmap.mmap | bytes, path: Path, keep: frozenset[str] = frozenset()) -> None:
+        self.buf, self.path, self.pos, self.size, self.keep = buf, path, 0, len(buf), keep
 
     def fail(self, what: str) -> BundleError:
         return BundleError(f"{self.path} is not a readable GGUF file: {what} (at byte {self.pos})")
@@ -130,12 +130,39 @@ def _value(cur: _Cursor, vtype: GGUFValueType, key: str) -> Any:
         if n > KEEP_ARRAY:
             return ArrayInfo(itype.name, n)
         return list(struct.unpack(f"<{n}{_SCALARS[itype][1]}", raw))
-    items = [cur.string(MAX_STRING, f"an element of {key}") for _ in range(n)]
-    return items if n <= KEEP_ARRAY or key == "tokenizer.ggml.tokens" else ArrayInfo(itype.name, n)
+    keep = n <= KEEP_ARRAY or key in cur.keep
+    items = _strings(cur, n, key, keep)  # a vocabulary: 150k-260k strings, so one tight loop
+    return items if keep else ArrayInfo(itype.name, n)
 
 
-def read_header(path: Path | str) -> GGUFHeader:
-    """Walk a GGUF file's header and tensor table; raise BundleError with one sentence on anything wrong."""
+_U64 = struct.Struct("<Q").unpack_from
+
+
+def _strings(cur: _Cursor, n: int, key: str, keep: bool) -> list[str]:
+    """n length-prefixed strings, each bounded by the file and MAX_STRING; decoded only when kept."""
+    buf, pos, size, out = cur.buf, cur.pos, cur.size, []
+    for _ in range(n):
+        if pos + 8 > size:
+            cur.pos = pos
+            raise cur.fail(f"truncated while reading an element of {key}")
+        (length,) = _U64(buf, pos)
+        if length > MAX_STRING or pos + 8 + length > size:
+            cur.pos = pos
+            raise cur.fail(f"an element of {key} is {length} bytes long: over the limit or past the end")
+        if keep:
+            try:
+                out.append(bytes(buf[pos + 8:pos + 8 + length]).decode("utf-8"))
+            except UnicodeDecodeError:
+                cur.pos = pos
+                raise cur.fail(f"an element of {key} is not UTF-8") from None
+        pos += 8 + length
+    cur.pos = pos
+    return out
+
+
+def read_header(path: Path | str, keep: frozenset[str] = frozenset()) -> GGUFHeader:
+    """Walk a GGUF file's header and tensor table; raise BundleError with one sentence on anything wrong.
+    Arrays longer than KEEP_ARRAY keep only their length, unless their key is in `keep`."""
     path = Path(path)
     try:
         with path.open("rb") as f:
@@ -143,7 +170,7 @@ def read_header(path: Path | str) -> GGUFHeader:
             if size < 24:
                 raise BundleError(f"{path} is not a readable GGUF file: {size} bytes is too short for a GGUF header")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _walk(_Cursor(buf, path))
+                return _walk(_Cursor(buf, path, keep))
     except OSError as exc:
         raise BundleError(f"{path} cannot be read: {exc.strerror or exc}") from None
 

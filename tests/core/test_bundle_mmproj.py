@@ -173,3 +173,24 @@ def test_gemma3_mmproj_on_a_qwen_lm_is_refused(tiny_pairs: Callable[[str], TinyP
     with pytest.raises(BundleError, match=r"is a gemma3 projector \(Gemma 3\), which needs a gemma3 language "
                                           r"model, but .* is qwen2vl"):
         import_pair(qwen.language, gemma.mmproj, tmp_path / "b")
+
+
+def test_long_string_arrays_are_walked_within_bounds(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "vocab.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list([f"t{i}" for i in range(5000)])  # over KEEP_ARRAY: walked, not decoded
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    header = read_header(path)
+    assert header.get("tokenizer.ggml.tokens").length == 5000
+    assert read_header(path, keep=frozenset({"tokenizer.ggml.tokens"})).get("tokenizer.ggml.tokens")[4999] == "t4999"
+    data = path.read_bytes()
+    path.write_bytes(data[:-13])  # the last element ("t4999": 8-byte length + 5 bytes) gone
+    with pytest.raises(BundleError, match=r"truncated while reading an element of tokenizer\.ggml\.tokens"):
+        read_header(path)
+    path.write_bytes(data[:-2])  # its length says 5 bytes, 3 are left
+    with pytest.raises(BundleError, match=r"an element of tokenizer\.ggml\.tokens is 5 bytes long: .*past the end"):
+        read_header(path)
