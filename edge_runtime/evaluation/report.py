@@ -28,6 +28,9 @@ MAX_THUMBS = 500  # per variant and kind; the rest are listed by id
 
 def write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a report is meant to be read like any file
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
@@ -150,6 +153,7 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
             f"Defect means: <code>{_e(report['defect_rule'])}</code>. Generated {_e(report['generated'])}.</p>"]
     for v in report["variants"]:
         d = v["defect"]
+        errors = ", ".join(f"{k} {n}" for k, n in v["errors"].items()) or "none"
         body.append(f"<h2>{_e(v['label'])}</h2><p><code>{_e(v['model'])}</code> prompt: "
                     f"<code>{_e(v['prompt'])}</code></p><table>"
                     f"<tr><th>escape rate</th><td>{_pct(d['escape'])}</td></tr>"
@@ -157,7 +161,7 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
                     f"<tr><th>precision / recall / F1</th><td>{_num(d['precision'])} / {_num(d['recall'])} / "
                     f"{_num(d['f1'])}</td></tr><tr><th>counts</th><td>TP {d['tp']} · FP {d['fp']} · FN {d['fn']}"
                     f" · TN {d['tn']} · unknown {d['unknown']}</td></tr>"
-                    f"<tr><th>errors</th><td>{_e(json.dumps(v['errors']))}</td></tr>"
+                    f"<tr><th>errors</th><td>{_e(errors)}</td></tr>"
                     f"<tr><th>latency p50 / p95</th><td>{_num(v['latency']['total_ms']['p50'])} / "
                     f"{_num(v['latency']['total_ms']['p95'])} ms; tokens per verdict "
                     f"{_num(v['latency']['tokens']['mean'])}</td></tr></table>")
@@ -178,9 +182,13 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
         body.append("</div>")
         th = v["confidence"].get("threshold")
         if th:
-            body.append(f"<h3>Confidence</h3><p>target escape {th['target']:.2%}: min_confidence "
-                        f"{_e(th['min_confidence'])}; escapes {_pct(th['escape'])}; good parts held for review "
-                        f"{_pct(th['good_held_for_review'])}</p>")
+            if th["reachable"]:
+                body.append(f"<h3>Confidence</h3><p>target escape {th['target']:.2%}: min_confidence "
+                            f"{_e(th['min_confidence'])}; escapes {_pct(th['escape'])}; good parts held for "
+                            f"review {_pct(th['good_held_for_review'])}</p>")
+            else:
+                body.append(f"<h3>Confidence</h3><p>no min_confidence reaches the target escape {th['target']:.2%}:"
+                            f" bad parts pass with confidence 1 (escapes {_pct(th['escape'])})</p>")
             if v["confidence"].get("rule_snippet"):
                 body.append(f"<pre>{_e(v['confidence']['rule_snippet'])}</pre>")
         body.append(_gallery("Escapes: bad parts passed", d["escape_ids"], images, verdicts[v["key"]], limits))
