@@ -40,6 +40,10 @@ system-deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+	@# node + npm for the independent protocol peers (node-opcua, modbus-serial; tests/support/npm.py), only
+	@# when there is none: a NodeSource nodejs already ships npm and conflicts with Debian's npm package.
+	@command -v npm >/dev/null 2>&1 || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
 
 demo: venv
 	$(BIN)/edge-runtime run --demo
