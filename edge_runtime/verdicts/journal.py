@@ -22,9 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_runtime.core.contracts import ResultFilter
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import Result
 from edge_runtime.verdicts.database import open_db
+from edge_runtime.verdicts.result_query import select_results
 
 log = logging.getLogger(__name__)
 PRUNE_LOG_EVERY_S = 60.0  # the "deleted the oldest" line: once, then at most this often, with a count
@@ -299,28 +301,9 @@ class Journal:
     def query(self, camera: str | None = None, since: str | None = None, until: str | None = None,
               limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
         """Newest first. `since`/`until` are RFC 3339 timestamps; `before_seq` pages backwards."""
-        where: list[str] = []
-        args: list[str | int] = []
-        if camera:
-            where.append("camera = ?")
-            args.append(camera)
-        if since:
-            where.append("ts >= ?")
-            args.append(since)
-        if until:
-            where.append("ts < ?")
-            args.append(until)
-        if before_seq is not None:
-            where.append("seq < ?")
-            args.append(before_seq)
-        sql = "SELECT seq, body FROM results"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY seq DESC LIMIT ?"
-        args.append(max(1, min(limit, 1000)))
+        f = ResultFilter(camera=camera, since=since, until=until, before=before_seq, limit=max(1, min(limit, 1000)))
         with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
-        return [{**json.loads(body), "journal_seq": seq} for seq, body in rows]
+            return select_results(self._db, f)[0]
 
     def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]:
         """(seq, camera, body JSON) of results not yet acknowledged by the broker, oldest first."""

@@ -23,6 +23,7 @@ from edge_runtime.core.contracts import ResultFilter, ReviewError  # defined wit
 from edge_runtime.core.result import utc_now
 from edge_runtime.verdicts.database import open_db
 from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageOutbox
+from edge_runtime.verdicts.result_query import select_results
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS reviews (
@@ -108,15 +109,8 @@ class ReviewStore:
     def query(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
         """Newest first; returns the rows and the cursor of the next page (None on the last)."""
         f.check()
-        where, args = _where(f)
-        sql = "SELECT seq, body FROM results"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY seq DESC LIMIT ?"
         with self._lock:
-            rows = self._db.execute(sql, [*args, f.limit]).fetchall()
-        out = [{**json.loads(body), "journal_seq": seq} for seq, body in rows]
-        return out, (rows[-1][0] if len(rows) == f.limit else None)
+            return select_results(self._db, f)
 
     def iterate(self, f: ResultFilter, page: int = 500) -> Iterator[dict[str, Any]]:
         """Every matching row, page by page (exports stream this; memory stays one page)."""
@@ -152,42 +146,6 @@ class ReviewStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _where(f: ResultFilter) -> tuple[list[str], list[Any]]:
-    where: list[str] = []
-    args: list[Any] = []
-    if f.camera:
-        where.append("camera = ?")
-        args.append(f.camera)
-    if f.defect is not None:
-        where.append(f"json_extract(body, '$.verdict.{f.defect_field}') IS {'1' if f.defect else 'NOT 1'}")
-    if f.category:
-        where.append("json_extract(body, '$.verdict.category') = ?")
-        args.append(f.category)
-    if f.since:
-        where.append("ts >= ?")
-        args.append(f.since)
-    if f.until:
-        where.append("ts < ?")
-        args.append(f.until)
-    if f.below is not None:
-        where.append("json_extract(body, '$.verdict.confidence') < ?")
-        args.append(f.below)
-    if f.review == "none":
-        where.append("json_extract(body, '$.review.state') IS NULL")
-    elif f.review == "reviewed":
-        where.append("json_extract(body, '$.review.state') IN ('confirmed', 'corrected')")
-    elif f.review:
-        where.append("json_extract(body, '$.review.state') = ?")
-        args.append(f.review)
-    if f.before is not None:
-        where.append("seq < ?")
-        args.append(f.before)
-    if f.after is not None:
-        where.append("seq > ?")
-        args.append(f.after)
-    return where, args
 
 
 # ---- dataset export ---------------------------------------------------------------------------------
