@@ -103,6 +103,13 @@ class ModbusConfig(Section):
         return v
 
 
+SecurityMode = Literal["sign", "sign_and_encrypt", "none"]
+
+
+def _secure_by_default() -> list[SecurityMode]:
+    return ["sign", "sign_and_encrypt"]
+
+
 class OpcUaUser(Section):
     """One OPC UA user; the password is stored only as a scrypt hash."""
 
@@ -119,8 +126,8 @@ class OpcUaConfig(Section):
     host: str = Field("127.0.0.1", max_length=255, description="Address to bind: the line network's interface "
                       "(0.0.0.0 for all).")
     port: int = Field(4840, ge=1, le=65535, description="TCP port (4840 is OPC UA's).")
-    security: list[Literal["sign", "sign_and_encrypt", "none"]] = Field(
-        default_factory=lambda: ["sign", "sign_and_encrypt"], min_length=1, max_length=3,
+    security: list[SecurityMode] = Field(
+        default_factory=_secure_by_default, min_length=1, max_length=3,
         description="Basic256Sha256 Sign and SignAndEncrypt by default; 'none' (no security at all) only when "
                     "listed here, and the server warns at every start.")
     pki_dir: Path | None = Field(None, description="Certificates: own/ (generated on first start), trusted/ "

@@ -20,99 +20,35 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from enum import IntEnum
-from typing import Protocol
 
 from edge_runtime.config.line_io import PART_ID_MAX, TEXT_ID, StationConfig
 from edge_runtime.core.result import Result as Inspection
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.lineio.signals import (
+    DEFECT_INSPECTION_FAILED,
+    DEFECT_INTERRUPTED,
+    DEFECT_NO_FRAME,
+    DEFECT_NO_VERDICT,
+    DEFECT_NOK,
+    DEFECT_TIMEOUT,
+    HEARTBEAT_MOD,
+    JobRequest,
+    JobStore,
+    LineRefused,
+    Result,
+    Signals,
+    StartJob,
+)
 from edge_runtime.verdicts.line_jobs import StoredJob
 from edge_runtime.verdicts.rules import condition_holds, lookup
 
 log = logging.getLogger(__name__)
-
-# DefectCode values the station itself gives (a NOK verdict gives 1 or its defect_code_field).
-DEFECT_NOK = 1
-DEFECT_TIMEOUT = 900  # no verdict by result_deadline_ms
-DEFECT_NO_FRAME = 901  # the camera gave no new frame in time (or is down)
-DEFECT_INTERRUPTED = 902  # the daemon stopped between trigger and verdict
-DEFECT_INSPECTION_FAILED = 903  # the inspection raised (queue full, disk full, model error)
-DEFECT_NO_VERDICT = 904  # the model's answer held no verdict
-HEARTBEAT_MOD = 1 << 16
-
-
-class Result(IntEnum):
-    NONE = 0
-    OK = 1
-    NOK = 2
-    ERROR = 3  # counts as NOK on the line
-
-
-@dataclass(frozen=True)
-class Signals:
-    """Everything the device shows the line, one consistent snapshot. While `result_valid`,
-    inspection_seq/part_id/recipe/result/defect_code are the FIFO head's; otherwise they are the
-    last trigger's, with result NONE."""
-
-    trigger_enable: bool
-    ready: bool
-    trigger_ack: bool
-    busy: bool
-    acquisition_done: bool
-    result_valid: bool
-    inspection_seq: int
-    part_id: str
-    recipe: str
-    result: Result
-    defect_code: int
-    heartbeat: int
-    fault: bool
-    buffer_count: int
-    overrun: bool
-
-
-class LineRefused(Exception):
-    """A trigger the station did not take; `reason` is one of the documented words."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason  # not_ready | disabled | busy | overrun | bad_part_id | bad_recipe
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """What the capture side needs to inspect one triggered part."""
-
-    station: str
-    seq: int
-    part_id: str
-    recipe: str
-    camera: str
-    prompt: str | None
-    deadline: float  # time.monotonic() by which the frame must be taken
-
-
-class JobStore(Protocol):
-    """Where triggers, outcomes and acks are made durable (verdicts/line_jobs.py)."""
-
-    def triggered(self, station: str, seq: int, part_id: str, recipe: str) -> None: ...
-
-    def decided(self, station: str, seq: int, result: int, defect_code: int, result_id: str | None) -> None: ...
-
-    def acked(self, station: str, seq: int) -> None: ...
-
-    def open_jobs(self, station: str) -> list[StoredJob]: ...
-
-    def last_seq(self, station: str) -> int: ...
-
-    def journaled_result(self, station: str, seq: int) -> Inspection | None: ...
-
-
-# start(job, on_acquired) takes the frame (may block until job.deadline), calls on_acquired() the moment
-# it is taken, and returns the Future of the journaled Result; raising means no frame.
-StartJob = Callable[[JobRequest, Callable[[], None]], "Future[Inspection]"]
-
+__all__ = [  # the contract's names (the signal model lives in signals.py)
+    "DEFECT_INSPECTION_FAILED", "DEFECT_INTERRUPTED", "DEFECT_NOK", "DEFECT_NO_FRAME", "DEFECT_NO_VERDICT",
+    "DEFECT_TIMEOUT", "HEARTBEAT_MOD", "JobRequest", "JobStore", "LineRefused", "Result", "Signals", "StartJob",
+    "Station", "StoredJob", "tagged",
+]
 
 @dataclass
 class _Job:
