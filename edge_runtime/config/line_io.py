@@ -137,7 +137,8 @@ class OpcUaConfig(Section):
     anonymous: bool = Field(False, description="Also accept clients without a user (not recommended).")
     application_uri: str | None = Field(None, max_length=200, pattern=r"^urn:[\x21-\x7e]+$",
                                         description="Server application URI (default urn:<device_id>:edge-runtime).")
-    sampling_ms: int = Field(10, ge=1, le=10_000, description="Fastest sampling interval the server offers.")
+    max_clients: int = Field(16, ge=1, le=256, description="TCP connections at once (a line has a few PLCs "
+                             "and SCADA clients; asyncua's own limit is 1000).")
 
     @model_validator(mode="after")
     def _someone_can_log_in(self) -> OpcUaConfig:

@@ -151,6 +151,13 @@ class OpcUaServer:
     async def _build(self) -> Server:
         server = Server(user_manager=self.users)
         await server.init()
+        # Bounds for a line's few clients instead of asyncua's (1000 connections, 1000 subscriptions,
+        # 10000-value queues): what one misbehaving client can make the device hold.
+        iserver = server.iserver
+        iserver.max_connections = self.cfg.max_clients
+        iserver.max_subscriptions = 8 * self.cfg.max_clients
+        iserver.max_monitored_item_queue_size = 1000
+        iserver.max_pending_messages_per_connection = 100
         server.set_endpoint(self.endpoint())
         # A PLC's messages are small: 1 MiB, not asyncua's 100 MB, bounds what one client can make us hold.
         server.limits = TransportLimits(max_recv_buffer=65535, max_send_buffer=65535, max_chunk_count=16,

@@ -3,6 +3,7 @@ a real job store; only the camera and the model stand aside (tests/support/line_
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -205,3 +206,26 @@ def test_a_plc_that_disconnects_mid_job_reconnects_and_its_subscription_comes_ba
     finally:
         plc.close()
         proxy.close()
+
+
+def test_connections_beyond_max_clients_are_refused(tmp_path: Path) -> None:
+    line = Line(tmp_path, name="lim").start()
+    port = free_port()
+    cfg = OpcUaConfig(enabled=True, port=port, max_clients=2, anonymous=True, security=["none"])
+    server = OpcUaServer([line.station], cfg, tmp_path / "pki", SERVER_URI)
+    server.start()
+    socks: list[socket.socket] = []
+    try:
+        wait_for(lambda: server.listening, timeout=30, what="OPC UA server")
+        for _ in range(2):
+            socks.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", port))
+        socks.append(extra)
+        extra.settimeout(5)
+        assert extra.recv(64) == b""  # closed by the server at once: the limit holds
+    finally:
+        for s in socks:
+            s.close()
+        server.stop()
+        line.stop()
