@@ -39,10 +39,11 @@ MAX_REDIRECTS = 3
 class HttpFailure(OSError):
     """The request failed; `retry`: trying again may help; `status`: the HTTP status, if one came."""
 
-    def __init__(self, message: str, retry: bool, status: int | None = None) -> None:
+    def __init__(self, message: str, retry: bool, status: int | None = None, timed_out: bool = False) -> None:
         super().__init__(message)
         self.retry = retry
         self.status = status
+        self.timed_out = timed_out  # the overall deadline passed (a receiver that is slow or drips)
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -128,7 +129,8 @@ def _once(method: str, url: str, body: bytes | None, headers: Mapping[str, str],
         raise
     except (OSError, http.client.HTTPException, ValueError) as exc:
         if (guard is not None and guard.fired) or time.monotonic() >= deadline or isinstance(exc, TimeoutError):
-            raise HttpFailure(f"no complete answer within {timeout_s:g} s (stuck in {phase})", retry=True) from None
+            raise HttpFailure(f"no complete answer within {timeout_s:g} s (stuck in {phase})", retry=True,
+                              timed_out=True) from None
         retry = not isinstance(exc, (ssl.SSLCertVerificationError, ValueError))
         raise HttpFailure(f"{phase}: {type(exc).__name__}: {str(exc)[:200]}", retry=retry) from None
     finally:

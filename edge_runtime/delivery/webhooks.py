@@ -8,21 +8,18 @@ table is bounded: beyond `max_rows` the oldest rows are dropped and counted. 4xx
 
 Delivery is per destination (URL origin: scheme, host, port): a small fixed pool of sender threads,
 at most one POST in flight per destination, rows of one destination in order, each destination in
-its own backoff (the head row's `next_try`, persisted). Every POST has an overall deadline covering
-connect, send, headers and body: a watchdog shuts the socket at the deadline, so a receiver that
-drips a byte every few seconds costs one sender for `timeout_s`, never the other destinations.
+its own backoff (the head row's `next_try`, persisted). Every POST goes through `core/http.py`, one
+overall deadline over name lookup, connect, TLS, send, headers and body, so a receiver that drips a
+byte every few seconds costs one sender for `timeout_s`, never the other destinations.
 Before a POST its row's `next_try` is pushed past the deadline, so after a crash mid-POST the row is
 not tried first, ahead of other destinations' due rows.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import socket
 import sqlite3
-import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from edge_runtime.core import http
 from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
@@ -86,10 +84,6 @@ class _Dest:
     timeouts: int = 0
 
 
-class _Deadline(OSError):
-    pass
-
-
 class WebhookOutbox:
     """Queue with `put`, deliver from background threads (`start`/`stop`)."""
 
@@ -104,7 +98,6 @@ class WebhookOutbox:
         self._db.executescript(_SCHEMA)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None  # the watchdog
         self._threads: list[threading.Thread] = []
         self.headers_for: Callable[[str], dict[str, str]] = lambda _source: {}
         self.delivered = 0
@@ -114,7 +107,6 @@ class WebhookOutbox:
         self._dests: dict[str, _Dest] = {}
         self._busy: set[str] = set()  # destinations with a POST in flight
         self._rr = 0  # round-robin cursor over destinations
-        self._inflight: dict[int, tuple[float, http.client.HTTPConnection]] = {}  # thread id -> deadline, conn
         self._logged: dict[str, tuple[str | None, float]] = {}
 
     def put(self, url: str, body: dict[str, Any], key: str, source: str = "", timeout_s: float = 5.0) -> None:
@@ -152,8 +144,6 @@ class WebhookOutbox:
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._watchdog, name="webhooks-watchdog", daemon=True)
-        self._thread.start()
         self._threads = [threading.Thread(target=self._run, name=f"webhooks-{i}", daemon=True)
                          for i in range(self.senders)]
         for t in self._threads:
@@ -162,20 +152,8 @@ class WebhookOutbox:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        with self._lock:
-            for _deadline, conn in list(self._inflight.values()):  # the row stays: delivered after restart
-                _shut(conn)
-        for t in [*self._threads, *([self._thread] if self._thread else [])]:
+        for t in self._threads:  # a POST in flight ends by its own deadline; its row stays for the restart
             t.join(10)
-
-    def _watchdog(self) -> None:
-        """Shut the socket of a POST past its overall deadline (a receiver that drips)."""
-        while not self._stop.wait(0.05):
-            now = time.monotonic()
-            with self._lock:
-                late = [conn for deadline, conn in self._inflight.values() if now >= deadline]
-            for conn in late:
-                _shut(conn)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -224,50 +202,23 @@ class WebhookOutbox:
                 return tuple(row[:7]), 0.0
         return None, max(0.05, sleep_s)
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> tuple[int, str]:
-        """POST with one overall deadline; returns (status, reason). Reads at most MAX_RESPONSE bytes."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url[:100]}")
-        conn: http.client.HTTPConnection
-        if parts.scheme == "https":
-            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout_s,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
-        me = threading.get_ident()
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            self._inflight[me] = (deadline, conn)
-        try:
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            conn.request("POST", path, body=body, headers=headers)
-            resp = conn.getresponse()
-            resp.read(MAX_RESPONSE)
-            return resp.status, resp.reason
-        except (OSError, http.client.HTTPException) as exc:
-            if time.monotonic() >= deadline:
-                raise _Deadline(f"timed out after {timeout_s:g} s (overall deadline)") from exc
-            raise
-        finally:
-            with self._lock:
-                self._inflight.pop(me, None)
-            conn.close()
+    @staticmethod
+    def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> None:
+        """POST within one overall deadline (core/http.py); returns on 2xx, raises HttpFailure otherwise."""
+        http.request("POST", url, timeout_s=timeout_s, limit=MAX_RESPONSE, body=body, headers=headers,
+                     error_limit=200)
 
     def _attempt(self, seq: int, url: str, source: str, body: str, key: str, timeout_s: float,
                  attempts: int) -> None:
         headers = {**self.headers_for(source), "Content-Type": "application/json", "Idempotency-Key": key,
                    "User-Agent": "edge-runtime-webhook", "Connection": "close"}
-        timed_out = False
+        ok, permanent, timed_out, error = True, False, False, None
         try:
-            status, _reason = self._post(url, body.encode(), headers, timeout_s)
-            ok = 200 <= status < 300
-            permanent = 400 <= status < 500 and status not in (408, 429)
-            error = None if ok else f"HTTP {status}"
-        except _Deadline as exc:
-            ok, permanent, error, timed_out = False, False, f"timeout: {exc}", True
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, DNS, bad answer
-            ok, permanent, error = False, False, f"{type(exc).__name__}: {exc}"
+            self._post(url, body.encode(), headers, timeout_s)
+        except http.HttpFailure as exc:  # an HTTP error, a timeout, refused, reset, DNS, a bad answer
+            ok, timed_out, status = False, exc.timed_out, exc.status
+            permanent = status is not None and 400 <= status < 500 and status not in (408, 429)
+            error = f"timeout: {exc}" if timed_out else f"HTTP {status}" if status is not None else str(exc)
         if error is not None:
             error = clean_error(error)
         dest = origin(url)
@@ -347,12 +298,3 @@ class WebhookOutbox:
         self.stop()
         with self._lock:
             self._db.close()
-
-
-def _shut(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
