@@ -63,7 +63,7 @@ def build_qwen25vl(out: Path) -> Path:
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
                 bos_token_id=1, eos_token_id=_token_id(tok, "<|im_end|>"), initializer_range=0.25)
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[2],
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[2],
                   initializer_range=0.25)
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=_token_id(tok, "<|image_pad|>"),
                               video_token_id=_token_id(tok, "<|video_pad|>"),
