@@ -136,8 +136,8 @@ def _gallery(title: str, ids: list[str], images: dict[str, Path], verdicts: dict
     for sid in ids[:MAX_THUMBS]:
         src = _thumb(images[sid], limits) if sid in images else None
         img = f'<img src="{src}" alt="">' if src else "<span>(image unreadable)</span>"
-        parts.append(f"<figure>{img}<figcaption>{_e(sid)}<br><code>{_e(json.dumps(verdicts.get(sid), ensure_ascii=False)[:300])}"
-                     "</code></figcaption></figure>")
+        caption = json.dumps(verdicts.get(sid), ensure_ascii=False)[:300]
+        parts.append(f"<figure>{img}<figcaption>{_e(sid)}<br><code>{_e(caption)}</code></figcaption></figure>")
     if len(ids) > MAX_THUMBS:
         parts.append(f"<p>… and {len(ids) - MAX_THUMBS} more (ids in report.json)</p>")
     return "".join(parts) + "</div>"
