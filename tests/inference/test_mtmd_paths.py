@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,23 @@ def test_an_image_over_the_token_budget_is_one_clear_error(tiny_pairs: Callable[
         with pytest.raises(InputError, match=r"^image: 128x96 makes 16 image tokens, more than the bundle's "
                                              r"budget of 8 \(mtmd.image_max_tokens\)$"):
             ins.encode(frames(1, seed=4)[0])
+
+
+def test_encoding_while_generating_changes_nothing(family_inspector: Inspector) -> None:
+    """The worker's overlap: libmtmd encodes frame N+1 (its own lock) while llama.cpp generates frame N."""
+    ins = family_inspector
+    images = frames(4, seed=6)
+    alone = []
+    for frame in images:
+        ins.language.forget_prefix(clear=True)
+        alone.append(ins.generate(*ins.sequence(PROMPT, ins.encode(frame)), ins.grammar, ins.max_tokens).token_ids)
+    with ThreadPoolExecutor(max_workers=1) as encoder:
+        pending = encoder.submit(ins.encode, images[0])
+        overlapped = []
+        for i in range(len(images)):
+            enc = pending.result()
+            if i + 1 < len(images):
+                pending = encoder.submit(ins.encode, images[i + 1])  # runs during the generation below
+            ins.language.forget_prefix(clear=True)
+            overlapped.append(ins.generate(*ins.sequence(PROMPT, enc), ins.grammar, ins.max_tokens).token_ids)
+    assert overlapped == alone
