@@ -209,3 +209,21 @@ def test_text_registers_round_trip() -> None:
     assert len(regs) == 16 and regs[0] == 0x4142
     assert rm.decode_text(regs) == "AB-12345678901234567890123456789"
     assert rm.decode_text(rm.encode_text("", 16)) == ""
+
+
+def test_a_port_in_use_shows_in_health_and_the_server_retries(line: Line) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        srv = ModbusServer([line.station], ModbusConfig(enabled=True, port=port))
+        srv.start()
+        try:
+            deadline = time.monotonic() + 5
+            while srv.health().counters["restarts"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            health = srv.health()
+            assert not health.ok and "listen" in health.detail.lower(), health
+            assert srv.threads()[0].is_alive(), "the thread retries; it does not die"
+        finally:
+            srv.stop()

@@ -70,8 +70,10 @@ class Host:
                 assert left > 0, f"no such message; saw {[m[0] for m in self.messages[after:]]}"
                 self.cond.wait(left)
 
-    def command(self, topic: str, metrics: list[tuple[str, int, Any]]) -> None:
-        self.client.publish(topic, spb.payload(None, metrics), qos=1).wait_for_publish(5)
+    def command(self, topic: str, metrics: list[tuple[str, int, Any]], wait: bool = True) -> None:
+        info = self.client.publish(topic, spb.payload(None, metrics), qos=1)
+        if wait:
+            info.wait_for_publish(5)
 
     def close(self) -> None:
         self.client.loop_stop()
@@ -219,7 +221,7 @@ def test_a_clean_stop_publishes_ndeath(line: Line, broker: Broker, host: Host, t
 def test_seq_wraps_from_255_to_0(node: SparkplugNode, host: Host) -> None:
     host.wait(is_("DBIRTH", "st1"))
     for k in range(300):  # each change of TriggerEnable is one DDATA (TriggerEnable and Ready)
-        host.command(topic("DCMD", "st1"), [("TriggerEnable", spb.BOOLEAN, k % 2 == 1)])
+        host.command(topic("DCMD", "st1"), [("TriggerEnable", spb.BOOLEAN, k % 2 == 1)], wait=k == 299)
     deadline = time.monotonic() + 20
     while len(node_seqs(host)) < 302 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -227,3 +229,39 @@ def test_seq_wraps_from_255_to_0(node: SparkplugNode, host: Host) -> None:
     assert len(seqs) >= 302 and node.counters["dropped"] == 0
     assert all(b == (a + 1) % 256 for a, b in itertools.pairwise(seqs)), seqs
     assert seqs[256] == 0
+
+
+def test_after_a_broker_restart_the_node_is_born_again_with_the_next_bdseq(node: SparkplugNode, host: Host,
+                                                                          broker: Broker, line: Line) -> None:
+    _i, (_t, birth, _s, _q) = host.wait(is_("NBIRTH"))
+    broker.stop()
+    broker.start()  # same port; both clients reconnect on their own
+    mark = len(host.messages)
+    _i, (_t, again, _s, _q) = host.wait(is_("NBIRTH"), mark, timeout=30)
+    assert again[spb.BDSEQ] == birth[spb.BDSEQ] + 1
+    j, _m = host.wait(is_("DBIRTH", "st1"), mark)
+    # The DCMD subscription is back: a trigger sent now runs.
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "AFTER"), ("Trigger", spb.BOOLEAN, True)])
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("PartId") == "AFTER", j)
+    assert node.health().ok and node.counters["connects"] == 2
+
+
+def test_a_flood_of_signal_changes_is_held_in_a_bounded_queue(line: Line, broker: Broker, host: Host,
+                                                               tmp_path: Path) -> None:
+    n = make_node(line, broker, tmp_path, max_pending=8)
+    n.start()
+    try:
+        host.wait(is_("DBIRTH", "st1"))
+        dev = n.devices["st1"]
+        longest = 0
+        for k in range(5000):
+            line.station.set_trigger_enable(k % 2 == 0)
+            longest = max(longest, len(dev.pending))
+        assert longest <= 8
+        deadline = time.monotonic() + 10
+        while dev.pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert n.health().ok
+        assert n.counters["ddata"] + n.counters["dropped"] >= 5000 - 8
+    finally:
+        n.stop()
