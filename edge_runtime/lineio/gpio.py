@@ -241,7 +241,8 @@ class GpioService:
 
     def health(self) -> SinkHealth:
         errors = [c.error for c in self.cells if c.error]
-        counters: dict[str, Any] = {c.station.name: dict(c.counters) for c in self.cells}
+        # Flat "<station>.<counter>" numbers: /metrics exports each as edge_line_server_events{protocol="gpio"}.
+        counters: dict[str, Any] = {f"{c.station.name}.{k}": v for c in self.cells for k, v in c.counters.items()}
         counters["restarts"] = sum(t.restarts for t in self._threads)
         return SinkHealth(ok=not errors and all(t.is_alive() for t in self._threads), detail="; ".join(errors),
                           counters=counters)
