@@ -25,17 +25,17 @@ import numpy as np
 from edge_runtime import __version__
 from edge_runtime.api import ApiServer
 from edge_runtime.app.lineio import add_line_io
-from edge_runtime.app.reload import describe_changes, restart_only
+from edge_runtime.app.reload import Reloading
 from edge_runtime.app.services import DeviceServices
+from edge_runtime.app.status import DeviceReports
 from edge_runtime.app.verdicts import VerdictServices
-from edge_runtime.capture.rig import CameraRig, camera_status, cameras_not_in_file, telemetry_message
-from edge_runtime.config import CameraConfig, Config, load_config
+from edge_runtime.capture.rig import CameraRig, cameras_not_in_file
+from edge_runtime.config import CameraConfig, Config
 from edge_runtime.core import systemd
 from edge_runtime.core.contracts import Device, Gate, ModelInfo, OpenGate, UnknownCamera
 from edge_runtime.core.errors import EdgeRuntimeError, StorageFull
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
-from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery
 from edge_runtime.delivery.mqtt.commands import command_table
 from edge_runtime.fleet.offload.router import Offloader
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Daemon(DeviceServices):
+class Daemon(DeviceServices, DeviceReports, Reloading):
     """The running device: model, journal, cameras, schedules and the inspection worker."""
 
     def __init__(self, config: Config, model_dir: str | None = None, config_path: Path | None = None) -> None:
@@ -201,98 +201,6 @@ class Daemon(DeviceServices):
         finally:
             self.stop()
 
-    def health(self) -> dict[str, Any]:
-        """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).
-
-        ``state`` is ``starting`` (model not loaded), ``ok``, or ``degraded`` with one short reason
-        per fault that stops inspection or delivery (e.g. ``disk full``); faults heal by themselves.
-        """
-        # Faults that heal by themselves are re-derived here from their source, so they clear with it.
-        if self.journal.full:
-            self.faults.add("disk full")
-        else:
-            self.faults.discard("disk full")
-        ready = bool(self.inspector and self.inspector.ready and self.alive())
-        reasons = sorted(self.faults)
-        # A receiver that stops taking deliveries degrades the device without making it unready:
-        # inspection goes on, the rows wait in the journal's file, and a rollout must not undo an
-        # update because one webhook receiver is down.
-        stalled = [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
-                   for blocked in [self.verdicts.webhooks.blocked()] if blocked]
-        stalled += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
-        state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
-        if state == "ok" and stalled:
-            state = "degraded"
-        return {"ready": ready and not reasons, "state": state, "reasons": reasons + stalled}
-
-    def alive(self) -> bool:
-        """The pipeline really works: the worker turns and no inspection has hung."""
-        return self.inspector is not None and self.worker.alive(max_busy_s=60.0)
-
-    # ---- reload ------------------------------------------------------------------------------
-
-    def reload(self) -> dict[str, Any]:
-        """Re-read the config file: cameras change in place; the model reloads only if it changed.
-        Returns what happened: `applied` (changed settings now in effect) and `restart_needed`."""
-        with self._reload_lock:  # SIGHUP and the MQTT command may race
-            return self._reload_locked()
-
-    def _reload_locked(self) -> dict[str, Any]:
-        if self.config_path is None:
-            log.info("daemon: reload requested but no config file was given; nothing to do")
-            return {"applied": [], "restart_needed": []}
-        systemd.notify("RELOADING=1")
-        try:
-            new = load_config(self.config_path)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line, keep running
-            log.error("daemon: reload refused, keeping the running config: %s", exc)
-            systemd.notify("READY=1")
-            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
-        if self.extra_cameras:
-            names = {c.name for c in new.cameras}
-            new = new.model_copy(update={"cameras": new.cameras + [
-                c for c in self.extra_cameras if c.name not in names]})
-        changes = describe_changes(self.config, new)
-        new = restart_only(self.config, new)  # settings that need a restart keep their running value
-        if new.model != self.config.model or new.device_id != self.config.device_id:
-            log.info("daemon: model settings changed; loading the new model")
-            try:
-                fresh = self._load_inspector(new)
-            except EdgeRuntimeError as exc:
-                log.error("daemon: new model failed to load, keeping the old one: %s", exc)
-                new = new.model_copy(update={"model": self.config.model, "device_id": self.config.device_id})
-                # Not applied after all: the reply and the log line must not say they were.
-                changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
-            else:
-                old, self.inspector = self.inspector, fresh
-                if old is not None:
-                    old.close()  # waits for the inspection in progress (inspector lock)
-        old_cams = {c.name: c for c in self.config.cameras}
-        new_cams = {c.name: c for c in new.cameras}
-        for name, cfg in old_cams.items():
-            if new_cams.get(name) != cfg and name in self.rigs:
-                rigs = dict(self.rigs)
-                rig = rigs.pop(name)
-                self.rigs = rigs
-                rig.stop()
-                log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
-        self.journal.max_rows, self.journal.max_age_s = new.journal.max_rows, new.journal.max_age_days * 86400
-        self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
-        logging.getLogger().setLevel(new.log_level.upper())
-        self.config = new
-        self.verdicts.reload(new.rules, new.rules_budget)
-        if self.api is not None and (restart := self.api.apply(new.api)):
-            log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))
-        for name, cfg in new_cams.items():
-            if name not in self.rigs:
-                self._start_camera(cfg)
-        if self.mqtt is not None:
-            self.mqtt.publish_discovery()
-        log.info("daemon: config reloaded (%d cameras); applied: %s; need a restart: %s", len(self.rigs),
-                 ", ".join(changes.applied) or "nothing", ", ".join(changes.restart_needed) or "nothing")
-        systemd.notify("READY=1")
-        return {"applied": changes.applied, "restart_needed": changes.restart_needed}
-
     # ---- inspection entry points ---------------------------------------------------------------
 
     def trigger(self, camera: str, prompt: str | None = None) -> Future[Result]:
@@ -342,53 +250,6 @@ class Daemon(DeviceServices):
     def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
         return self.journal.query(camera, since, until, limit, before_seq)
-
-    # ---- status ------------------------------------------------------------------------------
-
-    def threads(self) -> list[SupervisedThread]:
-        """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox)."""
-        threads = self.worker.threads() + (self.mqtt.threads() if self.mqtt else [])
-        for rig in self.rigs.values():
-            threads += rig.schedule.threads()
-        return threads
-
-    def status(self) -> dict[str, Any]:
-        rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
-        cameras = [camera_status(rig) for rig in rigs.values()]
-        inspector = self.inspector
-        health = self.health()  # the one source of truth: status.ready is what /readyz answers
-        return {
-            "device": config.device_id,
-            "version": __version__,
-            "uptime_s": round(time.time() - self.started, 1),
-            "ready": health["ready"],
-            "model_loaded": bool(inspector and inspector.ready),
-            "health": health,
-            "model": inspector.bundle.describe() if inspector else None,
-            "cameras": cameras,
-            "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
-                           "inspected": self.pipeline.delivered, "errors": self.worker.errors,
-                           "not_journaled": self.worker.not_journaled,
-                           "batched_generations": self.worker.batches,
-                           "energy_j_last": self.worker.last_energy_j},
-            "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
-                        "escaped": self.journal.escaped, "resyncs": self.journal.resyncs,
-                        "free_mb": None if self.journal.free_bytes is None
-                        else round(self.journal.free_bytes / 1048576, 1)},
-            "threads": {t.name: t.status() for t in self.threads()},
-            "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
-            "governor": self.gate.decision().state,
-            "offload": self.offload.status() if self.offload else {"enabled": False},
-            "line_io": self.line_io.status() if self.line_io else {"enabled": False},
-            **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
-        }
-
-    def telemetry(self) -> dict[str, Any]:
-        """The periodic health message: camera states and rates, throughput, backlog, governor."""
-        now, inspected = time.monotonic(), self.pipeline.delivered
-        then, before = self._telemetry_mark
-        self._telemetry_mark = (now, inspected)
-        return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))
 
     # ---- internals ---------------------------------------------------------------------------
 

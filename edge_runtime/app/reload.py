@@ -6,12 +6,24 @@ that silently kept its old value (a rotated API token that still let the old one
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel
 
-from edge_runtime.config import Config
+from edge_runtime.api import ApiServer
+from edge_runtime.app.verdicts import VerdictServices
+from edge_runtime.capture.rig import CameraRig
+from edge_runtime.config import CameraConfig, Config, load_config
+from edge_runtime.core import systemd
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.delivery.mqtt.client import MqttService
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.verdicts.journal import Journal
+
+log = logging.getLogger("edge_runtime.app.daemon")  # one logger for the daemon's lifecycle lines
 
 # Settings (dotted prefixes) the running daemon picks up on reload. Everything else is built once at
 # start (broker connection, HTTP server, queue, governor, journal file) and needs a restart.
@@ -81,3 +93,93 @@ def _keep(new: Any, old: Any, path: list[str]) -> Any:
             return {k: v for k, v in new.items() if k != head}
         return {**new, head: old[head] if not rest or head not in new else _keep(new[head], old[head], rest)}
     return old  # a list or a leaf: keep the running value whole
+
+
+class ReloadHost(Protocol):
+    """What the mixin needs of the class it is mixed into (`app.Daemon`); mypy checks each use."""
+
+    config: Config
+    config_path: Any
+    extra_cameras: list[CameraConfig]
+    inspector: Inspector | None
+    journal: Journal
+    verdicts: VerdictServices
+    api: ApiServer | None
+    mqtt: MqttService | None
+    rigs: dict[str, CameraRig]
+    _reload_lock: threading.Lock
+
+    def _reload_locked(self) -> dict[str, Any]: ...
+
+    def _load_inspector(self, config: Config) -> Inspector: ...
+
+    def _start_camera(self, cfg: CameraConfig) -> None: ...
+
+
+class Reloading:
+    """Mixed into `app.Daemon`: `reload()` (SIGHUP, the MQTT and REST commands) applies what it can
+    in place, reloads the model only when its settings changed, and names what needs a restart."""
+
+    inspector: Inspector | None  # replaced by a reload that changes the model
+
+    def reload(self: ReloadHost) -> dict[str, Any]:
+        """Re-read the config file: cameras change in place; the model reloads only if it changed.
+        Returns what happened: `applied` (changed settings now in effect) and `restart_needed`."""
+        with self._reload_lock:  # SIGHUP and the MQTT command may race
+            return self._reload_locked()
+
+    def _reload_locked(self: ReloadHost) -> dict[str, Any]:
+        if self.config_path is None:
+            log.info("daemon: reload requested but no config file was given; nothing to do")
+            return {"applied": [], "restart_needed": []}
+        systemd.notify("RELOADING=1")
+        try:
+            new = load_config(self.config_path)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line, keep running
+            log.error("daemon: reload refused, keeping the running config: %s", exc)
+            systemd.notify("READY=1")
+            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
+        if self.extra_cameras:
+            names = {c.name for c in new.cameras}
+            new = new.model_copy(update={"cameras": new.cameras + [
+                c for c in self.extra_cameras if c.name not in names]})
+        changes = describe_changes(self.config, new)
+        new = restart_only(self.config, new)  # settings that need a restart keep their running value
+        if new.model != self.config.model or new.device_id != self.config.device_id:
+            log.info("daemon: model settings changed; loading the new model")
+            try:
+                fresh = self._load_inspector(new)
+            except EdgeRuntimeError as exc:
+                log.error("daemon: new model failed to load, keeping the old one: %s", exc)
+                new = new.model_copy(update={"model": self.config.model, "device_id": self.config.device_id})
+                # Not applied after all: the reply and the log line must not say they were.
+                changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
+            else:
+                old, self.inspector = self.inspector, fresh
+                if old is not None:
+                    old.close()  # waits for the inspection in progress (inspector lock)
+        old_cams = {c.name: c for c in self.config.cameras}
+        new_cams = {c.name: c for c in new.cameras}
+        for name, cfg in old_cams.items():
+            if new_cams.get(name) != cfg and name in self.rigs:
+                rigs = dict(self.rigs)
+                rig = rigs.pop(name)
+                self.rigs = rigs
+                rig.stop()
+                log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
+        self.journal.max_rows, self.journal.max_age_s = new.journal.max_rows, new.journal.max_age_days * 86400
+        self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
+        logging.getLogger().setLevel(new.log_level.upper())
+        self.config = new
+        self.verdicts.reload(new.rules, new.rules_budget)
+        if self.api is not None and (restart := self.api.apply(new.api)):
+            log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))
+        for name, cfg in new_cams.items():
+            if name not in self.rigs:
+                self._start_camera(cfg)
+        if self.mqtt is not None:
+            self.mqtt.publish_discovery()
+        log.info("daemon: config reloaded (%d cameras); applied: %s; need a restart: %s", len(self.rigs),
+                 ", ".join(changes.applied) or "nothing", ", ".join(changes.restart_needed) or "nothing")
+        systemd.notify("READY=1")
+        return {"applied": changes.applied, "restart_needed": changes.restart_needed}

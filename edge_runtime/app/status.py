@@ -1,0 +1,128 @@
+"""The device's own report, for `app.Daemon`: readiness (`health`, what /readyz answers), the full
+`status` (REST, the page, metrics), the periodic MQTT telemetry, the supervised threads. Kept apart
+from the wiring so the composition root only builds, starts and stops."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from edge_runtime import __version__
+from edge_runtime.app.lineio import LineIO
+from edge_runtime.app.verdicts import VerdictServices
+from edge_runtime.capture.rig import CameraRig, camera_status, telemetry_message
+from edge_runtime.config import Config
+from edge_runtime.core.contracts import Gate
+from edge_runtime.core.inspection_queue import InspectionQueue
+from edge_runtime.core.supervise import SupervisedThread
+from edge_runtime.delivery.mqtt.client import MqttService
+from edge_runtime.fleet.offload.router import Offloader
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.worker import InspectionWorker
+from edge_runtime.verdicts.journal import Journal
+from edge_runtime.verdicts.pipeline import VerdictPipeline
+
+
+class StatusHost(Protocol):
+    """What the mixin reads of the class it is mixed into (`app.Daemon`); mypy checks each use."""
+
+    config: Config
+    started: float
+    faults: set[str]
+    inspector: Inspector | None
+    inspections: InspectionQueue
+    journal: Journal
+    worker: InspectionWorker
+    pipeline: VerdictPipeline
+    verdicts: VerdictServices
+    rigs: dict[str, CameraRig]
+    gate: Gate
+    mqtt: MqttService | None
+    offload: Offloader | None
+    line_io: LineIO | None
+    _telemetry_mark: tuple[float, int]
+
+    def health(self) -> dict[str, Any]: ...
+
+    def alive(self) -> bool: ...
+
+    def threads(self) -> list[SupervisedThread]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class DeviceReports:
+    """Mixed into `app.Daemon`: the status half of `contracts.Device`."""
+
+    def health(self: StatusHost) -> dict[str, Any]:
+        """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).
+
+        ``state`` is ``starting`` (model not loaded), ``ok``, or ``degraded`` with one short reason
+        per fault that stops inspection or delivery (e.g. ``disk full``); faults heal by themselves.
+        """
+        # Faults that heal by themselves are re-derived here from their source, so they clear with it.
+        if self.journal.full:
+            self.faults.add("disk full")
+        else:
+            self.faults.discard("disk full")
+        ready = bool(self.inspector and self.inspector.ready and self.alive())
+        reasons = sorted(self.faults)
+        # A receiver that stops taking deliveries degrades the device without making it unready:
+        # inspection goes on, the rows wait in the journal's file, and a rollout must not undo an
+        # update because one webhook receiver is down.
+        stalled = [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
+                   for blocked in [self.verdicts.webhooks.blocked()] if blocked]
+        stalled += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
+        state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
+        if state == "ok" and stalled:
+            state = "degraded"
+        return {"ready": ready and not reasons, "state": state, "reasons": reasons + stalled}
+
+    def alive(self: StatusHost) -> bool:
+        """The pipeline really works: the worker turns and no inspection has hung."""
+        return self.inspector is not None and self.worker.alive(max_busy_s=60.0)
+
+    def threads(self: StatusHost) -> list[SupervisedThread]:
+        """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox)."""
+        threads = self.worker.threads() + (self.mqtt.threads() if self.mqtt else [])
+        for rig in self.rigs.values():
+            threads += rig.schedule.threads()
+        return threads
+
+    def status(self: StatusHost) -> dict[str, Any]:
+        rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
+        cameras = [camera_status(rig) for rig in rigs.values()]
+        inspector = self.inspector
+        health = self.health()  # the one source of truth: status.ready is what /readyz answers
+        return {
+            "device": config.device_id,
+            "version": __version__,
+            "uptime_s": round(time.time() - self.started, 1),
+            "ready": health["ready"],
+            "model_loaded": bool(inspector and inspector.ready),
+            "health": health,
+            "model": inspector.bundle.describe() if inspector else None,
+            "cameras": cameras,
+            "inspection": {"queue_depth": self.inspections.depth, "queue_size": self.inspections.maxsize,
+                           "inspected": self.pipeline.delivered, "errors": self.worker.errors,
+                           "not_journaled": self.worker.not_journaled,
+                           "batched_generations": self.worker.batches,
+                           "energy_j_last": self.worker.last_energy_j},
+            "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
+                        "escaped": self.journal.escaped, "resyncs": self.journal.resyncs,
+                        "free_mb": None if self.journal.free_bytes is None
+                        else round(self.journal.free_bytes / 1048576, 1)},
+            "threads": {t.name: t.status() for t in self.threads()},
+            "mqtt": self.mqtt.state() if self.mqtt else {"enabled": False},
+            "governor": self.gate.decision().state,
+            "offload": self.offload.status() if self.offload else {"enabled": False},
+            "line_io": self.line_io.status() if self.line_io else {"enabled": False},
+            **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
+        }
+
+    def telemetry(self: StatusHost) -> dict[str, Any]:
+        """The periodic health message: camera states and rates, throughput, backlog, governor."""
+        now, inspected = time.monotonic(), self.pipeline.delivered
+        then, before = self._telemetry_mark
+        self._telemetry_mark = (now, inspected)
+        return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))
