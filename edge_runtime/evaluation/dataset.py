@@ -242,7 +242,11 @@ def _csv_records(path: Path, checker: LabelChecker) -> Iterator[tuple[str, dict[
 
 def _class_folders(root: Path, checker: LabelChecker, class_field: str | None, cap: int) -> Dataset:
     ds = Dataset("folders")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    try:
+        with os.scandir(root) as it:
+            classes = sorted(e.name for e in it if not e.name.startswith(".") and _dir_or_unknown(e))
+    except OSError as exc:
+        raise EdgeRuntimeError(f"{root}: cannot be listed ({exc.strerror or exc})") from None
     if not classes:
         raise EdgeRuntimeError(f"{root}: no metadata.jsonl and no class folders; see docs/evaluation.md")
     name = class_field or _guess_class_field(classes, checker)
@@ -251,17 +255,33 @@ def _class_folders(root: Path, checker: LabelChecker, class_field: str | None, c
         files = 0
         for cls in classes:
             value = _class_value(cls, checker.properties.get(name) or {})
-            with os.scandir(root / cls) as it:
-                for entry in sorted(it, key=lambda e: e.name):
-                    if entry.name.startswith(".") or Path(entry.name).suffix.lower() not in IMAGE_SUFFIXES:
-                        continue
-                    files += 1
-                    if files > cap + 1:
-                        return
-                    yield f"{cls}/{entry.name}", {"id": f"{cls}/{entry.name}", "image": f"{cls}/{entry.name}",
-                                                  "label": {name: value}}
+            try:  # listing stops past the cap: a folder of ten million files costs no more than the cap
+                with os.scandir(root / cls) as it:
+                    entries: list[str] = []
+                    for entry in it:
+                        if not entry.name.startswith(".") and Path(entry.name).suffix.lower() in IMAGE_SUFFIXES:
+                            entries.append(entry.name)
+                            if len(entries) > cap:
+                                break
+            except OSError as exc:  # a link loop, no permission: the folder is one line, the rest is read
+                yield cls, f"the class folder cannot be listed ({exc.strerror or exc})"
+                continue
+            for entry_name in sorted(entries):
+                files += 1
+                if files > cap + 1:
+                    return
+                rel = f"{cls}/{entry_name}"
+                yield rel, {"id": rel, "image": rel, "label": {name: value}}
 
     return _finish(ds, records(), root, checker, cap)
+
+
+def _dir_or_unknown(entry: os.DirEntry[str]) -> bool:
+    """A folder, or an entry that cannot be looked at (a link loop): listing it then says why."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return True
 
 
 def _guess_class_field(classes: list[str], checker: LabelChecker) -> str:

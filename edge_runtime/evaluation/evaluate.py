@@ -107,8 +107,11 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
     if not ds.samples:
         raise EdgeRuntimeError(f"no usable labelled image in the dataset ({_counts(ds.counts)}); "
                                f"first problem: {ds.issues[0] if ds.issues else 'none'}")
-    opts.out.mkdir(parents=True, exist_ok=True)
-    log = RunLog(opts.out / "runs.jsonl")
+    try:
+        opts.out.mkdir(parents=True, exist_ok=True)
+        log = RunLog(opts.out / "runs.jsonl")
+    except OSError as exc:
+        raise EdgeRuntimeError(f"--out {opts.out}: cannot be used ({exc.strerror or exc})") from None
     variants: list[dict[str, Any]] = []
     verdicts: dict[str, dict[str, Any]] = {}
     pairs_of: dict[str, list[Pair]] = {}

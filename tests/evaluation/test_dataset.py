@@ -98,6 +98,11 @@ def test_a_path_that_is_no_dataset_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "x.txt").write_text("")
     with pytest.raises(EdgeRuntimeError, match="not a dataset"):
         open_dataset(tmp_path / "x.txt", DEMO_VERDICT_SCHEMA)
+    loop = tmp_path / "loops"
+    jpg(loop / "good" / "1.jpg")
+    (loop / "bad").symlink_to(loop / "bad")  # a link to itself: listing it fails
+    ds = open_dataset(loop, DEMO_VERDICT_SCHEMA)
+    assert len(ds.samples) == 1 and ds.counts["bad_line"] == 1 and "cannot be listed" in ds.issues[0]
     (tmp_path / "h.csv").write_text("file,defect\n")
     with pytest.raises(EdgeRuntimeError, match="'image'"):
         open_dataset(tmp_path / "h.csv", DEMO_VERDICT_SCHEMA)
