@@ -91,6 +91,7 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
                                         self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget)
+        self.verdicts.gate = lambda: self.gate.decision()  # re-asks wait out a throttled governor
         self.pipeline.before_journal.append(self.verdicts.before_journal)
         self.pipeline.in_journal.append(self.verdicts.in_journal)
         self.pipeline.after_journal.append(self.verdicts.after_journal)

@@ -24,6 +24,7 @@ import numpy as np
 
 from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import AlertAction, ReaskAction, ReviewAction, Rule, RulesBudget, WebhookAction
+from edge_runtime.core.contracts import GateDecision, OpenGate
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result, utc_now
 from edge_runtime.delivery.webhooks import WebhookOutbox
@@ -78,11 +79,15 @@ class VerdictServices:
         self.webhooks.headers_for = self._webhook_headers
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
+        # The governor's gate: a re-ask is a second inference on the inspection thread, so it is
+        # skipped (and recorded) while the governor holds the device below its full rate.
+        self.gate: Callable[[], GateDecision] = OpenGate().decision
         self.reasks = 0
         self.reasks_skipped = 0  # all skipped re-asks: over a rule's reask.max_per_minute or over rules_budget
         self.clock: Callable[[], float] = time.monotonic  # the re-ask window's clock
         self._reask_times: dict[tuple[str, int], deque[float]] = {}  # (rule, action) -> latest re-asks
         self.reasks_budget_skipped = 0  # the part of reasks_skipped over rules_budget (all rules together)
+        self.reasks_governor_skipped = 0  # the part of reasks_skipped while the governor throttled
         self._budget_times: deque[float] = deque(maxlen=self.budget.reasks_per_minute)
         self.action_errors = 0
         self._fired: dict[str, list[Rule]] = {}  # result id -> rules, from before to after the journal
@@ -253,6 +258,12 @@ class VerdictServices:
         """Why this re-ask is skipped, or None to ask: a sliding 60 s window per re-ask action (at most
         `max_per_minute`, over all cameras), then the budget of all rules together (per verdict and a
         sliding 60 s window). A re-ask is recorded in a window only when it is asked."""
+        decision = self.gate()
+        if decision.paused or decision.rate_factor < 1.0:
+            with self._lock:
+                self.reasks_skipped += 1
+                self.reasks_governor_skipped += 1
+            return "governor: " + ("paused" if decision.paused else f"rate x{decision.rate_factor:g}")
         now = self.clock()
         with self._lock:
             window = self._reask_times.get((rule.name, index))
@@ -292,6 +303,7 @@ class VerdictServices:
             "evidence": self.evidence.status() if self.evidence is not None else {"enabled": False},
             "rules": {**self.engine.status(), "reasks": self.reasks,
                       "reasks_skipped": self.reasks_skipped, "reasks_budget_skipped": self.reasks_budget_skipped,
+                      "reasks_governor_skipped": self.reasks_governor_skipped,
                       "action_errors": self.action_errors,
                       "alerts_backlog": self.messages.backlog(),
                       "messages_dropped": self.messages.dropped_unsent},

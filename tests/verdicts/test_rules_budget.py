@@ -100,3 +100,28 @@ def test_a_configuration_the_budget_cannot_meet_is_refused_naming_the_key() -> N
     two = BASE + "  - name: r\n    actions:\n" + "".join(f"      - {{type: reask, prompt: p{j}}}\n" for j in range(3))
     with pytest.raises(ConfigError, match=r"rules\.0\.actions.*rules_budget\.reasks_per_verdict"):
         parse_config(two)
+
+
+def test_re_asks_wait_while_the_governor_throttles_and_resume_at_full_rate(tmp_path: Path) -> None:
+    from edge_runtime.core.contracts import GateDecision
+    from tests.verdicts.test_side_effects import make_result
+
+    services = VerdictServices(EvidenceConfig(enabled=False), reask_rules(1, 1, 60), tmp_path,
+                               tmp_path / "j.sqlite3", set(), lambda: Second())
+    decision = GateDecision(rate_factor=0.5)
+    services.gate = lambda: decision
+    image = np.full((8, 8, 3), 1, np.uint8)
+    try:
+        throttled = make_result(0)
+        services.before_journal(image, throttled)
+        assert throttled.rules is not None and throttled.rules[0]["reask"]["skipped"] == "governor: rate x0.5"
+        decision = GateDecision(paused=True)
+        services.before_journal(image, make_result(1))
+        decision = GateDecision()
+        asked = make_result(2)
+        services.before_journal(image, asked)
+        assert asked.rules is not None and asked.rules[0]["reask"]["verdict"] == {"ok": True}
+        status = services.status()["rules"]
+        assert status["reasks"] == 1 and status["reasks_governor_skipped"] == 2, status
+    finally:
+        services.stop()
