@@ -55,7 +55,21 @@ def _render_all(template: str, bos: str, eos: str) -> dict[str, Any]:
     def tojson(value: Any, indent: int | None = None, **_: Any) -> str:
         return json.dumps(value, ensure_ascii=False, indent=indent)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens): the body as is."""
+
+        tags = {"generation"}  # noqa: RUF012 - jinja2.ext.Extension declares `tags` as a class-level set
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", Generation])
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception,
                        strftime_now=lambda fmt: datetime.date(2026, 1, 1).strftime(str(fmt)))
@@ -66,8 +80,8 @@ def _render_all(template: str, bos: str, eos: str) -> dict[str, Any]:
     reasons = []
     for messages, system in _attempts():
         try:
-            text = compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos,
-                                   tools=None, documents=None)
+            # tools / documents left undefined, as when a chat has none: `if tools` is false, `for t in tools` empty
+            text = compiled.render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
         except MemoryError:
             return {"error": f"rendering it needs more than {RENDER_MEMORY >> 20} MiB of memory"}
         except Exception as exc:  # noqa: BLE001 - a template may raise anything; each attempt reports why

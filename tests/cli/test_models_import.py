@@ -245,3 +245,12 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
         assert list(disk.iterdir()) == []  # the half-written folder is gone
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_tool_and_generation_constructs_of_real_templates_render() -> None:
+    """Shapes from the chat templates llama.cpp ships (Hermes tool use, LFM2.5 / Laguna generation tags)."""
+    chat = ("{% for tool in tools %}{{ tool }}{% endfor %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{% endgeneration %}"
+            "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    assert derive_prompt_template(chat) == ("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+                                            "{image}{prompt}<|im_end|>\n<|im_start|>assistant")
