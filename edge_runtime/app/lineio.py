@@ -69,6 +69,19 @@ class LineIO:
             from edge_runtime.lineio.modbus import ModbusServer
 
             adapters.append(ModbusServer(self.stations, self.cfg.modbus))
+        if self.cfg.sparkplug.enabled:
+            from edge_runtime.delivery.mqtt.client import configure_client
+            from edge_runtime.lineio.sparkplug.node import SparkplugNode
+
+            config = self._daemon.config
+            mqtt_cfg = config.mqtt  # the broker of the daemon's own connection; a connection of its own
+            adapters.append(SparkplugNode(self.stations, self.cfg.sparkplug, mqtt_cfg, config.device_id,
+                                          config.data_dir / "sparkplug" / "bdseq",
+                                          configure=lambda client: configure_client(client, mqtt_cfg)))
+        if self.cfg.gpio.enabled:
+            from edge_runtime.lineio.gpio import GpioService
+
+            adapters.append(GpioService(self.stations, self.cfg.gpio))
         return adapters
 
     # ---- service ----------------------------------------------------------------------------------

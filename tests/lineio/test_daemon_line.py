@@ -197,3 +197,23 @@ def test_kill_9_between_verdict_and_ack_keeps_the_result_and_does_not_repeat_the
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_every_enabled_protocol_serves_the_stations(tmp_path: Path, demo_dir: Path) -> None:
+    cfg = Config(device_id="line-2", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="cam", source=str(tmp_path), trigger=TriggerConfig(mode="on_demand"))]
+    cfg.line_io = LineIOConfig.model_validate({
+        "stations": [{"name": "st1", "camera": "cam", "nok_when": [{"field": "verdict.defect", "equals": True}]}],
+        "opcua": {"enabled": True, "port": free_port(), "anonymous": True},
+        "modbus": {"enabled": True, "port": free_port()},
+        "sparkplug": {"enabled": True},
+        "gpio": {"enabled": True, "cells": [{"station": "st1", "trigger_line": 1, "ok_line": 2, "nok_line": 3}]}})
+    d = Daemon(cfg)  # built, not started: no model load, no sockets
+    assert d.line_io is not None
+    assert [a.name for a in d.line_io.adapters] == ["opcua", "modbus", "sparkplug", "gpio"]
+    assert d.line_io in d.services
+    d.line_io.jobs.close()
+    d.journal.close()
