@@ -17,6 +17,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from pydantic import SecretStr
 
 from edge_runtime.config.line_io import SparkplugConfig
 from edge_runtime.config.mqtt import MqttConfig
@@ -265,3 +266,28 @@ def test_a_flood_of_signal_changes_is_held_in_a_bounded_queue(line: Line, broker
         assert n.counters["ddata"] + n.counters["dropped"] >= 5000 - 8
     finally:
         n.stop()
+
+
+def test_broker_credentials_come_from_the_mqtt_settings(line: Line, tmp_path: Path) -> None:
+    broker = Broker(tmp_path / "auth", password=("edge", "s3cret-pw")).start()
+    try:
+        good = MqttConfig(host="127.0.0.1", port=broker.port, username="edge", password="s3cret-pw")
+        bad = good.model_copy(update={"password": SecretStr("wrong")})
+        refused = SparkplugNode([line.station], SparkplugConfig(enabled=True, group_id=GROUP), bad, "n-bad",
+                                tmp_path / "bad" / "bdseq", configure=lambda c: configure_client(c, bad))
+        accepted = SparkplugNode([line.station], SparkplugConfig(enabled=True, group_id=GROUP), good, "n-good",
+                                 tmp_path / "good" / "bdseq", configure=lambda c: configure_client(c, good))
+        refused.start()
+        accepted.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not (accepted.connected and refused.last_error) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert accepted.health().ok
+            health = refused.health()
+            assert not health.ok and "refused" in health.detail, health
+        finally:
+            refused.stop()
+            accepted.stop()
+    finally:
+        broker.stop()
