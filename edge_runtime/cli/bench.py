@@ -91,9 +91,14 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
     prompt_tps, gen_tps, gen_tokens, energies = [], [], [], []
     raw_encode, raw_prefill, raw_gen_tps, raw_free_tps = [], [], [], []
     vision, preprocessor = inspector.vision, inspector.preprocessor
-    if vision is None or preprocessor is None:
-        raise InferenceError("bench: this is a GGUF + mmproj bundle (format 2); its per-stage bench is not "
-                             "written yet")
+    if vision is None or preprocessor is None:  # a GGUF + mmproj bundle: libmtmd encodes (bench_pair.py)
+        from edge_runtime.cli.bench_pair import run_pair_bench
+
+        run_pair_bench(inspector, report, images, bar, energy)
+        report.throughput = _throughput(inspector, images)
+        report.throughput.update(_parallel(inspector, images[:4]))
+        bar.close()
+        return report
     session = vision.session
     assert session is not None
     name_in, name_out = vision.input_name, vision.output_name
@@ -291,8 +296,10 @@ class _progress:
 
 def render(report: BenchReport) -> str:
     m = report.model
-    lines = [f"edge-runtime bench — {m['name']}@{m['version']} ({m['quantization']}, {m['image_tokens']} image "
-             f"tokens), {report.frames} frames, {report.machine['cores']} cores, {report.machine['date']}",
+    encoder = (f"{m['image_tokens']} image tokens" if "image_tokens" in m
+               else f"mmproj {m.get('projector')}, up to {m.get('image_max_tokens')} image tokens")
+    lines = [f"edge-runtime bench — {m['name']}@{m['version']} ({m['quantization'] or 'GGUF'}, {encoder}), "
+             f"{report.frames} frames, {report.machine['cores']} cores, {report.machine['date']}",
              "", f"{'stage':<14}{'p50 ms':>10}{'p95 ms':>10}"]
     for stage, v in report.stages_ms.items():
         lines.append(f"{stage:<14}{v['p50']:>10.2f}{v['p95']:>10.2f}")

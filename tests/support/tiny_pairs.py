@@ -47,7 +47,7 @@ _TEMPLATES = {
     "qwen2.5-vl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
                   "<|im_start|>assistant\n",
     "gemma3": "<start_of_turn>user\n{system}{image}{prompt}<end_of_turn>\n<start_of_turn>model\n",
-    "smolvlm": "User:{image}{prompt}<end_of_utterance>\nAssistant:",
+    "smolvlm": "{system}User:{image}{prompt}<end_of_utterance>\nAssistant:",
 }
 
 
