@@ -26,7 +26,7 @@ from edge_runtime.config import TriggerConfig
 # These lived here; re-exported so that old import paths keep working.
 from edge_runtime.core.contracts import Gate, GateDecision, QueueFull
 from edge_runtime.core.errors import EdgeRuntimeError
-from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
+from edge_runtime.core.inspection_queue import FrameRouter, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.supervise import SupervisedThread
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class CameraSchedule:
         self.inspections = inspections
         self.gate = gate
         self.stats = ScheduleStats()
-        self.offload: Any = None  # the Offloader (offload/router.py) when offload is enabled
+        self.offload: FrameRouter | None = None  # fleet/offload's Offloader when offload is enabled
         self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
         self._last_seq = 0
         self._stop = threading.Event()

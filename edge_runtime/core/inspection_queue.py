@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from edge_runtime.core.contracts import QueueFull
+from edge_runtime.core.contracts import GateDecision, QueueFull
 from edge_runtime.core.result import Result
 
 
@@ -78,3 +78,17 @@ class ScheduleStats:
 
 # Journal a Result and tell the sinks (verdicts/pipeline.py); raises StorageFull when the journal refuses.
 Deliver = Callable[[InspectionRequest, Result], Result]
+
+
+class FrameRouter(Protocol):
+    """Where a camera's frame may go instead of (or after) the local queue: `fleet/offload`'s
+    Offloader, seen by capture only through this."""
+
+    @property
+    def engages_on_queue_full(self) -> bool: ...
+
+    def route(self, camera: str, gate: GateDecision) -> str | None: ...  # a reason to send it away, or None
+
+    def take(self, request: InspectionRequest, reason: str) -> Future[Result]: ...  # never blocks
+
+    def after_local(self, request: InspectionRequest, future: Future[Result]) -> None: ...  # second opinions
