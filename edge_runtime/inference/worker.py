@@ -13,20 +13,27 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edge_runtime.core.contracts import BatchJob, Gate, QueueFull, ResultJournal
+from edge_runtime.core.contracts import BatchJob, Encoded, Gate, QueueFull, ResultJournal
 from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+
+if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typing needs no engines
+    from edge_runtime.inference.inspector import Inspector
+
+    # What stage 1 hands to stage 2: the embeddings with the model that made them (a reload may replace
+    # it meanwhile), the encoder's failure, or None (not encoded ahead: jobs, overlap off).
+    Staged = tuple[Inspector, Encoded] | Exception | None
 
 log = logging.getLogger(__name__)  # the result lines are counted by tests/test_lifecycle.py
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
 
-    def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Any],
+    def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Inspector],
                  journal: ResultJournal, deliver: Deliver, gate: Gate,
                  stats_for: Callable[[str], ScheduleStats | None], overlap: bool = True, max_batch: int = 4) -> None:
         self.inspections = inspections
@@ -48,7 +55,7 @@ class InspectionWorker:
         self._stop = threading.Event()
         # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,
         # so frame N+1 is decoded, preprocessed and encoded while frame N is generated.
-        self._handoff: queue.Queue[tuple[InspectionRequest, Any]] = queue.Queue(maxsize=self.max_batch)
+        self._handoff: queue.Queue[tuple[InspectionRequest, Staged]] = queue.Queue(maxsize=self.max_batch)
         self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
         self._thread = SupervisedThread("inspector", self._run, self._stop, log)
 
@@ -101,7 +108,7 @@ class InspectionWorker:
                 # The disk is full: refuse before the model spends anything on a verdict nobody gets.
                 self._storage_full(request, StorageFull("disk full: the journal cannot store results"))
                 continue
-            encoded: Any = None
+            encoded: Staged = None
             if self.overlap and request.job is None and request.image is not None:
                 try:
                     inspector = self.get_inspector()
@@ -147,13 +154,13 @@ class InspectionWorker:
         while (leftover := self.inspections.get(timeout=0)) is not None:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
 
-    def _usable(self, encoded: Any) -> Any:
+    def _usable(self, encoded: Staged) -> Encoded | Exception | None:
         """The embeddings, unless a reload replaced the model that computed them (then: encode again)."""
         if encoded is None or isinstance(encoded, Exception):
             return encoded
         return encoded[1] if encoded[0] is self.get_inspector() else None
 
-    def _finish(self, request: InspectionRequest, encoded: Any) -> None:
+    def _finish(self, request: InspectionRequest, encoded: Encoded | Exception | None) -> None:
         try:
             if isinstance(encoded, Exception):
                 raise encoded
@@ -185,7 +192,7 @@ class InspectionWorker:
                            "until space returns", exc)
         request.future.set_exception(exc)
 
-    def _inspect_batch(self, work: list[tuple[InspectionRequest, Any]]) -> None:
+    def _inspect_batch(self, work: list[tuple[InspectionRequest, Encoded]]) -> None:
         gate = self.gate.decision()
         t0 = time.monotonic()
         jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state) for r, enc in work]
@@ -210,10 +217,12 @@ class InspectionWorker:
             else:
                 request.future.set_result(delivered)
 
-    def _inspect(self, request: InspectionRequest, encoded: Any = None) -> Any:
+    def _inspect(self, request: InspectionRequest, encoded: Encoded | None = None) -> Any:  # a job's own value
         inspector = self.get_inspector()
         if request.job is not None:
             return request.job(inspector)
+        if request.image is None:
+            raise ValueError("an inspection request carries either a job or an image")
         gate = self.gate.decision()
         t0 = time.monotonic()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,

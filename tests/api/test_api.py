@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import requests
@@ -17,6 +17,7 @@ from flask.testing import FlaskClient
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import part_image, write_sample_video
+from edge_runtime.inference.inspector import Inspector
 from tests.support.flask_json import json_of
 from tests.support.images import encode, png_bomb
 
@@ -157,7 +158,7 @@ def test_full_queue_answers_429_with_retry_after(tmp_path: Path, demo_dir: Path)
             return real().inspect_batch(*a, **k)
 
     blocked = Blocked()  # one object: the worker sees its encodings as the current inspector's
-    d.worker.get_inspector = lambda: blocked
+    d.worker.get_inspector = lambda: cast(Inspector, blocked)  # the real inspector, slowed down
     try:
         assert d.api is not None
         d.api.app.extensions["edge_runtime_admission"].max_requests = 100  # reach the queue's own bound

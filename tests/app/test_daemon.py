@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
+from edge_runtime.inference.inspector import Inspector
 from tests.support.mjpeg import MjpegCamera, free_port
 from tests.support.waiting import wait_for
 
@@ -94,7 +95,7 @@ def test_slow_model_drops_frames_instead_of_queueing(run_daemon: Callable[..., D
                 time.sleep(0.4)
                 return real().inspect_batch(*args, **kwargs)
         slow_inspector = Slow()  # one object: the worker keeps embeddings only for the model that made them
-        daemon.worker.get_inspector = lambda: slow_inspector
+        daemon.worker.get_inspector = lambda: cast(Inspector, slow_inspector)  # the real inspector, slowed down
     daemon = run_daemon(CameraConfig(name="fast", source=str(video), fps=50,
                                      trigger=TriggerConfig(mode="continuous")), tweak=slow)
     depths = []
