@@ -105,22 +105,23 @@ def test_bad_pair_is_one_line_and_no_crash(kind: str, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists() and time.monotonic() - t0 < 30
 
 
-def test_gguf_without_chat_template_needs_prompt_template(tmp_path: Path) -> None:
+def test_gguf_without_chat_template_needs_prompt_template(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lm, mm = write_lm(tmp_path / "lm.gguf", chat_template=None), write_mmproj(tmp_path / "mmproj.gguf")
-    proc = _cli("models", "import", str(lm), str(mm), str(tmp_path / "out"))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "has no chat template (tokenizer.chat_template): give --prompt-template" in proc.stderr
+    assert main(["models", "import", str(lm), str(mm), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "has no chat template (tokenizer.chat_template): give --prompt-template" in err
     template = "USER: {image}{prompt}\nASSISTANT:"
-    proc = _cli("models", "import", str(lm), str(mm), str(tmp_path / "out"), "--prompt-template", template)
-    assert proc.returncode == 0, proc.stderr
+    assert main(["models", "import", str(lm), str(mm), str(tmp_path / "out"), "--prompt-template", template]) == 0
     manifest = yaml.safe_load((tmp_path / "out" / "bundle.yaml").read_text())
     assert manifest["chat_template"] is None and manifest["prompt"]["template"] == template
     assert manifest["prompt"]["system"] == ""  # the template has no {system}
 
 
-def test_bad_prompt_template_is_one_line(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    proc = _cli("models", "import", str(pair[0]), str(pair[1]), str(tmp_path / "o"), "--prompt-template", "{x}")
-    assert proc.returncode == 2 and "--prompt-template has a placeholder {x}" in proc.stderr
+def test_bad_prompt_template_is_one_line(pair: tuple[Path, Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "import", str(pair[0]), str(pair[1]), str(tmp_path / "o"), "--prompt-template", "{x}"]) == 2
+    assert "--prompt-template has a placeholder {x}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("template", "why"), [
@@ -151,10 +152,10 @@ def test_a_template_that_runs_for_ever_is_stopped() -> None:
     assert time.monotonic() - t0 < 5
 
 
-def test_huge_chat_template_is_refused(tmp_path: Path) -> None:
+def test_huge_chat_template_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lm = write_lm(tmp_path / "lm.gguf", chat_template="{# pad #}" * 20000 + "{{ messages }}")
-    proc = _cli("models", "import", str(lm), str(write_mmproj(tmp_path / "mm.gguf")), str(tmp_path / "o"))
-    assert proc.returncode == 2 and "its chat template is 180014 characters long (limit 131072)" in proc.stderr
+    assert main(["models", "import", str(lm), str(write_mmproj(tmp_path / "mm.gguf")), str(tmp_path / "o")]) == 2
+    assert "its chat template is 180014 characters long (limit 131072)" in capsys.readouterr().err
 
 
 def test_template_with_bos_gets_it_once(tmp_path: Path) -> None:
@@ -212,10 +213,11 @@ def _n_embd_inp(path: Path) -> int:
         llama_cpp.llama_model_free(model)
 
 
-def test_import_never_replaces_a_folder_of_other_files(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_import_never_replaces_a_folder_of_other_files(pair: tuple[Path, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "notes.txt").write_text("keep me")
-    proc = _cli("models", "import", str(pair[0]), str(pair[1]), str(tmp_path))
-    assert proc.returncode == 2 and "is not empty and is not a bundle folder" in proc.stderr
+    assert main(["models", "import", str(pair[0]), str(pair[1]), str(tmp_path)]) == 2
+    assert "is not empty and is not a bundle folder" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "keep me" and pair[0].is_file()
 
 
