@@ -76,7 +76,7 @@ def test_two_bundles_and_two_prompts_are_compared_on_the_same_images(
     prompts.write_text("# two questions\nIs the part defective?\nLook for scratches on the part.\n")
     out = tmp_path / "out"
     code, stdout, stderr = run_eval(capsys, str(labelled_set), "--model", str(demo_dir), "--model", str(other_bundle),
-                                    "--prompts", str(prompts), "--out", str(out), "--limit", "9",
+                                    "--prompts", str(prompts), "--out", str(out), "--limit", "6",
                                     "--data-dir", str(tmp_path / "data"), "--json")
     assert code == 0, stderr
     summary = json.loads(stdout)
@@ -84,17 +84,17 @@ def test_two_bundles_and_two_prompts_are_compared_on_the_same_images(
                                                           "Look for scratches on the part."] * 2
     assert len(summary["comparisons"]) == 3
     for c in summary["comparisons"]:
-        assert c["paired"] == 9 and c["escape"]["of"] == 3 and c["false_reject"]["of"] == 6
+        assert c["paired"] == 6 and c["escape"]["of"] == 2 and c["false_reject"]["of"] == 4
         assert 0 <= c["escape"]["p_value"] <= 1
     keys = {r["key"] for r in records(out)}
-    assert len(keys) == 4 and len(records(out)) == 36
+    assert len(keys) == 4 and len(records(out)) == 24
     verdicts = {r["key"]: [x["verdict"] for x in records(out) if x["key"] == r["key"]] for r in records(out)}
     assert len({json.dumps(v) for v in verdicts.values()}) > 1  # the variants really differ
 
 
 def test_an_interrupted_run_continues_without_redoing_finished_images(
         demo_dir: Path, tmp_path: Path) -> None:
-    labels = write_labelled_set(tmp_path / "ds", 90)
+    labels = write_labelled_set(tmp_path / "ds", 36, size=(96, 72))
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "edge_runtime", "eval", str(labels), "--model", str(demo_dir), "--out", str(out),
            "--data-dir", str(tmp_path / "data"), "--json"]
@@ -109,12 +109,12 @@ def test_an_interrupted_run_continues_without_redoing_finished_images(
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     before = records(out)
-    assert 8 <= len(before) < 90, "the run was not cut in the middle"
+    assert 8 <= len(before) < 36, "the run was not cut in the middle"
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     after = records(out)
     assert after[:len(before)] == before  # the earlier records kept as they were
-    assert sorted(r["id"] for r in after) == [f"part{i:03d}" for i in range(90)]  # each image exactly once
+    assert sorted(r["id"] for r in after) == [f"part{i:03d}" for i in range(36)]  # each image exactly once
     report = json.loads((out / "report.json").read_text())
     run = report["variants"][0]["run"]
-    assert run["reused"] == len(before) and run["inspected_now"] == 90 - len(before)
+    assert run["reused"] == len(before) and run["inspected_now"] == 36 - len(before)
