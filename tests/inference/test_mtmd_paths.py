@@ -20,7 +20,7 @@ import pytest
 from edge_runtime.config import Config
 from edge_runtime.core.bundle import load_bundle
 from edge_runtime.core.contracts import BatchJob
-from edge_runtime.core.errors import InputError
+from edge_runtime.core.errors import InferenceError, InputError
 from edge_runtime.inference.engines import llama_cpp
 from edge_runtime.inference.inspector import Inspector, MediaEncoded
 from edge_runtime.inference.llm.feed import ImagePart
@@ -156,3 +156,13 @@ def test_encoding_while_generating_changes_nothing(family_inspector: Inspector) 
             ins.language.forget_prefix(clear=True)
             overlapped.append(ins.generate(*ins.sequence(PROMPT, enc), ins.grammar, ins.max_tokens).token_ids)
     assert overlapped == alone
+
+
+def test_a_bare_embedding_block_on_an_mrope_model_is_refused(tiny_pairs: Callable[[str], TinyPair],
+                                                             tmp_path: Path) -> None:
+    with make_inspector(tiny_pairs("qwen2.5-vl"), tmp_path / "qwen") as ins:
+        enc = ins.encode(frames(1, seed=7)[0])
+        prefix, _, suffix = ins.sequence(PROMPT, enc)
+        with pytest.raises(InferenceError, match="uses M-RoPE: its images must come from libmtmd"):
+            ins.generate(prefix, enc.embeds, suffix, ins.grammar, ins.max_tokens)
+        assert ins.inspect(frames(1, seed=7)[0]).verdict  # and the model still works

@@ -177,6 +177,15 @@ def n_embd_inp(model: Any) -> int:
     return int(llama_cpp.llama_model_n_embd_inp(model))
 
 
+_MROPE_TYPES = frozenset({llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_VISION,
+                          getattr(llama_cpp, "LLAMA_ROPE_TYPE_IMROPE", 40)})
+
+
+def uses_mrope(model: Any) -> bool:
+    """Whether the model's positions are M-RoPE's 4 sections (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...)."""
+    return int(llama_cpp.llama_model_rope_type(model)) in _MROPE_TYPES
+
+
 def decode_next(ctx: Any, token: int) -> None:
     """One token after everything decoded so far (llama.cpp places it), as llama-cpp-python alone does;
     InferenceError when llama_decode fails."""

@@ -23,7 +23,7 @@ import numpy as np
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
-from edge_runtime.inference.llm.handles import n_embd_inp
+from edge_runtime.inference.llm.handles import n_embd_inp, uses_mrope
 from edge_runtime.inference.llm.parallel import Item, ParallelSequences
 from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
 
@@ -62,6 +62,9 @@ class LanguageModel:
             stack.callback(llm.close)
             self._llm = llm
             self.n_embd = n_embd_inp(llm.model)  # image embeddings' width (> n_embd on Qwen3-VL)
+            # M-RoPE models (Qwen2-VL and later) place an image by its rows and columns: only libmtmd's
+            # MediaEmbeds carry those positions, a bare embedding block would be read past its positions
+            self.mrope = uses_mrope(llm.model)
             self.feed = Feed(batch_size, self.n_embd, on_error=self.forget_prefix)
             stack.callback(self.feed.close)
             self.parallel = ParallelSequences(self)
@@ -236,6 +239,9 @@ class LanguageModel:
                              f"exceeds the context size {self.n_ctx}; at most {self.n_ctx - prompt_tokens} "
                              "fit", field="max_tokens")
         for seg in segments:
+            if isinstance(seg, np.ndarray) and self.mrope:
+                raise InferenceError("this language model uses M-RoPE: its images must come from libmtmd "
+                                     "(MediaEmbeds with positions), not as a bare embedding block")
             if isinstance(seg, np.ndarray) and seg.shape[1] != self.n_embd:
                 raise InferenceError(f"image embeddings are {seg.shape[1]} wide, the language "
                                      f"model expects {self.n_embd}")
