@@ -13,21 +13,38 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from edge_runtime.capture.camera import CameraState
+from edge_runtime.capture.rig import CameraRig
+from edge_runtime.config import CameraConfig, Config
 from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, StorageFull
 from edge_runtime.core.result import Result
-from edge_runtime.core.sink import SinkHealth
+from edge_runtime.core.sink import Sink, SinkHealth
+from edge_runtime.inference.inspector import Inspector
 from edge_runtime.lineio.station import JobRequest, Station
+from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.line_jobs import LineJobs
+from edge_runtime.verdicts.pipeline import VerdictPipeline
 
 if TYPE_CHECKING:
-    from edge_runtime.app.daemon import Daemon
     from edge_runtime.core.inspection_queue import InspectionRequest
+
+
+class LineHost(Protocol):
+    """What line I/O needs of the daemon (`app.Daemon`); a protocol, so this module imports no daemon."""
+
+    config: Config
+    extra_cameras: list[CameraConfig]
+    rigs: dict[str, CameraRig]
+    journal: Journal
+    inspector: Inspector | None
+    services: list[Any]
+    sinks: list[Sink]
+    pipeline: VerdictPipeline
 
 log = logging.getLogger(__name__)
 _DOWN = {CameraState.FAILED, CameraState.RECONNECTING, CameraState.ENDED, CameraState.STOPPED}
@@ -39,10 +56,10 @@ class LineIO:
 
     name = "line_io"
 
-    def __init__(self, daemon: Daemon, cfg: LineIOConfig) -> None:
+    def __init__(self, daemon: LineHost, cfg: LineIOConfig) -> None:
         self._daemon = daemon
         self.cfg = cfg
-        cameras = {c.name for c in daemon.config.cameras} | {c.name for c in getattr(daemon, "extra_cameras", [])}
+        cameras = {c.name for c in daemon.config.cameras} | {c.name for c in daemon.extra_cameras}
         for i, st in enumerate(cfg.stations):
             if st.camera not in cameras:
                 raise ConfigError(f"line_io.stations.{i}.camera: no camera named {st.camera!r} is configured "
@@ -194,19 +211,13 @@ class LineIO:
         return fault
 
 
-def add_line_io(daemon: Daemon) -> LineIO | None:
+def add_line_io(daemon: LineHost) -> LineIO | None:
     """Build line I/O when the config has stations; it joins the daemon's services."""
-    cfg: LineIOConfig | None = getattr(daemon.config, "line_io", None)
+    cfg: LineIOConfig | None = daemon.config.line_io
     if cfg is None or not cfg.stations:
         return None
     line_io = LineIO(daemon, cfg)
     daemon.services.append(line_io)
-    pipeline = getattr(daemon, "pipeline", None)  # the verdict pipeline, where the daemon has one
-    if pipeline is not None:
-        pipeline.before_journal.append(line_io.stamp)
-        daemon.sinks.append(line_io)
-    else:
-        worker: Any = daemon.worker  # the worker's own hooks, before the pipeline existed
-        worker.before_journal.append(line_io.stamp)
-        worker.after_journal.append(line_io.notify)
+    daemon.pipeline.before_journal.append(line_io.stamp)  # the result row carries station and part
+    daemon.sinks.append(line_io)  # the station hears its verdict after the commit
     return line_io
