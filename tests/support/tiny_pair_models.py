@@ -78,6 +78,35 @@ def build_qwen25vl(out: Path) -> Path:
     return out
 
 
+def build_qwen3vl(out: Path) -> Path:
+    """Qwen3-VL: 3-block ViT (patch 16, merge 2, learned 8x8 position grid) with deepstack taps after
+    blocks 0 and 1 (the LM's input embeddings are then 3 x 64 wide) + interleaved M-RoPE qwen3 decoder."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(5)
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                "<|video_pad|>"]
+    tok, sp_model = _tokenizer(out.parent / "qwen3-tok", specials)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+                rms_norm_eps=1e-6, initializer_range=0.25,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                 "mrope_interleaved": True})
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                  deepstack_visual_indexes=[0, 1], initializer_range=0.25)
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=_token_id(tok, "<|image_pad|>"),
+                           video_token_id=_token_id(tok, "<|video_pad|>"),
+                           vision_start_token_id=_token_id(tok, "<|vision_start|>"),
+                           vision_end_token_id=_token_id(tok, "<|vision_end|>"), tie_word_embeddings=False)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    model.save_pretrained(out)
+    Qwen2VLImageProcessor(min_pixels=64 * 64, max_pixels=128 * 128, patch_size=16, merge_size=2,
+                          temporal_patch_size=2).save_pretrained(out)
+    _save_tokenizer(tok, sp_model, out, QWEN_TEMPLATE)
+    return out
+
+
 def build_gemma3(out: Path) -> Path:
     """Gemma 3: SigLIP tower (64 px, patch 8 -> 8x8 patches) pooled to 16 tokens + gemma3 decoder."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor
@@ -158,5 +187,5 @@ def build_smolvlm(out: Path) -> Path:
 
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {
-    "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm,
+    "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm, "qwen3-vl": build_qwen3vl,
 }
