@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from edge_runtime.evaluation.report import write_atomic, write_html, write_json
 from edge_runtime.evaluation.runner import RunLog, run_variant, variant_key
 from edge_runtime.inference.model_source import open_inspector, resolve_bundle
 
+log = logging.getLogger(__name__)
+EVALUATIONS_KEPT = 50
 MAX_PROMPTS_BYTES = 1 << 20
 MAX_PROMPTS = 16
 MAX_PROMPT_CHARS = 4000
@@ -149,6 +152,7 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
               "variants": variants, "comparisons": comparisons}
     write_json(report, opts.out)
     write_atomic(opts.out / "summary.json", json.dumps(summary(report), indent=2, ensure_ascii=False) + "\n")
+    register(config.data_dir, opts.out, report)
     write_html(report, {s.id: s.image for s in ds.samples}, verdicts, opts.out, config.images)
     return report
 
@@ -170,6 +174,24 @@ def _variant(label: str, key: str, model: str | None, model_name: str, prompt: s
         "run": {"inspected_now": stats.inspected, "reused": stats.reused, "wall_s": round(stats.wall_s, 3),
                 "images_per_s": stats.images_per_s},
     }
+
+
+def register(data_dir: Path, out: Path, report: dict[str, Any]) -> Path | None:
+    """Keep the summary in `<data_dir>/evaluations/` (newest EVALUATIONS_KEPT), where the status page's
+    Evaluations view lists it. A registry that cannot be written is a warning, not a failed eval."""
+    folder = data_dir / "evaluations"
+    name = re.sub(r"[^0-9A-Za-z]", "", report["generated"]) + f"-{report['variants'][0]['key'][:8]}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        write_atomic(path, json.dumps({"generated": report["generated"], "out": str(out.resolve()),
+                                       **summary(report)}, ensure_ascii=False) + "\n")
+        for old in sorted(p for p in folder.glob("*.json") if p.is_file())[:-EVALUATIONS_KEPT]:
+            old.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("eval: the summary was not kept in %s (%s)", folder, exc.strerror or exc)
+        return None
+    return path
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:

@@ -187,6 +187,25 @@ async function loadRecent() {
   } catch (e) { /* the poll loop reports reachability */ }
 }
 
+function evalRate(r) {
+  return r && r.rate != null ? `${(r.rate * 100).toFixed(2)}% (${r.count}/${r.of})` : "—";
+}
+
+async function loadEvaluations() {
+  try {
+    const page = await (await fetch("/api/v1/evaluations", { cache: "no-store" })).json();
+    const rows = [];
+    for (const ev of page.evaluations || []) {
+      for (const v of ev.variants || []) {
+        rows.push(`<tr><td>${esc(ev.generated)}</td><td>${esc(v.model)}</td><td>${esc(ev.dataset && ev.dataset.samples)}</td>` +
+          `<td>${esc(evalRate(v.escape))}</td><td>${esc(evalRate(v.false_reject))}</td><td>${esc(ev.out)}</td></tr>`);
+      }
+    }
+    $("evaluations").innerHTML = rows.join("");
+    $("evaluations-panel").hidden = rows.length === 0;
+  } catch (e) { /* the poll loop reports reachability */ }
+}
+
 function listen() {
   // The server ends each stream after a while; EventSource reconnects by itself with Last-Event-ID.
   // A refused connection (429: too many streams) closes it for good, so retry by hand from the last id.
@@ -205,5 +224,5 @@ function listen() {
 
 legend();
 $("signin").addEventListener("submit", signIn);
-poll().then((signedIn) => { if (signedIn) loadRecent().then(listen); });
+poll().then((signedIn) => { if (signedIn) { loadRecent().then(listen); loadEvaluations(); } });
 setInterval(poll, 3000);
