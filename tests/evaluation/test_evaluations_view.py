@@ -51,3 +51,23 @@ def test_the_page_escapes_what_it_shows() -> None:
     start = js.index("async function loadEvaluations")
     body = js[start:js.index("function listen", start)]
     assert "${ev." not in body and "${v." not in body  # every interpolated value goes through esc()
+
+
+def test_the_status_page_lists_evaluations_as_text(tmp_path: Path, demo_dir: Path) -> None:
+    """Chromium via Playwright: the panel appears with the summary; a hostile model name stays text."""
+    from tests.api.test_api import running_daemon
+    from tests.support.browser import chromium
+
+    for daemon in running_daemon(tmp_path, demo_dir, results=1):
+        assert register(daemon.config.data_dir, tmp_path / "out", report(1, model="<img src=x onerror=boom()>"))
+        base = f"http://127.0.0.1:{daemon.api.port}"  # type: ignore[union-attr]
+        with chromium() as browser:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))  # noqa: B023 - the loop runs once
+            page.goto(base + "/")
+            page.wait_for_selector("#evaluations-panel:not([hidden]) #evaluations tr", timeout=15000)
+            text = page.inner_text("#evaluations")
+            assert "<img src=x onerror=boom()>" in text and "10.00% (1/10)" in text, text
+            assert page.query_selector("#evaluations img") is None
+            assert not errors, errors
