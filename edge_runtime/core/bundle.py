@@ -201,22 +201,33 @@ def load_bundle(root: Path | str, verify_checksums: bool = True) -> Bundle:
     root = Path(root).expanduser().resolve()
     manifest_path, manifest = read_manifest(root)
     if isinstance(manifest, MmprojManifest):
-        from edge_runtime.core.bundle_pair import check_pair_bundle
+        from edge_runtime.core.bundle_pair import check_pair_fit
 
         bundle = Bundle(root, manifest)
-        check_pair_bundle(bundle, manifest_path, manifest, verify_checksums)
+        for role, entry in (("language", manifest.files.language), ("mmproj", manifest.files.mmproj)):
+            if Path(entry.path).name != entry.path or entry.path in ("", ".", ".."):
+                raise BundleError(f"{manifest_path}: files.{role}.path {entry.path!r} must be a file name "
+                                  "inside the bundle folder")
+            _check_file(root / entry.path, role, entry, verify_checksums)
+        assert bundle.mmproj_path is not None
+        bundle.quantization = check_pair_fit(bundle.language_path, bundle.mmproj_path, manifest.mtmd.projector,
+                                             manifest.mtmd.embedding_dim, manifest.prompt.template, manifest_path)
         _check_schema(manifest_path, manifest.verdict_schema)
         return bundle
 
     bundle = Bundle(root, manifest)
     for role, path, entry in onnx_files(bundle, manifest):
-        if not path.is_file():
-            raise BundleError(f"{path} is missing: bundle.yaml lists it as the {role} model")
-        if verify_checksums and sha256_file(path) != entry.sha256:
-            raise BundleError(f"{path} does not match its sha256 in bundle.yaml (corrupt or replaced file)")
+        _check_file(path, role, entry, verify_checksums)
     _check_schema(manifest_path, manifest.verdict_schema)
     _check_widths(bundle, manifest)
     return bundle
+
+
+def _check_file(path: Path, role: str, entry: BundleFile, verify_checksums: bool) -> None:
+    if not path.is_file():
+        raise BundleError(f"{path} is missing: bundle.yaml lists it as the {role} model")
+    if verify_checksums and sha256_file(path) != entry.sha256:
+        raise BundleError(f"{path} does not match its sha256 in bundle.yaml (corrupt or replaced file)")
 
 
 def onnx_files(bundle: Bundle, manifest: Manifest) -> list[tuple[str, Path, BundleFile]]:

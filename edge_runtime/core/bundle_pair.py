@@ -9,41 +9,27 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from edge_runtime.core.errors import BundleError
 from edge_runtime.core.gguf_header import GGUFHeader, read_header
 from edge_runtime.core.mmproj import PairFit, check_pair, quantization
 
-if TYPE_CHECKING:
-    from edge_runtime.core.bundle import Bundle, MmprojManifest
-
 PLACEHOLDERS = ("system", "image", "prompt")
 
 
-def check_pair_bundle(bundle: Bundle, manifest_path: Path, m: MmprojManifest, verify_checksums: bool) -> None:
-    from edge_runtime.core.bundle import sha256_file
-
-    for role, entry in (("language", m.files.language), ("mmproj", m.files.mmproj)):
-        if Path(entry.path).name != entry.path or entry.path in ("", ".", ".."):
-            raise BundleError(f"{manifest_path}: files.{role}.path {entry.path!r} must be a file name inside "
-                              "the bundle folder")
-        path = bundle.root / entry.path
-        if not path.is_file():
-            raise BundleError(f"{path} is missing: bundle.yaml lists it as the {role} model")
-        if verify_checksums and sha256_file(path) != entry.sha256:
-            raise BundleError(f"{path} does not match its sha256 in bundle.yaml (corrupt or replaced file)")
-    assert bundle.mmproj_path is not None
-    lm, mm = read_header(bundle.language_path), read_header(bundle.mmproj_path)
+def check_pair_fit(language: Path, mmproj: Path, projector: str, embedding_dim: int, template: str,
+                   manifest_path: Path) -> str:
+    """The two headers fit each other and what bundle.yaml says of them; returns the LM's quantization."""
+    lm, mm = read_header(language), read_header(mmproj)
     fit = check_pair(lm, mm)
-    if fit.projector != m.mtmd.projector:
-        raise BundleError(f"{bundle.mmproj_path} is a {fit.projector} projector, but bundle.yaml says "
-                          f"mtmd.projector {m.mtmd.projector!r}")
-    if fit.embedding_dim != m.mtmd.embedding_dim:
-        raise BundleError(f"{bundle.language_path} takes embeddings {fit.embedding_dim} wide, but bundle.yaml "
-                          f"says mtmd.embedding_dim {m.mtmd.embedding_dim}")
-    check_prompt_template(m.prompt.template, f"{manifest_path}: prompt.template")
-    bundle.quantization = quantization(lm)
+    if fit.projector != projector:
+        raise BundleError(f"{mmproj} is a {fit.projector} projector, but bundle.yaml says "
+                          f"mtmd.projector {projector!r}")
+    if fit.embedding_dim != embedding_dim:
+        raise BundleError(f"{language} takes embeddings {fit.embedding_dim} wide, but bundle.yaml "
+                          f"says mtmd.embedding_dim {embedding_dim}")
+    check_prompt_template(template, f"{manifest_path}: prompt.template")
+    return quantization(lm)
 
 
 def check_prompt_template(template: str, where: str) -> None:

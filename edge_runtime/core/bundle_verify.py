@@ -72,7 +72,7 @@ def _run(steps: list[tuple[str, Callable[[], str]]]) -> Iterator[Step]:
 
 
 def _pair_steps(root: Path, bundle: Bundle, m: MmprojManifest) -> list[tuple[str, Callable[[], str]]]:
-    from edge_runtime.core.bundle_pair import check_pair_bundle, check_prompt_template
+    from edge_runtime.core.bundle_pair import check_pair_fit, check_prompt_template
     from edge_runtime.core.gguf_header import read_header
     from edge_runtime.core.mmproj import check_pair, quantization
 
@@ -84,7 +84,9 @@ def _pair_steps(root: Path, bundle: Bundle, m: MmprojManifest) -> list[tuple[str
                 f"{fit.projector} ({fit.family}), {len(mm.tensors)} tensors")
 
     def fit() -> str:
-        check_pair_bundle(bundle, root / "bundle.yaml", m, verify_checksums=False)
+        assert bundle.mmproj_path is not None
+        check_pair_fit(bundle.language_path, bundle.mmproj_path, m.mtmd.projector, m.mtmd.embedding_dim,
+                       m.prompt.template, root / "bundle.yaml")
         return (f"{m.mtmd.projector} outputs {m.mtmd.embedding_dim}-wide embeddings = the language model's "
                 f"input width; image_max_tokens {m.mtmd.image_max_tokens}")
 
