@@ -166,3 +166,12 @@ def test_a_bare_embedding_block_on_an_mrope_model_is_refused(tiny_pairs: Callabl
         with pytest.raises(InferenceError, match="uses M-RoPE: its images must come from libmtmd"):
             ins.generate(prefix, enc.embeds, suffix, ins.grammar, ins.max_tokens)
         assert ins.inspect(frames(1, seed=7)[0]).verdict  # and the model still works
+
+
+def test_a_bidirectional_image_larger_than_the_batch_is_one_clear_error(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """Gemma 3's image must sit in one micro-batch (its attention is bidirectional): 16 > batch_size 8."""
+    with make_inspector(tiny_pairs("gemma3"), tmp_path / "gemma3", batch_size=8) as ins:
+        with pytest.raises(InferenceError, match=r"^the image is 16 embeddings, more than model.batch_size 8; "
+                                                 r"its attention is bidirectional, so it must fit one batch$"):
+            ins.inspect(frames(1, seed=8)[0])
