@@ -19,6 +19,7 @@ import onnx
 import yaml
 
 from edge_runtime.core.bundle import sha256_file
+from edge_runtime.core.errors import BundleError
 
 from .language_gguf import LanguageShape, write_language_model
 from .tokenizer import train_bpe
@@ -76,7 +77,14 @@ _CORPUS = "\n".join([
 
 @contextmanager
 def bundle_workdir(out_dir: Path) -> Iterator[Path]:
-    """A temporary folder beside `out_dir` that atomically replaces it when the block succeeds."""
+    """A temporary folder beside `out_dir` that atomically replaces it when the block succeeds.
+    `out_dir` is replaced whole, so it must be new, empty or a bundle folder: never a folder of
+    other files (`models demo ~/` would otherwise delete the home folder)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BundleError(f"{out_dir} exists and is not a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "bundle.yaml").is_file():
+        raise BundleError(f"{out_dir} is not empty and is not a bundle folder: the bundle replaces the whole "
+                          "folder, so give a new or empty one")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".bundle-", dir=out_dir.parent))
     try:

@@ -89,6 +89,18 @@ def test_models_demo_and_verify(tmp_path: Path, data_dir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("models", "verify", "--json", str(tmp_path / "b"), data_dir=data_dir)
     assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
+    proc = run_cli("models", "demo", str(tmp_path / "b"), data_dir=data_dir)  # a bundle folder: replaced
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_models_demo_refuses_to_replace_a_folder_of_other_files(tmp_path: Path, data_dir: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.txt").write_text("years of work")
+    proc = run_cli("models", "demo", str(home), data_dir=data_dir)
+    assert proc.returncode == 2 and "not empty and is not a bundle folder" in proc.stderr
+    assert (home / "thesis.txt").read_text() == "years of work"
+    assert not list(tmp_path.glob(".bundle-*"))  # refused before any work folder was made
 
 
 # ---- usage, global options, data dir, stopping -----------------------------------------------
