@@ -24,6 +24,7 @@ from edge_runtime.inference.model_source import open_inspector, resolve_bundle
 
 log = logging.getLogger(__name__)
 EVALUATIONS_KEPT = 50
+MAX_MODELS = 8
 MAX_PROMPTS_BYTES = 1 << 20
 MAX_PROMPTS = 16
 MAX_PROMPT_CHARS = 4000
@@ -104,6 +105,8 @@ def read_dataset(config: Config, opts: EvalOptions, schema: dict[str, Any]) -> D
 
 def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
     """Run the evaluation; writes OUT/runs.jsonl, OUT/report.json, OUT/report.html; returns the report."""
+    if len(opts.models) > MAX_MODELS:
+        raise EdgeRuntimeError(f"--model: at most {MAX_MODELS} bundles in one evaluation")
     schema = resolve_bundle(config, opts.models[0]).manifest.verdict_schema  # no engine loaded yet
     rule = _defect_rule(config, opts, schema)
     ds = read_dataset(config, opts, schema)
@@ -112,7 +115,7 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
                                f"first problem: {ds.issues[0] if ds.issues else 'none'}")
     try:
         opts.out.mkdir(parents=True, exist_ok=True)
-        log = RunLog(opts.out / "runs.jsonl")
+        runs = RunLog(opts.out / "runs.jsonl")
     except OSError as exc:
         raise EdgeRuntimeError(f"--out {opts.out}: cannot be used ({exc.strerror or exc})") from None
     variants: list[dict[str, Any]] = []
@@ -125,9 +128,12 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
                 for prompt in opts.prompts:
                     label = f"{chr(ord('A') + len(variants))}: {inspector.model_name}"
                     key = variant_key(inspector, prompt)
-                    stats = run_variant(inspector, key, label, prompt, ds.samples, log, config.images,
+                    if key in pairs_of:  # the same bundle files and prompt again: same verdicts
+                        log.warning("eval: %s with this prompt was measured already; skipped", inspector.model_name)
+                        continue
+                    stats = run_variant(inspector, key, label, prompt, ds.samples, runs, config.images,
                                         config.inspection.max_batch, opts.progress)
-                    pairs = [Pair(s, log.records[(key, s.id)].get("verdict"), log.records[(key, s.id)])
+                    pairs = [Pair(s, runs.records[(key, s.id)].get("verdict"), runs.records[(key, s.id)])
                              for s in ds.samples]
                     pairs_of[key] = pairs
                     verdicts[key] = {p.sample.id: p.verdict for p in pairs}
@@ -137,7 +143,7 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
             finally:
                 inspector.close()
     finally:
-        log.close()
+        runs.close()
     first = variants[0]
     for kind, n in first["errors"].items():
         ds.counts[kind] += n

@@ -25,13 +25,14 @@ from edge_runtime.evaluation.runner import RunLog, _image_stamp
     (["eval", "x.jsonl", "--defect-rule", "nope"], "no rule of that name"),
     (["eval", "x.jsonl", "--prompts", "/nonexistent/p.txt"], "--prompts"),
     (["eval", "DS", "--out", "/proc/version/out"], "--out"),
+    (["eval", "DS", *["--model", "M"] * 8], "at most 8 bundles"),
 ])
 def test_a_user_mistake_is_one_line_and_exit_2(args: list[str], says: str, demo_dir: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     ds = tmp_path / "ds.jsonl"
     (tmp_path / "a.jpg").write_bytes(b"")
     ds.write_text('{"image": "a.jpg", "defect": true}\n')
-    args = [str(ds) if a == "DS" else a for a in args]
+    args = [str(ds) if a == "DS" else str(demo_dir) if a == "M" else a for a in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "o")]
     code = main([*args, "--model", str(demo_dir), "--data-dir", str(tmp_path)])

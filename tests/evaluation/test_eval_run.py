@@ -118,3 +118,14 @@ def test_an_interrupted_run_continues_without_redoing_finished_images(
     report = json.loads((out / "report.json").read_text())
     run = report["variants"][0]["run"]
     assert run["reused"] == len(before) and run["inspected_now"] == 36 - len(before)
+
+
+def test_the_same_bundle_twice_is_measured_once(demo_dir: Path, labelled_set: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = run_eval(capsys, str(labelled_set), "--model", str(demo_dir), "--model", str(demo_dir),
+                                    "--out", str(tmp_path / "out"), "--limit", "3",
+                                    "--data-dir", str(tmp_path / "data"), "--json")
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert len(summary["variants"]) == 1 and summary["comparisons"] == []
+    assert "measured already; skipped" in stderr
