@@ -22,12 +22,13 @@ from typing import Any
 import cv2
 import numpy as np
 
+from edge_runtime.cli.bench_pair import percentiles, run_pair_bench
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Encoded, Inspector
 from edge_runtime.inference.llm.feed import ImagePart
-from edge_runtime.inference.llm.handles import Sampler, decode_next, engine_info, is_end_of_generation
+from edge_runtime.inference.llm.handles import Sampler, engine_info
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.picker import GREEDY
 
@@ -48,13 +49,6 @@ class BenchReport:
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
-
-
-def _pct(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"p50": round(statistics.median(ordered), 3), "p95": round(p95, 3),
-            "mean": round(statistics.fmean(ordered), 3)}
 
 
 def bench_images(count: int) -> list[bytes]:
@@ -92,8 +86,6 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
     raw_encode, raw_prefill, raw_gen_tps, raw_free_tps = [], [], [], []
     vision, preprocessor = inspector.vision, inspector.preprocessor
     if vision is None or preprocessor is None:  # a GGUF + mmproj bundle: libmtmd encodes (bench_pair.py)
-        from edge_runtime.cli.bench_pair import run_pair_bench
-
         run_pair_bench(inspector, report, images, bar, energy)
         report.throughput = _throughput(inspector, images)
         report.throughput.update(_parallel(inspector, images[:4]))
@@ -151,7 +143,7 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
             if e is not None:
                 energies.append(e)
         bar(2)
-    report.stages_ms = {k: _pct(v) for k, v in stages.items()}
+    report.stages_ms = {k: percentiles(v) for k, v in stages.items()}
     report.tokens = {"prompt_tokens": gen.prompt_tokens, "prompt_tok_s": round(statistics.median(prompt_tps), 1),
                      "gen_tokens_mean": round(statistics.fmean(gen_tokens), 1),
                      "gen_tok_s": round(statistics.median(gen_tps), 1)}
@@ -207,11 +199,11 @@ def _raw_llama(lm: LanguageModel, prefix: list[int], image: ImagePart, suffix: l
         produced = 0
         for _ in range(max(1, max_tokens)):
             token = chain.sample(ctx)
-            if grammar is not None and is_end_of_generation(lm.vocab, token):
+            if grammar is not None and lm.vocab.is_eog(token):
                 break
             produced += 1
             try:
-                decode_next(ctx, token)
+                ctx.decode_next(token)
             except InferenceError:  # the context is full: the timing so far stands
                 break
         elapsed = time.perf_counter() - t1

@@ -19,14 +19,20 @@ import cv2
 
 from edge_runtime.core.images import decode_image
 from edge_runtime.inference.inspector import Inspector, MediaEncoded
-from edge_runtime.inference.llm.handles import Sampler, decode_next, is_end_of_generation
+from edge_runtime.inference.llm.handles import Sampler
 from edge_runtime.inference.llm.model import LanguageModel
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50, p95 and mean of one stage's timings (ms), for both benches' reports."""
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 3), "p95": round(p95, 3),
+            "mean": round(statistics.fmean(ordered), 3)}
 
 
 def run_pair_bench(inspector: Inspector, report: Any, images: list[bytes], bar: Any, energy: Any = None) -> Any:
     """Fill `report` (cli/bench.BenchReport) for a format-2 bundle; the caller adds throughput/parallel."""
-    from edge_runtime.cli.bench import _pct
-
     assert inspector.mtmd is not None
     stages: dict[str, list[float]] = {k: [] for k in ("decode_image", "preprocess", "encode", "prefill",
                                                        "generate", "total")}
@@ -63,7 +69,7 @@ def run_pair_bench(inspector: Inspector, report: Any, images: list[bytes], bar: 
             energies.append(e)
         bar(3)
     assert gen is not None
-    report.stages_ms = {k: _pct(v) for k, v in stages.items()}
+    report.stages_ms = {k: percentiles(v) for k, v in stages.items()}
     report.tokens = {"prompt_tokens": gen.prompt_tokens, "prompt_tok_s": round(statistics.median(prompt_tps), 1),
                      "gen_tokens_mean": round(statistics.fmean(gen_tokens), 1),
                      "gen_tok_s": round(statistics.median(gen_tps), 1),
@@ -112,11 +118,11 @@ def _raw_sampling(lm: LanguageModel, grammar: str | None, max_tokens: int) -> fl
         produced = 0
         for _ in range(max(1, max_tokens)):
             token = chain.sample(lm.ctx)
-            if grammar is not None and is_end_of_generation(lm.vocab, token):
+            if grammar is not None and lm.vocab.is_eog(token):
                 break
             produced += 1
             try:
-                decode_next(lm.ctx, token)
+                lm.ctx.decode_next(token)
             except Exception:  # noqa: BLE001 - the context is full: the timing so far stands
                 break
         elapsed = time.perf_counter() - t1

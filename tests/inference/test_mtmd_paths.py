@@ -21,7 +21,6 @@ from edge_runtime.config import Config
 from edge_runtime.core.bundle import load_bundle
 from edge_runtime.core.contracts import BatchJob
 from edge_runtime.core.errors import InferenceError, InputError
-from edge_runtime.inference.engines import llama_cpp
 from edge_runtime.inference.inspector import Inspector, MediaEncoded
 from edge_runtime.inference.llm.feed import ImagePart
 from edge_runtime.inference.llm.mtmd import MediaEmbeds
@@ -60,8 +59,7 @@ def helper_logits(ins: Inspector, frame: np.ndarray) -> np.ndarray:
     with ins.mtmd.tokenize(text, [frame[:, :, ::-1].copy()], add_special=True) as chunks:
         ins.mtmd.eval_chunks(lm.ctx, chunks, 0, 0, lm.n_batch)
     lm.forget_prefix(clear=True)
-    row = llama_cpp.llama_get_logits_ith(lm.ctx, -1)
-    return np.ctypeslib.as_array(row, shape=(lm.n_vocab,)).copy()
+    return lm.ctx.logits_ith(-1).copy()
 
 
 def mutate(image: ImagePart, how: str | None) -> ImagePart:

@@ -10,8 +10,6 @@ so the caller can decode them in one batch.
 
 from __future__ import annotations
 
-from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
-
 import ctypes
 import threading
 from collections import OrderedDict
@@ -23,7 +21,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from edge_runtime.core.errors import InferenceError, InputError
-from edge_runtime.inference.llm.handles import Model
+from edge_runtime.inference.llm.handles import TOKEN_ATTR_CONTROL, TOKEN_ATTR_USER_DEFINED, Model, Vocab
 
 # Tokenizers are built from the GGUF vocabulary (seconds for a 262k vocabulary): keep the last few,
 # keyed by the language model's sha256 from bundle.yaml.
@@ -74,24 +72,22 @@ def tokenizer_for(path: str, n_vocab: int, eog: frozenset[int], key: str) -> Voc
         return tok
 
 
-def _build_tokenizer(vocab: Any, n_vocab: int, eog: frozenset[int]) -> tuple[Any, list[bytes]]:
+def _build_tokenizer(vocab: Vocab, n_vocab: int, eog: frozenset[int]) -> tuple[Any, list[bytes]]:
     """llguidance.llamacpp.lltokenizer_from_vocab without its deprecated llama.cpp call: each token's
     bytes, control tokens marked with a 0xFF prefix so no grammar text can produce them."""
     buf = ctypes.create_string_buffer(16 * 1024)
     tokens: list[bytes] = []
-    special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
     for token in range(n_vocab):
-        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+        n = vocab.token_to_piece(token, buf, True)
         piece = buf.raw[:max(n, 0)]
-        attr = llama_cpp.llama_vocab_get_attr(vocab, token)
-        if attr & special or (attr & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<")
-                              and piece.endswith(b">")):
+        attr = vocab.attr(token)
+        if attr & TOKEN_ATTR_CONTROL or (attr & TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<")
+                                         and piece.endswith(b">")):
             piece = b"\xff" + piece
         tokens.append(piece)
-    fptr = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
-    eos = sorted(eog) or [llama_cpp.llama_vocab_eos(vocab)]
+    eos = sorted(eog) or [vocab.eos()]
     tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]  # not in its stubs
-        tokens=tokens, vocab_ptr=vocab, tokenize_fptr=fptr, eos_token=eos, slices=None)
+        tokens=tokens, vocab_ptr=vocab.ptr, tokenize_fptr=vocab.tokenize_fptr, eos_token=eos, slices=None)
     return tokenizer, tokens
 
 

@@ -6,8 +6,6 @@ tokens before it. `Feed` owns the two batches (tokens, embeddings) it reuses for
 
 from __future__ import annotations
 
-from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
-
 import ctypes
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.core.errors import InferenceError
-from edge_runtime.inference.llm.handles import Batch, set_causal_attn
+from edge_runtime.inference.llm.handles import Batch, Context, DecodeError
 from edge_runtime.inference.llm.mtmd import MediaEmbeds
 
 
@@ -72,7 +70,7 @@ class Feed:
     def close(self) -> None:
         self._stack.close()
 
-    def segments(self, ctx: Any, segments: list[Segment], pos: int, want_last_logits: bool, seq: int = 0) -> int:
+    def segments(self, ctx: Context, segments: list[Segment], pos: int, want_last_logits: bool, seq: int = 0) -> int:
         for i, seg in enumerate(segments):
             last = want_last_logits and i == len(segments) - 1
             if isinstance(seg, MediaEmbeds):
@@ -83,7 +81,7 @@ class Feed:
                 pos = self.token_ids(ctx, seg, pos, last, seq)
         return pos
 
-    def token_ids(self, ctx: Any, tokens: list[int], pos: int, want_last_logits: bool, seq: int = 0) -> int:
+    def token_ids(self, ctx: Context, tokens: list[int], pos: int, want_last_logits: bool, seq: int = 0) -> int:
         """Decode `tokens` at positions pos.. of sequence `seq`; return the next position."""
         batch = self.tokens.struct
         for start in range(0, len(tokens), self.n_batch):
@@ -101,7 +99,7 @@ class Feed:
             pos += len(chunk)
         return pos
 
-    def media(self, ctx: Any, media: MediaEmbeds, pos: int, want_last_logits: bool, seq: int = 0) -> int:
+    def media(self, ctx: Context, media: MediaEmbeds, pos: int, want_last_logits: bool, seq: int = 0) -> int:
         """One libmtmd image chunk at pos.. of `seq`, as `mtmd_helper_decode_image_chunk` decodes it:
         positions from the chunk (M-RoPE: [4, n] section-major per batch), bidirectional attention
         around it when the projector asks (the whole image in one micro-batch then); the next position
@@ -117,7 +115,7 @@ class Feed:
         embeds = np.ascontiguousarray(media.embeds, dtype=np.float32)
         row_bytes = self.n_embd * ctypes.sizeof(ctypes.c_float)
         if media.non_causal:
-            set_causal_attn(ctx, False)
+            ctx.set_causal_attn(False)
         try:
             for start in range(0, n, self.n_batch):
                 stop = min(n, start + self.n_batch)
@@ -133,10 +131,10 @@ class Feed:
                 self.decode(ctx, batch)
         finally:
             if media.non_causal:
-                set_causal_attn(ctx, True)
+                ctx.set_causal_attn(True)
         return pos + media.n_pos
 
-    def embeddings(self, ctx: Any, embeds: np.ndarray, pos: int, want_last_logits: bool, seq: int = 0) -> int:
+    def embeddings(self, ctx: Context, embeds: np.ndarray, pos: int, want_last_logits: bool, seq: int = 0) -> int:
         batch = self.embeds.struct
         self.embeds.use_positions(())  # the plain position array
         embeds = np.ascontiguousarray(embeds, dtype=np.float32)
@@ -156,13 +154,15 @@ class Feed:
             pos += chunk.shape[0]
         return pos
 
-    def decode(self, ctx: Any, batch: llama_cpp.llama_batch) -> None:
+    def decode(self, ctx: Context, batch: Any) -> None:
+        """`batch`: the struct of one of this feed's batches (or a caller's, filled the same way)."""
         t0 = time.perf_counter() if self.profile else 0.0
-        rc = llama_cpp.llama_decode(ctx, batch)
-        if rc != 0:
+        try:
+            ctx.decode(batch)
+        except DecodeError:
             self._on_error()
-            raise InferenceError(f"llama_decode failed with code {rc}")
+            raise
         self.decode_calls += 1
         if self.profile:
-            llama_cpp.llama_synchronize(ctx)
+            ctx.synchronize()
             self.decode_s += time.perf_counter() - t0

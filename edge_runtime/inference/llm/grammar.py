@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from edge_runtime.inference.engines import llama_cpp  # noqa: F401  # isort: skip - the engines' safe load order
+import edge_runtime.inference.engines  # noqa: F401  # isort: skip - the engines' safe load order
 
 from llama_cpp import llama_grammar
 from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter

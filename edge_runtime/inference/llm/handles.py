@@ -1,9 +1,13 @@
-"""Owning wrappers for raw llama.cpp handles: each frees its handle once, on the first `close()`.
+"""Owning wrappers for raw llama.cpp handles, and the one place that calls llama.cpp (with mtmd.py
+for libmtmd): nobody else calls a `llama_cpp` function.
 
 In the manner of llama-cpp-python's `_internals` (LlamaModel, LlamaContext, LlamaBatch): a
 wrapper is created holding a live handle or not at all (its constructor raises), is a context
 manager, and `close()` is idempotent, so a constructor can push it on an `ExitStack` and a later
-failing step frees everything built before it.
+failing step frees everything built before it. Its methods are the checked llama.cpp calls:
+`Context.decode` raises `DecodeError` on a non-zero code, `Context.memory_seq_rm` says whether
+it removed. `Llama` (llama-cpp-python's object) owns the main model and context; `Model.view` and
+`Context.view` are non-owning wrappers of those, closed (unusable) with it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,23 @@ import numpy as np
 from edge_runtime.core.errors import InferenceError
 
 _H = TypeVar("_H", bound="_Handle")
+
+TOKEN_ATTR_CONTROL = int(llama_cpp.LLAMA_TOKEN_ATTR_CONTROL)
+TOKEN_ATTR_USER_DEFINED = int(llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED)
+# llama_token_data as a numpy record (a Candidates array is filled through it, then handed to a sampler)
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class DecodeError(InferenceError):
+    """llama_decode returned non-zero (1: no KV slot for the batch, 2: aborted, <0: an error)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"llama_decode failed with code {code}")
+        self.code = code
+
+
+def _keep(_ptr: Any) -> None:
+    """The `free` of a view: its owner frees the handle."""
 
 
 class _Handle:
@@ -54,6 +75,77 @@ class _Handle:
         self.close()
 
 
+Handle = _Handle  # for the other owning wrappers of this package (mtmd.py)
+
+
+class Vocab:
+    """A model's vocabulary: owned by the model, usable while it is open."""
+
+    def __init__(self, model: _Handle) -> None:
+        self._model = model
+        self._ptr = llama_cpp.llama_model_get_vocab(model.ptr)
+
+    @property
+    def ptr(self) -> Any:
+        """The llama_vocab pointer (llguidance keeps it: the model must outlive its tokenizer)."""
+        if self._model.closed:
+            raise RuntimeError("a model is closed")
+        return self._ptr
+
+    def n_tokens(self) -> int:
+        return int(llama_cpp.llama_vocab_n_tokens(self.ptr))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.ptr, token))
+
+    def eog_tokens(self) -> frozenset[int]:
+        """Every end-of-generation token (looked up once per model, not once per generated token)."""
+        ptr, is_eog = self.ptr, llama_cpp.llama_vocab_is_eog
+        return frozenset(t for t in range(self.n_tokens()) if is_eog(ptr, t))
+
+    def bos(self) -> int:
+        return int(llama_cpp.llama_vocab_bos(self.ptr))
+
+    def eos(self) -> int:
+        return int(llama_cpp.llama_vocab_eos(self.ptr))
+
+    def add_bos(self) -> bool:
+        """Whether the GGUF asks for a BOS token before the text (tokenizer.ggml.add_bos_token)."""
+        return bool(llama_cpp.llama_vocab_get_add_bos(self.ptr))
+
+    def attr(self, token: int) -> int:
+        """The token's llama_token_attr bits (TOKEN_ATTR_CONTROL, TOKEN_ATTR_USER_DEFINED, ...)."""
+        return int(llama_cpp.llama_vocab_get_attr(self.ptr, token))
+
+    def token_to_piece(self, token: int, buf: Any, special: bool) -> int:
+        """llama_token_to_piece into `buf` (a ctypes string buffer): the bytes written, or minus the
+        size it needs when it does not fit."""
+        return int(llama_cpp.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, special))
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (the buffer grown when a piece is longer than 64 bytes)."""
+        buf = ctypes.create_string_buffer(64)
+        n = self.token_to_piece(token, buf, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self.token_to_piece(token, buf, special)
+        return buf.raw[:n]
+
+    def longest_piece(self) -> int:
+        """The byte length of the longest token, rendered with its special text (at least 1)."""
+        ptr, to_piece, probe = self.ptr, llama_cpp.llama_token_to_piece, ctypes.create_string_buffer(256)
+        return max(1, max((abs(to_piece(ptr, t, probe, 256, 0, True)) for t in range(self.n_tokens())), default=0))
+
+    @property
+    def tokenize_fptr(self) -> int:
+        """The address of llama.cpp's llama_tokenize (llguidance calls it to tokenize forced text)."""
+        return int(ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value or 0)
+
+
+_MROPE_TYPES = frozenset({llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_VISION,
+                          getattr(llama_cpp, "LLAMA_ROPE_TYPE_IMROPE", 40)})
+
+
 class Model(_Handle):
     """A model loaded from a GGUF file (`vocab_only`: the vocabulary alone, no weights)."""
 
@@ -62,26 +154,125 @@ class Model(_Handle):
         params.vocab_only = vocab_only
         super().__init__(llama_cpp.llama_model_load_from_file(path.encode(), params), llama_cpp.llama_model_free,
                          f"a model from {path}")
+        self.vocab = Vocab(self)
 
-    @property
-    def vocab(self) -> Any:
-        return llama_cpp.llama_model_get_vocab(self.ptr)
+    @classmethod
+    def view(cls, ptr: Any) -> Model:
+        """A non-owning wrapper of a model another owner frees (llama-cpp-python's Llama)."""
+        model = cls.__new__(cls)
+        _Handle.__init__(model, ptr, _keep, "a model")
+        model.vocab = Vocab(model)
+        return model
+
+    def n_embd_inp(self) -> int:
+        """The width of the input embeddings the model takes (wider than n_embd on Qwen3-VL)."""
+        return int(llama_cpp.llama_model_n_embd_inp(self.ptr))
+
+    def uses_mrope(self) -> bool:
+        """Whether the model's positions are M-RoPE's 4 sections (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...)."""
+        return int(llama_cpp.llama_model_rope_type(self.ptr)) in _MROPE_TYPES
 
 
 class Context(_Handle):
     """A context (KV cache, logits) over a model's weights; `params`: llama_context_params."""
 
-    def __init__(self, model: Any, params: Any, n_ctx: int, n_seq_max: int) -> None:
-        super().__init__(llama_cpp.llama_init_from_model(model, params), llama_cpp.llama_free, "a context")
+    def __init__(self, model: Model, params: Any, n_ctx: int, n_seq_max: int) -> None:
+        super().__init__(llama_cpp.llama_init_from_model(model.ptr, params), llama_cpp.llama_free, "a context")
+        self._setup(n_ctx, n_seq_max)
+
+    @classmethod
+    def view(cls, ptr: Any, n_ctx: int, n_seq_max: int = 1) -> Context:
+        """A non-owning wrapper of a context another owner frees (llama-cpp-python's Llama)."""
+        ctx = cls.__new__(cls)
+        _Handle.__init__(ctx, ptr, _keep, "a context")
+        ctx._setup(n_ctx, n_seq_max)
+        return ctx
+
+    def _setup(self, n_ctx: int, n_seq_max: int) -> None:
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
+        model = llama_cpp.llama_get_model(self._ptr)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
+        self._memory = llama_cpp.llama_get_memory(self._ptr)
+
+    @staticmethod
+    def default_params() -> Any:
+        """llama.cpp's default llama_context_params (not llama-cpp-python's)."""
+        return llama_cpp.llama_context_default_params()
 
     @property
     def memory(self) -> Any:
-        return llama_cpp.llama_get_memory(self.ptr)
+        self.ptr  # noqa: B018 - raises once closed
+        return self._memory
+
+    def decode(self, batch: Any) -> None:
+        """llama_decode of a llama_batch struct, checked: DecodeError when it returns non-zero."""
+        rc = llama_cpp.llama_decode(self.ptr, batch)
+        if rc != 0:
+            raise DecodeError(rc)
+
+    def decode_next(self, token: int) -> None:
+        """One token after everything decoded so far (llama.cpp places it), as llama-cpp-python alone
+        does; DecodeError when llama_decode fails."""
+        arr = (llama_cpp.llama_token * 1)(token)
+        self.decode(llama_cpp.llama_batch_get_one(arr, 1))
+
+    def synchronize(self) -> None:
+        """Wait until the backend (the GPU) has finished the decodes queued so far."""
+        llama_cpp.llama_synchronize(self.ptr)
+
+    def logits_ith(self, i: int) -> np.ndarray:
+        """The logits of batch row `i` (-1: the last with logits) as a float32 view [n_vocab] of
+        llama.cpp's buffer, valid until the next decode (copy it to keep it)."""
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise InferenceError(f"llama.cpp has no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def set_causal_attn(self, causal: bool) -> None:
+        """Causal (the default) or bidirectional attention for the next decodes (Gemma 3's image)."""
+        llama_cpp.llama_set_causal_attn(self.ptr, causal)
+
+    def memory_clear(self, data: bool = True) -> None:
+        """Empty the KV cache (`data`: the buffers too, not only the metadata)."""
+        llama_cpp.llama_memory_clear(self.memory, data)
+
+    def memory_seq_rm(self, seq: int, p0: int, p1: int) -> bool:
+        """Drop positions [p0, p1) of sequence `seq` (-1: to the end); False when llama.cpp cannot
+        (a partial removal from a recurrent model's state)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, p0, p1))
+
+    def memory_seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Share sequence `src`'s KV cells [p0, p1) with sequence `dst` (-1, -1: all of them)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
 
 
-Handle = _Handle  # for the other owning wrappers of this package (mtmd.py)
+class Llama(_Handle):
+    """llama-cpp-python's Llama: the owner of the main model and context (its `_internals`), with
+    `model` and `context` as views of them that read as closed once this is."""
+
+    def __init__(self, path: str, n_ctx: int, n_batch: int, threads: int, gpu_layers: int, kv_type: int) -> None:
+        llm = llama_cpp.Llama(  # ValueError when the file does not load (its only signal)
+            model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+            n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, verbose=False,
+            type_k=kv_type, type_v=kv_type,
+        )
+        super().__init__(llm, self._close_llm, "a llama.cpp model")
+        try:
+            self.model = Model.view(llm.model)
+            self.context = Context.view(llm.ctx, n_ctx)
+        except BaseException:
+            llm.close()
+            raise
+        self.context_params: Any = llm.context_params
+
+    def _close_llm(self, llm: Any) -> None:
+        self.context.close()
+        self.model.close()
+        llm.close()
+
+    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        return list(self.ptr.tokenize(text, add_bos=add_bos, special=special))
 
 
 class Batch(_Handle):
@@ -127,6 +318,14 @@ class Batch(_Handle):
         return self._batch
 
 
+def token_data_array(data: np.ndarray) -> Any:
+    """A llama_token_data_array over `data` (a TOKEN_DATA array the caller keeps alive), unsorted,
+    nothing selected: what `Sampler.apply` filters in place."""
+    if data.dtype != TOKEN_DATA or not data.flags.c_contiguous:
+        raise ValueError("a token data array needs a contiguous TOKEN_DATA array")
+    return llama_cpp.llama_token_data_array(data.ctypes.data_as(llama_cpp.llama_token_data_p), data.shape[0], -1, False)
+
+
 class Sampler(_Handle):
     """A llama.cpp sampler: one grammar, or a chain of them (`add` hands ownership to the chain)."""
 
@@ -134,8 +333,8 @@ class Sampler(_Handle):
         super().__init__(ptr, llama_cpp.llama_sampler_free, what)
 
     @classmethod
-    def grammar(cls, vocab: Any, gbnf: str) -> Sampler:
-        return cls(llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root"), "a grammar sampler")
+    def grammar(cls, vocab: Vocab, gbnf: str) -> Sampler:
+        return cls(llama_cpp.llama_sampler_init_grammar(vocab.ptr, gbnf.encode(), b"root"), "a grammar sampler")
 
     @classmethod
     def chain(cls) -> Sampler:
@@ -146,53 +345,23 @@ class Sampler(_Handle):
     def greedy(cls) -> Sampler:
         return cls(llama_cpp.llama_sampler_init_greedy(), "a greedy sampler")
 
-    def sample(self, ctx: Any, row: int = -1) -> int:
+    def sample(self, ctx: Context, row: int = -1) -> int:
         """The token this sampler (chain) picks from the logits of `row` (accepted into its state)."""
-        return int(llama_cpp.llama_sampler_sample(self.ptr, ctx, row))
+        return int(llama_cpp.llama_sampler_sample(self.ptr, ctx.ptr, row))
+
+    def apply(self, candidates: Any) -> None:
+        """Filter a llama_token_data_array (from `token_data_array`) in place: refused tokens' logits
+        become -inf."""
+        llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(candidates))
+
+    def accept(self, token: int) -> None:
+        """Advance this sampler's state (a grammar's) past `token`."""
+        llama_cpp.llama_sampler_accept(self.ptr, token)
 
     def add(self, sampler: Sampler) -> None:
         """Move `sampler` into this chain: the chain frees it from now on."""
         llama_cpp.llama_sampler_chain_add(self.ptr, sampler.ptr)
         sampler._ptr = None
-
-
-def is_end_of_generation(vocab: Any, token: int) -> bool:
-    return bool(llama_cpp.llama_vocab_is_eog(vocab, token))
-
-
-def decode(ctx: Any, batch: Any) -> None:
-    """llama_decode, checked: InferenceError when it returns non-zero (1: no KV slot, <0: an error)."""
-    rc = llama_cpp.llama_decode(ctx, batch)
-    if rc != 0:
-        raise InferenceError(f"llama_decode failed with code {rc}")
-
-
-def set_causal_attn(ctx: Any, causal: bool) -> None:
-    """Causal (the default) or bidirectional attention for the next decodes of `ctx` (Gemma 3's image)."""
-    llama_cpp.llama_set_causal_attn(ctx, causal)
-
-
-def n_embd_inp(model: Any) -> int:
-    """The width of the input embeddings the model takes (wider than n_embd on Qwen3-VL)."""
-    return int(llama_cpp.llama_model_n_embd_inp(model))
-
-
-_MROPE_TYPES = frozenset({llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_VISION,
-                          getattr(llama_cpp, "LLAMA_ROPE_TYPE_IMROPE", 40)})
-
-
-def uses_mrope(model: Any) -> bool:
-    """Whether the model's positions are M-RoPE's 4 sections (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...)."""
-    return int(llama_cpp.llama_model_rope_type(model)) in _MROPE_TYPES
-
-
-def decode_next(ctx: Any, token: int) -> None:
-    """One token after everything decoded so far (llama.cpp places it), as llama-cpp-python alone does;
-    InferenceError when llama_decode fails."""
-    arr = (llama_cpp.llama_token * 1)(token)
-    code = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, 1))
-    if code != 0:
-        raise InferenceError(f"llama_decode failed ({code})")
 
 
 def engine_info() -> dict[str, object]:

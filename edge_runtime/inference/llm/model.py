@@ -8,9 +8,6 @@ and `close()` (idempotent) frees it all.
 
 from __future__ import annotations
 
-from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
-
-import ctypes
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -23,7 +20,7 @@ import numpy as np
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
-from edge_runtime.inference.llm.handles import n_embd_inp, uses_mrope
+from edge_runtime.inference.llm.handles import Context, Llama, Model, Vocab
 from edge_runtime.inference.llm.parallel import Item, ParallelSequences
 from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
 
@@ -48,34 +45,30 @@ class LanguageModel:
         self.threads = threads
         self.reuse_prefix = reuse_prefix
         self._cached_prefix: list[int] = []
-        self._llm: llama_cpp.Llama | None = None
+        self._llm: Llama | None = None
         with ExitStack() as stack:
-            try:  # llama_cpp.Llama owns the model and the main context (llama-cpp-python's _internals)
-                llm = llama_cpp.Llama(
-                    model_path=str(path), n_ctx=context_size, n_batch=batch_size, n_ubatch=batch_size,
-                    n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, verbose=False,
-                    type_k=self.kv_type, type_v=self.kv_type,
-                )
+            try:  # llama-cpp-python's Llama owns the model and the main context (its _internals)
+                llm = Llama(str(path), context_size, batch_size, threads, gpu_layers, self.kv_type)
             except ValueError as exc:  # llama-cpp-python's only signal is "Failed to load model"
                 raise BundleError(f"{path} could not be loaded by llama.cpp ({exc}); "
                                   "run with log level debug to see llama.cpp's reason") from None
             stack.callback(llm.close)
             self._llm = llm
-            self.n_embd = n_embd_inp(llm.model)  # image embeddings' width (> n_embd on Qwen3-VL)
+            self.n_embd = llm.model.n_embd_inp()  # image embeddings' width (> n_embd on Qwen3-VL)
             # M-RoPE models (Qwen2-VL and later) place an image by its rows and columns: only libmtmd's
             # MediaEmbeds carry those positions, a bare embedding block would be read past its positions
-            self.mrope = uses_mrope(llm.model)
+            self.mrope = llm.model.uses_mrope()
             self.feed = Feed(batch_size, self.n_embd, on_error=self.forget_prefix)
             stack.callback(self.feed.close)
             self.parallel = ParallelSequences(self)
             stack.callback(self.parallel.close)
             # Per-token lookups done once per model, not once per generated token.
-            self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-            self._probe = ctypes.create_string_buffer(256)
-            self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+            vocab = llm.model.vocab
+            self.n_vocab = vocab.n_tokens()
+            self.eog = vocab.eog_tokens()
             self._pieces: dict[int, bytes] = {}
             # The longest token's bytes: a text longer than n_ctx times this cannot fit the context.
-            self.max_token_bytes = max(1, max(self._piece_length(t) for t in range(self.n_vocab)))
+            self.max_token_bytes = vocab.longest_piece()
             # Full-vocabulary candidate arrays for the grammar pass, one per sequence sampled at once,
             # kept between generations (1.8 MB each for a 150k vocabulary).
             self._candidate_pool: list[Candidates] = []
@@ -98,24 +91,30 @@ class LanguageModel:
         return self._llm is None
 
     @property
-    def llm(self) -> llama_cpp.Llama:
+    def llm(self) -> Llama:
         if self._llm is None:
             raise RuntimeError("language model is closed")
         return self._llm
 
     # -- the handles the picker, the parallel sequences and bench read --------------------------
     @property
-    def ctx(self) -> Any:
-        """The main context's pointer (llama_context *)."""
-        return self.llm.ctx
+    def ctx(self) -> Context:
+        """The main context (a view: llama-cpp-python's Llama owns it)."""
+        return self.llm.context
 
     @property
-    def model_ptr(self) -> Any:
+    def model(self) -> Model:
+        """The model's weights (a view: llama-cpp-python's Llama owns them)."""
         return self.llm.model
 
     @property
-    def vocab(self) -> Any:
-        return llama_cpp.llama_model_get_vocab(self.llm.model)
+    def model_ptr(self) -> Any:
+        """The raw llama_model pointer, for libmtmd's context (mtmd.py)."""
+        return self.llm.model.ptr
+
+    @property
+    def vocab(self) -> Vocab:
+        return self.llm.model.vocab
 
     @property
     def context_params(self) -> Any:
@@ -132,14 +131,14 @@ class LanguageModel:
         return tokenizer_for(self._path, self.n_vocab, self.eog, self._model_key)
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     def with_bos(self, prefix: list[int]) -> list[int]:
         """`prefix` starting with the BOS token when the GGUF asks for one (tokenizer.ggml.add_bos_token)
         and the text did not already write it, as llama.cpp's own tokenizing with add_special does."""
         vocab = self.vocab
-        bos = int(llama_cpp.llama_vocab_bos(vocab))
-        if bos < 0 or not llama_cpp.llama_vocab_get_add_bos(vocab) or prefix[:1] == [bos]:
+        bos = vocab.bos()
+        if bos < 0 or not vocab.add_bos() or prefix[:1] == [bos]:
             return prefix
         return [bos, *prefix]
 
@@ -157,7 +156,7 @@ class LanguageModel:
         """Drop the prefix cache (and, with `clear`, the whole KV cache of the main context)."""
         self._cached_prefix = []
         if clear:
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+            self.ctx.memory_clear()
 
     def decode(self, tokens: list[int], pos: int, want_last_logits: bool = True) -> int:
         """Decode `tokens` at positions pos.. of the main context; return the next position."""
@@ -217,8 +216,7 @@ class LanguageModel:
     def prompt_logits(self, prefix: list[int], image: ImagePart, suffix: list[int]) -> np.ndarray:
         """The logits after the whole prompt (a copy): what the first generated token is chosen from."""
         self.prefill(prefix, image, suffix)
-        ptr = llama_cpp.llama_get_logits_ith(self.ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+        return self.ctx.logits_ith(-1).copy()
 
     def generate_batch(self, items: Sequence[Item], grammar: str | None, max_tokens: int) -> list[Generation]:
         """Greedy generation for several prompts as parallel sequences of one llama.cpp batch."""
@@ -253,12 +251,12 @@ class LanguageModel:
 
     def _prefill_prefix(self, prefix: list[int]) -> int:
         """Reuse the cached prefix KV when the prompt starts the same way; return tokens reused."""
-        memory = llama_cpp.llama_get_memory(self.ctx)
+        ctx = self.ctx
         if self.reuse_prefix and prefix and prefix == self._cached_prefix:
             # Drop everything after the prefix: the previous image, its question and answer.
-            if llama_cpp.llama_memory_seq_rm(memory, 0, len(prefix), -1):
+            if ctx.memory_seq_rm(0, len(prefix), -1):
                 return len(prefix)
-        llama_cpp.llama_memory_clear(memory, True)
+        ctx.memory_clear()
         self._cached_prefix = []
         self.feed.token_ids(self.ctx, prefix, 0, want_last_logits=False)
         self._cached_prefix = list(prefix)
@@ -274,17 +272,5 @@ class LanguageModel:
         """The bytes of one token (cached)."""
         piece = self._pieces.get(token)
         if piece is None:
-            piece = self._pieces[token] = self._render_piece(token)
+            piece = self._pieces[token] = self.vocab.piece(token)
         return piece
-
-    def _piece_length(self, token: int) -> int:
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._probe, 256, 0, True)
-        return abs(n)
-
-    def _render_piece(self, token: int) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-        return buf.raw[:n]

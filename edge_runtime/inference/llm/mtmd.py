@@ -25,7 +25,7 @@ import numpy as np
 from llama_cpp import mtmd_cpp
 
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
-from edge_runtime.inference.llm.handles import Handle
+from edge_runtime.inference.llm.handles import Context, Handle
 
 log = logging.getLogger(__name__)
 _TEXT, _IMAGE = 0, 1  # mtmd_input_chunk_type
@@ -191,12 +191,12 @@ class MtmdContext(Handle):
                     out.append(chunk_tokens(chunk))
             return out
 
-    def eval_chunks(self, ctx: Any, chunks: Chunks, n_past: int, seq: int, n_batch: int) -> int:
+    def eval_chunks(self, ctx: Context, chunks: Chunks, n_past: int, seq: int, n_batch: int) -> int:
         """libmtmd's own path (`mtmd_helper_eval_chunks`): every chunk into `ctx`, logits of the last
         token kept. The reference the engine's own decoding is tested and benchmarked against."""
         new_past = llama_cpp.llama_pos(n_past)
         with self.lock:
-            rc = mtmd_cpp.mtmd_helper_eval_chunks(self.ptr, ctx, chunks.ptr, n_past, seq, n_batch, True,
+            rc = mtmd_cpp.mtmd_helper_eval_chunks(self.ptr, ctx.ptr, chunks.ptr, n_past, seq, n_batch, True,
                                                   ctypes.byref(new_past))
         if rc != 0:
             raise InferenceError(f"mtmd_helper_eval_chunks failed (code {rc})")

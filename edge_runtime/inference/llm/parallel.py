@@ -7,8 +7,6 @@ decodes one token for every unfinished sequence in a single llama_decode, which 
 
 from __future__ import annotations
 
-from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
-
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +16,7 @@ import numpy as np
 
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, image_segments
-from edge_runtime.inference.llm.handles import Context
+from edge_runtime.inference.llm.handles import Context, Model
 from edge_runtime.inference.llm.picker import GREEDY, PickerHost, TokenPicker
 
 # Picks go to threads only for llama.cpp's GBNF sampler on a large vocabulary: its full pass costs
@@ -42,7 +40,7 @@ class ParallelHost(PickerHost, Protocol):
     feed: Feed
 
     @property
-    def model_ptr(self) -> Any: ...
+    def model(self) -> Model: ...
     @property
     def context_params(self) -> Any: ...
 
@@ -77,13 +75,12 @@ class ParallelSequences:
             cells = len(prefix) + sum(own)
         else:  # one stream per sequence, each with room for the longest sequence
             cells = max(len(items), 4) * (len(prefix) + max(own))
-        context = self._context(len(items), cells)
-        ctx, memory = context.ptr, context.memory
-        llama_cpp.llama_memory_clear(memory, True)
+        ctx = self._context(len(items), cells)
+        ctx.memory_clear()
         t0 = time.perf_counter()
         feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=0)
         for seq in range(1, len(items)):
-            llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
+            ctx.memory_seq_cp(0, seq)
         pickers: list[TokenPicker] = []
         out: list[list[bytes]] = [[] for _ in items]
         ids: list[list[int]] = [[] for _ in items]
@@ -157,24 +154,22 @@ class ParallelSequences:
         one-at-a-time context here comes from the context (unified KV, shared-prefix copy, size)."""
         feed = self.lm.feed
         own = [len(pre) + sum(len(s) for s in image_segments(im)) + len(sf) + 1 for pre, im, sf in items]
-        context = self._context(len(items), sum(own))
-        ctx, memory = context.ptr, context.memory
-        llama_cpp.llama_memory_clear(memory, True)
+        ctx = self._context(len(items), sum(own))
+        ctx.memory_clear()
         if copy_prefix:
             feed.token_ids(ctx, items[0][0], 0, want_last_logits=False, seq=0)
             for seq in range(1, len(items)):
-                llama_cpp.llama_memory_seq_cp(memory, 0, seq, -1, -1)
+                ctx.memory_seq_cp(0, seq)
         logits = []
         for seq, (prefix, image, suffix) in enumerate(items):
             if not copy_prefix:
                 feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=seq)
             p = feed.segments(ctx, image_segments(image), len(prefix), want_last_logits=not suffix, seq=seq)
             feed.token_ids(ctx, suffix, p, want_last_logits=True, seq=seq)
-            row = llama_cpp.llama_get_logits_ith(ctx, -1)
-            logits.append(np.ctypeslib.as_array(row, shape=(self.lm.n_vocab,)).copy())
+            logits.append(ctx.logits_ith(-1).copy())
         return logits
 
-    def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Any
+    def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Context
                   ) -> list[tuple[int, bytes]]:
         """Next token of each active sequence; batch row rows[i] holds the logits of sequence active[i]."""
         def pick(i: int) -> tuple[int, bytes]:
@@ -198,7 +193,7 @@ class ParallelSequences:
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
-        params = llama_cpp.llama_context_default_params()
+        params = Context.default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = lm.n_batch
         params.n_seq_max = max(sequences, 4)
@@ -217,7 +212,7 @@ class ParallelSequences:
         params.yarn_attn_factor, params.yarn_beta_fast = main.yarn_attn_factor, main.yarn_beta_fast
         params.yarn_beta_slow = main.yarn_beta_slow
         try:
-            self._ctx = Context(lm.model_ptr, params, n_ctx, params.n_seq_max)
+            self._ctx = Context(lm.model, params, n_ctx, params.n_seq_max)
         except InferenceError:
             raise InferenceError("llama.cpp could not create a context for parallel sequences") from None
         return self._ctx

@@ -5,9 +5,6 @@ Split from language.py, which owns the llama.cpp context; a picker only reads a 
 
 from __future__ import annotations
 
-from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
-
-import ctypes
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,7 +12,7 @@ import numpy as np
 
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.inference.llm.constraint import GuidedPicker
-from edge_runtime.inference.llm.handles import Sampler
+from edge_runtime.inference.llm.handles import TOKEN_DATA, Context, Sampler, Vocab, token_data_array
 
 
 @dataclass(frozen=True)
@@ -42,9 +39,9 @@ class PickerHost(Protocol):
     constraint_engine: str
 
     @property
-    def vocab(self) -> Any: ...
+    def vocab(self) -> Vocab: ...
     @property
-    def ctx(self) -> Any: ...
+    def ctx(self) -> Context: ...
     def guidance_tokenizer(self) -> Any: ...
     def borrow_candidates(self) -> Candidates: ...
     def return_candidates(self, candidates: Candidates) -> None: ...
@@ -80,19 +77,17 @@ class TokenPicker:
                 raise InferenceError("the JSON schema could not be turned into a llama.cpp grammar") from None
         self._candidates: Candidates | None = None  # borrowed from the model on the first full pass
         self.shortlist = _SHORTLIST
-        self._short = np.zeros(min(_SHORTLIST, self.n_vocab), dtype=_TOKEN_DATA)
-        self._short_c = llama_cpp.llama_token_data_array(
-            self._short.ctypes.data_as(llama_cpp.llama_token_data_p), self._short.shape[0], -1, False)
+        self._short = np.zeros(min(_SHORTLIST, self.n_vocab), dtype=TOKEN_DATA)
+        self._short_c = token_data_array(self._short)
         self._misses = 0  # shortlist misses in a row
         self._steps = 0
         self.pending = b""  # bytes of an unfinished UTF-8 character
         self.emitted = b""
         self._reported = 0
 
-    def next_token(self, ctx: Any = None, index: int = -1) -> tuple[int, bytes]:
+    def next_token(self, ctx: Context | None = None, index: int = -1) -> tuple[int, bytes]:
         """(token, its bytes), or (-1, b"") at end of generation. `index`: which logits row of the batch."""
-        ptr = llama_cpp.llama_get_logits_ith(ctx or self.lm.ctx, index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        logits = (ctx or self.lm.ctx).logits_ith(index)
         if self.guide is not None:
             return self._next_guided(self.guide, logits)
         if self.grammar is not None and self.sampling.temperature <= 0 and self.shortlist and self._try_shortlist():
@@ -111,7 +106,7 @@ class TokenPicker:
             cand, arr = self._candidates.data, self._candidates.c_array
             cand["logit"] = logits
             arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
-            llama_cpp.llama_sampler_apply(self.grammar.ptr, ctypes.byref(arr))
+            self.grammar.apply(arr)
             scores = cand["logit"].copy()
         while True:
             token = self._choose(scores)
@@ -205,7 +200,7 @@ class TokenPicker:
         if not self.sampling.valid_utf8:
             self.emitted += piece
             if self.grammar is not None:
-                llama_cpp.llama_sampler_accept(self.grammar.ptr, token)
+                self.grammar.accept(token)
             return token, piece
         ok, pending = _utf8_prefix(self.pending + piece)
         if not ok or (not piece and self.grammar is not None):
@@ -213,7 +208,7 @@ class TokenPicker:
         self.pending = pending
         self.emitted += piece
         if self.grammar is not None:
-            llama_cpp.llama_sampler_accept(self.grammar.ptr, token)
+            self.grammar.accept(token)
         return token, piece
 
     def _from_shortlist(self, logits: np.ndarray) -> tuple[int, bytes] | None:
@@ -225,7 +220,7 @@ class TokenPicker:
         arr = self._short_c
         arr.size, arr.selected, arr.sorted = k, -1, False
         assert self.grammar is not None  # the shortlist is tried with a llama.cpp grammar only
-        llama_cpp.llama_sampler_apply(self.grammar.ptr, ctypes.byref(arr))
+        self.grammar.apply(arr)
         for token, logit in zip(short["id"].tolist(), short["logit"].tolist(), strict=True):
             if logit != float("-inf"):
                 chosen = self._take(int(token))
@@ -269,17 +264,13 @@ class TokenPicker:
             self._candidates = None
 
 
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-
-
 class Candidates:
     """A llama_token_data array over the whole vocabulary, with a numpy view for filling logits."""
 
     def __init__(self, n_vocab: int) -> None:
-        self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self.data = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self.data["id"] = np.arange(n_vocab, dtype=np.int32)
-        self.c_array = llama_cpp.llama_token_data_array(
-            self.data.ctypes.data_as(llama_cpp.llama_token_data_p), n_vocab, -1, False)
+        self.c_array = token_data_array(self.data)
 
 
 def _utf8_prefix(data: bytes) -> tuple[bool, bytes]:
