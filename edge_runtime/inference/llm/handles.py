@@ -290,10 +290,17 @@ class Batch(_Handle):
         super().__init__(self._batch, self._free_batch, "a batch")
         self.size = size
         self.n_pos = n_pos
-        self._plain_pos = self._batch.pos
+        # The address of llama_batch_init's own array, as a number: reading the struct's `pos` field
+        # gives a ctypes view of the field itself, which would follow every later assignment (then
+        # close() handed our owned array to llama_batch_free: a double free at exit).
+        self._pos_type = type(self._batch.pos)
+        self._plain_addr = ctypes.cast(self._batch.pos, ctypes.c_void_p).value
+
+    def _plain_pos(self) -> Any:
+        return ctypes.cast(ctypes.c_void_p(self._plain_addr), self._pos_type)
 
     def _free_batch(self, batch: Any) -> None:
-        batch.pos = self._plain_pos
+        batch.pos = self._plain_pos()
         llama_cpp.llama_batch_free(batch)
 
     def use_positions(self, positions: Any) -> None:
@@ -301,10 +308,9 @@ class Batch(_Handle):
         section-major (the owned one), copied in."""
         n = len(positions)
         if n <= self.size:
-            self._batch.pos = self._plain_pos
-            target = self._plain_pos
+            self._batch.pos = target = self._plain_pos()
         elif self._own_pos is not None and n <= len(self._own_pos):
-            self._batch.pos = ctypes.cast(self._own_pos, type(self._plain_pos))
+            self._batch.pos = ctypes.cast(self._own_pos, self._pos_type)
             target = self._own_pos
         else:
             raise InferenceError(f"{n} positions do not fit a batch of {self.size}")
