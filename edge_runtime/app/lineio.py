@@ -152,12 +152,20 @@ class LineIO:
         if daemon.journal.refusing():
             raise StorageFull("disk full: the journal cannot store results")
 
+        tagged: list[InspectionRequest] = []
+
         def tag(request: InspectionRequest) -> None:
             assert request.image is not None
             with self._tags_lock:
                 self._tags[id(request.image)] = (request.image, job)
+            tagged.append(request)
 
-        request = rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag)
+        try:
+            request = rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag)
+        except BaseException:
+            for refused in tagged:  # tagged, then refused by a full queue: its frame must not stay here
+                self._untag(refused)
+            raise
         request.future.add_done_callback(lambda _f: self._untag(request))
         return request.future
 

@@ -217,3 +217,27 @@ def test_every_enabled_protocol_serves_the_stations(tmp_path: Path, demo_dir: Pa
     assert d.line_io in d.services
     d.line_io.jobs.close()
     d.journal.close()
+
+
+def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None:
+    """A trigger whose inspection the full queue refuses is an error job on the line; the frame it
+    had tagged for the verdict hook must go with it (20 refused triggers held 118 MB of 1080p frames)."""
+    from edge_runtime.core.contracts import QueueFull
+    from edge_runtime.core.inspection_queue import InspectionRequest
+
+    assert daemon.line_io is not None
+    station = daemon.line_io.stations[0]
+    wait_for(lambda: station.signals().ready, timeout=30, what="the station ready")
+    daemon.worker.stop()  # nothing takes from the queue any more: fill it for real
+    while True:
+        try:
+            daemon.inspections.submit(InspectionRequest(None, "cam", job=lambda _inspector: None))
+        except QueueFull:
+            break
+    for i in range(5):
+        seq = station.trigger(f"FULL-{i}", "pass")
+        wait_for(lambda seq=seq: station.signals().result_valid and station.signals().inspection_seq == seq,
+                 timeout=30, what="the refused job's ERROR result")
+        assert station.signals().result == Result.ERROR
+        assert station.ack_result(seq)
+    assert daemon.line_io._tags == {}  # no frame kept for a verdict that will never come
