@@ -77,7 +77,11 @@ class LineIO:
         if not self.stations:
             return adapters
         if self.cfg.opcua.enabled:
-            from edge_runtime.lineio.opcua import OpcUaServer  # asyncua only when OPC UA is on
+            try:  # asyncua only when OPC UA is on
+                from edge_runtime.lineio.opcua import OpcUaServer
+            except ModuleNotFoundError as exc:
+                raise ConfigError(f"line_io.opcua.enabled needs the OPC UA server package ({exc.name}): "
+                                  "pip install 'edge-runtime[lineio]'") from None
 
             config, opcua = self._daemon.config, self.cfg.opcua
             adapters.append(OpcUaServer(self.stations, opcua, opcua.pki_dir or config.data_dir / "opcua",
