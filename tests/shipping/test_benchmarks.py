@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import tiny_pairs
 from tests.support.broker import Broker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,11 +31,13 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
     "parallel_profile.py": (["{bundle}"], "one camera"),
+    "realistic_pair.py": (["{tmp}/pair", "--converter", "{converter}", "--smoke", "--image-max-tokens", "16"],
+                          '"quantize_s"'),
     "soak.py": (["--minutes", "0.25", "--warmup-min", "0", "--sample-s", "3", "--cameras", "1"], '"rss_mb"'),
     "token_profile.py": (["{bundle}", "2"], "µs/token"),
 }
 # Shell drivers for the lent GPU machine (nvcc, CUDA): checked for syntax here, shellcheck'd in test_shipping.
-GPU_ONLY = {"gpu_llm.sh", "gpu_run.sh"}
+GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_run.sh"}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,9 @@ def test_benchmark_runs_on_the_demo_bundle(script: str, demo_dir: Path, broker: 
     trace.write_text("".join(json.dumps({"t": t, "total_power_w": 8 + t % 3, "temperatures": {"cpu": 50 + t}}) + "\n"
                              for t in range(6)))
     args, expected = SMOKE[script]
-    argv = [a.format(bundle=demo_dir, port=broker.port, trace=trace) for a in args]
+    converter = tiny_pairs.converter_dir() if "{converter}" in args else ""
+    argv = [a.format(bundle=demo_dir, port=broker.port, trace=trace, tmp=tmp_path, converter=converter)
+            for a in args]
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "EDGE_RUNTIME_DATA": str(tmp_path / "data")}
     proc = subprocess.run([sys.executable, str(BENCH / script), *argv], capture_output=True, text=True,
