@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -159,13 +160,17 @@ def _subject(cert: x509.Certificate) -> str:
 
 
 class ConfiguredUsers(UserManager):
-    """Users from the config (scrypt hashes); anonymous only when configured. Failed logins are
-    rate-limited so guessing costs the daemon little."""
+    """Users from the config (scrypt hashes); anonymous only when configured. Password checks
+    (scrypt) are rate-limited per user so guessing costs the daemon little; a password that already
+    logged in this process is recognised by a keyed digest without scrypt and without the limit, so a
+    flood of wrong passwords for `plc` never locks the real PLC out of its next session."""
 
     def __init__(self, users: list[OpcUaUser], anonymous: bool) -> None:
         self._users = {u.name: u.password_hash for u in users}
         self._anonymous = anonymous
-        self._failures: list[float] = []
+        self._failures: dict[str, list[float]] = {}  # per configured user: bounded by the config
+        self._key = os.urandom(32)  # per process: the digests below are worthless outside it
+        self._known: dict[str, bytes] = {}  # user -> keyed digest of the password that last logged in
         self.refused = 0
 
     def get_user(self, iserver: Any, username: str | None = None, password: str | None = None,
@@ -174,13 +179,17 @@ class ConfiguredUsers(UserManager):
             return User(role=UserRole.User, name="anonymous") if self._anonymous else self._no()
         if username is None or password is None or username not in self._users:
             return self._no()
+        digest = hmac.new(self._key, password.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+        if hmac.compare_digest(self._known.get(username, b""), digest):
+            return User(role=UserRole.User, name=username)
         now = time.monotonic()
-        self._failures = [t for t in self._failures if now - t < 1.0]
-        if len(self._failures) >= FAILED_LOGINS_PER_S:
+        failures = self._failures[username] = [t for t in self._failures.get(username, []) if now - t < 1.0]
+        if len(failures) >= FAILED_LOGINS_PER_S:
             return self._no(hashed=False)
         if not verify_password(password, self._users[username]):
-            self._failures.append(now)
+            failures.append(now)
             return self._no()
+        self._known[username] = digest
         return User(role=UserRole.User, name=username)
 
     def _no(self, hashed: bool = True) -> User | None:
