@@ -183,8 +183,12 @@ class GpioCellConfig(Section):
         "pulse", description="pulse: the output is active pulse_ms per result; level: it holds the "
                              "result until the next trigger.")
     pulse_ms: int = Field(50, ge=1, le=10_000, description="Length of an output pulse.")
-    auto_ack: bool = Field(True, description="Acknowledge each result once it is on the output (a simple "
-                           "cell has no ResultAck wire), so the FIFO never fills.")
+    gap_ms: int | None = Field(None, ge=1, le=10_000, description="pulse mode: the outputs stay low at "
+                               "least this long between two pulses, so results that come close together "
+                               "stay distinct pulses (default: pulse_ms).")
+    auto_ack: bool = Field(True, description="Acknowledge each result once it has been signalled (level: "
+                           "set; pulse: its pulse has ended), as a simple cell has no ResultAck wire; the "
+                           "FIFO holds only results not yet signalled.")
 
     @model_validator(mode="after")
     def _distinct(self) -> GpioCellConfig:

@@ -137,7 +137,7 @@ class GpioCell:
         if not s.result_valid or s.result == Result.NONE:
             return
         with self._cond:
-            if self._results and self._results[-1][0] == s.inspection_seq:
+            if s.inspection_seq <= self._last_out or (self._results and self._results[-1][0] == s.inspection_seq):
                 return
             if len(self._results) == self._results.maxlen:
                 self.counters["dropped"] += 1
@@ -160,38 +160,85 @@ class GpioCell:
             req.release()
 
     def _outputs(self, req: LineRequest, stop: threading.Event) -> None:
-        off_at: float | None = None  # pulse mode: when the active line goes back
+        if self.cfg.output_mode == "pulse":
+            self._pulses(req, stop)
+        else:
+            self._levels(req, stop)
+
+    def _next(self, timeout: float, ready: bool) -> tuple[int, Result] | None:
+        """The next queued result, or None after `timeout` s; with `ready` false only waits."""
+        with self._cond:
+            if (not ready or not self._results) and not self._triggered.is_set():
+                self._cond.wait(timeout)
+            return self._results.popleft() if ready and self._results else None
+
+    def _line_for(self, item: tuple[int, Result] | None) -> tuple[int, int | None] | None:
+        """(seq, output line) of a result not yet on the outputs; ERROR counts as NOK."""
+        if item is None or item[0] <= self._last_out:
+            return None
+        seq, result = item
+        self._last_out = seq
+        return seq, self.cfg.ok_line if result == Result.OK else self.cfg.nok_line
+
+    def _ack(self, seq: int) -> None:
+        if self.cfg.auto_ack and self.station.ack_result(seq):
+            self.counters["acks"] += 1
+
+    def _levels(self, req: LineRequest, stop: threading.Event) -> None:
+        """Level mode: a result holds its line until the next trigger; acknowledged once it is set."""
         active: int | None = None
         while not stop.is_set():
-            with self._cond:
-                timeout = 0.2 if off_at is None else max(0.0, off_at - time.monotonic())
-                if not self._results and not self._triggered.is_set():
-                    self._cond.wait(timeout)
-                item = self._results.popleft() if self._results else None
-            if self._triggered.is_set() and self.cfg.output_mode == "level" and active is not None:
+            item = self._next(0.2, True)
+            if self._triggered.is_set() and active is not None:
                 req.set_value(active, Value.INACTIVE)
                 active = None
             self._triggered.clear()
-            if off_at is not None and time.monotonic() >= off_at and active is not None:
-                req.set_value(active, Value.INACTIVE)
-                active, off_at = None, None
-            if item is None:
+            out = self._line_for(item)
+            if out is None:
                 continue
-            seq, result = item
-            if seq <= self._last_out:
-                continue
-            self._last_out = seq
-            line = self.cfg.ok_line if result == Result.OK else self.cfg.nok_line  # ERROR counts as NOK
+            seq, line = out
             if active is not None and active != line:
                 req.set_value(active, Value.INACTIVE)
+                active = None
             if line is not None:
                 req.set_value(line, Value.ACTIVE)
                 active = line
                 self.counters["outputs"] += 1
-                if self.cfg.output_mode == "pulse":
-                    off_at = time.monotonic() + self.cfg.pulse_ms / 1000
-            if self.cfg.auto_ack and self.station.ack_result(seq):
-                self.counters["acks"] += 1
+            self._ack(seq)
+
+    def _pulses(self, req: LineRequest, stop: threading.Event) -> None:
+        """Pulse mode: one pulse at a time, each pulse_ms high, then at least gap_ms low on every output
+        before the next result is taken; a result is acknowledged only once its pulse has ended, so
+        results that come close together queue in the station's FIFO (Busy, BufferCount, Overrun)
+        instead of merging into one pulse or cutting one short."""
+        pulse_ns = self.cfg.pulse_ms * 1_000_000
+        gap_ns = (self.cfg.gap_ms if self.cfg.gap_ms is not None else self.cfg.pulse_ms) * 1_000_000
+        active: tuple[int, int, int] | None = None  # (seq, line, ns when it goes low) of the pulse on
+        ready_at = 0  # monotonic ns from which the next pulse may start
+        while not stop.is_set():
+            now = time.monotonic_ns()
+            if active is not None:
+                wait_ns = active[2] - now
+            else:
+                wait_ns = ready_at - now if ready_at > now else 200_000_000
+            item = self._next(max(0, wait_ns) / 1e9, active is None and now >= ready_at)
+            self._triggered.clear()
+            if active is not None and time.monotonic_ns() >= active[2]:
+                done, high, _ = active
+                req.set_value(high, Value.INACTIVE)
+                ready_at = time.monotonic_ns() + gap_ns
+                active = None
+                self._ack(done)  # the pulse is out: the FIFO may move on (outside _cond: it calls _seen)
+            out = self._line_for(item)
+            if out is None:
+                continue
+            seq, line = out
+            if line is None:
+                self._ack(seq)  # no line for this result: nothing to signal
+                continue
+            req.set_value(line, Value.ACTIVE)
+            self.counters["outputs"] += 1
+            active = (seq, line, time.monotonic_ns() + pulse_ns)
 
     def _request(self, config: dict[int, gpiod.LineSettings], what: str) -> LineRequest:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,3 +175,112 @@ def test_the_real_backend_reports_a_missing_chip_without_dying(line: Line) -> No
         assert all(t.is_alive() for t in service.threads()), "the thread retries; it does not die"
     finally:
         service.stop()
+
+
+# ---- pulse mode: results close together stay distinct pulses ----------------------------------------
+
+def rises(chip: FakeChip) -> list[tuple[int, int, int]]:
+    """(rise_ns, fall_ns, line) of every pulse on OK and NOK, in time order."""
+    return sorted((r, f, off) for off in (OK, NOK) for r, f in pulses(chip, off))
+
+
+def assert_distinct(chip: FakeChip, pulse_ms: int, gap_ms: int) -> list[tuple[int, int, int]]:
+    """Each pulse is high at least pulse_ms; between any two (on either line) every output is low gap_ms."""
+    seen = rises(chip)
+    for rise, fall, off in seen:
+        assert fall - rise >= pulse_ms * 1_000_000, f"pulse on line {off} cut short: {(fall - rise) / 1e6:.1f} ms"
+    for (_r0, f0, _o0), (r1, _f1, _o1) in itertools.pairwise(seen):
+        assert r1 - f0 >= gap_ms * 1_000_000, f"gap of {(r1 - f0) / 1e6:.1f} ms < {gap_ms} ms"
+    return seen
+
+
+def held_parts(line: Line, chip: FakeChip, n: int) -> list[int]:
+    """Trigger n parts and hold their verdicts back (the model is still working on them)."""
+    for _ in range(n):
+        press(chip)
+    until(lambda: len(line.pending) == n)
+    return sorted(line.pending)
+
+
+@pytest.fixture
+def manual(tmp_path: Path) -> Iterator[Line]:
+    ln = Line(tmp_path, fifo_depth=4).start()  # the test gives each verdict
+    yield ln
+    ln.stop()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ok_verdicts_back_to_back_give_that_many_pulses(manual: Line, n: int) -> None:
+    chip = FakeChip()
+    service = cell(manual, chip, pulse_ms=80)
+    try:
+        seqs = held_parts(manual, chip, n)
+        for seq in seqs:  # all verdicts 0 ms apart: the reviewer's case
+            manual.verdict(seq, False)
+        until(lambda: manual.station.health().counters["acks"] == n)
+        until(lambda: chip.physical(OK) == 0)
+        seen = assert_distinct(chip, 80, 80)
+        assert [off for _r, _f, off in seen] == [OK] * n, "one OK pulse per OK part"
+        counters = manual.station.health().counters
+        assert counters["results_ok"] == n and counters["fifo"] == 0
+        assert service.health().counters["st1.outputs"] == n
+    finally:
+        service.stop()
+
+
+def test_a_result_is_acknowledged_only_after_its_pulse(manual: Line) -> None:
+    chip = FakeChip()
+    service = cell(manual, chip, pulse_ms=150, gap_ms=50)
+    try:
+        seqs = held_parts(manual, chip, 2)
+        for seq in seqs:
+            manual.verdict(seq, False)
+        until(lambda: chip.physical(OK) == 1)
+        s = manual.station.signals()
+        assert s.result_valid and s.inspection_seq == seqs[0] and s.buffer_count == 2, \
+            "while the first pulse is high both results are still in the FIFO"
+        until(lambda: manual.station.health().counters["acks"] == 2)
+        until(lambda: chip.physical(OK) == 0)
+        assert_distinct(chip, 150, 50)
+        assert len(pulses(chip, OK)) == 2
+    finally:
+        service.stop()
+
+
+def test_ok_then_nok_back_to_back_neither_cut_short(manual: Line) -> None:
+    chip = FakeChip()
+    service = cell(manual, chip, pulse_ms=80, gap_ms=30)
+    try:
+        first, second = held_parts(manual, chip, 2)
+        manual.verdict(first, False)
+        manual.verdict(second, True)
+        until(lambda: manual.station.health().counters["acks"] == 2)
+        until(lambda: chip.physical(NOK) == 0)
+        seen = assert_distinct(chip, 80, 30)
+        assert [off for _r, _f, off in seen] == [OK, NOK]
+    finally:
+        service.stop()
+
+
+def test_a_burst_beyond_the_fifo_sets_overrun_and_every_taken_part_is_pulsed(tmp_path: Path) -> None:
+    ln = Line(tmp_path, auto=even_parts_are_nok, fifo_depth=2).start()
+    chip = FakeChip()
+    service = cell(ln, chip, pulse_ms=300)
+    presses = 5
+    try:
+        for _ in range(presses):  # 5 parts within ~300 ms: the first pulse is still high
+            press(chip)
+        counters = ln.station.health().counters
+        assert counters["overruns"] >= 1, "the line is told the FIFO is full"
+        refused = service.health().counters["st1.refused"]
+        assert refused >= 1 and counters["triggers"] + refused == presses
+        taken = counters["triggers"]
+        until(lambda: ln.station.health().counters["acks"] == taken, timeout=10)
+        until(lambda: chip.physical(OK) == 0 and chip.physical(NOK) == 0)
+        seen = assert_distinct(chip, 300, 300)
+        assert len(seen) == taken, "every part taken gets its own pulse; none is dropped silently"
+        assert service.health().counters["st1.dropped"] == 0
+        assert not ln.station.signals().overrun
+    finally:
+        service.stop()
+        ln.stop()
