@@ -236,8 +236,10 @@ def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None
             break
     for i in range(5):
         seq = station.trigger(f"FULL-{i}", "pass")
-        wait_for(lambda seq=seq: station.signals().result_valid and station.signals().inspection_seq == seq,
-                 timeout=30, what="the refused job's ERROR result")
+
+        def refused(seq: int = seq) -> bool:
+            return station.signals().result_valid and station.signals().inspection_seq == seq
+        wait_for(refused, timeout=30, what="the refused job's ERROR result")
         assert station.signals().result == Result.ERROR
         assert station.ack_result(seq)
     assert daemon.line_io._tags == {}  # no frame kept for a verdict that will never come
