@@ -197,6 +197,8 @@ def build_parser() -> Parser:
     signp.add_argument("manifest")
     signp.add_argument("--key", required=True, help="fleet.key from ota keygen")
     signp.add_argument("-o", "--out", help="write the signed manifest here (default: stdout)")
+    signp.add_argument("--evaluation", metavar="SUMMARY",
+                       help="summary.json of edge-runtime eval for this release: signed with the manifest")
     signp.set_defaults(func=cmd_ota_sign)
     pub = p.command(osub, "publish", help="send a signed manifest to a device or a group over MQTT")
     pub.add_argument("manifest")

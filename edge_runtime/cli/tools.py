@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge_runtime.config import Config, config_schema
 from edge_runtime.core.errors import EdgeRuntimeError
+
+if TYPE_CHECKING:
+    from edge_runtime.ota.manifest import Manifest
 
 
 def cmd_ota_agent(args: argparse.Namespace, config: Config) -> int:
@@ -38,6 +42,25 @@ def cmd_ota_keygen(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def _with_evaluation(manifest: Manifest, path: Path) -> Manifest:
+    from edge_runtime.ota.manifest import MAX_EVALUATION_BYTES, Manifest
+
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_EVALUATION_BYTES + 1)
+    except OSError as exc:
+        raise EdgeRuntimeError(f"--evaluation {path}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_EVALUATION_BYTES:
+        raise EdgeRuntimeError(f"--evaluation {path}: larger than {MAX_EVALUATION_BYTES // 1024} KiB")
+    try:
+        summary = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise EdgeRuntimeError(f"--evaluation {path}: not JSON (give the summary.json of edge-runtime eval)") from None
+    if not isinstance(summary, dict):
+        raise EdgeRuntimeError(f"--evaluation {path}: must be a JSON object")
+    return Manifest.model_validate({**manifest.model_dump(exclude_none=True), "evaluation": summary})
+
+
 def cmd_ota_sign(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime.ota.manifest import ManifestRefused, parse, sign
 
@@ -45,6 +68,8 @@ def cmd_ota_sign(args: argparse.Namespace, config: Config) -> int:
         manifest = parse(Path(args.manifest).read_bytes())
     except ManifestRefused as exc:
         raise EdgeRuntimeError(f"{args.manifest}: {exc}") from None
+    if args.evaluation:  # edge-runtime eval's summary.json, signed with the manifest
+        manifest = _with_evaluation(manifest, Path(args.evaluation))
     signed = sign(manifest, Path(args.key).read_text().strip())
     text = signed.model_dump_json(exclude_none=True)
     if args.out:

@@ -61,6 +61,8 @@ class OtaAgent:
         msg = {"phase": phase, "ts": time.time(), "agent": __version__}
         if manifest is not None:
             msg.update(version=manifest.version, image=manifest.image)
+            if manifest.evaluation is not None:  # what was measured for this release (edge-runtime eval)
+                msg["evaluation"] = manifest.evaluation
         if reason:
             msg["reason"] = reason
         log.info("ota: %s%s", phase, f" ({reason})" if reason else "")

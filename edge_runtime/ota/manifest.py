@@ -15,9 +15,11 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
+
+MAX_EVALUATION_BYTES = 16 * 1024  # an eval summary is a few KB; the manifest travels over MQTT
 
 
 class ManifestRefused(Exception):
@@ -30,7 +32,17 @@ class Manifest(BaseModel):
     version: str = Field(pattern=r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$", description="Semantic version.")
     min_agent_version: str | None = Field(None, description="Oldest agent allowed to apply it.")
     notes: str = Field("", max_length=2000, description="Release notes for the fleet log.")
+    evaluation: dict[str, Any] | None = Field(
+        None, description="summary.json of `edge-runtime eval` for this release (escape and false-reject "
+        "rates as measured); signed with the rest, shown in the agent's status during the rollout.")
     signature: str | None = Field(None, description="base64 Ed25519 signature of the canonical JSON.")
+
+    @field_validator("evaluation")
+    @classmethod
+    def _bounded(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and len(json.dumps(v, ensure_ascii=False)) > MAX_EVALUATION_BYTES:
+            raise ValueError(f"at most {MAX_EVALUATION_BYTES // 1024} KiB of JSON")
+        return v
 
     def canonical(self) -> bytes:
         body = self.model_dump(exclude={"signature"}, exclude_none=True)

@@ -217,3 +217,27 @@ def test_ctrl_c_with_a_broker_logs_no_warning(tmp_path: Path, demo_dir: Path) ->
     finally:
         broker.stop()
     assert proc.returncode == 0 and " WARNING " not in err, err
+
+
+def test_ota_sign_carries_the_eval_summary_under_the_signature(tmp_path: Path, data_dir: Path) -> None:
+    from edge_runtime.ota.manifest import ManifestRefused, parse, verify
+
+    assert run_cli("ota", "keygen", str(tmp_path / "keys"), data_dir=data_dir).returncode == 0
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"image": "registry.local/edge@sha256:" + "a" * 64, "version": "1.2.0"}))
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"images": 200, "variants": [{"escape": {"rate": 0.01}}]}))
+    proc = run_cli("ota", "sign", str(manifest), "--key", str(tmp_path / "keys/fleet.key"),
+                   "--evaluation", str(summary), data_dir=data_dir)
+    assert proc.returncode == 0, proc.stderr
+    signed = parse(proc.stdout)
+    public = (tmp_path / "keys/fleet.pub").read_text().strip()
+    assert signed.evaluation == {"images": 200, "variants": [{"escape": {"rate": 0.01}}]}
+    verify(signed, [public], "1.0.0", "0.1.0")  # the summary is under the signature
+    forged = signed.model_copy(update={"evaluation": {"images": 200, "variants": [{"escape": {"rate": 0.0}}]}})
+    with pytest.raises(ManifestRefused):
+        verify(forged, [public], "1.0.0", "0.1.0")
+    summary.write_text(json.dumps({"notes": "x" * 20_000}))
+    big = run_cli("ota", "sign", str(manifest), "--key", str(tmp_path / "keys/fleet.key"),
+                  "--evaluation", str(summary), data_dir=data_dir)
+    assert big.returncode == 2 and "larger than 16 KiB" in big.stderr
