@@ -90,6 +90,10 @@ class OpcUaServer:
         self._pending: deque[tuple[int, Signals]] = deque(maxlen=MAX_PENDING)
         self._pending_lock = threading.Lock()
         self.listening = False
+        # Set by _publish (on the loop thread) just before it shows a snapshot on an input node
+        # (TriggerEnable is both): the setter, called synchronously by that write before anything
+        # awaits, takes it down and does not pass the echo back to the station.
+        self._echoing = False
         self.counters = {"calls": 0, "refused_calls": 0, "events": 0, "writes": 0, "dropped_snapshots": 0}
         self._thread = SupervisedThread("lineio-opcua", self._run, self._stop, log)
 
@@ -257,6 +261,9 @@ class OpcUaServer:
         def setter(node: NodeData, attr: ua.AttributeIds, value: ua.DataValue) -> None:
             old = node.attributes[attr].value
             node.attributes[attr].value = value
+            if self._echoing:
+                self._echoing = False
+                return  # our own snapshot shown on an input node (TriggerEnable), not the line's write
             new = value.Value.Value if value.Value is not None else None
             was = old.Value.Value if old is not None and old.Value is not None else None
             station = nodes.station
@@ -310,8 +317,14 @@ class OpcUaServer:
             value = _value(signals, name)
             if nodes.shown.get(name) != value:
                 nodes.shown[name] = value
-                await self._server.write_attribute_value(
-                    nodes.outputs[name].nodeid, ua.DataValue(ua.Variant(value, vtype)))
+                # Only for a node with our setter: a flag left up across the write's awaits (its
+                # data-change callbacks) would swallow a client's write made meanwhile.
+                self._echoing = nodes.outputs[name] in nodes.inputs.values()
+                try:
+                    await self._server.write_attribute_value(
+                        nodes.outputs[name].nodeid, ua.DataValue(ua.Variant(value, vtype)))
+                finally:
+                    self._echoing = False
                 self.counters["writes"] += 1
         head = signals.inspection_seq if signals.result_valid else None
         if head is not None and head != nodes.valid_head:

@@ -96,6 +96,9 @@ class Station:
                                          "results_error": 0, "timeouts": 0, "overruns": 0, "acks": 0,
                                          "late_verdicts": 0, "watcher_errors": 0}
         self.refusals: dict[str, int] = {}
+        # Jobs decided NOK by their deadline whose verdict has not come yet: the one late verdict each
+        # may still count (whichever path brings it first, the sink or the inspection's future).
+        self._timed_out: dict[int, None] = {}
         self._seq = jobs.last_seq(self.name)
         self._restore()
         self._threads = [SupervisedThread(f"station-{self.name}-capture", self._capture_loop, self._stop, log),
@@ -279,7 +282,10 @@ class Station:
         with self._lock:
             job = self._find(seq)
             if job is None or job.result != Result.NONE:
-                if result_id is not None and seq <= self._seq:
+                # Already decided: a verdict for a job its deadline turned NOK is late (counted once);
+                # the same on-time verdict coming a second way (sink, then the future) is not.
+                if result_id is not None and seq in self._timed_out:
+                    del self._timed_out[seq]
                     self.counters["late_verdicts"] += 1
                 return False
             self._jobs.decided(self.name, seq, int(outcome), code, result_id)
@@ -289,6 +295,9 @@ class Station:
             self.counters[{Result.OK: "results_ok", Result.NOK: "results_nok"}.get(outcome, "results_error")] += 1
             if code == DEFECT_TIMEOUT:
                 self.counters["timeouts"] += 1
+                self._timed_out[seq] = None
+                while len(self._timed_out) > 4 * self.cfg.fifo_depth + 64:  # verdicts that never came
+                    del self._timed_out[next(iter(self._timed_out))]
         self._changed()
         return True
 
@@ -300,11 +309,18 @@ class Station:
         self._changed()
 
     def _done(self, seq: int, future: Future[Inspection]) -> None:
+        """The inspection's future resolved. In the daemon the sink (`notify`) has usually decided the
+        job already; this decides only a job still open (or a failed inspection) and takes a late
+        verdict the sink has not brought yet."""
         exc = future.exception()
         if exc is not None:
             log.warning("station %s: inspection of job %d failed: %s", self.name, seq, exc)
             self._decide(seq, Result.ERROR, DEFECT_INSPECTION_FAILED, None)
             return
+        with self._lock:
+            job = self._find(seq)
+            if (job is None or job.result != Result.NONE) and seq not in self._timed_out:
+                return  # decided already (by notify): nothing to do, nothing late
         self._verdict(seq, future.result())
 
     # ---- threads --------------------------------------------------------------------------------

@@ -229,3 +229,52 @@ def test_connections_beyond_max_clients_are_refused(tmp_path: Path) -> None:
             s.close()
         server.stop()
         line.stop()
+
+
+def test_a_plc_write_of_trigger_enable_still_reaches_the_station(plant: Plant, plc: NodeClient) -> None:
+    station = plant.lines["hand"].station
+    try:
+        off = plc.request("write", station="hand", name="TriggerEnable", type="Boolean", value=False)
+        assert off["status"] == "Good"
+        wait_for(lambda: not station.signals().trigger_enable, timeout=5, what="TriggerEnable off")
+        assert not station.signals().ready
+    finally:
+        plc.request("write", station="hand", name="TriggerEnable", type="Boolean", value=True)
+        wait_for(lambda: station.signals().trigger_enable, timeout=5, what="TriggerEnable on")
+
+
+def test_trigger_enable_changed_twice_while_the_loop_is_busy_settles_without_echo_loop(tmp_path: Path) -> None:
+    """TriggerEnable is both the line's input and the shown state: echoing stale snapshots must not go back
+    through the node's setter to the station (each echo would make a new snapshot: an endless loop)."""
+    line = Line(tmp_path, name="echo").start()
+    cfg = OpcUaConfig(enabled=True, port=free_port(), anonymous=True, security=["none"])
+    server = OpcUaServer([line.station], cfg, tmp_path / "pki", SERVER_URI)
+    changes: list[bool] = []
+    last = [line.station.signals().trigger_enable]
+
+    def seen(s: Any) -> None:
+        if s.trigger_enable != last[0]:
+            last[0] = s.trigger_enable
+            changes.append(s.trigger_enable)
+    unwatch = line.station.watch(seen)
+    server.start()
+    try:
+        wait_for(lambda: server.listening, timeout=30, what="OPC UA server")
+        loop = server._loop
+        assert loop is not None
+        writes = server.counters["writes"]
+        loop.call_soon_threadsafe(time.sleep, 0.3)  # the OPC UA loop is busy ...
+        time.sleep(0.05)
+        line.station.set_trigger_enable(False)  # ... while another protocol changes TriggerEnable twice
+        line.station.set_trigger_enable(True)
+        time.sleep(1.25)
+        assert changes == [False, True], changes[:10]
+        assert len(changes) <= 4
+        assert line.station.signals().trigger_enable
+        node = server._nodes[0].inputs["TriggerEnable"]
+        assert server._server.read_attribute_value(node.nodeid).Value.Value is True
+        assert server.counters["writes"] - writes <= 8  # the two snapshots (TriggerEnable and Ready each)
+    finally:
+        unwatch()
+        server.stop()
+        line.stop()

@@ -359,3 +359,38 @@ def test_a_trigger_flood_is_held_in_bounded_memory(jobs: LineJobs) -> None:
         assert grown < 512 * 1024, f"memory grew {grown} bytes under a trigger flood"
     finally:
         station.stop()
+
+
+def test_late_verdicts_counts_only_a_verdict_after_the_deadline_in_the_daemons_order(jobs: LineJobs) -> None:
+    """The daemon decides a job by the sink (notify) and then the inspection's future resolves too: the
+    second arrival of an on-time verdict is not late; a verdict after the deadline's NOK is, once."""
+    line = Line()
+    station = running(station_config(result_deadline_ms=300), jobs, line)
+    try:
+        seq = station.trigger("ON-TIME")
+        wait_for(lambda: seq in line.jobs)
+        job, future, _ = line.jobs[seq]
+        result = tagged(Inspection(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict={"defect": True},
+                                   text="", model="m", timings_ms={}, prompt=""), job)
+        station.notify(result)  # the journal's delivery first ...
+        future.set_result(result)  # ... then the future's done callback
+        s = station.signals()
+        assert (s.result_valid, s.result, s.inspection_seq) == (True, Result.NOK, seq)
+        assert station.health().counters["late_verdicts"] == 0
+        assert station.health().counters["results_nok"] == 1
+        assert station.ack_result(seq)
+
+        late = station.trigger("LATE")
+        wait_for(lambda: late in line.jobs)
+        wait_for(lambda: station.signals().result_valid, timeout=2)
+        assert (station.signals().result, station.signals().defect_code) == (Result.NOK, DEFECT_TIMEOUT)
+        job, future, _ = line.jobs[late]
+        result = tagged(Inspection(device="d", camera="cam", frame=FrameInfo(late, 8, 8), verdict={"defect": False},
+                                   text="", model="m", timings_ms={}, prompt=""), job)
+        station.notify(result)
+        future.set_result(result)
+        counters = station.health().counters
+        assert counters["late_verdicts"] == 1 and counters["timeouts"] == 1
+        assert station.signals().result == Result.NOK  # the late OK changes nothing
+    finally:
+        station.stop()
