@@ -73,7 +73,7 @@ if [ "$PHASE" = bench ]; then
   printf 'model:\n  gpu_layers: -1\n  threads: 8\n  context_size: 4096\n' > /tmp/gpu.yaml
   for b in ${BUNDLES:-pair3b siglip224-qwen3b}; do
     python3 -m edge_runtime --config /tmp/gpu.yaml --log-level warning bench --model "/tmp/models/$b" \
-      --frames "${FRAMES:-12}" --json > "$OUT/bench-$b.json"
+      --frames "${FRAMES:-12}" --json > "$OUT/bench-$b.json" || echo "bench $b exited with $?" | tee -a "$OUT/exit.txt"
     python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
       "$OUT/bench-$b.json" | tee "$OUT/bench-$b.txt"
   done
