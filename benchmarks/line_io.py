@@ -149,7 +149,7 @@ def sparkplug(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     daemon = line_daemon(args, tmp)
     assert daemon.line_io is not None
     stations = daemon.line_io.stations
-    node = SparkplugNode(stations, SparkplugConfig(enabled=True, group_id=GROUP),
+    node = SparkplugNode(stations, SparkplugConfig(enabled=True, group_id=GROUP, device_commands=True),
                          MqttConfig(host="127.0.0.1", port=broker.port), NODE, tmp / "bdseq")
     node.start()
     host = Host(broker.port)

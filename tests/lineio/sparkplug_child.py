@@ -13,7 +13,7 @@ from tests.support.line_station import Line
 
 port, folder, group, node_id = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 line = Line(folder).start()
-node = SparkplugNode([line.station], SparkplugConfig(enabled=True, group_id=group),
+node = SparkplugNode([line.station], SparkplugConfig(enabled=True, group_id=group, device_commands=True),
                      MqttConfig(host="127.0.0.1", port=port, keepalive=5), node_id, folder / "bdseq")
 node.start()
 while True:

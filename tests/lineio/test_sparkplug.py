@@ -122,6 +122,7 @@ def line(tmp_path: Path) -> Iterator[Line]:
 
 def make_node(line: Line, broker: Broker, tmp_path: Path, **cfg: Any) -> SparkplugNode:
     mqtt_cfg = MqttConfig(host="127.0.0.1", port=broker.port, keepalive=5)
+    cfg = {"device_commands": True, **cfg}  # the tests play the host that may command the stations
     return SparkplugNode([line.station], SparkplugConfig(enabled=True, group_id=GROUP, **cfg), mqtt_cfg, NODE,
                          tmp_path / "sparkplug" / "bdseq", configure=lambda c: configure_client(c, mqtt_cfg))
 
@@ -291,3 +292,22 @@ def test_broker_credentials_come_from_the_mqtt_settings(line: Line, tmp_path: Pa
             accepted.stop()
     finally:
         broker.stop()
+
+
+def test_device_commands_are_refused_unless_the_config_allows_them(line: Line, broker: Broker, host: Host,
+                                                                    tmp_path: Path) -> None:
+    n = make_node(line, broker, tmp_path, device_commands=False)
+    n.start()
+    try:
+        i, _ = host.wait(is_("DBIRTH", "st1"))
+        host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "X-1"), ("Trigger", spb.BOOLEAN, True)])
+        deadline = time.monotonic() + 10
+        while n.counters["refused_commands"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert n.counters["refused_commands"] == 1 and n.counters["triggers"] == 0
+        assert line.station.signals().inspection_seq == 0  # nothing was triggered
+        host.command(topic("NCMD"), [(spb.REBIRTH, spb.BOOLEAN, True)])  # node control is still obeyed
+        host.wait(is_("NBIRTH"), after=i + 1)
+    finally:
+        n.stop()
+

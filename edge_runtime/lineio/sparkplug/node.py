@@ -309,6 +309,8 @@ class SparkplugNode:
             raise spb.CommandError(f"unknown node command(s): {', '.join(sorted(metrics))[:200]}")
 
     def _device_command(self, dev: _Device, metrics: dict[str, Any]) -> None:
+        if not self.cfg.device_commands:
+            raise spb.CommandError("device commands are off (sparkplug.device_commands: false)")
         known = {"TriggerEnable": bool, "PartId": str, "Recipe": str, "Trigger": bool, "ResultAck": bool}
         for name, value in metrics.items():
             if name not in known:
