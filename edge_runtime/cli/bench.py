@@ -22,13 +22,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_runtime.cli.bench_pair import percentiles, run_pair_bench
-from edge_runtime.core.errors import InferenceError
+from edge_runtime.cli.bench_pair import percentiles, raw_sampling, run_pair_bench
 from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Encoded, Inspector
 from edge_runtime.inference.llm.feed import ImagePart
-from edge_runtime.inference.llm.handles import Sampler, engine_info
+from edge_runtime.inference.llm.handles import engine_info
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.picker import GREEDY
 
@@ -190,25 +189,9 @@ def _raw_llama(lm: LanguageModel, prefix: list[int], image: ImagePart, suffix: l
     t0 = time.perf_counter()
     lm.prefill(prefix, image, suffix, max_tokens)
     prefill_ms = (time.perf_counter() - t0) * 1000
-    ctx = lm.ctx
-    with Sampler.chain() as chain:
-        if grammar is not None:
-            chain.add(Sampler.grammar(lm.vocab, grammar))
-        chain.add(Sampler.greedy())
-        t1 = time.perf_counter()
-        produced = 0
-        for _ in range(max(1, max_tokens)):
-            token = chain.sample(ctx)
-            if grammar is not None and lm.vocab.is_eog(token):
-                break
-            produced += 1
-            try:
-                ctx.decode_next(token)
-            except InferenceError:  # the context is full: the timing so far stands
-                break
-        elapsed = time.perf_counter() - t1
+    tps = raw_sampling(lm, grammar, max_tokens)
     lm.forget_prefix(clear=True)  # the KV cache no longer holds the cached prefix alone
-    return prefill_ms, produced / elapsed if elapsed > 0 else 0.0
+    return prefill_ms, tps
 
 
 def _prefix_reuse(inspector: Inspector, embeds: np.ndarray) -> dict[str, float]:

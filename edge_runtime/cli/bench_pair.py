@@ -17,6 +17,7 @@ from typing import Any
 
 import cv2
 
+from edge_runtime.core.errors import InferenceError
 from edge_runtime.core.images import decode_image
 from edge_runtime.inference.inspector import Inspector, MediaEncoded
 from edge_runtime.inference.llm.handles import Sampler
@@ -104,12 +105,14 @@ def raw_mtmd(inspector: Inspector, frame: Any, grammar: str | None, max_tokens: 
     with mtmd.tokenize(text, [rgb], add_special=True) as chunks:
         mtmd.eval_chunks(lm.ctx, chunks, 0, 0, lm.n_batch)
     prompt_ms = (time.perf_counter() - t0) * 1000
-    tps = _raw_sampling(lm, grammar, max_tokens)
+    tps = raw_sampling(lm, grammar, max_tokens)
     lm.forget_prefix(clear=True)
     return prompt_ms, tps
 
 
-def _raw_sampling(lm: LanguageModel, grammar: str | None, max_tokens: int) -> float:
+def raw_sampling(lm: LanguageModel, grammar: str | None, max_tokens: int) -> float:
+    """Tokens/s of llama.cpp's own grammar + greedy chain from the prefilled context (no grammar: greedy
+    alone, exactly `max_tokens` tokens, end-of-generation ones included): the raw side of both benches."""
     with Sampler.chain() as chain:
         if grammar is not None:
             chain.add(Sampler.grammar(lm.vocab, grammar))
@@ -123,7 +126,7 @@ def _raw_sampling(lm: LanguageModel, grammar: str | None, max_tokens: int) -> fl
             produced += 1
             try:
                 lm.ctx.decode_next(token)
-            except Exception:  # noqa: BLE001 - the context is full: the timing so far stands
+            except InferenceError:  # the context is full: the timing so far stands
                 break
         elapsed = time.perf_counter() - t1
     return produced / elapsed if elapsed > 0 else 0.0
