@@ -154,31 +154,9 @@ def build_smolvlm(out: Path) -> Path:
     """SmolVLM (v1) / Idefics3 as tiny_vlms.build_idefics3 lays it out, plus the "\\n\\n" token libmtmd
     looks up for the global image (one token in SmolVLM's BPE vocabulary); the text part is named as
     SmolVLM's own config names it, which is how the converter picks the llama class for the LM GGUF."""
-    from transformers import (
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessor,
-        Idefics3Processor,
-        Idefics3VisionConfig,
-    )
+    from tests.support.tiny_vlms import build_idefics3
 
-    from tests.support.tiny_vlms import IDEFICS3_TEMPLATE, _text_config
-
-    torch.manual_seed(2)
-    specials = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>", "\n\n"] + [
-        f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
-    tok, sp_model = _tokenizer(out.parent / "smolvlm-tok", specials)
-    vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                  image_size=32, patch_size=8)
-    config = Idefics3Config(vision_config=vision.to_dict(), text_config=_text_config(len(tok)).to_dict(),
-                            scale_factor=2, image_token_id=_token_id(tok, "<image>"))
-    model = Idefics3ForConditionalGeneration(config).eval()
-    processor = Idefics3Processor(
-        image_processor=Idefics3ImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}),
-        tokenizer=tok, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE.replace("<|im_start|>", ""))
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    (out / "tokenizer.model").write_bytes(sp_model)
+    build_idefics3(out, extra_specials=("\n\n",), tokenizer_dir="smolvlm-tok")
     cfg = json.loads((out / "config.json").read_text())
     cfg["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
     (out / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -103,13 +103,14 @@ def build_llava(out: Path) -> Path:
     return out
 
 
-def build_idefics3(out: Path) -> Path:
+def build_idefics3(out: Path, extra_specials: tuple[str, ...] = (), tokenizer_dir: str = "idefics3-tok") -> Path:
     """SmolVLM (v1) layout: SigLIP-style tower (32 px tiles, patch 8), pixel shuffle x2, llama; images
-    longer than a tile are split into a grid of tiles plus a global image."""
+    longer than a tile are split into a grid of tiles plus a global image. `extra_specials` go into the
+    vocabulary before the tile-grid tokens (the GGUF pair of tiny_pair_models.py adds "\\n\\n")."""
     torch.manual_seed(2)
-    specials = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
+    specials = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>", *extra_specials] + [
         f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
-    tok, sp_model = _tokenizer(out.parent / "idefics3-tok", specials)
+    tok, sp_model = _tokenizer(out.parent / tokenizer_dir, specials)
     vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                   image_size=32, patch_size=8)
     config = Idefics3Config(vision_config=vision.to_dict(), text_config=_text_config(len(tok)).to_dict(),
