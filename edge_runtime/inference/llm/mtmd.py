@@ -51,8 +51,9 @@ class MediaEmbeds:
     """One image chunk's embeddings, ready to decode at any position.
 
     `mrope` holds the chunk's M-RoPE positions for a first position of 0, [4, N] section-major
-    (t, y, x, z as libmtmd's `mtmd_image_tokens_get_decoder_pos` gives them); `mrope_shift` [4] says
-    which sections move with the first position. None for models with plain positions."""
+    (t, y, x, z as libmtmd's `mtmd_image_tokens_get_decoder_pos` gives them); `mrope_shift` [4, N] says
+    how much each moves per unit of first position (per token: HunyuanVL's layout moves only t inside
+    the image). None for models with plain positions."""
 
     embeds: np.ndarray  # [N, n_embd_inp] float32
     n_pos: int  # positions the chunk takes: n_past advances by this, not by N
@@ -68,7 +69,7 @@ class MediaEmbeds:
         stop = len(self) if stop is None else stop
         if self.mrope is None or self.mrope_shift is None:
             return np.arange(pos0 + start, pos0 + stop, dtype=np.int32)
-        rows = self.mrope[:, start:stop] + pos0 * self.mrope_shift[:, None]
+        rows = self.mrope[:, start:stop] + pos0 * self.mrope_shift[:, start:stop]
         return np.ascontiguousarray(rows, dtype=np.int32).ravel()
 
 
@@ -91,10 +92,12 @@ def chunk_is_image(chunk: Any) -> bool:
 
 
 def chunk_tokens(chunk: Any) -> list[int]:
-    """The token ids of a text chunk."""
+    """The token ids of a text chunk (read as one array, not one ctypes call per token)."""
     n = ctypes.c_size_t()
     ptr = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
-    return [int(ptr[i]) for i in range(n.value)]
+    if n.value == 0:
+        return []
+    return np.ctypeslib.as_array(ptr, shape=(n.value,)).astype(np.int32).tolist()
 
 
 class MtmdContext(Handle):
@@ -158,18 +161,9 @@ class MtmdContext(Handle):
         non_causal = bool(mtmd_cpp.mtmd_decode_use_non_causal(self.ptr, chunk))
         if not self.use_mrope:
             return MediaEmbeds(embeds, n_pos, non_causal)
-        at0, at1 = self.decoder_positions(chunk, 0), self.decoder_positions(chunk, 1)
-        return MediaEmbeds(embeds, n_pos, non_causal, at0, (at1 - at0)[:, 0].astype(np.int32))
-
-    def decoder_positions(self, chunk: Any, pos0: int) -> np.ndarray:
-        """M-RoPE positions [4, N] (t, y, x, z) of an image chunk whose first position is `pos0`."""
-        image = mtmd_cpp.mtmd_input_chunk_get_tokens_image(chunk)
-        n = int(mtmd_cpp.mtmd_image_tokens_get_n_tokens(image))
-        out = np.empty((4, n), np.int32)
-        for i in range(n):
-            p = mtmd_cpp.mtmd_image_tokens_get_decoder_pos(image, pos0, i)
-            out[:, i] = (p.t, p.y, p.x, p.z)
-        return out
+        # Positions are affine in the first position: two reads give them for any pos0 (feed.py).
+        at0, at1 = decoder_positions(chunk, 0), decoder_positions(chunk, 1)
+        return MediaEmbeds(embeds, n_pos, non_causal, at0, at1 - at0)
 
     def image_segments(self, rgb: np.ndarray) -> list[np.ndarray | list[int] | MediaEmbeds]:
         """One image as prompt segments: the projector's tokens and each chunk's encoded embeddings.
@@ -201,6 +195,27 @@ class MtmdContext(Handle):
         if rc != 0:
             raise InferenceError(f"mtmd_helper_eval_chunks failed (code {rc})")
         return int(new_past.value)
+
+
+def decoder_positions(chunk: Any, pos0: int) -> np.ndarray:
+    """M-RoPE positions [4, N] (t, y, x, z) of an image chunk whose first position is `pos0`: every
+    token's in one call of libmtmd's `mtmd_helper_image_get_decoder_pos` (the loop
+    `mtmd_helper_decode_image_chunk` runs), not one ctypes call per token."""
+    image = mtmd_cpp.mtmd_input_chunk_get_tokens_image(chunk)
+    n = int(mtmd_cpp.mtmd_image_tokens_get_n_tokens(image))
+    raw = np.zeros((n, 4), np.uint32)  # an array of struct mtmd_decoder_pos {t, x, y, z}
+    if n:
+        mtmd_cpp.mtmd_helper_image_get_decoder_pos(image, pos0, raw.ctypes.data_as(_DECODER_POS_P))
+    # section-major (t, y, x, z): llama.cpp's set_position_mrope_2d puts y before x
+    return np.ascontiguousarray(raw[:, [0, 2, 1, 3]].T.astype(np.int32))
+
+
+_DECODER_POS_P = ctypes.POINTER(mtmd_cpp.mtmd_decoder_pos)
+# The numpy view above relies on the struct's layout: four uint32 in the order t, x, y, z.
+if ([f[0] for f in mtmd_cpp.mtmd_decoder_pos._fields_] != ["t", "x", "y", "z"]
+        or ctypes.sizeof(mtmd_cpp.mtmd_decoder_pos) != 4 * ctypes.sizeof(ctypes.c_uint32)):
+    raise ImportError("llama_cpp.mtmd_cpp.mtmd_decoder_pos is not {t, x, y, z} uint32: this llama-cpp-python "
+                      "is not the one edge-runtime was built against")
 
 
 class _Bitmap(Handle):
