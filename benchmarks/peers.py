@@ -1,0 +1,430 @@
+"""Peers side by side (issues 25 and 28): llama-server against our daemon on the same model, one client.
+
+Builds (or reuses) `llama-server` from the llama.cpp our llama-cpp-python vendors (peers_build.py),
+then runs ONE server at a time on the same GGUF (+ mmproj), the same threads, and drives each with
+the same client (peers_client.py: honours 429 + Retry-After as the openai SDK does):
+
+  chat   issue 28's request: text only, `response_format` json_schema {defect: boolean, category: one of 5,
+         notes: string of at most 60}, max_tokens 96, temperature 0 (the peer gets the bundle's language GGUF)
+  image  an image + the bundle's verdict schema and prompt (a GGUF + mmproj bundle for the peer);
+         ours also through /api/v1/infer (the inspection path) and camera triggers (the camera path)
+
+Per server and route: latency p50/p95 of sequential requests (request in, schema-valid verdict out),
+time to first token (streamed), verdicts/s and tokens/s from 1/2/4/8 concurrent clients, tokens per
+verdict, the share of strict-JSON schema-valid verdicts (jsonschema), 429 retries, peak RSS (VmHWM)
+and GPU memory (nvidia-smi, when there). One table with ratios ours/peer; `--out FILE` writes JSON.
+
+    python benchmarks/peers.py --bundle DIR [--workload chat|image|both] [--threads 2] [--out peers.json]
+    python benchmarks/peers.py --bundle DIR --no-peer       # our daemon alone (the smoke test does this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers_client import Client, Reply
+from peers_servers import LlamaServer, OurDaemon, Server, bundle_files, read_bundle
+
+CATEGORIES = ["none", "scratch", "dent", "crack", "stain"]
+CHAT_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["defect", "category", "notes"],
+    "properties": {"defect": {"type": "boolean"}, "category": {"enum": CATEGORIES},
+                   "notes": {"type": "string", "maxLength": 60}},
+}
+CHAT_SYSTEM = "You inspect parts on a production line. Answer with one JSON object."
+CHAT_PROMPT = ("Inspection log of part 4711: the weld seam shows a thin dark line about 4 mm long near the "
+               "left edge; the surface is otherwise clean. Give the verdict.")
+CHAT_MAX_TOKENS = 96
+
+
+@dataclass
+class Route:
+    """One way of asking one server for a verdict: a function of (client, client index) -> Reply."""
+
+    server: str
+    name: str
+    send: Callable[[Client, int], Reply]
+    schema: dict[str, Any]
+    stream: Callable[[Client], Reply] | None = None  # the same request streamed, for time to first token
+    base: str = ""  # the server's URL, set when it runs
+
+
+@dataclass
+class RouteReport:
+    server: str
+    route: str
+    tokens_per_verdict: float | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    ttft_ms_p50: float | None = None
+    levels: dict[str, dict[str, Any]] = field(default_factory=dict)  # clients -> verdicts/s, tok/s, ...
+    valid: int = 0
+    total: int = 0
+    retries_429: int = 0
+    errors: list[str] = field(default_factory=list)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    peak_rss_mb: float | None = None
+    peak_gpu_mib: int | None = None
+    load_avg: list[float] = field(default_factory=list)  # 1-minute load before and after: others' work shows
+
+
+def strict_verdict(text: str, schema: dict[str, Any]) -> bool:
+    """Strict JSON (no NaN/Infinity, no raw control characters, nothing after it) valid against `schema`."""
+    import jsonschema
+
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    try:
+        value = json.loads(text, parse_constant=refuse)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def chat_request(system: str, prompt: str, schema: dict[str, Any], max_tokens: int, image_jpeg: bytes | None = None,
+                 stream: bool = False) -> dict[str, Any]:
+    content: Any = prompt
+    if image_jpeg is not None:
+        url = "data:image/jpeg;base64," + base64.b64encode(image_jpeg).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": prompt}]
+    body: dict[str, Any] = {
+        "model": "default", "max_tokens": max_tokens, "temperature": 0, "seed": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "verdict", "strict": True, "schema": schema}},
+    }
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return body
+
+
+def chat_routes(server: str, system: str, prompt: str, schema: dict[str, Any], max_tokens: int,
+                image_jpeg: bytes | None = None) -> Route:
+    plain = chat_request(system, prompt, schema, max_tokens, image_jpeg)
+    streamed = chat_request(system, prompt, schema, max_tokens, image_jpeg, stream=True)
+    return Route(server, "chat", lambda c, _i: c.chat(plain), schema, lambda c: c.chat(streamed))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _account(report: RouteReport, replies: list[Reply], schema: dict[str, Any]) -> list[Reply]:
+    """Count validity, retries, errors and finish reasons; return the replies that hold a valid verdict."""
+    good = []
+    for r in replies:
+        report.total += 1
+        report.retries_429 += r.retries
+        reason = r.finish_reason or ("error" if r.status != 200 else "none")
+        report.finish_reasons[reason] = report.finish_reasons.get(reason, 0) + 1
+        if r.status != 200 or r.error:
+            if len(report.errors) < 5:
+                report.errors.append(f"{r.status}: {r.error}")
+            continue
+        if r.finish_reason in ("stop", None) and strict_verdict(r.text, schema):
+            report.valid += 1
+            good.append(r)
+    return good
+
+
+def run_route(route: Route, levels: list[int], requests: int, streamed: int, timeout_s: float,
+              progress: Callable[[str], None]) -> RouteReport:
+    """Warm-up, `requests` sequential requests, `streamed` streamed ones, then each concurrency level."""
+    report = RouteReport(route.server, route.name)
+    client = Client(route.base, timeout_s)
+    try:
+        route.send(client, 0)  # warm-up: the schema's grammar compiled, caches primed; not counted
+        seq = [route.send(client, 0) for _ in range(requests)]
+        _account(report, seq, route.schema)
+        lat = [r.latency_s * 1000 for r in seq if r.status == 200]
+        if lat:
+            report.latency_ms = {"p50": round(statistics.median(lat), 1), "p95": round(_percentile(lat, 0.95), 1)}
+        tokens = [r.completion_tokens for r in seq if r.completion_tokens is not None]
+        if tokens:
+            report.tokens_per_verdict = round(statistics.fmean(tokens), 1)
+        if route.stream is not None and streamed:
+            ttft = [r.ttft_s * 1000 for r in (route.stream(client) for _ in range(streamed)) if r.ttft_s is not None]
+            report.ttft_ms_p50 = round(statistics.median(ttft), 1) if ttft else None
+    finally:
+        client.close()
+    progress(f"{route.server} {route.name}: sequential p50 {report.latency_ms.get('p50')} ms")
+    for n in levels:
+        report.levels[str(n)] = _concurrent(route, report, n, max(requests, n), timeout_s)
+        progress(f"{route.server} {route.name}: {n} clients {report.levels[str(n)]}")
+    return report
+
+
+def _concurrent(route: Route, report: RouteReport, clients: int, total: int, timeout_s: float) -> dict[str, Any]:
+    """`total` requests from `clients` threads at once (each takes the next until none is left)."""
+    replies: list[Reply] = []
+    lock = threading.Lock()
+    left = [total]
+
+    def worker(index: int) -> None:
+        c = Client(route.base, timeout_s)
+        try:
+            while True:
+                with lock:
+                    if left[0] == 0:
+                        return
+                    left[0] -= 1
+                reply = route.send(c, index)
+                with lock:
+                    replies.append(reply)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    good = _account(report, replies, route.schema)
+    tokens = [r.completion_tokens for r in replies if r.status == 200 and r.completion_tokens is not None]
+    return {"requests": total, "wall_s": round(wall, 2), "verdicts_per_s": round(len(good) / wall, 3),
+            "tok_s": round(sum(tokens) / wall, 1) if tokens else None,
+            "valid": len(good), "retries_429": sum(r.retries for r in replies)}
+
+
+def measure(server: Server, routes: list[Route], args: argparse.Namespace) -> list[RouteReport]:
+    """Start `server`, run every route on it, read its peak memory, stop it."""
+    def say(msg: str) -> None:
+        print(f"  {msg}", file=sys.stderr, flush=True)
+
+    say(f"starting {server.name}: {' '.join(server.command())}")
+    out = []
+    load_before = round(os.getloadavg()[0], 2)
+    t0 = time.perf_counter()
+    with server:
+        say(f"{server.name} ready in {time.perf_counter() - t0:.1f} s")
+        for route in routes:
+            route.base = server.base
+            out.append(run_route(route, args.levels, args.requests, args.streamed, args.timeout, say))
+        rss, gpu = server.peak_rss_mb(), server.peak_gpu_mib()
+    for r in out:
+        r.peak_rss_mb, r.peak_gpu_mib = rss, gpu
+        r.load_avg = [load_before, round(os.getloadavg()[0], 2)]
+    return out
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+def _ratio(ours: float | None, peer: float | None) -> float | None:
+    return round(ours / peer, 2) if ours is not None and peer else None
+
+
+def ratios(report: RouteReport, peer: RouteReport) -> dict[str, float | None]:
+    """ours/peer: latency and TTFT (below 1 is faster), verdicts/s and tokens/s (above 1 is faster)."""
+    out: dict[str, float | None] = {
+        "latency_p50": _ratio(report.latency_ms.get("p50"), peer.latency_ms.get("p50")),
+        "latency_p95": _ratio(report.latency_ms.get("p95"), peer.latency_ms.get("p95")),
+        "ttft_p50": _ratio(report.ttft_ms_p50, peer.ttft_ms_p50),
+        "valid_share": _ratio(report.valid / report.total if report.total else None,
+                              peer.valid / peer.total if peer.total else None),
+    }
+    for n, level in report.levels.items():
+        theirs = peer.levels.get(n, {})
+        out[f"verdicts_per_s@{n}"] = _ratio(level["verdicts_per_s"], theirs.get("verdicts_per_s"))
+        out[f"tok_s@{n}"] = _ratio(level["tok_s"], theirs.get("tok_s"))
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
+    """One markdown table: a row per server and route, then ours/peer ratio rows."""
+    heads = (["server · route", "tokens/verdict", "p50 ms", "p95 ms", "TTFT ms"]
+             + [f"verdicts/s ×{n}" for n in levels] + [f"tok/s ×{n}" for n in levels]
+             + ["schema-valid", "429 retries", "peak RSS MB", "GPU MiB"])
+    rows = []
+    for r in reports:
+        rows.append([f"{r.server} · {r.route}", _fmt(r.tokens_per_verdict), _fmt(r.latency_ms.get("p50")),
+                     _fmt(r.latency_ms.get("p95")), _fmt(r.ttft_ms_p50)]
+                    + [_fmt(r.levels.get(str(n), {}).get("verdicts_per_s")) for n in levels]
+                    + [_fmt(r.levels.get(str(n), {}).get("tok_s")) for n in levels]
+                    + [f"{r.valid}/{r.total}", str(r.retries_429), _fmt(r.peak_rss_mb), _fmt(r.peak_gpu_mib)])
+    peer = next((r for r in reports if r.server == "llama-server"), None)
+    if peer is not None:
+        for r in reports:
+            if r is peer:
+                continue
+            q = ratios(r, peer)
+            rows.append([f"**ours/peer** · {r.route}", _fmt(_ratio(r.tokens_per_verdict, peer.tokens_per_verdict)),
+                         _fmt(q["latency_p50"]), _fmt(q["latency_p95"]), _fmt(q["ttft_p50"])]
+                        + [_fmt(q.get(f"verdicts_per_s@{n}")) for n in levels]
+                        + [_fmt(q.get(f"tok_s@{n}")) for n in levels]
+                        + [_fmt(q["valid_share"]), "", _fmt(_ratio(r.peak_rss_mb, peer.peak_rss_mb)),
+                           _fmt(_ratio(r.peak_gpu_mib, peer.peak_gpu_mib))])
+    lines = [f"workload {workload}", "", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---- the workloads -----------------------------------------------------------------------------
+
+def sample_jpeg(path: Path) -> bytes:
+    """A fixed 640x480 part with a defect (the same bytes on every run), also written to `path`."""
+    import cv2
+
+    from edge_runtime.core.samples import part_image
+
+    image = part_image(3, 640, 480, defect=True)
+    data: bytes = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    path.write_bytes(data)
+    return data
+
+
+def chat_template_for(manifest: dict[str, Any]) -> str | None:
+    """llama.cpp's built-in template matching the bundle's own, for a GGUF that carries none (a base model)."""
+    template = str((manifest.get("prompt") or {}).get("template") or "")
+    if manifest.get("format") == 2:
+        return None  # the GGUF's own template: what `models import` derived ours from
+    return "gemma" if "<start_of_turn>" in template else "chatml" if "<|im_start|>" in template else None
+
+
+def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: Path | None) -> dict[str, Any]:
+    manifest = read_bundle(args.bundle)
+    language, mmproj = bundle_files(args.bundle)
+    image_tokens = (manifest.get("mtmd") or {}).get("image_max_tokens")
+    jpeg_path = work / "part.jpg"
+    jpeg = sample_jpeg(jpeg_path)
+    if workload == "chat":
+        system, prompt, schema, max_tokens, image = CHAT_SYSTEM, CHAT_PROMPT, CHAT_SCHEMA, CHAT_MAX_TOKENS, None
+    else:
+        p = manifest.get("prompt") or {}
+        system, prompt = p.get("system") or CHAT_SYSTEM, p.get("default") or CHAT_PROMPT
+        schema = manifest["verdict_schema"]
+        max_tokens, image = int((manifest.get("generation") or {}).get("max_tokens") or 160), jpeg
+    cameras = max(args.levels) if workload == "image" and "camera" in args.routes else 0
+    ours = OurDaemon(work, args.bundle, args.threads, args.parallel, args.context, cameras=cameras, image=jpeg_path,
+                     gpu_layers=args.gpu_layers, no_repack=args.no_repack, source=args.ours_src)
+    our_routes = [chat_routes("edge-runtime", system, prompt, schema, max_tokens, image)]
+    if workload == "image":
+        if "infer" in args.routes:
+            our_routes.append(Route("edge-runtime", "infer", lambda c, _i: c.infer(jpeg), schema))
+        if cameras:
+            our_routes.append(Route("edge-runtime", "camera", lambda c, i: _trigger(c, i % cameras), schema))
+    result: dict[str, Any] = {"workload": workload, "servers": {"edge-runtime": ours.describe()}}
+    reports = measure(ours, our_routes, args)
+    peer_note = None
+    if peer_bin is None:
+        peer_note = "peer skipped (--no-peer)"
+    elif workload == "image" and mmproj is None:
+        peer_note = "peer skipped: the bundle has an ONNX encoder, llama-server needs a GGUF + mmproj pair"
+    else:
+        peer = LlamaServer(work, peer_bin, language, args.threads, args.parallel, args.context,
+                           mmproj=mmproj if workload == "image" else None, image_max_tokens=image_tokens,
+                           chat_template=chat_template_for(manifest), gpu_layers=args.gpu_layers,
+                           no_repack=args.no_repack)
+        result["servers"]["llama-server"] = peer.describe() | {"version": peer.version()}
+        reports += measure(peer, [chat_routes("llama-server", system, prompt, schema, max_tokens, image)], args)
+    result["peer_note"] = peer_note
+    result["routes"] = [asdict(r) for r in reports]
+    peer_report = next((r for r in reports if r.server == "llama-server"), None)
+    result["ratios_ours_over_peer"] = ({f"{r.server}.{r.route}": ratios(r, peer_report) for r in reports
+                                        if r is not peer_report} if peer_report else {})
+    result["request"] = chat_request(system, prompt, schema, max_tokens) | (
+        {"image": "640x480 JPEG (data URL)"} if image else {})
+    result["table"] = render(workload, reports, args.levels)
+    return result
+
+
+def _trigger(client: Client, camera: int) -> Reply:
+    reply = client.post(f"/api/v1/cameras/cam{camera}/trigger", b"{}")
+    if reply.status == 200:
+        reply.text, reply.finish_reason = reply.body.get("text", ""), "stop"
+    return reply
+
+
+def machine() -> dict[str, Any]:
+    try:
+        import llama_cpp
+        llama_version = llama_cpp.__version__
+    except ImportError:
+        llama_version = "absent"
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "llama_cpp_python": llama_version,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bundle", type=Path, required=True, help="the bundle folder our daemon loads")
+    ap.add_argument("--workload", choices=("chat", "image", "both"), default="chat")
+    ap.add_argument("--routes", default="chat,infer,camera", help="ours, image workload: chat,infer,camera")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads, the same for both")
+    ap.add_argument("--clients", default="1,2,4,8", help="concurrency levels")
+    ap.add_argument("--parallel", type=int, help="llama-server -np and our in-flight bound (default: most clients)")
+    ap.add_argument("--requests", type=int, default=8, help="requests per level (sequential and each concurrent)")
+    ap.add_argument("--streamed", type=int, default=4, help="streamed requests for time to first token")
+    ap.add_argument("--context", type=int, default=2048, help="context tokens per sequence (llama-server: per slot)")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="-1 offloads every layer (both servers)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds a request may take")
+    peer = ap.add_mutually_exclusive_group()
+    peer.add_argument("--peer-bin", type=Path, help="a llama-server binary (default: build or reuse the cached one)")
+    peer.add_argument("--no-peer", action="store_true", help="our daemon alone")
+    ap.add_argument("--cuda-arch", help="build the peer with CUDA for this architecture (90 = H200)")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="llama.cpp's extra CPU buffer types (weight repacking, AMX) off in both servers: "
+                    "needed where the AMX path crashes (peers_launch.py says why)")
+    ap.add_argument("--ours-src", type=Path, help="run our daemon from this source tree (e.g. `git archive` of a "
+                    "commit) instead of the installed package")
+    ap.add_argument("--out", type=Path, help="write the whole report as JSON here")
+    args = ap.parse_args(argv)
+    args.levels = [int(n) for n in args.clients.split(",") if n.strip()]
+    args.parallel = args.parallel or max(args.levels)
+    args.routes = {r.strip() for r in args.routes.split(",")}
+    args.bundle = args.bundle.resolve()
+    peer_bin = None
+    if not args.no_peer:
+        if args.peer_bin is not None:
+            peer_bin = args.peer_bin
+        else:
+            from peers_build import build_server
+            print("building or reusing llama-server (cached under ~/.cache/edge-runtime/llama-server)", file=sys.stderr)
+            peer_bin = build_server(cuda_arch=args.cuda_arch)
+    workloads = ["chat", "image"] if args.workload == "both" else [args.workload]
+    report: dict[str, Any] = {"machine": machine(), "threads": args.threads, "levels": args.levels,
+                              "no_repack": args.no_repack, "ours_src": str(args.ours_src or ""),
+                              "parallel": args.parallel, "requests_per_level": args.requests,
+                              "bundle": str(args.bundle), "workloads": []}
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        for w in workloads:
+            work = Path(tmp) / w
+            work.mkdir()
+            result = run_workload(w, args, work, peer_bin)
+            report["workloads"].append(result)
+            print(result["table"] + "\n", flush=True)
+            if result["peer_note"]:
+                print(result["peer_note"] + "\n", flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The two servers as processes: our daemon (`edge-runtime run` with a generated config) and llama-server.
+
+Each starts on a free loopback port, is ready when its health route says so, and reports its peak
+resident memory (the kernel's VmHWM of the process) and, where nvidia-smi exists, the most GPU memory
+it held while the workload ran (sampled every 0.5 s). One server runs at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+_HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GpuMemory:
+    """Most memory (MiB) nvidia-smi reports for one process while sampling runs; None without nvidia-smi."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_mib = pid, None if shutil.which("nvidia-smi") is None else 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.peak_mib is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+            out = subprocess.run(query, capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                pid, _, mib = line.partition(",")
+                if pid.strip() == str(self.pid) and mib.strip().isdigit():
+                    self.peak_mib = max(self.peak_mib or 0, int(mib))
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return self.peak_mib
+
+
+class Server:
+    """A server process on `port`; `with` starts it and waits until `ready_path` answers 200."""
+
+    name = "server"
+    ready_path = "/health"
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_dir / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] | None = None  # None: ours
+        self.cwd: Path | None = None
+        self.gpu: GpuMemory | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": " ".join(self.command())}
+
+    def __enter__(self) -> Server:
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=self.env, cwd=self.cwd)
+        try:
+            self._wait_ready(timeout_s=600)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.gpu = GpuMemory(self.proc.pid)
+        self.gpu.start()
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready; "
+                                   f"log {self.log_path}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.base + self.ready_path, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name} was not ready after {timeout_s:.0f} s; log {self.log_path}:\n{self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def peak_rss_mb(self) -> float | None:
+        """VmHWM of the process (read before it is stopped)."""
+        if self.proc is None:
+            return None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            return None
+        return None
+
+    def peak_gpu_mib(self) -> int | None:
+        return self.gpu.stop() if self.gpu is not None else None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.gpu is not None:
+            self.gpu.stop()
+        if self._log is not None:
+            self._log.close()
+
+
+class OurDaemon(Server):
+    """`edge-runtime run` on the bundle; `parallel` requests may be in flight at once (the API's
+    inference slots and the queue sized for them, parallel sequences up to it), as llama-server's -np."""
+
+    name = "edge-runtime"
+    ready_path = "/readyz"
+
+    def __init__(self, log_dir: Path, bundle: Path, threads: int, parallel: int, context: int,
+                 cameras: int = 0, image: Path | None = None, gpu_layers: int = 0,
+                 extra: dict[str, Any] | None = None, no_repack: bool = False, source: Path | None = None) -> None:
+        super().__init__(log_dir)
+        self.no_repack = no_repack
+        if source is not None:  # a source tree exported from one commit, ahead of the installed package
+            self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(_HERE)])}
+            self.cwd = source  # `python -m` puts the working folder first on sys.path
+        elif no_repack:
+            self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(_HERE), os.environ.get("PYTHONPATH", "")) if p)}
+        self.data = Path(tempfile.mkdtemp(prefix="peers-data-", dir=log_dir))
+        config: dict[str, Any] = {
+            "device_id": "peers", "data_dir": str(self.data), "log_level": "warning",
+            "model": {"path": str(bundle), "threads": threads, "context_size": context, "gpu_layers": gpu_layers},
+            "mqtt": {"enabled": False}, "governor": {"enabled": False},
+            # api.threads - api.threads // 2 requests may wait for a verdict at once (api/admission.py)
+            "api": {"host": "127.0.0.1", "port": self.port, "threads": min(64, max(6, 2 * parallel)),
+                    "request_timeout_s": 300},
+            "inspection": {"queue_size": max(4, parallel), "max_batch": max(1, min(32, parallel))},
+            "cameras": [{"name": f"cam{i}", "source": str(image), "kind": "image", "trigger": {"mode": "on_demand"}}
+                        for i in range(cameras)] if image is not None else [],
+        }
+        for section, values in (extra or {}).items():
+            config.setdefault(section, {}).update(values)
+        self.config_path = log_dir / "edge-runtime.yaml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.config = config
+
+    def command(self) -> list[str]:
+        entry = ["-m", "peers_launch"] if self.no_repack else ["-m", "edge_runtime"]
+        return [sys.executable, *entry, "--config", str(self.config_path), "run"]
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": " ".join(self.command()), "config": self.config}
+
+
+class LlamaServer(Server):
+    """llama.cpp's server on the same GGUF (+ mmproj): `parallel` slots of `context` tokens each, prompt
+    caching on, the same threads for prompt and generation."""
+
+    name = "llama-server"
+
+    def __init__(self, log_dir: Path, binary: Path, language: Path, threads: int, parallel: int, context: int,
+                 mmproj: Path | None = None, image_max_tokens: int | None = None, chat_template: str | None = None,
+                 gpu_layers: int = 0, no_repack: bool = False) -> None:
+        super().__init__(log_dir)
+        self.args = [str(binary), "-m", str(language), "--host", "127.0.0.1", "--port", str(self.port),
+                     "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(context * parallel),
+                     "--cache-prompt", "--no-webui", "-ngl", str(gpu_layers)]
+        if mmproj is not None:
+            self.args += ["--mmproj", str(mmproj)]
+            if gpu_layers == 0:
+                self.args.append("--no-mmproj-offload")
+            if image_max_tokens:
+                self.args += ["--image-max-tokens", str(image_max_tokens)]
+        if chat_template:
+            self.args += ["--chat-template", chat_template]
+        if no_repack:
+            self.args.append("--no-repack")
+
+    def command(self) -> list[str]:
+        return self.args
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run([self.args[0], "--version"], capture_output=True, text=True, timeout=30)
+            return (out.stdout + out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "unknown"
+
+
+def read_bundle(bundle: Path) -> dict[str, Any]:
+    """bundle.yaml as data (the GGUF paths resolved against the folder)."""
+    manifest: dict[str, Any] = yaml.safe_load((bundle / "bundle.yaml").read_text())
+    return manifest
+
+
+def bundle_files(bundle: Path) -> tuple[Path, Path | None]:
+    """(language GGUF, mmproj GGUF or None) of either bundle format."""
+    m = read_bundle(bundle)
+    files = m.get("files") or {}
+    if "language" in files:
+        lm = bundle / files["language"]["path"]
+        mm = bundle / files["mmproj"]["path"] if "mmproj" in files else None
+        return lm, mm
+    return bundle / "language.gguf", None
+
+
+if __name__ == "__main__":  # python benchmarks/peers_servers.py BUNDLE: the language/mmproj paths
+    print(json.dumps([str(p) for p in bundle_files(Path(sys.argv[1])) if p], indent=1))
+    os._exit(0)
