@@ -80,6 +80,7 @@ class BatchJob:
     seq: int = 0
     capture_ms: float = 0.0
     governor: dict[str, Any] | None = None
+    schema: dict[str, Any] | None = None  # the verdict's own JSON schema (a station's recipe); None: the bundle's
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,15 @@ class ChatJob:
     stops: list[str] = field(default_factory=list)
     on_text: Callable[[str], None] | None = None  # each decoded piece, as it is generated (streaming)
     on_end: Callable[[], None] | None = None  # once the job ran, whatever happened (ends a stream)
+
+
+@dataclass
+class ChatWork:
+    """A chat completion in the worker's batch: the job, with its image already encoded (None: not
+    encoded ahead, or no image)."""
+
+    job: ChatJob
+    encoded: Encoded | None = None
 
 
 class ChatOutput(Protocol):

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_runtime.core.contracts import GateDecision, QueueFull
+from edge_runtime.core.contracts import ChatJob, GateDecision, QueueFull
 from edge_runtime.core.result import Result
 
 
@@ -29,7 +29,11 @@ class InspectionRequest:
     capture_ms: float = 0.0
     trigger: str = "api"
     journal: bool = True
-    job: Callable[[Any], Any] | None = None  # runs instead of an inspection (chat completions)
+    job: Callable[[Any], Any] | None = None  # runs instead of an inspection (`Device.submit_job`)
+    # The verdict's own JSON schema (a line station's recipe): the verdict is constrained by it and
+    # validated against it instead of the bundle's verdict_schema; None: the bundle's.
+    schema: dict[str, Any] | None = None
+    chat: ChatJob | None = None  # a chat completion: generated in the worker's batch beside the verdicts
     future: Future[Any] = field(default_factory=Future)
     encoded: threading.Event = field(default_factory=threading.Event)  # set once the encoder stage is done
     enqueued: float = field(default_factory=time.perf_counter)

@@ -19,7 +19,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -28,16 +29,18 @@ from typing import Any
 import cv2
 import numpy as np
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from edge_runtime.config import ModelConfig
 from edge_runtime.core.bundle import Bundle, Manifest
-from edge_runtime.core.contracts import BatchJob, Encoded  # moved there: the scheduler uses them without the engines
+from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded  # moved there: used without the engines
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.llm.feed import Generation, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MediaEmbeds, MtmdContext
+from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
 from edge_runtime.inference.token_cache import TokenCache
@@ -46,6 +49,26 @@ from edge_runtime.inference.vision import Preprocessor, VisionEncoder
 log = logging.getLogger(__name__)
 _IMAGE = "\x00image\x00"
 _WARMUP_SIZE = (448, 336)  # the grey warm-up frame of a format-2 bundle (width, height)
+
+
+_SCHEMAS_KEPT = 32  # per-request verdict schemas whose grammar and validator are kept (a line's recipes)
+
+
+@dataclass(frozen=True)
+class VerdictRules:
+    """What a verdict schema becomes once: the grammar that constrains it and the validator that checks it."""
+
+    grammar: str
+    validator: Draft202012Validator
+
+
+Work = BatchJob | ChatWork  # what `Inspector.serve` generates: a camera's verdict or a chat completion
+Served = Callable[[Work, Result | Generation | Exception], None]
+
+
+class SchemaRefused(InputError, InferenceError):
+    """A request's own verdict schema is refused (an InputError naming `schema`; an InferenceError
+    too, so a batch reports it in its place like any other failed verdict)."""
 
 
 @dataclass
@@ -99,6 +122,9 @@ class Inspector:
                 why = str(exc).removeprefix("response_format.json_schema: ").removeprefix("verdict_schema: ")
                 raise BundleError(f"{bundle.root / 'bundle.yaml'}: verdict_schema: {why}") from None
             self.validator = Draft202012Validator(m.verdict_schema)
+            self._bundle_rules = VerdictRules(self.grammar, self.validator)
+            self._rules: OrderedDict[str, VerdictRules] = OrderedDict()  # per-request schemas (verdict_rules)
+            self._rules_lock = threading.Lock()
             self._token_cache = TokenCache(settings.token_cache_bytes)
             self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
             self._image_token = -1
@@ -231,41 +257,132 @@ class Inspector:
         with self._lock:
             return self.language.generate(prefix, image, suffix, grammar, max_tokens, sampling, on_text, stop)
 
-    def generate_batch(self, items: list[tuple[list[int], ImagePart, list[int]]], grammar: str | None,
-                       max_tokens: int) -> list[Generation]:
-        """Greedy generation for several sequences (one prefix) as parallel sequences of one batch."""
+    def generate_batch(self, items: Sequence[Item | Prompt], grammar: str | None, max_tokens: int) -> list[Generation]:
+        """Several prompts as parallel sequences of one batch: a (prefix, image, suffix) item greedy
+        under `grammar`, a `Prompt` with its own grammar, sampling and length."""
         with self._lock:
             return self.language.generate_batch(items, grammar, max_tokens)
 
+    def verdict_rules(self, schema: dict[str, Any] | None) -> VerdictRules:
+        """The grammar and validator of a verdict schema (None: the bundle's), built once per schema
+        and kept in a bounded LRU (a station's recipes come back every part). InputError naming
+        `schema` when the schema is over the complexity budget or beyond the constraint engine."""
+        if schema is None:
+            return self._bundle_rules
+        key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        with self._rules_lock:
+            rules = self._rules.get(key)
+            if rules is not None:
+                self._rules.move_to_end(key)
+                return rules
+        try:
+            Draft202012Validator.check_schema(schema)
+            grammar = schema_to_grammar(schema, "schema")
+            self.language.check_grammar(grammar)
+        except SchemaError as exc:
+            raise SchemaRefused(f"schema: not a valid JSON schema ({exc.message[:160]})", field="schema") from None
+        except InputError as exc:
+            why = str(exc).removeprefix("response_format.json_schema: ").removeprefix("schema: ")
+            raise SchemaRefused(f"schema: {why}", field="schema") from None
+        except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for odd schemas
+            raise SchemaRefused(f"schema: unsupported JSON schema ({str(exc)[:160]})", field="schema") from None
+        rules = VerdictRules(grammar, Draft202012Validator(schema))
+        with self._rules_lock:
+            self._rules[key] = rules
+            while len(self._rules) > _SCHEMAS_KEPT:
+                self._rules.popitem(last=False)
+        return rules
+
     def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
                 seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,
-                encoded: Encoded | None = None) -> Result:
-        """Run the whole pipeline on one BGR frame and return a schema-valid Result."""
+                encoded: Encoded | None = None, schema: dict[str, Any] | None = None) -> Result:
+        """Run the whole pipeline on one BGR frame and return a Result valid against `schema`
+        (None: the bundle's verdict_schema)."""
+        rules = self.verdict_rules(schema)
         enc = encoded or self.encode(frame)
         t0 = time.perf_counter()
         question = prompt or self.default_prompt
         prefix, image, suffix = self.sequence(question, enc, field="prompt")
-        gen = self.generate(prefix, image, suffix, self.grammar, self.max_tokens)
-        return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0)
+        gen = self.generate(prefix, image, suffix, rules.grammar, self.max_tokens)
+        return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0, rules)
 
     def inspect_batch(self, jobs: list[BatchJob]) -> list[Result | InferenceError]:
-        """Several encoded frames (e.g. from different cameras) generated as parallel sequences."""
+        """Several encoded frames (e.g. from different cameras) generated as parallel sequences, each
+        under its own job's schema. A job whose schema is refused fails alone (InputError inside)."""
         t0 = time.perf_counter()
         questions = [job.prompt or self.default_prompt for job in jobs]
-        items = [self.sequence(question, job.encoded) for job, question in zip(jobs, questions, strict=True)]
-        gens = self.generate_batch(items, self.grammar, self.max_tokens)
-        out: list[Result | InferenceError] = []
-        for job, question, gen in zip(jobs, questions, gens, strict=True):
+        out: list[Result | InferenceError | None] = [None] * len(jobs)
+        prompts, ruled = [], []
+        for i, (job, question) in enumerate(zip(jobs, questions, strict=True)):
             try:
-                out.append(self._result(job.encoded, gen, question, job.camera, job.seq, job.capture_ms,
-                                        job.governor, t0))
+                rules = self.verdict_rules(job.schema)
+            except SchemaRefused as exc:
+                out[i] = exc
+                continue
+            prompts.append(Prompt(*self.sequence(question, job.encoded), rules.grammar, self.max_tokens))
+            ruled.append((i, rules))
+        gens = self.generate_batch(prompts, self.grammar, self.max_tokens) if prompts else []
+        for (i, rules), gen in zip(ruled, gens, strict=True):
+            job = jobs[i]
+            try:
+                out[i] = self._result(job.encoded, gen, questions[i], job.camera, job.seq, job.capture_ms,
+                                      job.governor, t0, rules)
             except InferenceError as exc:
-                out.append(exc)
-        return out
+                out[i] = exc
+        return [o for o in out if o is not None]
+
+    def serve(self, work: Sequence[Work], finished: Served, admit: Callable[[int], Sequence[Work]] | None = None
+              ) -> int:
+        """Camera verdicts and chat completions as parallel sequences that join and leave between
+        steps; `finished` hears of each piece of work once: its Result (a verdict), its Generation (a
+        chat) or why it failed. `admit(n)` hands over up to n more that are ready now (never blocks).
+        Returns the most sequences that ran at once."""
+        started: dict[int, float] = {}
+
+        def prompts(batch: Sequence[Work]) -> list[Prompt]:
+            out = []
+            for w in batch:
+                started[id(w)] = time.perf_counter()
+                try:
+                    out.append(self._prompt(w))
+                except (InputError, InferenceError) as exc:
+                    finished(w, exc)
+            return out
+
+        def done(prompt: Prompt, outcome: Generation | Exception) -> None:
+            w, rules = prompt.tag
+            t0 = started.pop(id(w), time.perf_counter())
+            served: Result | Generation | Exception = outcome
+            if isinstance(w, BatchJob) and isinstance(outcome, Generation):
+                try:
+                    served = self._result(w.encoded, outcome, w.prompt or self.default_prompt, w.camera, w.seq,
+                                          w.capture_ms, w.governor, t0, rules)
+                except InferenceError as exc:
+                    served = exc
+            finished(w, served)
+
+        more = None if admit is None else (lambda n: prompts(admit(n)))
+        with self._lock:
+            return self.language.serve(prompts(work), done, more)
+
+    def _prompt(self, w: Work) -> Prompt:
+        """The sequence of one piece of work with how it is generated."""
+        if isinstance(w, BatchJob):
+            rules = self.verdict_rules(w.schema)
+            question = w.prompt or self.default_prompt
+            return Prompt(*self.sequence(question, w.encoded, field="prompt"), rules.grammar, self.max_tokens,
+                          tag=(w, rules))
+        job = w.job
+        enc = w.encoded
+        if enc is None and job.image is not None:
+            enc = self.encode(job.image)  # not encoded ahead (overlap off, or a reload meanwhile)
+        prefix, image, suffix = self.sequence(job.prompt, enc, job.system)
+        return Prompt(prefix, image, suffix, job.grammar, job.max_tokens or self.max_tokens,
+                      Sampling(job.temperature, job.top_p, job.seed), tuple(job.stops), job.on_text, tag=(w, None))
 
     def _result(self, enc: Encoded, gen: Generation, question: str, camera: str, seq: int, capture_ms: float,
-                governor: dict[str, Any] | None, t0: float) -> Result:
-        verdict = self.parse_verdict(gen)
+                governor: dict[str, Any] | None, t0: float, rules: VerdictRules | None = None) -> Result:
+        verdict = self.parse_verdict(gen, rules)
         total = capture_ms + enc.preprocess_ms + enc.encode_ms + (time.perf_counter() - t0) * 1000
         timings = {
             "capture": round(capture_ms, 3), "preprocess": round(enc.preprocess_ms, 3),
@@ -276,7 +393,9 @@ class Inspector:
                       verdict=verdict, text=gen.text, model=self.model_name, timings_ms=timings,
                       prompt=question, governor=governor)
 
-    def parse_verdict(self, gen: Generation) -> dict[str, Any]:
+    def parse_verdict(self, gen: Generation, rules: VerdictRules | None = None) -> dict[str, Any]:
+        """The verdict of a generation, checked against `rules`' schema (None: the bundle's)."""
+        validator = (rules or self._bundle_rules).validator
         if gen.finish_reason == "length":
             raise InferenceError(f"the model used all {self.max_tokens} tokens before finishing the "
                                  "verdict; raise model.max_tokens")
@@ -284,9 +403,10 @@ class Inspector:
             verdict = json.loads(gen.text)
         except json.JSONDecodeError as exc:
             raise InferenceError(f"the model's output is not valid JSON ({exc.msg})") from None
-        errors = sorted(self.validator.iter_errors(verdict), key=str)
+        errors = sorted(validator.iter_errors(verdict), key=str)
         if errors:
-            raise InferenceError(f"the verdict does not match the bundle's schema: {errors[0].message}")
+            whose = "the bundle's" if validator is self.validator else "its request's"
+            raise InferenceError(f"the verdict does not match {whose} schema: {errors[0].message}")
         return dict(verdict)
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     steps: int = 0  # llama_decode calls of the generation (not the prefill)
     llama_decode_ms: float = 0.0  # time inside them; measured only when Feed.profile is on
+    batched: float = 1.0  # sequences decoded together with it, on average over its steps (its energy share)
 
 
 # What goes between the prompt's prefix and suffix: one block of image embeddings [N, D], or a

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,7 +22,7 @@ from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
 from edge_runtime.inference.llm.handles import Context, Llama, Model, Vocab
-from edge_runtime.inference.llm.parallel import Item, ParallelSequences
+from edge_runtime.inference.llm.parallel import Admit, Finished, Item, ParallelSequences, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
 
 _GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type values for the KV cache
@@ -218,12 +219,43 @@ class LanguageModel:
         self.prefill(prefix, image, suffix)
         return self.ctx.logits_ith(-1).copy()
 
-    def generate_batch(self, items: Sequence[Item], grammar: str | None, max_tokens: int) -> list[Generation]:
-        """Greedy generation for several prompts as parallel sequences of one llama.cpp batch."""
-        if len(items) == 1:
-            prefix, image, suffix = items[0]
-            return [self.generate(prefix, image, suffix, grammar, max_tokens)]
-        return self.parallel.generate(items, grammar, max_tokens)
+    def generate_batch(self, items: Sequence[Item | Prompt], grammar: str | None, max_tokens: int) -> list[Generation]:
+        """Several prompts as parallel sequences of one llama.cpp batch (all of them, or an error).
+        A (prefix, image, suffix) item is greedy under `grammar` and `max_tokens`; a `Prompt` brings its own."""
+        prompts = [it if isinstance(it, Prompt) else Prompt(it[0], it[1], it[2], grammar, max_tokens) for it in items]
+        if len(prompts) == 1:
+            p = prompts[0]
+            return [self.generate(p.prefix, p.image, p.suffix, p.grammar, p.max_tokens, p.sampling, p.on_text,
+                                  list(p.stops))]
+        out: list[Generation | Exception | None] = [None] * len(prompts)
+
+        def finished(prompt: Prompt, outcome: Generation | Exception) -> None:
+            out[prompt.tag] = outcome
+
+        self.serve([replace(p, tag=i) for i, p in enumerate(prompts)], finished)
+        for outcome in out:
+            if isinstance(outcome, Exception):
+                raise outcome
+        return [o for o in out if isinstance(o, Generation)]
+
+    def serve(self, prompts: Sequence[Prompt], finished: Finished, admit: Admit | None = None) -> int:
+        """Generate the prompts, and those `admit` hands over meanwhile, as parallel sequences that
+        join and leave between steps (parallel.py); `finished` hears of each once, with its Generation
+        or the reason it failed (a prompt too long for the context fails alone, before it costs a decode).
+        Returns the most sequences that ran at once."""
+        def checked(batch: Sequence[Prompt]) -> list[Prompt]:
+            ok = []
+            for p in batch:
+                try:
+                    prefix, segments, suffix = self._check_prompt(p.prefix, p.image, p.suffix, p.max_tokens)
+                except (InputError, InferenceError) as exc:
+                    finished(p, exc)
+                    continue
+                ok.append(replace(p, prefix=prefix, image=segments, suffix=suffix))
+            return ok
+
+        more = None if admit is None else (lambda n: checked(admit(n)))
+        return self.parallel.serve(checked(prompts), finished, more)
 
     def _check_prompt(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int
                       ) -> tuple[list[int], list[Segment], list[int]]:

@@ -1,15 +1,23 @@
-"""Several prompts as parallel sequences of one llama.cpp batch, on a second context.
+"""Several prompts as parallel sequences of one llama.cpp context, on a second context.
 
-The shared prefix is evaluated once and its KV cache copied to every sequence; each step then
-decodes one token for every unfinished sequence in a single llama_decode, which is how a GPU
-(bound by per-token overhead, not bandwidth) turns several cameras into more throughput.
+Each prompt brings its own grammar, sampling, length, stop strings and stream (a camera's verdict
+and a chat completion share one batch). Every step decodes the chosen token, plus the tokens the
+grammar forces, of every running sequence in one llama_decode, which is how a GPU (bound by
+per-token overhead, not bandwidth) and a CPU (bound by reading the weights) turn several cameras and
+chat clients into more throughput. A prompt that arrives meanwhile is prefilled into a free slot and
+joins at the next step; a finished one leaves at once, its caller answered.
+
+A slot is one sequence id of the context. It keeps its prompt's prefix (system text, everything
+before the image) when its sequence ends, so the next prompt with that prefix decodes only its own
+part; a prefix that another slot holds is copied (llama_memory_seq_cp), not decoded again.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,15 +25,42 @@ import numpy as np
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, image_segments
 from edge_runtime.inference.llm.handles import Context, Model
-from edge_runtime.inference.llm.picker import GREEDY, PickerHost, TokenPicker
+from edge_runtime.inference.llm.picker import GREEDY, PickerHost, Sampling, TokenPicker
 
 # Picks go to threads only for llama.cpp's GBNF sampler on a large vocabulary: its full pass costs
 # 1.5-2 ms of C with the GIL released, so four run side by side (150k-token vocabularies went from
 # 2.6x to 2.9x on the H200). llguidance picks are ~0.2 ms, mostly numpy under the GIL: on the H200
 # threads made a 4-camera step's picking 1.19 ms instead of 0.73 ms inline (docs/benchmarks.md).
 _PARALLEL_PICK_VOCAB = 16_384
+_MIN_SLOTS = 4
+_MIN_SLOT_CELLS = 512  # a slot's KV room at least, so a short chat can join a batch of short verdicts
 
 Item = tuple[list[int], ImagePart, list[int]]
+
+
+@dataclass
+class Prompt:
+    """One sequence to generate and how: its grammar, sampling, length, stop strings and stream."""
+
+    prefix: list[int]
+    image: ImagePart
+    suffix: list[int]
+    grammar: str | None
+    max_tokens: int
+    sampling: Sampling = GREEDY
+    stops: Sequence[str] = ()
+    on_text: Callable[[str], None] | None = None  # each complete piece of text, as it is generated
+    tag: Any = None  # the caller's own handle on this prompt (what `Finished` hands back)
+
+    def cells(self) -> int:
+        """KV cells the whole sequence may take: prompt plus answer."""
+        return len(self.prefix) + sum(len(s) for s in image_segments(self.image)) + len(self.suffix) + self.max_tokens
+
+
+# Called once for every prompt served (first or joined): its Generation, or why it failed.
+Finished = Callable[[Prompt, Generation | Exception], None]
+# Up to n more prompts that are ready now (never blocks); [] when there are none or none may join.
+Admit = Callable[[int], Sequence[Prompt]]
 
 
 class ParallelHost(PickerHost, Protocol):
@@ -45,117 +80,239 @@ class ParallelHost(PickerHost, Protocol):
     def context_params(self) -> Any: ...
 
 
+class _Running:
+    """One sequence in its slot: what it emitted so far and the token chosen for it next."""
+
+    def __init__(self, prompt: Prompt, slot: int, picker: TokenPicker, reused: int, t0: float) -> None:
+        self.prompt, self.slot, self.picker, self.reused, self.t0 = prompt, slot, picker, reused, t0
+        self.pos = self.prompt_tokens = 0  # the next position; the prompt's positions
+        self.pending: tuple[int, bytes] = (-1, b"")
+        self.out: list[bytes] = []
+        self.ids: list[int] = []
+        self.step: list[int] = []  # tokens to decode at the next step
+        self.prefill_ms = 0.0
+        self.t_decode = 0.0
+        self.calls0 = 0
+        self.llama0 = 0.0
+        self.shared = 0  # sequences decoded with this one, summed over its steps (its share of the work)
+
+    def advance(self, room: int, fast_forward: bool) -> str | None:
+        """Take the chosen token (and the forced ones after it); the finish reason once it is done."""
+        token, piece = self.pending
+        if token < 0:
+            return "stop"
+        p, picker = self.prompt, self.picker
+        step = [(token, piece)]
+        if fast_forward:
+            step += picker.forced(min(room, p.max_tokens - len(self.ids) - 1))
+        self.out.extend(b for _, b in step)
+        self.step = [t for t, _ in step]
+        self.ids.extend(self.step)
+        if p.stops and any(s in picker.emitted.decode("utf-8", "ignore") for s in p.stops):
+            return "stop"
+        if p.on_text is not None:
+            delta = picker.text_so_far_delta()
+            if delta:
+                p.on_text(delta)
+        return "length" if len(self.ids) >= p.max_tokens else None
+
+    def generation(self, finish: str, feed: Feed) -> Generation:
+        text = b"".join(self.out).decode("utf-8", errors="replace")
+        for s in self.prompt.stops:
+            text = text.split(s, 1)[0]  # OpenAI semantics: the stop string is not returned
+        steps = max(1, feed.decode_calls - self.calls0)
+        return Generation(text, len(self.out), self.prompt_tokens, self.prefill_ms,
+                          (time.perf_counter() - self.t_decode) * 1000, finish, self.reused, self.ids,
+                          feed.decode_calls - self.calls0, (feed.decode_s - self.llama0) * 1000,
+                          batched=max(1.0, self.shared / steps))
+
+
 class ParallelSequences:
-    """Owns the second context (created on the first batch, grown, never shrunk) and the picking threads."""
+    """Owns the second context (created on the first batch, grown, never shrunk), its slots' kept
+    prefixes and the picking threads."""
 
     def __init__(self, lm: ParallelHost) -> None:
         self.lm = lm
         self._ctx: Context | None = None
+        self._slot_cells = 0  # KV cells each slot may take in the current context
+        self._holds: list[list[int] | None] = []  # per slot: the prefix its KV holds at 0..len
         self._pool: ThreadPoolExecutor | None = None
         self.pick_threads: bool | None = None  # None: the engine's choice (above); benchmarks force it
+        self.joined = 0  # prompts that joined a batch already running
+        self.prefix_copies = 0  # prefixes copied from another slot instead of decoded
 
     def close(self) -> None:
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
+        self._holds = []
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    def generate(self, items: Sequence[Item], grammar: str | None, max_tokens: int) -> list[Generation]:
-        """Greedy generation for several prompts sharing one prefix."""
-        lm, feed = self.lm, self.lm.feed
-        prefix = items[0][0]
-        if any(it[0] != prefix for it in items):
-            raise InferenceError("batched prompts must share their prefix")
-        # The sequences share the prefix's KV cells (llama_memory_seq_cp in a unified cache); each
-        # needs its own cells for its image, question and answer.
-        own = [sum(len(s) for s in image_segments(image)) + len(suffix) + max_tokens for _, image, suffix in items]
-        if lm.batch_kv_cache == "unified":
-            cells = len(prefix) + sum(own)
-        else:  # one stream per sequence, each with room for the longest sequence
-            cells = max(len(items), 4) * (len(prefix) + max(own))
-        ctx = self._context(len(items), cells)
-        ctx.memory_clear()
-        t0 = time.perf_counter()
-        feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=0)
-        for seq in range(1, len(items)):
-            ctx.memory_seq_cp(0, seq)
-        pickers: list[TokenPicker] = []
-        out: list[list[bytes]] = [[] for _ in items]
-        ids: list[list[int]] = [[] for _ in items]
-        pos, pending, prompt_tokens, prefill_ms = [], [], [], []
+    def serve(self, prompts: Sequence[Prompt], finished: Finished, admit: Admit | None = None) -> int:
+        """Generate every prompt, and those `admit` hands over while they run; `finished` hears of each
+        once, as it ends. Returns the most sequences that ran at once. A prompt the grammar engine
+        refuses fails alone; a failed decode fails every unfinished prompt (the KV cache is in doubt)."""
+        waiting = list(prompts)
+        running: list[_Running] = []
+        peak = 0
         try:
-            for _ in items:
-                pickers.append(TokenPicker(lm, grammar, GREEDY))
-            for seq, (_, image, suffix) in enumerate(items):
-                t1 = time.perf_counter()
-                p = feed.segments(ctx, image_segments(image), len(prefix), want_last_logits=not suffix, seq=seq)
-                p = feed.token_ids(ctx, suffix, p, want_last_logits=True, seq=seq)
-                pos.append(p)
-                prompt_tokens.append(p)
-                prefill_ms.append((time.perf_counter() - t1) * 1000)
-                pending.append(pickers[seq].next_token(ctx, -1))  # sample now: the next decode overwrites logits
-            prefill_total = (time.perf_counter() - t0) * 1000
-            t2 = time.perf_counter()
-            calls0, decode0 = feed.decode_calls, feed.decode_s
-            finish = ["length"] * len(items)
-            active = list(range(len(items)))
-            batch = feed.tokens.struct
-            step_ids: list[list[int]] = [[] for _ in items]
-            room = max(0, lm.n_batch // len(items) - 1)  # forced tokens per sequence that fit one batch
-            for _ in range(max_tokens):
-                stepping = []
-                for seq in active:
-                    token, piece = pending[seq]
-                    if token < 0:
-                        finish[seq] = "stop"
-                        continue
-                    step = [(token, piece)]
-                    if lm.fast_forward:
-                        step += pickers[seq].forced(min(room, max_tokens - len(out[seq]) - 1))
-                    out[seq].extend(p for _, p in step)
-                    step_ids[seq] = [t for t, _ in step]
-                    ids[seq].extend(step_ids[seq])
-                    if len(out[seq]) < max_tokens:
-                        stepping.append(seq)
-                active = stepping
-                if not active:
+            self._context(max(_MIN_SLOTS, len(waiting)), max((p.cells() for p in waiting), default=1))
+            while True:
+                if admit is not None and running:
+                    free = self._free_slots(running) - len(waiting)
+                    more = list(admit(free)) if free > 0 else []
+                    self.joined += len(more)
+                    waiting += more
+                if not waiting and not running:
                     break
-                i, rows = 0, []
-                for seq in active:
-                    for k, tok in enumerate(step_ids[seq]):
-                        batch.token[i] = tok
-                        batch.pos[i] = pos[seq]
-                        batch.n_seq_id[i] = 1
-                        batch.seq_id[i][0] = seq
-                        batch.logits[i] = int(k == len(step_ids[seq]) - 1)
-                        pos[seq] += 1
-                        i += 1
-                    rows.append(i - 1)
-                batch.n_tokens = i
-                feed.decode(ctx, batch)
-                for seq, choice in zip(active, self._pick_all(pickers, active, rows, ctx), strict=True):
-                    pending[seq] = choice
-            decode_ms = (time.perf_counter() - t2) * 1000
-            steps, llama_ms = feed.decode_calls - calls0, (feed.decode_s - decode0) * 1000
-        finally:
-            for picker in pickers:
-                picker.close()
-        return [Generation(b"".join(o).decode("utf-8", errors="replace"), len(o), prompt_tokens[i],
-                           prefill_ms[i] + (prefill_total - sum(prefill_ms)) / len(items), decode_ms, finish[i], 0,
-                           ids[i], steps, llama_ms)
-                for i, o in enumerate(out)]
+                waiting = self._start_fitting(waiting, running, finished)
+                peak = max(peak, len(running))
+                if running:
+                    self._step(running, finished)
+        except Exception as exc:  # noqa: BLE001 - a failed decode: every unfinished prompt hears it
+            self._forget()
+            for seq in running:
+                seq.picker.close()
+            for prompt in [seq.prompt for seq in running] + waiting:
+                finished(prompt, exc)
+        return peak
+
+    # -- slots --------------------------------------------------------------------------------------
+    def _free_slots(self, running: list[_Running]) -> int:
+        return len(self._holds) - len(running)
+
+    def _start_fitting(self, waiting: list[Prompt], running: list[_Running], finished: Finished) -> list[Prompt]:
+        """Start the waiting prompts that a free slot has room for; return the others. With nothing
+        running the context grows first, so a prompt larger than every slot is never stuck."""
+        if not running and waiting and max(p.cells() for p in waiting) > self._slot_cells:
+            self._context(max(_MIN_SLOTS, len(waiting)), max(p.cells() for p in waiting))
+        left: list[Prompt] = []
+        for prompt in waiting:
+            busy = {seq.slot for seq in running}
+            free = [s for s in range(len(self._holds)) if s not in busy]
+            if not free or prompt.cells() > self._slot_cells:
+                left.append(prompt)
+                continue
+            # A slot that already holds this prefix, else one holding nothing, else any.
+            slot = next((s for s in free if self._holds[s] == prompt.prefix), None)
+            if slot is None:
+                slot = next((s for s in free if self._holds[s] is None), free[0])
+            try:
+                picker = TokenPicker(self.lm, prompt.grammar, prompt.sampling)
+            except Exception as exc:  # noqa: BLE001 - a grammar the engine refuses fails this prompt alone
+                finished(prompt, exc)
+                continue
+            seq = _Running(prompt, slot, picker, 0, time.perf_counter())
+            running.append(seq)  # from here a failed decode reaches it through serve's handler
+            self._prefill(seq)
+        return left
+
+    def _prefill(self, seq: _Running) -> None:
+        feed, ctx, prompt = self.lm.feed, self._live_ctx, seq.prompt
+        seq.reused = self._place_prefix(seq.slot, prompt.prefix)
+        pos = feed.segments(ctx, image_segments(prompt.image), len(prompt.prefix),
+                            want_last_logits=not prompt.suffix, seq=seq.slot)
+        seq.pos = seq.prompt_tokens = feed.token_ids(ctx, prompt.suffix, pos, want_last_logits=True, seq=seq.slot)
+        seq.pending = seq.picker.next_token(ctx, -1)  # now: the next decode overwrites the logits
+        seq.prefill_ms = (time.perf_counter() - seq.t0) * 1000
+        seq.t_decode = time.perf_counter()
+        seq.calls0, seq.llama0 = feed.decode_calls, feed.decode_s
+
+    def _place_prefix(self, slot: int, prefix: list[int]) -> int:
+        """Make `slot` hold `prefix` at positions 0..len: kept, copied from another slot, or decoded.
+        Returns the prefix tokens not decoded."""
+        ctx, holds = self._live_ctx, self._holds
+        if prefix and holds[slot] == prefix:
+            return len(prefix)  # trimmed to its prefix when its last sequence ended
+        ctx.memory_seq_rm(slot, 0, -1)
+        holds[slot] = None
+        if not prefix:
+            holds[slot] = []
+            return 0
+        source = next((s for s, held in enumerate(holds) if s != slot and held == prefix), None)
+        if source is not None:
+            # Across KV streams llama.cpp copies a whole stream: copy, then drop what follows the prefix.
+            ctx.memory_seq_cp(source, slot)
+            if ctx.memory_seq_rm(slot, len(prefix), -1):
+                holds[slot] = prefix
+                self.prefix_copies += 1
+                return len(prefix)
+            ctx.memory_seq_rm(slot, 0, -1)
+        self.lm.feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=slot)
+        holds[slot] = list(prefix)
+        return 0
+
+    def _end(self, seq: _Running, finish: str, finished: Finished) -> None:
+        """Answer the sequence's caller; its slot keeps the prefix for the next prompt."""
+        seq.picker.close()
+        gen = seq.generation(finish, self.lm.feed)
+        if not self._live_ctx.memory_seq_rm(seq.slot, len(seq.prompt.prefix), -1):
+            self._live_ctx.memory_seq_rm(seq.slot, 0, -1)  # a model whose state cannot be cut: start over
+            self._holds[seq.slot] = None
+        finished(seq.prompt, gen)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def _step(self, running: list[_Running], finished: Finished) -> None:
+        lm, feed = self.lm, self.lm.feed
+        room = max(0, lm.n_batch // len(running) - 1)  # forced tokens per sequence that fit one batch
+        stepping: list[_Running] = []
+        ended: list[tuple[_Running, str]] = []
+        for seq in running:
+            finish = seq.advance(room, lm.fast_forward)
+            if finish is None:
+                stepping.append(seq)
+            else:
+                ended.append((seq, finish))
+        running[:] = stepping  # before their callers hear: a failure from here on is not theirs
+        for seq, finish in ended:
+            self._end(seq, finish, finished)
+        if not stepping:
+            return
+        batch = feed.tokens.struct
+        i, rows = 0, []
+        for seq in stepping:
+            seq.shared += len(stepping)
+            for k, tok in enumerate(seq.step):
+                batch.token[i] = tok
+                batch.pos[i] = seq.pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq.slot
+                batch.logits[i] = int(k == len(seq.step) - 1)
+                seq.pos += 1
+                i += 1
+            rows.append(i - 1)
+        batch.n_tokens = i
+        feed.decode(self._live_ctx, batch)
+        for seq, choice in zip(stepping, self._pick_all(stepping, rows), strict=True):
+            seq.pending = choice
+
+    def _pick_all(self, stepping: list[_Running], rows: list[int]) -> list[tuple[int, bytes]]:
+        """Next token of each stepping sequence; batch row rows[i] holds the logits of stepping[i]."""
+        ctx = self._live_ctx
+
+        def pick(i: int) -> tuple[int, bytes]:
+            return stepping[i].picker.next_token(ctx, rows[i])
+
+        threads = self.pick_threads
+        if threads is None:
+            threads = self.lm.constraint_engine == "gbnf" and self.lm.n_vocab >= _PARALLEL_PICK_VOCAB
+        if not threads or len(stepping) == 1:
+            return [pick(i) for i in range(len(stepping))]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(2, min(8, self.lm.threads)), thread_name_prefix="sampler")
+        return list(self._pool.map(pick, range(len(stepping))))
 
     def prompt_logits(self, items: Sequence[Item], copy_prefix: bool = True) -> list[np.ndarray]:
         """The logits after each prompt, each prefilled alone into this context (copies): with
         `copy_prefix` the prefix is decoded once into sequence 0 and copied to the others, as
-        `generate` does; without it every sequence decodes its own prefix. A difference from the
+        `serve` does; without it every sequence decodes its own prefix. A difference from the
         one-at-a-time context here comes from the context (unified KV, shared-prefix copy, size)."""
         feed = self.lm.feed
         own = [len(pre) + sum(len(s) for s in image_segments(im)) + len(sf) + 1 for pre, im, sf in items]
-        ctx = self._context(len(items), sum(own))
-        ctx.memory_clear()
+        ctx = self._context(len(items), max(own))
+        self._forget()
         if copy_prefix:
             feed.token_ids(ctx, items[0][0], 0, want_last_logits=False, seq=0)
             for seq in range(1, len(items)):
@@ -167,36 +324,41 @@ class ParallelSequences:
             p = feed.segments(ctx, image_segments(image), len(prefix), want_last_logits=not suffix, seq=seq)
             feed.token_ids(ctx, suffix, p, want_last_logits=True, seq=seq)
             logits.append(ctx.logits_ith(-1).copy())
+        self._forget()  # the slots hold these prompts' tails, not prefixes
         return logits
 
-    def _pick_all(self, pickers: list[TokenPicker], active: list[int], rows: list[int], ctx: Context
-                  ) -> list[tuple[int, bytes]]:
-        """Next token of each active sequence; batch row rows[i] holds the logits of sequence active[i]."""
-        def pick(i: int) -> tuple[int, bytes]:
-            return pickers[active[i]].next_token(ctx, rows[i])
+    # -- the context --------------------------------------------------------------------------------
+    @property
+    def _live_ctx(self) -> Context:
+        if self._ctx is None:
+            raise InferenceError("the parallel context is closed")
+        return self._ctx
 
-        threads = self.pick_threads
-        if threads is None:
-            threads = self.lm.constraint_engine == "gbnf" and self.lm.n_vocab >= _PARALLEL_PICK_VOCAB
-        if not threads or len(active) == 1:
-            return [pick(row) for row in range(len(active))]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(2, min(8, self.lm.threads)), thread_name_prefix="sampler")
-        return list(self._pool.map(pick, range(len(active))))
+    def _forget(self) -> None:
+        """Empty the context: no slot holds a prefix any more."""
+        if self._ctx is not None:
+            self._ctx.memory_clear()
+        self._holds = [None] * len(self._holds)
 
     def _context(self, sequences: int, cells: int) -> Context:
-        """A context over the model's weights with room for `sequences` sequences and `cells` KV cells."""
+        """A context over the model's weights with `sequences` slots of at least `cells` KV cells each."""
         lm = self.lm
-        n_ctx = max(lm.n_ctx, -(-cells // 256) * 256)
-        if self._ctx is not None and self._ctx.n_seq_max >= sequences and self._ctx.n_ctx >= n_ctx:
+        per_slot = -(-max(cells, min(_MIN_SLOT_CELLS, lm.n_ctx)) // 256) * 256
+        if self._ctx is not None and self._ctx.n_seq_max >= sequences and self._slot_cells >= cells:
             return self._ctx
         if self._ctx is not None:
+            sequences = max(sequences, self._ctx.n_seq_max)
+            per_slot = max(per_slot, self._slot_cells)
             self._ctx.close()
             self._ctx = None
+            self._holds = []
         params = Context.default_params()
+        # Per sequence, each slot has its own KV stream of n_ctx / n_seq_max cells; unified, they share
+        # one buffer that is sized as if they did not share their prefixes.
+        n_ctx = max(lm.n_ctx, per_slot * sequences)
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = lm.n_batch
-        params.n_seq_max = max(sequences, 4)
+        params.n_seq_max = sequences
         # Unified: all sequences share one KV buffer (the most batch throughput). Per sequence:
         # each has its own stream, so a sequence's attention runs exactly as in the one-at-a-time
         # context; on the H200 the unified cache changed the first-token logits of sequences 1..3
@@ -212,7 +374,9 @@ class ParallelSequences:
         params.yarn_attn_factor, params.yarn_beta_fast = main.yarn_attn_factor, main.yarn_beta_fast
         params.yarn_beta_slow = main.yarn_beta_slow
         try:
-            self._ctx = Context(lm.model, params, n_ctx, params.n_seq_max)
+            self._ctx = Context(lm.model, params, n_ctx, sequences)
         except InferenceError:
             raise InferenceError("llama.cpp could not create a context for parallel sequences") from None
+        self._slot_cells = n_ctx // sequences
+        self._holds = [None] * sequences
         return self._ctx
