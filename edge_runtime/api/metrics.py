@@ -161,7 +161,12 @@ class Metrics:
                                registry=self.registry)
         self.energy = Counter("edge_inspection_energy_joules", "Energy spent on inspections",
                               registry=self.registry)
+        self.rails = Counter("edge_rail_fired", "Rails that fired, by rail (the error code) and action (refuse, "
+                             "rewrite, filter, reask, reask_skipped)", ["rail", "action"], registry=self.registry)
         self.registry.register(StatusCollector(status, health, lambda: self.admission))
+
+    def rail_fired(self, rail: str, action: str) -> None:
+        self.rails.labels(rail, action).inc()
 
     def observe(self, result: Result) -> None:
         for stage in STAGES:

@@ -7,17 +7,17 @@ json_schema/json_object constrain the output with the same strict grammar as ins
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import random
 import time
-import uuid
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response, jsonify, request
 
-from edge_runtime.api.admission import Ticket
+from edge_runtime.api.admission import Ticket, image_size
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError, invalid
 from edge_runtime.api.models import (
@@ -30,6 +30,8 @@ from edge_runtime.api.models import (
     ModelList,
 )
 from edge_runtime.api.openapi import doc
+from edge_runtime.api.rails import RailRefused, Rails, live_rails, refusal_response, request_id
+from edge_runtime.api.rails_http import chat_request, checked_chat, rewrite_messages, schema_name
 from edge_runtime.api.rest import (
     Closing,
     admission,
@@ -45,6 +47,7 @@ from edge_runtime.core.contracts import ChatJob, ChatOutput
 from edge_runtime.core.errors import EdgeRuntimeError, InputError
 
 bp = Blueprint("openai", __name__)
+bp.app_errorhandler(RailRefused)(refusal_response)  # app-wide: REST infer raises it too
 MIN_TEMPERATURE = 1e-3
 
 
@@ -119,7 +122,8 @@ def _check_text(messages: list[Message], context: int) -> None:
                       f"takes at most about {limit}")
 
 
-def _conversation(messages: list[Message]) -> tuple[str | None, str, tuple[bytes, str] | None]:
+def _conversation(messages: list[Message], rails: Rails, rid: str
+                  ) -> tuple[str | None, str, tuple[bytes, str] | None]:
     """(system text, conversation text for the prompt slot, the image bytes and their field if any)."""
     system: list[str] = []
     turns: list[str] = []
@@ -134,7 +138,9 @@ def _conversation(messages: list[Message]) -> tuple[str | None, str, tuple[bytes
                 field = f"messages.{i}.content.{j}.image_url.url"
                 if image is not None:
                     raise invalid(field, "this model takes one image per request")
-                image = (_image_bytes(part.image_url.url, field), field)
+                data = _image_bytes(part.image_url.url, field)
+                rails.check_image(image_size(data), field, rid)  # from the header: nothing decoded yet
+                image = (data, field)
         joined = "\n".join(text)
         if m.role in ("system", "developer"):
             system.append(joined)
@@ -177,9 +183,14 @@ def _chat(ticket: Ticket) -> Any:
         raise invalid(name, f"{asked} is not less than this model's context of {context} tokens "
                       "(prompt and answer share it)")
     _check_text(req.messages, context)
-    system, prompt, image_bytes = _conversation(req.messages)
-    frame = decode_upload(image_bytes[0], ticket, image_bytes[1]) if image_bytes is not None else None
     fmt = req.response_format.model_dump(by_alias=True, exclude_none=True) if req.response_format else None
+    rid = request_id(request.headers.get("X-Request-Id"), "chatcmpl")
+    rails = live_rails(d.config.rails)
+    rewrites = rails.check_input(chat_request(req.messages, rid, req.model or info.name, schema_name(fmt)))
+    rewrite_messages(req.messages, rewrites.texts)
+    system, prompt, image_bytes = _conversation(req.messages, rails, rid)
+    system = "\n".join([s for s in (system, *rewrites.system) if s]) or None
+    frame = decode_upload(image_bytes[0], ticket, image_bytes[1]) if image_bytes is not None else None
     grammar = _grammar(fmt)
     max_tokens = asked or info.max_tokens
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
@@ -188,23 +199,58 @@ def _chat(ticket: Ticket) -> Any:
     # fuzzing) overflows the sampler's division into NaN probabilities: take it as greedy.
     temperature = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
     deltas: queue.Queue[str | None] = queue.Queue()
-    job = ChatJob(prompt, system or None, frame, grammar, max_tokens, temperature, req.top_p, seed, stops,
-                  on_text=deltas.put if req.stream else None, on_end=lambda: deltas.put(None))
+    live = req.stream and not rails.output  # output rails hold a stream until the whole answer passed them
+    job = ChatJob(prompt, system, frame, grammar, max_tokens, temperature, req.top_p, seed, stops,
+                  on_text=deltas.put if live else None, on_end=lambda: deltas.put(None))
     future = submit(d.chat, job)
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    if not req.stream:
-        gen: ChatOutput = wait_result(future)
-        return jsonify({
-            "id": completion_id, "object": "chat.completion", "created": created, "model": info.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.text},
-                         "finish_reason": gen.finish_reason, "logprobs": None}],
-            "usage": {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.tokens,
-                      "total_tokens": gen.prompt_tokens + gen.tokens},
-        })
-    stream = _stream(future, deltas, completion_id, created, info.name, d.config.api.request_timeout_s)
-    return Response(Closing(stream, ticket.release), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    if live:
+        stream = _stream(future, deltas, rid, created, info.name, d.config.api.request_timeout_s)
+        return Response(Closing(stream, ticket.release), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Request-Id": rid})
+    gen: ChatOutput = wait_result(future)
+    text, usage = checked_chat(rails, gen, _regenerate(job), rid)
+    if req.stream:
+        held = _held_stream(text, gen.finish_reason, usage, rid, created, info.name)
+        return Response(Closing(held, ticket.release), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Request-Id": rid})
+    response = jsonify({
+        "id": rid, "object": "chat.completion", "created": created, "model": info.name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "finish_reason": gen.finish_reason, "logprobs": None}],
+        "usage": usage,
+    })
+    response.headers["X-Request-Id"] = rid
+    return response
+
+
+def _regenerate(job: ChatJob) -> Callable[[str], ChatOutput]:
+    """One more generation of the same job with a reask rail's instruction added to its system text."""
+
+    def again(instruction: str) -> ChatOutput:
+        system = "\n".join(s for s in (job.system, instruction) if s)
+        out: ChatOutput = wait_result(submit(daemon().chat, dataclasses.replace(job, system=system, on_text=None,
+                                                                                 on_end=None)))
+        return out
+
+    return again
+
+
+def _held_stream(text: str, finish: str, usage: dict[str, int], cid: str, created: int, model: str
+                 ) -> Generator[str, None, None]:
+    """A checked answer as OpenAI chunk events: role, the text, the finish with usage, [DONE]."""
+    yield _chunk(cid, created, model, {"role": "assistant", "content": ""})
+    if text:
+        yield _chunk(cid, created, model, {"content": text})
+    yield _chunk(cid, created, model, {}, finish, usage=usage)
+    yield "data: [DONE]\n\n"
+
+
+def _chunk(cid: str, created: int, model: str, delta: dict[str, Any], finish: str | None = None,
+           **extra: Any) -> str:
+    body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+    return f"data: {json.dumps(body)}\n\n"
 
 
 def _stream(future: Any, deltas: queue.Queue[str | None], cid: str, created: int, model: str,
@@ -212,9 +258,7 @@ def _stream(future: Any, deltas: queue.Queue[str | None], cid: str, created: int
     """OpenAI chunk events; runs after the view returned, so it gets what it needs as arguments."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
-        return f"data: {json.dumps(body)}\n\n"
+        return _chunk(cid, created, model, delta, finish, **extra)
 
     yield chunk({"role": "assistant", "content": ""})
     deadline = time.monotonic() + timeout

@@ -37,6 +37,8 @@ from edge_runtime.api.models import (
     TriggerBody,
 )
 from edge_runtime.api.openapi import doc, openapi_document
+from edge_runtime.api.rails import live_rails, request_id
+from edge_runtime.api.rails_http import checked_result, infer_prompt
 from edge_runtime.core.contracts import Device, QueueFull
 from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, StorageFull
 from edge_runtime.core.images import decode_image
@@ -220,8 +222,14 @@ def infer() -> Any:
         else:
             raise ApiError(415, "unsupported_media_type", "send multipart/form-data or application/json",
                            field="body")
+        d = daemon()
+        info = d.model_info()
+        rails, rid = live_rails(d.config.rails), request_id(request.headers.get("X-Request-Id"), "infer")
+        prompt = infer_prompt(rails, rid, prompt, info.name if info else "")
+        rails.check_image(image_size(data), "image", rid)  # from the header: nothing decoded yet
         image = decode_upload(data, ticket)
-        return jsonify(wait_result(submit(daemon().submit_image, image, prompt)).to_dict())
+        result = wait_result(submit(d.submit_image, image, prompt))
+        return jsonify(checked_result(rails, result, lambda p: wait_result(submit(d.submit_image, image, p)), rid))
 
 
 @bp.post("/api/v1/cameras/<name>/trigger")

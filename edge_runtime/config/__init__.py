@@ -12,6 +12,7 @@ from edge_runtime.config.journal import EvidenceConfig, JournalConfig
 from edge_runtime.config.model import DEFAULT_PROVIDERS, ModelConfig
 from edge_runtime.config.mqtt import HomeAssistantConfig, MqttConfig, TlsConfig
 from edge_runtime.config.ota import OtaConfig
+from edge_runtime.config.rails import RailsConfig
 from edge_runtime.config.schema import (
            MAX_CONFIG_BYTES,
            Config,
@@ -23,5 +24,5 @@ from edge_runtime.config.schema import (
 
 __all__ = ["DEFAULT_PROVIDERS", "MAX_CONFIG_BYTES", "ApiConfig", "CameraConfig", "Config", "CsiConfig",
            "EvidenceConfig", "GovernorConfig", "HomeAssistantConfig", "ImageLimits", "InspectionConfig",
-           "JetsonActions", "JournalConfig", "ModelConfig", "MqttConfig", "OtaConfig", "TlsConfig",
+           "JetsonActions", "JournalConfig", "ModelConfig", "MqttConfig", "OtaConfig", "RailsConfig", "TlsConfig",
            "TriggerConfig", "config_schema", "default_data_dir", "load_config", "parse_config"]

@@ -26,6 +26,7 @@ from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.config.ota import OtaConfig
+from edge_runtime.config.rails import RailsConfig
 from edge_runtime.config.rules import Rule, RulesBudget, validate_rules
 from edge_runtime.core.errors import ConfigError
 
@@ -58,6 +59,8 @@ class Config(Section):
                                       "cost per verdict and per minute (re-asks, regex time).")
     line_io: LineIOConfig = Field(default_factory=LineIOConfig, description="Stations a PLC triggers, and the "
                                   "OPC UA / Modbus TCP / Sparkplug B / GPIO servers (docs/line-io.md).")
+    rails: RailsConfig = Field(default_factory=RailsConfig, description="Input and output rails of the OpenAI "
+                               "endpoint and REST infer (docs/api.md).")
 
     @field_validator("rules")
     @classmethod

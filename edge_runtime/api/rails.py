@@ -1,0 +1,390 @@
+"""Rails of `/v1/chat/completions` and `POST /api/v1/infer` (config `rails:`, config/rails.py).
+
+Input rails run on the request before an image is decoded or a token generated; output rails on the
+answer before a byte of it is sent. Every refusal is a `RailRefused` whose code names the rail
+(`rail_input_text_length`); it is logged once at INFO with the request id and counted on /metrics per
+rail and action (`edge_rail_fired_total`). The rails are compiled once per config object and read
+from the live config per request, so a reload that changes them applies from the next request.
+JSON-field conditions are the rules engine's own (`verdicts/rules.condition_holds`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+from flask import current_app, jsonify
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
+
+from edge_runtime.api import rails_text
+from edge_runtime.api.rails_text import Unfinished
+from edge_runtime.config.rails import InputRail, OutputRail, RailsConfig
+from edge_runtime.config.rules import REGEX_TIMEOUT_S
+from edge_runtime.core import strict_json
+from edge_runtime.verdicts.rules import RegexBudget, condition_holds, lookup
+
+log = logging.getLogger(__name__)
+MAX_ANSWER_DEPTH = 32
+_UNPARSED: Any = object()
+
+
+def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    """JSON Schema `pattern` on the `regex` engine with a time limit (jsonschema's uses `re`, which
+    holds the GIL while it backtracks); a search that does not finish makes the answer invalid."""
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        found = regex.search(pattern, instance, timeout=REGEX_TIMEOUT_S, concurrent=True)
+    except TimeoutError:
+        yield ValidationError(f"the pattern {pattern[:40]!r} did not finish in time")
+        return
+    if found is None:
+        yield ValidationError(f"does not match {pattern[:40]!r}")
+
+
+SchemaValidator = validators.extend(Draft202012Validator, {"pattern": _pattern_keyword})
+
+
+class RailRefused(Exception):
+    """A rail refused the request or its answer: an OpenAI-style error whose `code` names the rail."""
+
+    def __init__(self, code: str, status: int, message: str, field: str | None, request_id: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.status, self.field, self.request_id = code, status, field, request_id
+
+
+def refusal_response(exc: RailRefused) -> Any:
+    """The error body OpenAI clients read (`error.code` is the rail), plus our `field`."""
+    error: dict[str, Any] = {"message": str(exc), "type": "rail_refused", "code": exc.code, "param": exc.field}
+    if exc.field is not None:
+        error["field"] = exc.field
+    response = jsonify(error=error)
+    response.status_code = exc.status
+    response.headers["X-Request-Id"] = exc.request_id
+    return response
+
+
+@dataclass
+class TextPart:
+    field: str  # where the client put it (`messages.0.content.1.text`, `prompt`)
+    role: str
+    text: str
+
+
+@dataclass
+class RailRequest:
+    """What the input rails read of a request (text parts only: image data is never text)."""
+
+    request_id: str
+    texts: list[TextPart]
+    images: int
+    model: str  # the model asked for (the served one when the request names none)
+    schema: str  # the response format: a json_schema's name, `text`, `json_object`; REST infer `verdict`
+    token: str | None  # the Bearer token presented, if any
+
+
+@dataclass
+class Rewrites:
+    texts: dict[str, str] = field(default_factory=dict)  # field -> the text that replaces it
+    system: list[str] = field(default_factory=list)  # instructions to add
+
+
+@dataclass
+class Answer:
+    """An answer as output rails see it: its text and its JSON (parsed on first need)."""
+
+    text: str
+    data: Any = _UNPARSED
+
+    def json(self, limit: int) -> Any:
+        if self.data is _UNPARSED:
+            self.data = None
+            if len(self.text) <= limit and self.text.lstrip()[:1] in ("{", "["):
+                try:
+                    self.data = strict_json.loads(self.text, MAX_ANSWER_DEPTH)
+                except strict_json.StrictJsonError:
+                    pass  # not JSON: conditions never hold, a schema rail fires
+        return self.data
+
+
+class ReaskWindow:
+    """Regenerations by reask rails in the last 60 s (all requests together); survives reloads."""
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque()
+        self._lock = threading.Lock()
+
+    def take(self, per_minute: int, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._times and now - self._times[0] >= 60:
+                self._times.popleft()
+            if len(self._times) >= per_minute:
+                return False
+            self._times.append(now)
+            return True
+
+
+Fire = Callable[[str, str, str, str], None]  # (code, action, request id, detail)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
+class Rails:
+    """One rails config, compiled: patterns, word lists and schemas built once."""
+
+    def __init__(self, cfg: RailsConfig, window: ReaskWindow, fire: Fire) -> None:
+        self.cfg, self.window, self.fire = cfg, window, fire
+        self.input = [(r, _pattern(r)) for r in cfg.input if r.enabled]
+        self.output = [(r, _pattern(r)) for r in cfg.output if r.enabled]
+        self.patterns = {r.name: p for r, p in self.output}
+        self.validators = {r.name: SchemaValidator(r.json_schema) for r, _ in self.output if r.json_schema}
+        self.budget_s = cfg.regex_budget_ms / 1000
+        self.searches_in = sum(1 for _, p in self.input if p is not None)
+        self.searches_out = sum(1 for r, p in self.output if p is not None or r.when)
+        self.pixel_rails = [r for r, _ in self.input if r.max_image_pixels is not None]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.input or self.output)
+
+    # ---- input -------------------------------------------------------------------------------------
+
+    def _refuse(self, rail: InputRail | OutputRail | str, stage: str, status: int, reason: str, rid: str,
+                field: str | None = None) -> RailRefused:
+        name = rail if isinstance(rail, str) else rail.name
+        code = f"rail_{stage}_{name}"
+        message = rail.message if not isinstance(rail, str) and rail.message else reason
+        self.fire(code, "refuse", rid, reason)
+        return RailRefused(code, status, message, field, rid)
+
+    def check_input(self, req: RailRequest) -> Rewrites:
+        """The rewrites to apply, or `RailRefused` from the first rail that refuses (config order;
+        each rail reads the text as the rails before it rewrote it)."""
+        out = Rewrites()
+        if not self.input:
+            return out
+        texts = [TextPart(t.field, t.role, t.text) for t in req.texts]
+        if self.searches_in and sum(len(t.text) for t in texts) > self.cfg.max_scan_chars:
+            raise self._refuse("scan_limit", "input", 400, f"the text is longer than the {self.cfg.max_scan_chars} "
+                               "characters the rails search (rails.max_scan_chars)", req.request_id, "messages")
+        budget = RegexBudget(self.budget_s, self.searches_in)
+        for rail, pattern in self.input:
+            mine = [t for t in texts if t.role in rail.roles]
+            if rail.max_text_chars is not None:
+                n = sum(len(t.text) for t in mine)
+                if n > rail.max_text_chars:
+                    raise self._refuse(rail, "input", 400, f"the text has {n} characters; this endpoint takes at most "
+                                       f"{rail.max_text_chars} (image data is not text and is not counted)",
+                                       req.request_id, "messages")
+            elif rail.max_images is not None and req.images > rail.max_images:
+                raise self._refuse(rail, "input", 400, f"the request has {req.images} images; this endpoint takes "
+                                   f"at most {rail.max_images}", req.request_id, "messages")
+            elif rail.access is not None:
+                self._access(rail, req)
+            elif pattern is not None:
+                self._search_input(rail, pattern, mine, budget, req.request_id, out)
+        return out
+
+    def _search_input(self, rail: InputRail, pattern: regex.Pattern[str], texts: list[TextPart],
+                      budget: RegexBudget, rid: str, out: Rewrites) -> None:
+        matched = False
+        for part in texts:
+            try:
+                hit = rails_text.search(pattern, part.text, budget)
+            except Unfinished as exc:
+                raise self._refuse(rail, "input", 400, f"the check of {part.field} did not finish ({exc}); the "
+                                   "request is refused rather than let through unchecked", rid, part.field) from None
+            if hit is None:
+                continue
+            if rail.action == "refuse":
+                what = "a refused word" if rail.words is not None else "a refused pattern"
+                raise self._refuse(rail, "input", 400, f"{part.field} contains {what}", rid, part.field)
+            matched = True
+            assert rail.rewrite is not None
+            if rail.rewrite.replace is None:
+                break  # only an instruction to add: one match is enough
+            part.text = out.texts[part.field] = rail.rewrite.replace
+        if matched:
+            assert rail.rewrite is not None
+            if rail.rewrite.system is not None:
+                out.system.append(rail.rewrite.system)
+            self.fire(f"rail_input_{rail.name}", "rewrite", rid, "the text matched; rewritten")
+
+    def _access(self, rail: InputRail, req: RailRequest) -> None:
+        access = rail.access
+        assert access is not None
+        if access.token is not None:  # this caller's rule only; constant-time, like the auth check
+            if req.token is None or not hmac.compare_digest(_digest(req.token),
+                                                            _digest(access.token.get_secret_value())):
+                return
+        if access.models is not None and req.model not in access.models:
+            raise self._refuse(rail, "input", 403, f"model {req.model[:128]!r} is not allowed for this caller",
+                               req.request_id, "model")
+        if access.schemas is not None and req.schema not in access.schemas:
+            raise self._refuse(rail, "input", 403, f"response format {req.schema[:64]!r} is not allowed for "
+                               "this caller", req.request_id, "response_format")
+
+    def check_image(self, size: tuple[int, int] | None, field: str, rid: str) -> None:
+        """Pixels of one image, from its header (before any pixel is decoded)."""
+        if size is None:
+            return  # unreadable header: the decoder refuses it with the reason
+        for rail in self.pixel_rails:
+            assert rail.max_image_pixels is not None
+            if size[0] * size[1] > rail.max_image_pixels:
+                raise self._refuse(rail, "input", 400, f"the image is {size[0]}x{size[1]} = {size[0] * size[1]} "
+                                   f"pixels; this endpoint takes at most {rail.max_image_pixels}", rid, field)
+
+    # ---- output ------------------------------------------------------------------------------------
+
+    def check_output(self, answer: Answer, reask: Callable[[str], Answer] | None, rid: str) -> Answer:
+        """The answer to send (filtered), after at most one regeneration; or `RailRefused`."""
+        if not self.output:
+            return answer
+        for attempt in (0, 1):
+            fired = self._fired(answer, rid)
+            deciding = next((r for r in fired if r.action != "filter"), None)
+            if deciding is None:
+                return self._filter(fired, answer, rid)
+            if deciding.action == "refuse":
+                raise self._refuse(deciding, "output", 422, "the answer was refused", rid)
+            if attempt == 1 or reask is None:
+                raise self._refuse(deciding, "output", 422, "the answer broke the rail again after one "
+                                   "regeneration", rid)
+            if not self.window.take(self.cfg.reasks_per_minute):
+                self.fire(f"rail_output_{deciding.name}", "reask_skipped", rid, "rails.reasks_per_minute spent")
+                raise self._refuse(deciding, "output", 422, "the answer broke the rail and the regeneration "
+                                   "budget (rails.reasks_per_minute) is spent", rid)
+            assert deciding.reask is not None
+            self.fire(f"rail_output_{deciding.name}", "reask", rid, "regenerating once")
+            answer = reask(deciding.reask.prompt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fired(self, answer: Answer, rid: str) -> list[OutputRail]:
+        if self.searches_out and len(answer.text) > self.cfg.max_scan_chars:
+            raise self._refuse("scan_limit", "output", 422, f"the answer is longer than the {self.cfg.max_scan_chars} "
+                               "characters the rails search (rails.max_scan_chars)", rid)
+        budget = RegexBudget(self.budget_s, self.searches_out)
+        fired = []
+        for rail, pattern in self.output:
+            try:
+                if self._fires(rail, pattern, answer, budget):
+                    fired.append(rail)
+            except Unfinished as exc:
+                raise self._refuse(rail, "output", 422, f"the check did not finish ({exc}); the answer is refused "
+                                   "rather than sent unchecked", rid) from None
+        return fired
+
+    def _fires(self, rail: OutputRail, pattern: regex.Pattern[str] | None, answer: Answer,
+               budget: RegexBudget) -> bool:
+        if pattern is not None:
+            return rails_text.search(pattern, answer.text, budget) is not None
+        data = answer.json(self.cfg.max_scan_chars)
+        if rail.json_schema is not None:
+            return data is None or not self.validators[rail.name].is_valid(data)
+        assert rail.when is not None
+        if not isinstance(data, dict):
+            return False
+        before = (budget.timeouts, budget.exhausted)
+        holds = all(condition_holds(c, data, budget) for c in rail.when)
+        if (budget.timeouts, budget.exhausted) != before:  # the rules engine counts these as no match
+            raise Unfinished("a regex condition ran out of its share of the regex budget")
+        return holds
+
+    def _filter(self, rails: list[OutputRail], answer: Answer, rid: str) -> Answer:
+        for rail in rails:
+            budget = RegexBudget(self.budget_s, 2)
+            try:
+                answer = self._redact(rail, answer, budget)
+                still = self._fires(rail, self.patterns[rail.name], answer, budget)
+            except Unfinished as exc:
+                raise self._refuse(rail, "output", 422, f"the redaction did not finish ({exc})", rid) from None
+            if still:
+                raise self._refuse(rail, "output", 422, "the answer still breaks the rail after redaction", rid)
+            self.fire(f"rail_output_{rail.name}", "filter", rid, "redacted")
+        return answer
+
+    def _redact(self, rail: OutputRail, answer: Answer, budget: RegexBudget) -> Answer:
+        data = answer.json(self.cfg.max_scan_chars)
+        if rail.when is not None:
+            assert isinstance(data, dict)
+            for cond in rail.when:
+                _set(data, cond.field, rail.replacement)
+            return Answer(rails_text.dumps(data), data)
+        pattern = self.patterns[rail.name]
+        assert pattern is not None
+        if isinstance(data, (dict, list)):  # redact inside the strings: the answer stays JSON
+            data = rails_text.map_strings(data, lambda s: rails_text.redact(pattern, s, rail.replacement, budget))
+            return Answer(rails_text.dumps(data), data)
+        return Answer(rails_text.redact(pattern, answer.text, rail.replacement, budget), None)
+
+
+def _pattern(rail: InputRail | OutputRail) -> regex.Pattern[str] | None:
+    if rail.regex is None and rail.words is None:
+        return None
+    return rails_text.compile_rail(rail.regex, rail.words)
+
+
+def _set(data: dict[str, Any], path: str, value: str) -> None:
+    *parents, last = path.split(".")
+    holder = lookup(data, ".".join(parents)) if parents else data
+    if isinstance(holder, dict) and last in holder:
+        holder[last] = value
+
+
+# ---- per request, from the live config -------------------------------------------------------------
+
+class RailsState:
+    """The app's rails: compiled for the config object in force, rebuilt when a reload replaces it."""
+
+    def __init__(self, fire: Fire) -> None:
+        self.window = ReaskWindow()
+        self.fire = fire
+        self._built: tuple[RailsConfig, Rails] | None = None
+
+    def rails_for(self, cfg: RailsConfig) -> Rails:
+        built = self._built
+        if built is None or built[0] is not cfg:
+            built = self._built = (cfg, Rails(cfg, self.window, self.fire))
+        return built[1]
+
+
+_REQUEST_ID = regex.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def request_id(header: str | None, prefix: str) -> str:
+    """The client's X-Request-Id when it is a plain token, else a new one."""
+    if header and _REQUEST_ID.fullmatch(header):
+        return header
+    import uuid
+
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def live_rails(cfg: RailsConfig) -> Rails:
+    """The rails for this request (the app's compiled copy of the live `rails:` section)."""
+    state: RailsState | None = current_app.extensions.get("edge_runtime_rails")
+    if state is None:
+        metrics = current_app.extensions.get("edge_runtime_metrics")
+        state = current_app.extensions.setdefault("edge_runtime_rails", RailsState(_firing(metrics)))
+    return state.rails_for(cfg)
+
+
+def _firing(metrics: Any) -> Fire:
+    def fire(code: str, action: str, rid: str, detail: str) -> None:
+        log.info("rails: %s %s request %s: %s", code, action, rid, detail)
+        if metrics is not None:
+            metrics.rail_fired(code, action)
+
+    return fire
