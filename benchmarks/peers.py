@@ -1,8 +1,8 @@
 """Peers side by side (issues 25 and 28): llama-server against our daemon on the same model, one client.
 
-Builds (or reuses) `llama-server` from the llama.cpp our llama-cpp-python vendors (peers_build.py),
+Builds (or reuses) `llama-server` from the llama.cpp our llama-cpp-python vendors (peers_lib/build.py),
 then runs ONE server at a time on the same GGUF (+ mmproj), the same threads, and drives each with
-the same client (peers_client.py: honours 429 + Retry-After as the openai SDK does):
+the same client (peers_lib/client.py: honours 429 + Retry-After as the openai SDK does):
 
   chat   issue 28's request: text only, `response_format` json_schema {defect: boolean, category: one of 5,
          notes: string of at most 60}, max_tokens 96, temperature 0 (the peer gets the bundle's language GGUF)
@@ -25,6 +25,7 @@ import base64
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -37,8 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers_client import Client, Reply
-from peers_servers import LlamaServer, OurDaemon, Server, bundle_files, read_bundle
+from peers_lib.client import Client, Reply
+from peers_lib.servers import LlamaServer, OurDaemon, Server, bundle_files, read_bundle
 
 CATEGORIES = ["none", "scratch", "dent", "crack", "stain"]
 CHAT_SCHEMA: dict[str, Any] = {
@@ -360,6 +361,13 @@ def _trigger(client: Client, camera: int) -> Reply:
     return reply
 
 
+def _cpu_has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 def machine() -> dict[str, Any]:
     try:
         import llama_cpp
@@ -388,9 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     peer.add_argument("--peer-bin", type=Path, help="a llama-server binary (default: build or reuse the cached one)")
     peer.add_argument("--no-peer", action="store_true", help="our daemon alone")
     ap.add_argument("--cuda-arch", help="build the peer with CUDA for this architecture (90 = H200)")
-    ap.add_argument("--no-repack", action="store_true",
-                    help="llama.cpp's extra CPU buffer types (weight repacking, AMX) off in both servers: "
-                    "needed where the AMX path crashes (peers_launch.py says why)")
+    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
+                    help="llama.cpp's extra CPU buffer types (weight repacking, AMX), the same in both servers; "
+                    "auto: off on a CPU with AMX, where that path crashes (peers_lib/launch.py says why)")
     ap.add_argument("--ours-src", type=Path, help="run our daemon from this source tree (e.g. `git archive` of a "
                     "commit) instead of the installed package")
     ap.add_argument("--out", type=Path, help="write the whole report as JSON here")
@@ -399,12 +407,16 @@ def main(argv: list[str] | None = None) -> int:
     args.parallel = args.parallel or max(args.levels)
     args.routes = {r.strip() for r in args.routes.split(",")}
     args.bundle = args.bundle.resolve()
+    args.no_repack = args.repack == "off" or (args.repack == "auto" and _cpu_has_amx())
+    if args.no_repack and args.repack == "auto":
+        print("this CPU has AMX: llama.cpp's extra buffer types are off in both servers (--repack on to try)",
+              file=sys.stderr)
     peer_bin = None
     if not args.no_peer:
         if args.peer_bin is not None:
             peer_bin = args.peer_bin
         else:
-            from peers_build import build_server
+            from peers_lib.build import build_server
             print("building or reusing llama-server (cached under ~/.cache/edge-runtime/llama-server)", file=sys.stderr)
             peer_bin = build_server(cuda_arch=args.cuda_arch)
     workloads = ["chat", "image"] if args.workload == "both" else [args.workload]
@@ -427,4 +439,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM unwinds like Ctrl-C, so the server running now is stopped too (it has its own session)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

@@ -7,7 +7,6 @@ it held while the workload ran (sampled every 0.5 s). One server runs at a time.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,7 @@ from typing import IO, Any
 
 import yaml
 
-_HERE = Path(__file__).resolve().parent
+_BENCHMARKS = Path(__file__).resolve().parents[1]  # on PYTHONPATH for `-m peers_lib.launch`
 
 
 def free_port() -> int:
@@ -164,11 +163,11 @@ class OurDaemon(Server):
         super().__init__(log_dir)
         self.no_repack = no_repack
         if source is not None:  # a source tree exported from one commit, ahead of the installed package
-            self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(_HERE)])}
+            self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), str(_BENCHMARKS)])}
             self.cwd = source  # `python -m` puts the working folder first on sys.path
         elif no_repack:
             self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                p for p in (str(_HERE), os.environ.get("PYTHONPATH", "")) if p)}
+                p for p in (str(_BENCHMARKS), os.environ.get("PYTHONPATH", "")) if p)}
         self.data = Path(tempfile.mkdtemp(prefix="peers-data-", dir=log_dir))
         config: dict[str, Any] = {
             "device_id": "peers", "data_dir": str(self.data), "log_level": "warning",
@@ -188,7 +187,7 @@ class OurDaemon(Server):
         self.config = config
 
     def command(self) -> list[str]:
-        entry = ["-m", "peers_launch"] if self.no_repack else ["-m", "edge_runtime"]
+        entry = ["-m", "peers_lib.launch"] if self.no_repack else ["-m", "edge_runtime"]
         return [sys.executable, *entry, "--config", str(self.config_path), "run"]
 
     def describe(self) -> dict[str, Any]:
@@ -246,7 +245,3 @@ def bundle_files(bundle: Path) -> tuple[Path, Path | None]:
         return lm, mm
     return bundle / "language.gguf", None
 
-
-if __name__ == "__main__":  # python benchmarks/peers_servers.py BUNDLE: the language/mmproj paths
-    print(json.dumps([str(p) for p in bundle_files(Path(sys.argv[1])) if p], indent=1))
-    os._exit(0)

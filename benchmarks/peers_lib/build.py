@@ -6,8 +6,8 @@ moves the root): a new llama-cpp-python pin makes a new build, an unchanged one 
 Only the `llama-server` target is built (the CPU build takes ~10 minutes on 2 cores). The Web UI is
 left out (LLAMA_BUILD_UI/LLAMA_USE_PREBUILT_UI off: no npm, no download), so are HTTPS and the tests.
 
-    python benchmarks/peers_build.py [--sdist FILE] [--cuda-arch 90] [--jobs N]   # prints the binary's path
-    python benchmarks/peers_build.py trim OUT.tar.gz [--sdist FILE]   # the few MB a device build needs
+    python benchmarks/peers_lib/build.py [--sdist FILE] [--cuda-arch 90] [--jobs N]   # prints the binary's path
+    python benchmarks/peers_lib/build.py trim OUT.tar.gz [--sdist FILE]   # the few MB a device build needs
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the first decode of Gemma 3 270M Q4_K_M, in llama-server and in llama-cpp-python
 buffer types (AMX and the x86 weight repacking) are chosen in `llama_model_default_params()`, which
 the daemon calls; this launcher turns them off there and then runs the ordinary CLI.
 
-    python benchmarks/peers_launch.py --config FILE run
+    PYTHONPATH=benchmarks python -m peers_lib.launch --config FILE run
 """
 
 from __future__ import annotations
