@@ -77,6 +77,18 @@ test-ota: venv system-deps
 bench: venv
 	$(BIN)/edge-runtime bench
 
+# Slow, not part of `make test`: llama-server (built once from the llama.cpp our llama-cpp-python vendors,
+# ~10 min on 2 cores, cached under ~/.cache/edge-runtime/llama-server) against our daemon on the real-weights
+# Gemma 3 270M bench bundle, one server at a time (docs/benchmarks.md, "Peers side by side").
+#   make bench-peers PEERS_ARGS="--workload both --out peers.json"
+PEERS_BUNDLE ?= $(HOME)/.cache/edge-runtime/bench/siglip224-gemma270m
+PEERS_ARGS ?=
+.PHONY: bench-peers
+bench-peers: venv
+	@[ -f $(PEERS_BUNDLE)/bundle.yaml ] || { $(BIN)/pip install --quiet -e '.[bench]' && \
+		$(BIN)/edge-runtime models bench siglip224-gemma270m $(PEERS_BUNDLE); }
+	$(BIN)/python benchmarks/peers.py --bundle $(PEERS_BUNDLE) --threads $$(nproc) $(PEERS_ARGS)
+
 # Regenerates the committed Sparkplug B payload code from our sparkplug_b.proto (written from the
 # specification's field list) with grpcio-tools' protoc, in a scratch folder (nothing enters the venv).
 # The generated code needs a protobuf runtime at least as new as its protoc (pyproject pins protobuf).
