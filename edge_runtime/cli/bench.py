@@ -22,7 +22,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_runtime.cli.bench_pair import percentiles, raw_sampling, run_pair_bench
+from edge_runtime.cli.bench_pair import forced_tokens, percentiles, raw_sampling, run_pair_bench
 from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Encoded, Inspector
@@ -81,7 +81,7 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
     #    warmer caches: a bare ORT session run, and llama.cpp's own grammar+greedy sampler chain.
     stages: dict[str, list[float]] = {k: [] for k in ("decode_image", "preprocess", "encode", "prefill",
                                                        "generate", "total")}
-    prompt_tps, gen_tps, gen_tokens, energies = [], [], [], []
+    prompt_tps, gen_tps, gen_tokens, forced, energies = [], [], [], [], []
     raw_encode, raw_prefill, raw_gen_tps, raw_free_tps = [], [], [], []
     vision, preprocessor = inspector.vision, inspector.preprocessor
     if vision is None or preprocessor is None:  # a GGUF + mmproj bundle: libmtmd encodes (bench_pair.py)
@@ -137,6 +137,7 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
         prompt_tps.append((gen.prompt_tokens - gen.prefix_reused) / (gen.prefill_ms / 1000))
         gen_tps.append(gen.tokens / (gen.decode_ms / 1000))
         gen_tokens.append(gen.tokens)
+        forced.append(forced_tokens(gen))
         if energy is not None:
             e = energy(t0, t4)
             if e is not None:
@@ -145,6 +146,7 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
     report.stages_ms = {k: percentiles(v) for k, v in stages.items()}
     report.tokens = {"prompt_tokens": gen.prompt_tokens, "prompt_tok_s": round(statistics.median(prompt_tps), 1),
                      "gen_tokens_mean": round(statistics.fmean(gen_tokens), 1),
+                     "forced_share": round(sum(forced) / max(1, sum(gen_tokens)), 3),
                      "gen_tok_s": round(statistics.median(gen_tps), 1)}
     if energies:
         report.energy_j_per_inspection = round(statistics.fmean(energies), 4)
@@ -280,7 +282,8 @@ def render(report: BenchReport) -> str:
         lines.append(f"{stage:<14}{v['p50']:>10.2f}{v['p95']:>10.2f}")
     t, r, pc, tp = report.tokens, report.raw, report.prefix_cache, report.throughput
     lines += ["", f"prompt {t['prompt_tokens']} tokens at {t['prompt_tok_s']:.0f} tok/s; "
-              f"generation {t['gen_tokens_mean']:.0f} tokens at {t['gen_tok_s']:.0f} tok/s",
+              f"generation {t['gen_tokens_mean']:.0f} tokens per verdict at {t['gen_tok_s']:.0f} tok/s"
+              + (f", {t['forced_share']:.0%} of them forced by the schema's grammar" if "forced_share" in t else ""),
               f"raw engines: encode p50 {r['encode_ms_p50']:.2f} ms, generation {r['gen_tok_s']:.0f} tok/s "
               f"with llama.cpp's grammar, {r['gen_tok_s_unconstrained']:.0f} tok/s unconstrained",
               f"ratios (ours/raw throughput): encoder {report.ratios['encode_throughput_ours_vs_raw']:.3f}, "

@@ -32,13 +32,21 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "mean": round(statistics.fmean(ordered), 3)}
 
 
+def forced_tokens(gen: Any) -> int:
+    """Tokens of a verdict that the grammar forced rather than the model chose. Each generation step
+    decodes one chosen token plus the forced ones after it (LanguageModel.generate, fast-forward on);
+    the last chosen token is not decoded when the verdict ends at max_tokens (no stop strings here)."""
+    chosen = gen.steps + (0 if gen.finish_reason == "stop" else 1)
+    return max(0, gen.tokens - chosen)
+
+
 def run_pair_bench(inspector: Inspector, report: Any, images: list[bytes], bar: Any, energy: Any = None) -> Any:
     """Fill `report` (cli/bench.BenchReport) for a format-2 bundle; the caller adds throughput/parallel."""
     assert inspector.mtmd is not None
     stages: dict[str, list[float]] = {k: [] for k in ("decode_image", "preprocess", "encode", "prefill",
                                                        "generate", "total")}
     raw_prompt, raw_gen_tps, raw_free_tps, ours_prompt = [], [], [], []
-    prompt_tps, gen_tps, gen_tokens, energies = [], [], [], []
+    prompt_tps, gen_tps, gen_tokens, forced, energies = [], [], [], [], []
     gen = None
     for i, data in enumerate(images):
         raw_first = i % 2 == 1
@@ -66,6 +74,7 @@ def run_pair_bench(inspector: Inspector, report: Any, images: list[bytes], bar: 
         prompt_tps.append((gen.prompt_tokens - gen.prefix_reused) / max(1e-9, gen.prefill_ms / 1000))
         gen_tps.append(gen.tokens / max(1e-9, gen.decode_ms / 1000))
         gen_tokens.append(gen.tokens)
+        forced.append(forced_tokens(gen))
         if energy is not None and (e := energy(t0, t3)) is not None:
             energies.append(e)
         bar(3)
@@ -73,6 +82,7 @@ def run_pair_bench(inspector: Inspector, report: Any, images: list[bytes], bar: 
     report.stages_ms = {k: percentiles(v) for k, v in stages.items()}
     report.tokens = {"prompt_tokens": gen.prompt_tokens, "prompt_tok_s": round(statistics.median(prompt_tps), 1),
                      "gen_tokens_mean": round(statistics.fmean(gen_tokens), 1),
+                     "forced_share": round(sum(forced) / max(1, sum(gen_tokens)), 3),
                      "gen_tok_s": round(statistics.median(gen_tps), 1),
                      "engine": inspector.language.constraint_engine}
     if energies:
