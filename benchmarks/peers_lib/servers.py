@@ -206,7 +206,7 @@ class LlamaServer(Server):
         super().__init__(log_dir)
         self.args = [str(binary), "-m", str(language), "--host", "127.0.0.1", "--port", str(self.port),
                      "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(context * parallel),
-                     "--cache-prompt", "--no-webui", "-ngl", str(gpu_layers)]
+                     "--cache-prompt", "--no-webui", "-ngl", "all" if gpu_layers < 0 else str(gpu_layers)]
         if mmproj is not None:
             self.args += ["--mmproj", str(mmproj)]
             if gpu_layers == 0:
