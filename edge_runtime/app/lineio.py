@@ -127,7 +127,7 @@ class LineIO:
         self.jobs.close()
 
     def threads(self) -> list[Any]:
-        threads: list[Any] = []
+        threads: list[Any] = list(self.jobs.threads())  # the job store's writer
         for part in [*self.stations, *self.adapters]:
             threads += part.threads() if hasattr(part, "threads") else []
         return threads

@@ -118,7 +118,8 @@ class GpioCell:
         with self._cond:
             self._cond.notify_all()
         try:
-            self.station.trigger("", None)  # a bare wire carries no part id: InspectionSeq numbers the part
+            # A bare wire carries no part id: InspectionSeq numbers the part. No wait for the disk here.
+            self.station.request_trigger("", None)
         except LineRefused as exc:
             self.counters["refused"] += 1
             self._log.log(logging.WARNING, "gpio: trigger of station %s refused: %s", self.station.name, exc)
@@ -181,7 +182,7 @@ class GpioCell:
         return seq, self.cfg.ok_line if result == Result.OK else self.cfg.nok_line
 
     def _ack(self, seq: int) -> None:
-        if self.cfg.auto_ack and self.station.ack_result(seq):
+        if self.cfg.auto_ack and self.station.request_ack(seq) is not None:
             self.counters["acks"] += 1
 
     def _levels(self, req: LineRequest, stop: threading.Event) -> None:
@@ -259,6 +260,9 @@ class GpioService:
         by_name = {s.name: s for s in stations}
         self.backend = backend or GpiodBackend()
         self.cells = [GpioCell(by_name[c.station], c, cfg.chip, self.backend) for c in cfg.cells]
+        for cell in self.cells:
+            if cell.cfg.auto_ack:  # the FIFO holds results not yet signalled: the cell is still busy
+                cell.station.hold_busy_until_acked()
         self._stop = threading.Event()
         self._threads: list[SupervisedThread] = []
         for cell in self.cells:

@@ -15,6 +15,7 @@ import asyncio
 import ipaddress
 import logging
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 from pymodbus.constants import ExcCodes
@@ -27,6 +28,8 @@ from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio import modbus_map as rm
 from edge_runtime.lineio.station import LineRefused, Station
+
+WRITE_WAIT_S = 10.0  # a control write is answered after its trigger / ack is durable, or after this
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +210,15 @@ class ModbusServer:
         after = list(before)
         lo = address - block.base
         after[lo:lo + count] = [int(v) for v in values]
-        self._apply(block, rm.Control.decode(before), rm.Control.decode(after))
+        writing = self._apply(block, rm.Control.decode(before), rm.Control.decode(after))
+        if writing:
+            # Answered once the trigger / ack is durable and shown, as a PLC polling right after its
+            # write expects (TriggerAck up, the acknowledged result gone); other clients' requests go on
+            # meanwhile: only this request waits for the disk, not the loop.
+            done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in writing], timeout=WRITE_WAIT_S)
+            for task in done:
+                if isinstance(task.exception(), LineRefused):
+                    block.last_refusal = rm.REFUSAL_CODES.get("not_ready", rm.REFUSAL_OTHER)
         return None
 
     def _block_of(self, address: int) -> _StationBlock | None:
@@ -230,16 +241,18 @@ class ModbusServer:
                     words = [rm.FAULT] + [0] * (rm.STATUS_END - rm.STATUS - 1)
                 registers[lo - start_address:hi - start_address] = words
 
-    def _apply(self, block: _StationBlock, old: rm.Control, new: rm.Control) -> None:
-        """Turn the ControlWord's edges into station calls (enable first, then trigger, then ack)."""
+    def _apply(self, block: _StationBlock, old: rm.Control, new: rm.Control) -> list[Future[Any]]:
+        """Turn the ControlWord's edges into station calls (enable first, then trigger, then ack);
+        returns the writes still on their way to the disk."""
         st = block.station
+        writing: list[Future[Any]] = []
         try:
             if new.trigger_enable != old.trigger_enable:
                 st.set_trigger_enable(new.trigger_enable)
             if new.trigger and not old.trigger:
                 self.counters.triggers += 1
                 try:
-                    st.trigger(new.part_id, new.recipe or None)
+                    writing.append(st.request_trigger(new.part_id, new.recipe or None))
                     block.last_refusal = 0
                 except LineRefused as exc:
                     self.counters.refused_triggers += 1
@@ -248,7 +261,10 @@ class ModbusServer:
                 st.release_trigger()
             if new.result_ack and not old.result_ack:
                 self.counters.acks += 1
-                st.ack_result()
+                acking = st.request_ack()
+                if acking is not None:
+                    writing.append(acking)
         except Exception:  # noqa: BLE001 - the write is answered; the station's fault shows in its status
             self.counters.station_errors += 1
             self.refusal_log.log(logging.ERROR, "modbus: station %s failed a control write", st.name, exc_info=True)
+        return writing

@@ -273,15 +273,15 @@ class OpcUaServer:
                 if new and not was:
                     part = self._read_text(nodes.inputs["PartIdIn"])
                     recipe = self._read_text(nodes.inputs["RecipeIdIn"])
-                    try:
-                        station.trigger(part, recipe)
+                    try:  # on the server's loop: TriggerAck shows once the trigger is durable
+                        station.request_trigger(part, recipe)
                     except LineRefused as exc:
                         self._refused(nodes, exc)
                 elif not new and was:
                     station.release_trigger()
             elif browse == "ResultAckIn" and new and not was:
                 self.counters["calls"] += 1
-                station.ack_result()
+                station.request_ack()
         return setter
 
     def _read_text(self, node: Node) -> str:

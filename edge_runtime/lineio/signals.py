@@ -8,7 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from edge_runtime.core.result import Result as Inspection
 from edge_runtime.verdicts.line_jobs import StoredJob
@@ -72,16 +72,21 @@ class JobRequest:
     camera: str
     prompt: str | None
     deadline: float  # time.monotonic() by which the frame must be taken
+    schema: dict[str, Any] | None = None  # the recipe's verdict schema (None: the bundle's)
 
 
 class JobStore(Protocol):
-    """Where triggers, outcomes and acks are made durable (verdicts/line_jobs.py)."""
+    """Where triggers, outcomes and acks are made durable (verdicts/line_jobs.py). A write returns at
+    once; its Future is done when it is on disk (callbacks may run on the store's writer thread)."""
 
-    def triggered(self, station: str, seq: int, part_id: str, recipe: str) -> None: ...
+    def triggered(self, station: str, seq: int, part_id: str, recipe: str) -> Future[None]: ...
 
-    def decided(self, station: str, seq: int, result: int, defect_code: int, result_id: str | None) -> None: ...
+    def decided(self, station: str, seq: int, result: int, defect_code: int,
+                result_id: str | None) -> Future[None]: ...
 
-    def acked(self, station: str, seq: int) -> None: ...
+    def acked(self, station: str, seq: int) -> Future[None]: ...
+
+    def wait(self, future: Future[Any]) -> Any: ...  # future.result(), safe on the writer's own thread
 
     def open_jobs(self, station: str) -> list[StoredJob]: ...
 

@@ -7,7 +7,11 @@ a FIFO that only the line's ResultAck clears, and the PLC does the reject timing
 
 Durability: a trigger is written to the job store before it is acknowledged, a decided result and an
 ack likewise, so after a kill -9 the FIFO comes back as it was (a job cut off before its verdict
-becomes ERROR with defect code 902) and numbering continues: no part is reported twice.
+becomes ERROR with defect code 902) and numbering continues: no part is reported twice. The writes
+happen outside the station's lock (the job store group-commits them on its own thread): a change is
+reserved under the lock, written, and shown to the line from the write's callback. So a slow disk
+delays only the change being written, never a read of the signals, another station, or the delivery
+thread that brings verdicts (`notify` returns before the outcome is on disk).
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class _Job:
     result: Result = Result.NONE
     defect_code: int = 0
     result_id: str | None = None
+    deciding: bool = False  # its outcome is being written (shown once durable)
+    acking: bool = False  # its ResultAck is being written (it leaves the FIFO once durable)
 
 
 class Station:
@@ -83,6 +89,8 @@ class Station:
         self._captures: queue.Queue[_Job] = queue.Queue()
         self._enabled = cfg.enabled_at_start
         self._trigger_ack = False
+        self._trigger_held = False  # the line's Trigger is up (TriggerAck shows only while it is)
+        self._busy_until_acked = False  # GPIO auto-ack: a decided result is busy until signalled
         self._acquiring: _Job | None = None
         self._last: _Job | None = None
         self._overrun = False
@@ -112,19 +120,33 @@ class Station:
         self._changed()
 
     def trigger(self, part_id: str = "", recipe: str | None = None) -> int:
-        """A rising edge of Trigger: returns the InspectionSeq (job id) or raises LineRefused."""
-        try:
-            seq = self._trigger(part_id, recipe)
-        except LineRefused as exc:
-            with self._lock:
-                self.counters["refused"] += 1
-                self.refusals[exc.reason] = self.refusals.get(exc.reason, 0) + 1
-            self._changed()
-            raise
-        self._changed()
-        return seq
+        """A rising edge of Trigger: returns the InspectionSeq (job id) once the trigger is durable and
+        shown (TriggerAck), or raises LineRefused. Waits for the job store's write (a method call
+        returns the job id); the level protocols use `request_trigger`, which does not."""
+        return int(self._jobs.wait(self.request_trigger(part_id, recipe)))
 
-    def _trigger(self, part_id: str, recipe: str | None) -> int:
+    def request_trigger(self, part_id: str = "", recipe: str | None = None) -> Future[int]:
+        """A rising edge of Trigger that does not wait for the disk: a refusal raises LineRefused at once;
+        the job shows (TriggerAck, InspectionSeq, Busy) once its trigger is durable. The Future holds the
+        job id, or LineRefused("not_ready") when the trigger could not be stored."""
+        try:
+            job = self._reserve(part_id, recipe)
+        except LineRefused as exc:
+            self._count_refusal(exc.reason)
+            raise
+        shown: Future[int] = Future()
+        self._changed()  # Ready is low while the trigger is written
+        written = self._jobs.triggered(self.name, job.seq, job.part_id, job.recipe)
+        written.add_done_callback(lambda f: self._trigger_written(job, f, shown))
+        return shown
+
+    def _count_refusal(self, reason: str) -> None:
+        with self._lock:
+            self.counters["refused"] += 1
+            self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        self._changed()
+
+    def _reserve(self, part_id: str, recipe: str | None) -> _Job:
         if not isinstance(part_id, str) or len(part_id) > PART_ID_MAX or not TEXT_ID.fullmatch(part_id):
             raise LineRefused("bad_part_id", f"PartId must be at most {PART_ID_MAX} printable ASCII characters")
         recipe_id = self._recipe_id(recipe)
@@ -143,18 +165,36 @@ class Station:
                 self._overrun = True
                 raise LineRefused("overrun", f"the result FIFO of station {self.name} is full "
                                   f"({self.cfg.fifo_depth}); acknowledge results first")
-            seq = self._seq + 1
-            # Durable before the line sees TriggerAck: a restart must not hand this number out again.
-            self._jobs.triggered(self.name, seq, part_id, recipe_id)
-            self._seq = seq
-            job = _Job(seq, part_id, recipe_id, time.monotonic() + self.cfg.result_deadline_ms / 1000)
-            self._fifo.append(job)
+            # The number is taken now (a restart must not hand it out again once it is written); the
+            # job holds the station (`busy` for the next trigger) until it is written and its frame taken.
+            self._seq += 1
+            job = _Job(self._seq, part_id, recipe_id, time.monotonic() + self.cfg.result_deadline_ms / 1000)
             self._acquiring = job
-            self._last = job
-            self._trigger_ack = True
-            self.counters["triggers"] += 1
-            self._captures.put(job)
-            return seq
+            self._trigger_held = True
+            return job
+
+    def _trigger_written(self, job: _Job, written: Future[None], shown: Future[int]) -> None:
+        """The trigger is durable (or failed): only now does the line see the job."""
+        error = written.exception()
+        with self._lock:
+            if error is None:
+                self._fifo.append(job)
+                self._last = job
+                self._trigger_ack = self._trigger_held  # not when the line dropped Trigger meanwhile
+                self.counters["triggers"] += 1
+                self._captures.put(job)
+            else:
+                if self._acquiring is job:
+                    self._acquiring = None
+                self.counters["refused"] += 1
+                self.refusals["not_ready"] = self.refusals.get("not_ready", 0) + 1
+        self._changed()
+        if error is None:
+            shown.set_result(job.seq)
+            return
+        self._bad_log.log(logging.ERROR, "station %s: trigger %d could not be stored: %s", self.name, job.seq, error)
+        shown.set_exception(LineRefused("not_ready", f"station {self.name}: the trigger could not be stored "
+                                        f"({error})"))
 
     def _recipe_id(self, recipe: str | None) -> str:
         recipe = recipe or ""
@@ -171,21 +211,52 @@ class Station:
         """The line dropped Trigger (level protocols): TriggerAck follows it down."""
         with self._lock:
             self._trigger_ack = False
+            self._trigger_held = False
         self._changed()
 
     def ack_result(self, seq: int | None = None) -> bool:
-        """ResultAck: clears the FIFO head when it holds a result (and `seq` matches, when given)."""
+        """ResultAck: clears the FIFO head when it holds a result (and `seq` matches, when given).
+        Returns once the ack is durable and the next result (if any) is shown."""
+        shown = self.request_ack(seq)
+        return bool(self._jobs.wait(shown)) if shown is not None else False
+
+    def request_ack(self, seq: int | None = None) -> Future[bool] | None:
+        """ResultAck that does not wait for the disk. None when there is nothing to clear (no decided
+        head, another job's id, or the head's ack already on its way: the line still sees that head, so
+        a second edge means the same result); the head leaves the FIFO once the ack is durable."""
         with self._lock:
             head = self._fifo[0] if self._fifo else None
-            if head is None or head.result == Result.NONE or (seq is not None and seq != head.seq):
-                return False
-            self._jobs.acked(self.name, head.seq)
-            self._fifo.popleft()
-            self.counters["acks"] += 1
-            if len(self._fifo) < self.cfg.fifo_depth:
-                self._overrun = False
+            if (head is None or head.result == Result.NONE or head.acking
+                    or (seq is not None and seq != head.seq)):
+                return None
+            head.acking = True
+        shown: Future[bool] = Future()
+        written = self._jobs.acked(self.name, head.seq)
+        written.add_done_callback(lambda f: self._ack_written(head, f, shown))
+        return shown
+
+    def _ack_written(self, head: _Job, written: Future[None], shown: Future[bool]) -> None:
+        error = written.exception()
+        with self._lock:
+            head.acking = False
+            cleared = error is None and bool(self._fifo) and self._fifo[0] is head
+            if cleared:
+                self._fifo.popleft()
+                self.counters["acks"] += 1
+                if len(self._fifo) < self.cfg.fifo_depth:
+                    self._overrun = False
+        if error is not None:
+            self._bad_log.log(logging.ERROR, "station %s: the ack of job %d could not be stored: %s",
+                              self.name, head.seq, error)
         self._changed()
-        return True
+        shown.set_result(cleared)
+
+    def hold_busy_until_acked(self) -> None:
+        """Busy stays high while the FIFO holds a decided result too (GPIO with auto_ack: a result not
+        yet pulsed out is still work in progress for the cell)."""
+        with self._lock:
+            self._busy_until_acked = True
+        self._changed()
 
     def signals(self) -> Signals:
         with self._lock:
@@ -197,7 +268,7 @@ class Station:
                      and len(self._fifo) < self.cfg.fifo_depth)
             return Signals(
                 trigger_enable=self._enabled, ready=ready, trigger_ack=self._trigger_ack,
-                busy=any(j.result == Result.NONE for j in self._fifo),
+                busy=any(j.result == Result.NONE for j in self._fifo) or (self._busy_until_acked and bool(self._fifo)),
                 acquisition_done=self._last is not None and self._last.acquired,
                 result_valid=valid, inspection_seq=shown.seq if shown else 0,
                 part_id=shown.part_id if shown else "", recipe=shown.recipe if shown else "",
@@ -279,27 +350,44 @@ class Station:
         return Result.NOK, code
 
     def _decide(self, seq: int, outcome: Result, code: int, result_id: str | None) -> bool:
+        """Record a job's outcome; the line sees it once it is durable. False: decided already."""
         with self._lock:
             job = self._find(seq)
-            if job is None or job.result != Result.NONE:
+            if job is None or job.result != Result.NONE or job.deciding:
                 # Already decided: a verdict for a job its deadline turned NOK is late (counted once);
                 # the same on-time verdict coming a second way (sink, then the future) is not.
                 if result_id is not None and seq in self._timed_out:
                     del self._timed_out[seq]
                     self.counters["late_verdicts"] += 1
                 return False
-            self._jobs.decided(self.name, seq, int(outcome), code, result_id)
-            job.result, job.defect_code, job.result_id = outcome, code, result_id
-            if not job.acquired and outcome != Result.OK and self._acquiring is job:
-                self._acquiring = None  # it will never be taken; let the next part come
-            self.counters[{Result.OK: "results_ok", Result.NOK: "results_nok"}.get(outcome, "results_error")] += 1
+            job.deciding = True
             if code == DEFECT_TIMEOUT:
-                self.counters["timeouts"] += 1
                 self._timed_out[seq] = None
                 while len(self._timed_out) > 4 * self.cfg.fifo_depth + 64:  # verdicts that never came
                     del self._timed_out[next(iter(self._timed_out))]
-        self._changed()
+        written = self._jobs.decided(self.name, seq, int(outcome), code, result_id)
+        written.add_done_callback(lambda f: self._decision_written(job, outcome, code, result_id, f))
         return True
+
+    def _decision_written(self, job: _Job, outcome: Result, code: int, result_id: str | None,
+                          written: Future[None]) -> None:
+        error = written.exception()
+        with self._lock:
+            job.deciding = False
+            if error is not None:  # not shown; the deadline (or a verdict still to come) decides again
+                self._timed_out.pop(job.seq, None)
+            else:
+                job.result, job.defect_code, job.result_id = outcome, code, result_id
+                if not job.acquired and outcome != Result.OK and self._acquiring is job:
+                    self._acquiring = None  # it will never be taken; let the next part come
+                self.counters[{Result.OK: "results_ok", Result.NOK: "results_nok"}.get(outcome, "results_error")] += 1
+                if code == DEFECT_TIMEOUT:
+                    self.counters["timeouts"] += 1
+        if error is not None:
+            self._bad_log.log(logging.ERROR, "station %s: the outcome of job %d could not be stored: %s",
+                              self.name, job.seq, error)
+            return
+        self._changed()
 
     def _acquired(self, job: _Job) -> None:
         with self._lock:
@@ -317,11 +405,7 @@ class Station:
             log.warning("station %s: inspection of job %d failed: %s", self.name, seq, exc)
             self._decide(seq, Result.ERROR, DEFECT_INSPECTION_FAILED, None)
             return
-        with self._lock:
-            job = self._find(seq)
-            if (job is None or job.result != Result.NONE) and seq not in self._timed_out:
-                return  # decided already (by notify): nothing to do, nothing late
-        self._verdict(seq, future.result())
+        self._verdict(seq, future.result())  # decided already (by notify): _decide knows, late or not
 
     # ---- threads --------------------------------------------------------------------------------
 
@@ -351,8 +435,8 @@ class Station:
         while not self._stop.is_set():
             now = time.monotonic()
             with self._lock:
-                due = [j.seq for j in self._fifo if j.result == Result.NONE and j.deadline <= now]
-                pending = [j.deadline for j in self._fifo if j.result == Result.NONE]
+                due = [j.seq for j in self._fifo if j.result == Result.NONE and not j.deciding and j.deadline <= now]
+                pending = [j.deadline for j in self._fifo if j.result == Result.NONE and not j.deciding]
             for seq in due:
                 self._decide(seq, Result.NOK, DEFECT_TIMEOUT, None)  # never a default OK
             if now >= next_beat:
@@ -384,7 +468,8 @@ class Station:
             else:
                 found = self._jobs.journaled_result(self.name, stored.seq)
                 outcome, code = self.judge(found) if found is not None else (Result.ERROR, DEFECT_INTERRUPTED)
-                self._jobs.decided(self.name, stored.seq, int(outcome), code, found.id if found else None)
+                self._jobs.wait(self._jobs.decided(self.name, stored.seq, int(outcome), code,
+                                                   found.id if found else None))
                 job.result, job.defect_code, job.result_id = outcome, code, found.id if found else None
             self._fifo.append(job)
             self._last = job

@@ -77,6 +77,7 @@ def test_ok_then_nok_are_pulsed_and_acknowledged(line: Line) -> None:
         until(lambda: len(pulses(chip, NOK)) == 1)
         (rise, fall), = pulses(chip, OK)
         assert 35e6 <= fall - rise <= 200e6, "a pulse lasts pulse_ms"
+        until(lambda: line.station.health().counters["acks"] == 2)  # the ack after the pulse is durable
         counters = line.station.health().counters
         assert counters["results_ok"] == 1 and counters["results_nok"] == 1 and counters["acks"] == 2
         assert counters["fifo"] == 0
@@ -236,13 +237,57 @@ def test_a_result_is_acknowledged_only_after_its_pulse(manual: Line) -> None:
         for seq in seqs:
             manual.verdict(seq, False)
         until(lambda: chip.physical(OK) == 1)
+        until(lambda: manual.station.signals().buffer_count == 2, timeout=0.1)  # the second outcome's write
         s = manual.station.signals()
+        assert chip.physical(OK) == 1
         assert s.result_valid and s.inspection_seq == seqs[0] and s.buffer_count == 2, \
             "while the first pulse is high both results are still in the FIFO"
         until(lambda: manual.station.health().counters["acks"] == 2)
         until(lambda: chip.physical(OK) == 0)
         assert_distinct(chip, 150, 50)
         assert len(pulses(chip, OK)) == 2
+    finally:
+        service.stop()
+
+
+def test_busy_stays_high_while_decided_results_wait_for_their_pulse(manual: Line) -> None:
+    """With auto_ack a decided result stays in the FIFO until its pulse is out: the cell is still busy
+    with that part (Busy is what a PLC or the status page reads), and only the last pulse's end clears it."""
+    chip = FakeChip()
+    service = cell(manual, chip, pulse_ms=150, gap_ms=50)
+    seen: list[bool] = []
+    manual.station.watch(lambda s: seen.append(s.busy))
+    try:
+        seqs = held_parts(manual, chip, 2)
+        assert manual.station.signals().busy  # verdicts not decided yet
+        for seq in seqs:
+            manual.verdict(seq, False)
+        until(lambda: manual.station.signals().buffer_count == 2)
+        s = manual.station.signals()
+        assert s.busy and s.result_valid, "two decided results not yet pulsed out: the cell is busy"
+        until(lambda: chip.physical(OK) == 1)
+        until(lambda: manual.station.health().counters["acks"] == 1)
+        assert manual.station.signals().busy, "the second result still waits for its pulse"
+        until(lambda: manual.station.health().counters["acks"] == 2)
+        assert not manual.station.signals().busy and manual.station.signals().buffer_count == 0
+        assert len(pulses(chip, OK)) == 2
+        assert seen[-1] is False and True in seen
+    finally:
+        service.stop()
+
+
+def test_without_auto_ack_busy_means_only_undecided(manual: Line) -> None:
+    """No auto_ack: the PLC acknowledges over another protocol, so a decided result is its to read
+    (ResultValid), not the cell's work; Busy is the station's usual 'a verdict is pending'."""
+    chip = FakeChip()
+    service = cell(manual, chip, pulse_ms=40, auto_ack=False)
+    try:
+        (seq,) = held_parts(manual, chip, 1)
+        assert manual.station.signals().busy
+        manual.verdict(seq, False)
+        until(lambda: manual.station.signals().result_valid)
+        assert not manual.station.signals().busy
+        assert manual.station.ack_result(seq)
     finally:
         service.stop()
 
@@ -270,10 +315,11 @@ def test_a_burst_beyond_the_fifo_sets_overrun_and_every_taken_part_is_pulsed(tmp
     try:
         for _ in range(presses):  # 5 parts within ~300 ms: the first pulse is still high
             press(chip)
+        # Every press is taken or refused; a taken one counts once its trigger is durable.
+        until(lambda: ln.station.health().counters["triggers"] + service.health().counters["st1.refused"] == presses)
         counters = ln.station.health().counters
         assert counters["overruns"] >= 1, "the line is told the FIFO is full"
-        refused = service.health().counters["st1.refused"]
-        assert refused >= 1 and counters["triggers"] + refused == presses
+        assert service.health().counters["st1.refused"] >= 1
         taken = counters["triggers"]
         until(lambda: ln.station.health().counters["acks"] == taken, timeout=10)
         until(lambda: chip.physical(OK) == 0 and chip.physical(NOK) == 0)

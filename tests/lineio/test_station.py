@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -182,6 +187,7 @@ def test_fifo_overrun_refuses_and_flags_until_an_ack(jobs: LineJobs) -> None:
             seq = station.trigger(part)
             wait_for(lambda s=seq: s in line.jobs)  # type: ignore[misc]
             line.verdict(seq, {"defect": False})
+        wait_for(lambda: station.signals().buffer_count == 2)  # each outcome shows once it is durable
         with pytest.raises(LineRefused) as refused:
             station.trigger("C")
         assert refused.value.reason == "overrun"
@@ -374,6 +380,7 @@ def test_late_verdicts_counts_only_a_verdict_after_the_deadline_in_the_daemons_o
                                    text="", model="m", timings_ms={}, prompt=""), job)
         station.notify(result)  # the journal's delivery first ...
         future.set_result(result)  # ... then the future's done callback
+        wait_for(lambda: station.signals().result_valid)
         s = station.signals()
         assert (s.result_valid, s.result, s.inspection_seq) == (True, Result.NOK, seq)
         assert station.health().counters["late_verdicts"] == 0
@@ -389,8 +396,91 @@ def test_late_verdicts_counts_only_a_verdict_after_the_deadline_in_the_daemons_o
                                    text="", model="m", timings_ms={}, prompt=""), job)
         station.notify(result)
         future.set_result(result)
+        wait_for(lambda: station.health().counters["late_verdicts"] == 1)
         counters = station.health().counters
         assert counters["late_verdicts"] == 1 and counters["timeouts"] == 1
         assert station.signals().result == Result.NOK  # the late OK changes nothing
     finally:
         station.stop()
+
+
+def test_kill_9_with_the_disk_stalled_loses_nothing_the_line_saw(tmp_path: Path) -> None:
+    """Writes happen outside the station's lock, and a change is shown only once it is durable: with
+    the job store's disk hung, the delivery path and the signals still answer at once, the line keeps
+    seeing the last durable state (B valid, C undecided), and after kill -9 the station comes back
+    exactly there: B again (its ack never reached the disk), C never shown, so ERROR 902, not OK."""
+    path = tmp_path / "journal.sqlite3"
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("station_child.py")), str(path)],
+                             cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": "."},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        line_out = child.stdout.readline()
+        assert line_out, "the child station gave no report"
+        report = json.loads(line_out)
+        assert report["notify_ms"] < 100, "the delivery path waited for the stalled disk"
+        assert report["signals_ms"] < 100, "reading the signals waited for the stalled disk"
+        assert report["ack_pending"], "the ack of B cannot be durable on a hung disk"
+        seen = report["seen"]
+        assert (seen["result_valid"], seen["inspection_seq"], seen["result"]) == (True, report["b"], int(Result.NOK))
+        assert seen["buffer_count"] == 1 and seen["busy"], "C's verdict is not shown before it is durable"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        if child.stdout is not None:
+            child.stdout.close()
+
+    again = LineJobs(path)
+    station = running(station_config(), again, Line())
+    try:
+        s = station.signals()
+        assert (s.result_valid, s.inspection_seq, s.part_id, s.result) == (True, report["b"], "B", Result.NOK)
+        assert s.buffer_count == 2
+        assert station.ack_result(report["b"])
+        s = station.signals()
+        assert (s.inspection_seq, s.part_id, s.result, s.defect_code) == \
+            (report["c"], "C", Result.ERROR, DEFECT_INTERRUPTED)
+        assert station.ack_result(report["c"])
+        assert station.trigger("D") == report["c"] + 1
+    finally:
+        station.stop()
+        again.close()
+
+
+def test_signals_answer_while_a_trigger_is_written_and_show_it_only_once_durable(tmp_path: Path) -> None:
+    """A trigger being written on a slow disk: this station's signals and another station's on the same
+    store answer at once meanwhile (no lock is held across the write); the trigger shows (TriggerAck,
+    InspectionSeq) only when it is durable."""
+    store = LineJobs(tmp_path / "journal.sqlite3")
+    gate = threading.Event()
+    commit = store._commit
+    held = threading.Event()
+
+    def slow_commit() -> None:
+        if not gate.is_set():
+            held.set()
+            gate.wait(10)
+        commit()
+    store._commit = slow_commit  # type: ignore[method-assign]
+    one = running(station_config(name="one"), store, Line())
+    two = running(station_config(name="two"), store, Line())
+    try:
+        shown = one.request_trigger("SLOW")
+        assert held.wait(5)
+        t0 = time.perf_counter()
+        s, other = one.signals(), two.signals()
+        assert time.perf_counter() - t0 < 0.1, "reading the signals waited for the disk"
+        assert not s.trigger_ack and not s.ready and s.inspection_seq == 0, "not shown before it is durable"
+        assert other.ready and not other.busy
+        assert not shown.done()
+        gate.set()
+        assert shown.result(5) == 1
+        s = one.signals()
+        assert s.trigger_ack and s.inspection_seq == 1 and s.part_id == "SLOW"
+        row = store.job("one", 1)
+        assert row is not None and row["part_id"] == "SLOW"
+    finally:
+        gate.set()
+        one.stop()
+        two.stop()
+        store.close()

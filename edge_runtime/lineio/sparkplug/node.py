@@ -323,7 +323,7 @@ class SparkplugNode:
         if metrics.get("Trigger") is True:
             self.counters["triggers"] += 1
             try:
-                st.trigger(metrics.get("PartId", ""), metrics.get("Recipe") or None)
+                st.request_trigger(metrics.get("PartId", ""), metrics.get("Recipe") or None)  # no disk wait here
                 refusal = ""
             except LineRefused as exc:
                 refusal = exc.reason
@@ -335,4 +335,4 @@ class SparkplugNode:
             st.release_trigger()
         if metrics.get("ResultAck") is True:
             self.counters["acks"] += 1
-            st.ack_result()
+            st.request_ack()
