@@ -59,6 +59,13 @@ def language_width(lm: GGUFHeader) -> int:
     if not isinstance(deepstack, int) or not 0 <= deepstack <= 1024 or not 0 < width <= 1 << 20:
         raise BundleError(f"{lm.path}: {arch}.embedding_length {width} / n_deepstack_layers {deepstack} "
                           "are out of range")
+    layers = lm.get(f"{arch}.block_count")
+    if deepstack and isinstance(layers, int) and deepstack >= layers:
+        # llama.cpp (0c1e570) adds the last layer's deepstack rows after keeping only the output rows:
+        # GGML_ASSERT(ggml_can_repeat) aborts the process on the first decode of more than one token.
+        raise BundleError(f"{lm.path}: {arch}.n_deepstack_layers {deepstack} is not below its block_count "
+                          f"{layers}; llama.cpp aborts on such a model (real Qwen3-VL checkpoints have 3 "
+                          "deepstack layers over 28 or more)")
     return int(width) * (1 + int(deepstack))
 
 

@@ -1,6 +1,7 @@
 """A GGUF + mmproj bundle through the whole daemon, not only the inspector: a camera's verdicts are
 journaled and schema-valid, rules and evidence run on them, and the OpenAI endpoint answers a chat with
-an image under a JSON schema, all on the tiny Qwen2.5-VL pair (libmtmd encodes, our batches decode)."""
+an image under a JSON schema, on the tiny Qwen2.5-VL and Qwen3-VL pairs (libmtmd encodes, our batches
+decode)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 from jsonschema import Draft202012Validator
 
 from edge_runtime.app.daemon import Daemon
@@ -22,9 +24,10 @@ from tests.support.tiny_pairs import TINY_SCHEMA, TinyPair, write_pair_bundle
 from tests.support.waiting import wait_for
 
 
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
 def test_a_pair_bundle_serves_cameras_rules_evidence_and_the_openai_endpoint(
-        tmp_path: Path, tiny_pairs: Callable[[str], TinyPair]) -> None:
-    bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
+        family: str, tmp_path: Path, tiny_pairs: Callable[[str], TinyPair]) -> None:
+    bundle = write_pair_bundle(tiny_pairs(family), tmp_path / "bundle")
     cfg = Config(device_id="pair-test", data_dir=tmp_path / "data")
     cfg.model.path = bundle
     cfg.model.threads = 2

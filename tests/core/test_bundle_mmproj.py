@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import yaml
 from edge_runtime_models.pair_import import import_pair
@@ -15,7 +17,8 @@ from edge_runtime_models.pair_import import import_pair
 from edge_runtime.core.bundle import load_bundle
 from edge_runtime.core.errors import BundleError
 from edge_runtime.core.gguf_header import read_header
-from tests.support.gguf_files import huge_array_file, huge_tensor_count_file, write_lm, write_mmproj
+from edge_runtime.core.mmproj import check_pair
+from tests.support.gguf_files import QWEN_CHAT, huge_array_file, huge_tensor_count_file, write_lm, write_mmproj
 from tests.support.tiny_pairs import TinyPair
 
 
@@ -102,6 +105,28 @@ def test_qwen3_vl_deepstack_widths_count_on_both_sides(tmp_path: Path) -> None:
     short = write_mmproj(tmp_path / "mm2.gguf", projector="qwen3vl_merger", width=64, deepstack=2)
     with pytest.raises(BundleError, match=r"outputs embeddings 192 wide, but .* takes 256"):
         import_pair(lm, short, tmp_path / "b2")
+
+
+def test_deepstack_layers_reaching_the_last_layer_are_refused(tmp_path: Path) -> None:
+    """llama.cpp aborts the process on such a qwen3vl model (docs/models.md): one sentence instead."""
+    mm = write_mmproj(tmp_path / "mm.gguf", projector="qwen3vl_merger", width=64, deepstack=2)
+    for layers, fits in ((2, False), (3, True)):
+        w = gguf.GGUFWriter(str(tmp_path / f"lm{layers}.gguf"), "qwen3vl")
+        w.add_embedding_length(64)
+        w.add_block_count(layers)
+        w.add_uint32("qwen3vl.n_deepstack_layers", 2)
+        w.add_chat_template(QWEN_CHAT)
+        w.add_tensor("token_embd.weight", np.zeros((4, 64), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        if fits:
+            assert check_pair(read_header(tmp_path / f"lm{layers}.gguf"), read_header(mm)).embedding_dim == 192
+        else:
+            with pytest.raises(BundleError, match=r"qwen3vl.n_deepstack_layers 2 is not below its block_count 2; "
+                                                  r"llama.cpp aborts on such a model"):
+                check_pair(read_header(tmp_path / f"lm{layers}.gguf"), read_header(mm))
 
 
 def test_swapped_files_are_named(tmp_path: Path) -> None:

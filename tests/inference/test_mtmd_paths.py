@@ -1,9 +1,10 @@
 """Format-2 bundles (GGUF + mmproj) through our own decoding path, against libmtmd's helper path.
 
-On tiny random-weight pairs of Qwen2.5-VL (M-RoPE), Gemma 3 (bidirectional attention over the image)
-and SmolVLM (tiles): the first-token logits of our `llama_batch` path equal `mtmd_helper_eval_chunks`'
-(<= 1e-5); greedy verdicts agree one at a time, batched and with the prefix reused; a mutation of the
-positions or of the attention mode breaks the equality, so the equality test can fail.
+On tiny random-weight pairs of Qwen2.5-VL (M-RoPE), Qwen3-VL (interleaved M-RoPE, deepstack embeddings
+3 x the model's width), Gemma 3 (bidirectional attention over the image) and SmolVLM (tiles): the
+first-token logits of our `llama_batch` path equal `mtmd_helper_eval_chunks`' (<= 1e-5); greedy
+verdicts agree one at a time, batched and with the prefix reused; a mutation of the positions or of
+the attention mode breaks the equality, so the equality test can fail.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def test_first_token_logits_equal_the_mtmd_helper(family_inspector: Inspector) -
         assert np.abs(ours - ref).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize(("family", "how"), [("qwen2.5-vl", "positions"), ("gemma3", "causal")])
+@pytest.mark.parametrize(("family", "how"), [("qwen2.5-vl", "positions"), ("qwen3-vl", "positions"),
+                                                  ("gemma3", "causal")])
 def test_a_broken_decoding_rule_fails_the_equality(family: str, how: str, tiny_pairs: Callable[[str], TinyPair],
                                                    tmp_path: Path) -> None:
     with make_inspector(tiny_pairs(family), tmp_path / family) as ins:

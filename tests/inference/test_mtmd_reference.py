@@ -3,9 +3,10 @@ against the Hugging Face model it was converted from, on the same token ids and 
 
 Measured on the 2-core machine (max |difference| of the first-token logits, logits' std ~2):
 text alone 7-9e-3 for every family (llama.cpp keeps the KV cache in f16, transformers in f32);
-Qwen2.5-VL 8.9e-3 and Gemma 3 1.6e-3 with the image (libmtmd preprocesses these sizes exactly as
-the HF processors do); SmolVLM 0.38: libmtmd resizes the global image 64 -> 32 px with its own filter
-(its tiles, cut without resizing, match). The tolerances below sit ~2x above those; the argmax agrees.
+Qwen2.5-VL 8.9e-3, Qwen3-VL 5.5e-3 (deepstack rows and interleaved M-RoPE) and Gemma 3 1.6e-3 with
+the image (libmtmd preprocesses these sizes exactly as the HF processors do); SmolVLM 0.13-0.38:
+libmtmd resizes the global image 64 -> 32 px with its own filter (its tiles, cut without resizing,
+match). The tolerances below sit ~2x above those; the argmax agrees.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from tests.inference.test_mtmd_paths import PROMPT, frames, make_inspector
 from tests.support.tiny_pairs import TinyPair
 
 # family: (image size that libmtmd and the HF processor lay out alike, tolerance on the logits)
-CASES = {"qwen2.5-vl": ((112, 84), 2e-2), "gemma3": ((64, 64), 1e-2), "smolvlm": ((64, 64), 0.8)}
+CASES = {"qwen2.5-vl": ((112, 84), 2e-2), "gemma3": ((64, 64), 1e-2), "smolvlm": ((64, 64), 0.8),
+         "qwen3-vl": ((128, 96), 2e-2)}
 
 
 def hf_logits(pair: TinyPair, ids: list[int], image_mask: list[int], rgb: np.ndarray) -> np.ndarray:
@@ -36,7 +38,7 @@ def hf_logits(pair: TinyPair, ids: list[int], image_mask: list[int], rgb: np.nda
     inputs: dict[str, Any] = dict(processor(images=[Image.fromarray(rgb)], return_tensors="pt"))
     inputs["input_ids"] = torch.tensor([ids])
     inputs["attention_mask"] = torch.ones(1, len(ids), dtype=torch.long)
-    if pair.family == "qwen2.5-vl":  # which tokens are the image's: M-RoPE positions come from it
+    if pair.family in ("qwen2.5-vl", "qwen3-vl"):  # which tokens are the image's: M-RoPE positions come from it
         inputs["mm_token_type_ids"] = torch.tensor([image_mask], dtype=torch.int32)
     if pair.family == "gemma3":  # bidirectional attention over the image tokens
         inputs["token_type_ids"] = torch.tensor([image_mask])

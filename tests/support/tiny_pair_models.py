@@ -80,17 +80,24 @@ def build_qwen25vl(out: Path) -> Path:
 
 def build_qwen3vl(out: Path) -> Path:
     """Qwen3-VL: 3-block ViT (patch 16, merge 2, learned 8x8 position grid) with deepstack taps after
-    blocks 0 and 1 (the LM's input embeddings are then 3 x 64 wide) + interleaved M-RoPE qwen3 decoder."""
+    blocks 0 and 1 (the LM's input embeddings are then 3 x 64 wide) + interleaved M-RoPE qwen3 decoder.
+
+    The decoder has 3 layers, more than the 2 taps, as every real Qwen3-VL has (28+ layers, 3 taps): with
+    as many taps as layers llama.cpp 0c1e570 adds the last tap after keeping only the output rows and
+    aborts on any multi-token decode (GGML_ASSERT(ggml_can_repeat(b, a)); docs/models.md). The M-RoPE
+    sections are (3, 3, 2): with (2, 3, 3) llama.cpp's interleaved rope gives frequency pair 6 to the 4th
+    section (position 0 for text tokens) where transformers keeps it temporal, 0.1 apart on text alone;
+    real Qwen3-VL's (24, 20, 20) leaves only its two slowest pairs (61, 62) to that section."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     torch.manual_seed(5)
     specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                 "<|video_pad|>"]
     tok, sp_model = _tokenizer(out.parent / "qwen3-tok", specials)
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
                 rms_norm_eps=1e-6, initializer_range=0.25,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
                                  "mrope_interleaved": True})
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                   spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
