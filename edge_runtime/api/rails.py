@@ -346,18 +346,24 @@ def _set(data: dict[str, Any], path: str, value: str) -> None:
 # ---- per request, from the live config -------------------------------------------------------------
 
 class RailsState:
-    """The app's rails: compiled for the config object in force, rebuilt when a reload replaces it."""
+    """The app's rails: compiled once per config object (a reload brings a new one); the last few are
+    kept, so requests that straddle a reload do not compile twice."""
+
+    KEEP = 4
 
     def __init__(self, fire: Fire) -> None:
         self.window = ReaskWindow()
         self.fire = fire
-        self._built: tuple[RailsConfig, Rails] | None = None
+        self._built: list[tuple[RailsConfig, Rails]] = []  # newest first; holds the configs alive (ids unique)
 
     def rails_for(self, cfg: RailsConfig) -> Rails:
         built = self._built
-        if built is None or built[0] is not cfg:
-            built = self._built = (cfg, Rails(cfg, self.window, self.fire))
-        return built[1]
+        for known, rails in built:
+            if known is cfg:
+                return rails
+        rails = Rails(cfg, self.window, self.fire)
+        self._built = [(cfg, rails), *built[: self.KEEP - 1]]
+        return rails
 
 
 _REQUEST_ID = regex.compile(r"[A-Za-z0-9._:-]{1,64}")

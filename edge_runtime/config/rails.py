@@ -20,6 +20,7 @@ RAIL_NAME = r"^[a-z0-9][a-z0-9_]{0,47}$"  # part of the error code and the metri
 RESERVED = frozenset({"scan_limit"})  # the rail a text too long to scan is refused by
 MAX_WORDS = 256
 MAX_SCHEMA_CHARS = 16_384
+MIN_SHARE_MS = 10  # regex time each searching rail gets at least (regex_budget_ms / rails)
 Role = Literal["system", "developer", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "developer", "user", "assistant")
 
@@ -232,8 +233,10 @@ class RailsConfig(Section):
     max_scan_chars: int = Field(65_536, ge=1024, le=262_144, description="Longest text (all parts together) "
                                 "or answer the regex and word rails search; a longer one is refused "
                                 "(rail_input_scan_limit / rail_output_scan_limit), never searched in part.")
-    regex_budget_ms: float = Field(50, ge=5, le=2000, description="Regex time of one request over all rails; "
-                                   "a search that runs out of its share refuses (the check did not finish).")
+    regex_budget_ms: float = Field(250, ge=5, le=2000, description="Regex time of one request over the input "
+                                   "rails (and again over the output rails); a search that runs out of its share "
+                                   "refuses (the check did not finish). Shares under 10 ms would refuse "
+                                   "harmless text on a busy CPU, so the budget must give each rail 10 ms.")
     reasks_per_minute: int = Field(6, ge=0, le=600, description="Regenerations by reask rails in any 60 s; "
                                    "beyond it, a firing reask rail refuses instead (counted).")
 
@@ -241,4 +244,14 @@ class RailsConfig(Section):
     def _unique_names(self) -> RailsConfig:
         _unique(self.input, "input")
         _unique(self.output, "output")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_shares(self) -> RailsConfig:
+        # A search preempted for a few ms on a loaded 2-core device must not look like a runaway pattern.
+        searches = max(sum(1 for r in self.input if r.enabled and r.kind in ("regex", "words")),
+                       sum(1 for r in self.output if r.enabled and r.kind in ("regex", "words", "when")))
+        if searches and self.regex_budget_ms / searches < MIN_SHARE_MS:
+            raise ValueError(f"regex_budget_ms: {self.regex_budget_ms} ms shared by {searches} searching rails "
+                             f"leaves each under {MIN_SHARE_MS} ms; raise it to at least {searches * MIN_SHARE_MS}")
         return self

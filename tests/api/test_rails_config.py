@@ -33,6 +33,8 @@ from edge_runtime.core.errors import ConfigError
     ("rails:\n  output:\n    - {name: r, regex: x, action: reask}\n", "needs reask"),
     ("rails:\n  output:\n    - {name: c, when: [{field: a, equals: 1, gt: 0}]}\n", "exactly one of equals"),
     ("rails:\n  regex_budget_ms: 0\n", "greater than or equal to 5"),
+    ("rails:\n  regex_budget_ms: 15\n  input:\n    - {name: a, words: [x]}\n    - {name: b, regex: y}\n",
+     "leaves each under 10 ms"),
 ])
 def test_bad_rails_are_refused_at_load_naming_the_key_and_line(yaml: str, message: str) -> None:
     with pytest.raises(ConfigError, match=r"<config>:\d+: rails[.:]") as caught:
