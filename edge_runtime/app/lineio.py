@@ -160,6 +160,7 @@ class LineIO:
 
         def tag(request: InspectionRequest) -> None:
             assert request.image is not None
+            request.schema = job.schema  # the recipe's verdict schema (None: the bundle's)
             with self._tags_lock:
                 self._tags[id(request.image)] = (request.image, job)
             tagged.append(request)

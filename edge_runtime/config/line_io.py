@@ -7,14 +7,17 @@ OK/NOK through a FIFO it acknowledges. The state machine is `lineio/station.py`;
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from edge_runtime.config.base import NAME, Section
 from edge_runtime.config.rules import Condition
+from edge_runtime.core.errors import InputError
+from edge_runtime.core.schema_budget import LIMITS, check_schema_budget
 
 PART_ID_MAX = 32
 # Printable ASCII: part ids travel as Modbus registers, OPC UA strings and MQTT metrics alike.
@@ -22,14 +25,91 @@ TEXT_ID = re.compile(r"[\x20-\x7e]{0,32}")
 RECIPE_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$"
 
 
+SCHEMA_FILE_MAX = 4 * LIMITS.max_bytes  # a schema file as written (indented); its compact form is bounded too
+
+
+def load_schema(value: Any) -> dict[str, Any] | None:
+    """A recipe's `schema`: inline (a mapping) or the path of a JSON file; within the API's budget."""
+    if isinstance(value, str):
+        value = _read_schema_file(value)
+    elif value is not None and not isinstance(value, dict):
+        raise ValueError("schema must be a JSON schema (a mapping) or the path of a JSON file")
+    if value is not None:
+        try:
+            check_schema_budget(value, "schema")
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+def _read_schema_file(name: str) -> Any:
+    try:
+        with Path(name).expanduser().open("rb") as f:
+            data = f.read(SCHEMA_FILE_MAX + 1)  # bounded before it costs anything
+    except OSError as exc:
+        raise ValueError(f"cannot read the schema file {name}: {exc.strerror or exc}") from None
+    if len(data) > SCHEMA_FILE_MAX:
+        raise ValueError(f"the schema file {name} is more than {SCHEMA_FILE_MAX} bytes")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; nested too deep
+        raise ValueError(f"the schema file {name} is not JSON: {str(exc)[:200]}") from None
+
+
+def schema_has_field(schema: dict[str, Any], path: str) -> bool:
+    """Whether a dotted path (under the verdict) is declared by the schema's properties, following
+    local $refs and allOf/anyOf/oneOf branches (the walk is bounded by the schema budget's size)."""
+    nodes: list[Any] = [schema]
+    for part in path.split("."):
+        found: list[Any] = []
+        seen = 0
+        while nodes and seen < LIMITS.max_nodes:
+            node = _resolve(schema, nodes.pop())
+            seen += 1
+            if not isinstance(node, dict):
+                continue
+            props = node.get("properties")
+            if isinstance(props, dict) and part in props:
+                found.append(props[part])
+            for key in ("allOf", "anyOf", "oneOf"):
+                if isinstance(node.get(key), list):
+                    nodes.extend(node[key])
+        if not found:
+            return False
+        nodes = found
+    return True
+
+
+def _resolve(schema: dict[str, Any], node: Any) -> Any:
+    for _ in range(16):  # a chain of local refs, bounded (a ref cycle ends here as "not found")
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return node
+        target: Any = schema
+        for key in ref[2:].split("/"):
+            target = target.get(key) if isinstance(target, dict) else None
+        node = target
+    return None
+
+
 class RecipeConfig(Section):
-    """What one RecipeId selects: the question asked and the rule that makes its verdict NOK."""
+    """What one RecipeId selects: the question asked, the verdict's schema and the rule that makes it NOK."""
 
     prompt: str | None = Field(None, max_length=4000,
                                description="Inspection prompt for this recipe (default: the camera's prompt).")
+    verdict_schema: dict[str, Any] | None = Field(
+        None, alias="schema",
+        description="JSON schema of this recipe's verdict, inline or the path of a JSON file (default: the "
+                    "bundle's schema); bounded like a request's response_format (size, depth, lengths). "
+                    "The NOK rule must name fields it declares.")
     nok_when: list[Condition] | None = Field(
         None, min_length=1, max_length=16,
         description="NOK when all these conditions hold (default: the station's nok_when).")
+
+    @field_validator("verdict_schema", mode="before")
+    @classmethod
+    def _schema(cls, v: Any) -> dict[str, Any] | None:
+        return load_schema(v)
 
 
 class StationConfig(Section):
@@ -63,10 +143,19 @@ class StationConfig(Section):
 
     @field_validator("recipes")
     @classmethod
-    def _recipe_ids(cls, v: dict[str, RecipeConfig]) -> dict[str, RecipeConfig]:
+    def _recipe_ids(cls, v: dict[str, RecipeConfig], info: ValidationInfo) -> dict[str, RecipeConfig]:
         bad = [k for k in v if not re.fullmatch(RECIPE_ID, k)]
         if bad:
             raise ValueError(f"recipe ids are 1-32 letters, digits, '_', '.' or '-'; not {bad[0]!r}")
+        for name, recipe in v.items():  # a recipe with its own schema: its NOK rule reads declared fields
+            if recipe.verdict_schema is None:
+                continue
+            for cond in recipe.nok_when or info.data.get("nok_when") or []:
+                head, _, rest = cond.field.partition(".")
+                if head == "verdict" and rest and not schema_has_field(recipe.verdict_schema, rest):
+                    whose = "its nok_when" if recipe.nok_when else "the station's nok_when"
+                    raise ValueError(f"recipe {name}: {whose} reads {cond.field}, which the recipe's schema does "
+                                     "not declare (a missing field never holds: the rule could never fire)")
         return v
 
     @model_validator(mode="after")
@@ -74,7 +163,6 @@ class StationConfig(Section):
         if self.default_recipe is not None and self.default_recipe not in self.recipes:
             raise ValueError(f"default_recipe {self.default_recipe!r} is not one of the recipes")
         return self
-
 
 class ModbusConfig(Section):
     """Modbus TCP server for PLCs (off by default); the register map is in docs/line-io.md."""

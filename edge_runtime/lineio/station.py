@@ -420,7 +420,8 @@ class Station:
             recipe = self.cfg.recipes.get(job.recipe)
             prompt = recipe.prompt if recipe is not None and recipe.prompt else self._camera_prompt
             deadline = min(job.deadline, time.monotonic() + self.cfg.acquisition_timeout_ms / 1000)
-            request = JobRequest(self.name, job.seq, job.part_id, job.recipe, self.cfg.camera, prompt, deadline)
+            request = JobRequest(self.name, job.seq, job.part_id, job.recipe, self.cfg.camera, prompt, deadline,
+                                 recipe.verdict_schema if recipe is not None else None)
             try:
                 future = self._start(request, lambda j=job: self._acquired(j))  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - any capture failure is this part's ERROR, not the thread's

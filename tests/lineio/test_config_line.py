@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from edge_runtime.config.line_io import SCHEMA_FILE_MAX
 from edge_runtime.config.schema import parse_config
 from edge_runtime.core.errors import ConfigError
 
@@ -46,3 +50,55 @@ def test_station_names_are_unique() -> None:
     twice = BASE + "    - name: st1\n      camera: cam\n      nok_when: [{field: verdict.defect, equals: true}]\n"
     with pytest.raises(ConfigError, match="station names must be unique; repeated: st1"):
         parse_config(twice, "line.yaml")
+
+
+BOLT_SCHEMA = ('{type: object, properties: {present: {type: boolean}, torque_ok: {type: boolean}}, '
+               'required: [present, torque_ok]}')
+
+
+def test_a_recipe_selects_an_inline_schema_and_a_rule_on_its_fields() -> None:
+    cfg = parse_config(BASE + f"      recipes: {{bolt: {{schema: {BOLT_SCHEMA}, "
+                              "nok_when: [{field: verdict.present, equals: false}]}}\n")
+    schema = cfg.line_io.stations[0].recipes["bolt"].verdict_schema
+    assert schema is not None and schema["required"] == ["present", "torque_ok"]
+
+
+def test_a_recipe_schema_from_a_json_file_with_refs(tmp_path: Path) -> None:
+    path = tmp_path / "seal.json"
+    path.write_text(json.dumps({"$defs": {"seal": {"type": "object", "properties": {"gap_mm": {"type": "number"}}}},
+                                "type": "object", "properties": {"seal": {"$ref": "#/$defs/seal"}},
+                                "required": ["seal"]}, indent=2))
+    cfg = parse_config(BASE + f"      recipes: {{seal: {{schema: {path}, "
+                              "nok_when: [{field: verdict.seal.gap_mm, gt: 0.5}]}}\n")
+    schema = cfg.line_io.stations[0].recipes["seal"].verdict_schema
+    assert schema is not None and schema["properties"]["seal"] == {"$ref": "#/$defs/seal"}
+
+
+@pytest.mark.parametrize("recipe,words", [
+    # The station's rule reads verdict.defect; this recipe's schema has no such field.
+    (f"{{bolt: {{schema: {BOLT_SCHEMA}}}}}", "the station's nok_when reads verdict.defect"),
+    (f"{{bolt: {{schema: {BOLT_SCHEMA}, nok_when: [{{field: verdict.torque, equals: false}}]}}}}",
+     "its nok_when reads verdict.torque, which the recipe's schema does not declare"),
+    ("{bolt: {schema: {type: object, properties: {a: {type: string, maxLength: 50000}}}}}",
+     "maxLength 50000 is more than 1000"),
+    ("{bolt: {schema: /nonexistent/schema.json}}", "cannot read the schema file /nonexistent/schema.json"),
+    ("{bolt: {schema: [1, 2]}}", "schema must be a JSON schema"),
+])
+def test_a_recipe_schema_is_bounded_and_must_declare_the_rules_fields(recipe: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(BASE + f"      recipes: {recipe}\n", "line.yaml")
+    message = str(err.value)
+    assert message.startswith("line.yaml:9") and words in message, message
+
+
+def test_a_schema_file_too_big_or_too_deep_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    big.write_text(" " * (SCHEMA_FILE_MAX + 10) + "{}")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"properties": {"a": ' * 40 + "{}" + "}}" * 40)
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 60_000 + "]" * 60_000)  # within the size bound: too deep for the parser
+    for path, words in ((big, "more than"), (deep, "nests deeper than 16"), (nested, "is not JSON")):
+        with pytest.raises(ConfigError) as err:
+            parse_config(BASE + f"      recipes: {{r: {{schema: {path}}}}}\n", "line.yaml")
+        assert words in str(err.value), str(err.value)

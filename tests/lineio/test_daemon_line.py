@@ -5,6 +5,7 @@ its FIFO (the OPC UA client there is asyncua: test_opcua.py covers the independe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
@@ -87,6 +89,55 @@ def test_a_line_trigger_is_captured_inspected_journaled_and_reported(daemon: Dae
     assert samples[("edge_line_triggers", (("station", "st1"),))] == 1
     assert samples[("edge_line_acks", (("station", "st1"),))] == 1
     assert samples[("edge_line_results", (("result", outcome), ("station", "st1")))] == 1
+
+
+BOLT: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["present", "torque_ok"],
+        "properties": {"present": {"type": "boolean"}, "torque_ok": {"type": "boolean"}}}
+SEAL: dict[str, Any] = {"type": "object", "additionalProperties": False, "required": ["label", "gap_mm"],
+        "properties": {"label": {"enum": ["intact", "torn", "missing"]},
+                       "gap_mm": {"type": "integer", "minimum": 0, "maximum": 9}}}
+
+
+def test_each_recipe_selects_its_schema_and_its_rule_reads_that_verdict(tmp_path: Path, demo_dir: Path,
+                                                                         video: Path) -> None:
+    """Two recipes with different verdict schemas on one station: each verdict is generated under, and
+    valid against, its recipe's schema (not the bundle's), is journaled with its recipe, and the station
+    decides it by the recipe's rule on those fields."""
+    seal_file = tmp_path / "seal.json"
+    seal_file.write_text(json.dumps(SEAL))
+    cfg = Config(device_id="line-1", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.cameras = [CameraConfig(name="cam", source=str(video), fps=30, trigger=TriggerConfig(mode="on_demand"))]
+    cfg.line_io = LineIOConfig.model_validate({"stations": [{
+        "name": "st1", "camera": "cam", "result_deadline_ms": 120_000, "heartbeat_ms": 100,
+        "nok_when": [{"field": "verdict.defect", "equals": True}],
+        "recipes": {"bolt": {"schema": BOLT, "nok_when": [{"field": "verdict.present", "equals": False}]},
+                    "seal": {"schema": str(seal_file), "prompt": "Is the seal intact?",
+                             "nok_when": [{"field": "verdict.label", "in": ["torn", "missing"]}]}}}]})
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        assert daemon.line_io is not None
+        station = daemon.line_io.stations[0]
+        wait_for(lambda: station.signals().ready, timeout=60, what="the station ready (model warm, camera up)")
+        db = sqlite3.connect(daemon.config.journal_path())
+        for recipe, schema, nok in (("bolt", BOLT, lambda v: v["present"] is False),
+                                    ("seal", SEAL, lambda v: v["label"] in ("torn", "missing"))):
+            seq = station.trigger(f"P-{recipe}", recipe)
+            wait_for(lambda: station.signals().result_valid, timeout=120, what=f"ResultValid of {recipe}")
+            rows = db.execute("SELECT recipe, body FROM results WHERE part_id = ?", (f"P-{recipe}",)).fetchall()
+            assert len(rows) == 1 and rows[0][0] == recipe
+            verdict = json.loads(rows[0][1])["verdict"]
+            assert list(Draft202012Validator(schema).iter_errors(verdict)) == [], (recipe, verdict)
+            assert set(verdict) == set(schema["properties"]), f"{recipe}: not the bundle's verdict: {verdict}"
+            s = station.signals()
+            assert (s.inspection_seq, s.recipe) == (seq, recipe)
+            assert s.result == (Result.NOK if nok(verdict) else Result.OK), (recipe, verdict, s)
+            assert station.ack_result(seq)
+    finally:
+        daemon.stop()
 
 
 def test_a_station_on_an_unknown_camera_is_a_config_error(tmp_path: Path, demo_dir: Path) -> None:

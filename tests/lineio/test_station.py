@@ -139,7 +139,8 @@ def test_nok_by_the_station_rule_with_its_defect_code(jobs: LineJobs) -> None:
 
 
 def test_recipe_selects_prompt_and_nok_rule(jobs: LineJobs) -> None:
-    cfg = station_config(recipes={"bolt": {"prompt": "Is the bolt there?",
+    schema = {"type": "object", "properties": {"present": {"type": "boolean"}}, "required": ["present"]}
+    cfg = station_config(recipes={"bolt": {"prompt": "Is the bolt there?", "schema": schema,
                                            "nok_when": [{"field": "verdict.present", "equals": False}]}})
     line = Line()
     station = running(cfg, jobs, line, camera_prompt="camera default")
@@ -147,6 +148,7 @@ def test_recipe_selects_prompt_and_nok_rule(jobs: LineJobs) -> None:
         seq = station.trigger("P", "bolt")
         wait_for(lambda: seq in line.jobs)
         assert line.jobs[seq][0].prompt == "Is the bolt there?" and line.jobs[seq][0].recipe == "bolt"
+        assert line.jobs[seq][0].schema == schema  # the inspection is asked for the recipe's verdict
         line.verdict(seq, {"present": False, "defect": False})
         wait_for(lambda: station.signals().result_valid)
         assert station.signals().result == Result.NOK and station.signals().recipe == "bolt"
