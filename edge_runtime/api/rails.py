@@ -15,6 +15,7 @@ import hmac
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -373,8 +374,6 @@ def request_id(header: str | None, prefix: str) -> str:
     """The client's X-Request-Id when it is a plain token, else a new one."""
     if header and _REQUEST_ID.fullmatch(header):
         return header
-    import uuid
-
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
