@@ -179,11 +179,7 @@ class OpcUaServer:
         await server.load_private_key(str(key))
         server.set_certificate_validator(self.trust)
         idx = await server.register_namespace(NAMESPACE)
-        etype = await server.create_custom_event_type(
-            idx, "ResultReadyEventType", ua.ObjectIds.BaseEventType,
-            [("JobId", ua.VariantType.UInt32), ("PartId", ua.VariantType.String),
-             ("RecipeId", ua.VariantType.String), ("Result", ua.VariantType.Int32),
-             ("DefectCode", ua.VariantType.Int32), ("Station", ua.VariantType.String)])
+        etype = await _result_ready_type(server, idx)
         root = await server.nodes.objects.add_object(f"ns={idx};s=EdgeRuntime",
                                                      f"{idx}:EdgeRuntime")
         self._nodes = []
@@ -225,11 +221,11 @@ class OpcUaServer:
             self.counters["calls"] += 1
             return bool(station.ack_result(int(job_id) if job_id else None))
 
-        await obj.add_method(f"ns={idx};s={base}StartSingleJob", f"{idx}:StartSingleJob",
-                             start_single_job, [ua.VariantType.String, ua.VariantType.String],
-                             [ua.VariantType.UInt32])
-        await obj.add_method(f"ns={idx};s={base}ResultAck", f"{idx}:ResultAck", result_ack,
-                             [ua.VariantType.UInt32], [ua.VariantType.Boolean])
+        await _add_method(obj, idx, f"{base}StartSingleJob", start_single_job,
+                          [("PartId", ua.VariantType.String), ("RecipeId", ua.VariantType.String)],
+                          [("JobId", ua.VariantType.UInt32)])
+        await _add_method(obj, idx, f"{base}ResultAck", result_ack, [("JobId", ua.VariantType.UInt32)],
+                          [("Cleared", ua.VariantType.Boolean)])
         nodes.events = await server.get_event_generator(etype, obj.nodeid)
         nodes.shown = {name: _value(snap, name) for name in _OUTPUTS}
         nodes.unwatch = station.watch(lambda s, i=i: self._signals_changed(i, s))  # type: ignore[misc]
@@ -339,6 +335,35 @@ class OpcUaServer:
         nodes.valid_head = head
 
     _server: Any = None
+
+
+# Every node of our namespace has a string id made of names (ns=<i>;s=<station>.<Name>, the event type
+# and its fields by name): a client that reconnects after a restart, even of a config with more
+# stations, finds each node under the id it subscribed to. asyncua's helpers number the nodes they
+# create (event type fields, method arguments) in creation order; these two do not.
+_EVENT_FIELDS = [("JobId", ua.VariantType.UInt32), ("PartId", ua.VariantType.String),
+                 ("RecipeId", ua.VariantType.String), ("Result", ua.VariantType.Int32),
+                 ("DefectCode", ua.VariantType.Int32), ("Station", ua.VariantType.String)]
+
+
+async def _result_ready_type(server: Server, idx: int) -> Node:
+    etype = await server.nodes.base_event_type.add_object_type(
+        f"ns={idx};s=ResultReadyEventType", ua.QualifiedName("ResultReadyEventType", idx))
+    for name, vtype in _EVENT_FIELDS:
+        await etype.add_property(f"ns={idx};s=ResultReadyEventType.{name}", ua.QualifiedName(name, idx),
+                                 ua.get_default_value(vtype), varianttype=vtype)
+    return etype
+
+
+async def _add_method(obj: Node, idx: int, name: str, func: Any, inputs: list[tuple[str, ua.VariantType]],
+                      outputs: list[tuple[str, ua.VariantType]]) -> None:
+    method = await obj.add_method(f"ns={idx};s={name}", ua.QualifiedName(name.rsplit(".", 1)[-1], idx), func, [], [])
+    for prop, args in (("InputArguments", inputs), ("OutputArguments", outputs)):
+        value = [ua.Argument(Name=arg, DataType=ua.NodeId(ua.Int32(vtype.value)), ValueRank=-1, ArrayDimensions=[],
+                             Description=ua.LocalizedText(arg)) for arg, vtype in args]
+        node = await method.add_property(f"ns={idx};s={name}.{prop}", ua.QualifiedName(prop, 0), value,
+                                         varianttype=ua.VariantType.ExtensionObject, datatype=ua.ObjectIds.Argument)
+        await node.set_modelling_rule(True)
 
 
 def _value(signals: Signals, name: str) -> Any:
