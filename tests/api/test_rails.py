@@ -336,3 +336,22 @@ def test_input_rails_refuse_a_stream_before_it_starts(daemon: Daemon, openai_cli
         assert caught.value.code == "rail_input_banned"
     finally:
         use_rails(daemon)
+
+
+def test_only_output_rails_hold_a_stream(daemon: Daemon, openai_client: Any) -> None:
+    def chunks() -> list[Any]:
+        return list(openai_client.chat.completions.create(
+            model="edge-demo-vlm", stream=True, max_tokens=48, response_format=forced("alpha beta gamma delta"),
+            messages=[{"role": "user", "content": "say it"}]))
+
+    try:
+        use_rails(daemon, input=[{"name": "banned", "words": ["sabotage"]}])
+        live = chunks()
+        assert len(live) > 4  # role, one chunk per piece as it is generated, finish
+        use_rails(daemon, output=[{"name": "leak", "regex": "hunter[0-9]"}])
+        held = chunks()
+        assert len(held) == 3  # role, the whole checked answer, finish
+        text = "".join(c.choices[0].delta.content or "" for c in live if c.choices)
+        assert held[1].choices[0].delta.content == text
+    finally:
+        use_rails(daemon)
