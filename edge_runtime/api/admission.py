@@ -26,8 +26,12 @@ MAX_JSON_DEPTH = 32  # a request body is never legitimately deeper; json.loads r
 
 
 def slots(threads: int) -> tuple[int, int]:
-    """(event streams, inference requests) that may hold a thread at once, out of `api.threads`."""
-    streams = max(1, threads // 2)
+    """(event streams, inference requests) that may hold a thread at once, out of `api.threads`.
+
+    Two thirds go to inference: chat clients are served side by side in the worker's batch
+    (`inspection.max_batch`, 4 by default), so the default 6 threads admit 4 of them at once instead of
+    refusing the fourth with a 429 while the batch had room for it; event streams get the rest."""
+    streams = max(1, threads // 3)
     return streams, max(1, threads - streams)
 
 

@@ -9,8 +9,8 @@ from typing import Any, Protocol, TypeVar
 
 from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.core.contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
+from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.inference.inspector import Inspector
-from edge_runtime.inference.llm.picker import Sampling
 
 T = TypeVar("T")
 
@@ -19,6 +19,7 @@ class ServicesHost(Protocol):
     """What the mixin needs of the class it is mixed into (`app.Daemon`); mypy checks each use."""
 
     verdicts: VerdictServices
+    inspections: InspectionQueue
 
     def submit_job(self, job: Callable[[Any], T]) -> Future[T]: ...
 
@@ -32,19 +33,15 @@ class DeviceServices:
         return self._current_inspector().constraint(schema)
 
     def chat(self: ServicesHost, job: ChatJob) -> Future[ChatOutput]:
-        """Run a chat completion in the worker, in turn with inspections. Raises QueueFull."""
-        sampling = Sampling(job.temperature, job.top_p, job.seed)
-
-        def run(inspector: Inspector) -> ChatOutput:
-            try:
-                encoded = inspector.encode(job.image) if job.image is not None else None
-                prefix, image, suffix = inspector.sequence(job.prompt, encoded, job.system)
-                return inspector.generate(prefix, image, suffix, job.grammar, job.max_tokens or inspector.max_tokens,
-                                          sampling, job.on_text, job.stops)
-            finally:
-                if job.on_end is not None:
-                    job.on_end()
-        return self.submit_job(run)
+        """Queue a chat completion: the worker generates it in the same batched decode as the cameras'
+        verdicts and other chats (its image encoded ahead like a frame). Raises QueueFull."""
+        future: Future[ChatOutput] = self.inspections.submit(InspectionRequest(
+            job.image, "openai", journal=False, chat=job))
+        if job.on_end is not None:
+            on_end = job.on_end
+            # Whatever settles it (its generation, a failure, the daemon stopping): the stream ends.
+            future.add_done_callback(lambda _future: on_end())
+        return future
 
     # ---- evidence and review (VerdictServices) -------------------------------------------------
 

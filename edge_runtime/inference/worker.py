@@ -15,14 +15,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edge_runtime.core.contracts import BatchJob, Encoded, Gate, QueueFull, ResultJournal
+from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded, Gate, QueueFull, ResultJournal
 from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 
 if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typing needs no engines
-    from edge_runtime.inference.inspector import Inspector
+    from edge_runtime.inference.inspector import Inspector, Work
+    from edge_runtime.inference.llm.feed import Generation
 
     # What stage 1 hands to stage 2: the embeddings with the model that made them (a reload may replace
     # it meanwhile), the encoder's failure, or None (not encoded ahead: jobs, overlap off).
@@ -47,7 +48,8 @@ class InspectionWorker:
         self.errors = 0
         self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
         self._full_log = RateLimitedLog(log)
-        self.batches = 0  # generations that ran several cameras' frames as parallel sequences
+        self.batches = 0  # generations that ran several frames or chats as parallel sequences
+        self.peak_batch = 0  # the most sequences one of them ran at once
         self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
         self.last_energy_j: float | None = None
         self.overlap = overlap
@@ -140,6 +142,9 @@ class InspectionWorker:
             self.busy_since = time.monotonic()
             try:
                 work = [(request, self._usable(encoded)) for request, encoded in ready]
+                if any(request.chat is not None for request, _ in work):
+                    self._serve(work)
+                    continue
                 batchable = [(r, e) for r, e in work
                              if r.job is None and e is not None and not isinstance(e, Exception)]
                 batched = {id(r) for r, _ in batchable} if len(batchable) > 1 else set()
@@ -195,7 +200,7 @@ class InspectionWorker:
     def _inspect_batch(self, work: list[tuple[InspectionRequest, Encoded]]) -> None:
         gate = self.gate.decision()
         t0 = time.monotonic()
-        jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state) for r, enc in work]
+        jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state, r.schema) for r, enc in work]
         try:
             outcomes = self.get_inspector().inspect_batch(jobs)
             self.batches += 1
@@ -217,6 +222,90 @@ class InspectionWorker:
             else:
                 request.future.set_result(delivered)
 
+    def _serve(self, work: list[tuple[InspectionRequest, Encoded | Exception | None]]) -> None:
+        """Chat completions and camera frames as parallel sequences; what becomes ready while they run
+        joins them (up to max_batch at once). A request that cannot join (a plain job, a frame not
+        encoded ahead, a failed encoding) runs after, in the order it came."""
+        inspector = self.get_inspector()
+        requests: dict[int, InspectionRequest] = {}
+        started: dict[int, float] = {}
+        later: list[tuple[InspectionRequest, Encoded | Exception | None]] = []
+
+        def joinable(batch: list[tuple[InspectionRequest, Encoded | Exception | None]]) -> list[Work]:
+            out: list[Work] = []
+            for request, encoded in batch:
+                w = None if later else self._work(request, encoded)
+                if w is None:
+                    later.append((request, encoded))  # after the batch, so nothing overtakes it
+                    continue
+                requests[id(w)] = request
+                started[id(w)] = time.monotonic()
+                out.append(w)
+            return out
+
+        def admit(n: int) -> list[Work]:
+            if self._stop.is_set() or later or self.get_inspector() is not inspector:
+                return []  # stopping, a request waits its turn, or a reload: let the batch drain
+            taken: list[tuple[InspectionRequest, Encoded | Exception | None]] = []
+            while len(taken) < min(n, self.max_batch - len(requests)):
+                try:
+                    request, staged = self._handoff.get_nowait()
+                except queue.Empty:
+                    break
+                taken.append((request, self._usable(staged)))
+            return joinable(taken)
+
+        def finished(w: Work, outcome: Result | Generation | Exception) -> None:
+            request, t0 = requests.pop(id(w)), started.pop(id(w))
+            self.heartbeat = self.busy_since = time.monotonic()  # progress: a long stream of joiners is no hang
+            if isinstance(outcome, Exception):
+                self._failed(request, outcome)
+            elif isinstance(w, ChatWork):
+                request.future.set_result(outcome)
+            else:
+                assert isinstance(outcome, Result)
+                self._delivered(request, outcome, t0, len(requests) + 1)
+
+        first = joinable(work)
+        if first:
+            try:
+                peak = inspector.serve(first, finished, admit if self.max_batch > 1 else None)
+            except Exception as exc:  # noqa: BLE001 - the whole batch failed: every caller still waiting hears it
+                for request in list(requests.values()):
+                    self._failed(request, exc)
+                requests.clear()
+            else:
+                self.batches += peak > 1
+                self.peak_batch = max(self.peak_batch, peak)
+        for request, encoded in later:
+            self._finish(request, encoded)
+
+    def _work(self, request: InspectionRequest, encoded: Encoded | Exception | None) -> Work | None:
+        """The request as a sequence of a served batch; None when it cannot be one."""
+        if isinstance(encoded, Exception) or request.job is not None:
+            return None
+        if request.chat is not None:
+            return ChatWork(request.chat, encoded)
+        if encoded is None:
+            return None
+        return BatchJob(encoded, request.camera, request.prompt, request.seq, request.capture_ms,
+                        self.gate.decision().state, request.schema)
+
+    def _delivered(self, request: InspectionRequest, result: Result, t0: float, sharing: int) -> None:
+        """Journal a verdict from a served batch and answer. Energy: what the device took since the
+        verdict started (t0), split among the `sharing` sequences that ran at its end (an estimate:
+        sequences join and leave)."""
+        if self.energy is not None:
+            energy = self.energy(t0, time.monotonic())
+            if energy is not None:
+                result.energy_j = self.last_energy_j = round(energy / max(1, sharing), 4)
+        try:
+            delivered = self._deliver(request, result)
+        except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it, the rest go on
+            self._failed(request, exc)
+        else:
+            request.future.set_result(delivered)
+
     def _inspect(self, request: InspectionRequest, encoded: Encoded | None = None) -> Any:  # a job's own value
         inspector = self.get_inspector()
         if request.job is not None:
@@ -227,7 +316,7 @@ class InspectionWorker:
         t0 = time.monotonic()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
                                            seq=request.seq, capture_ms=request.capture_ms,
-                                           governor=gate.state, encoded=encoded)
+                                           governor=gate.state, encoded=encoded, schema=request.schema)
         if self.energy is not None:
             result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
         return self._deliver(request, result)
