@@ -156,10 +156,6 @@ class Rails:
         self.searches_out = sum(1 for r, p in self.output if p is not None or r.when)
         self.pixel_rails = [r for r, _ in self.input if r.max_image_pixels is not None]
 
-    @property
-    def active(self) -> bool:
-        return bool(self.input or self.output)
-
     # ---- input -------------------------------------------------------------------------------------
 
     def _refuse(self, rail: InputRail | OutputRail | str, stage: str, status: int, reason: str, rid: str,
