@@ -1,8 +1,9 @@
 """Format-2 bundles (GGUF + mmproj) through our own decoding path, against libmtmd's helper path.
 
 On tiny random-weight pairs of Qwen2.5-VL (M-RoPE), Qwen3-VL (interleaved M-RoPE, deepstack embeddings
-3 x the model's width), Gemma 3 (bidirectional attention over the image) and SmolVLM (tiles): the
-first-token logits of our `llama_batch` path equal `mtmd_helper_eval_chunks`' (<= 1e-5); greedy
+3 x the model's width), Gemma 3 (bidirectional attention over the image), SmolVLM (tiles) and LFM2-VL
+(a hybrid convolution + attention decoder): the
+first-token logits of our `llama_batch` path equal `mtmd_helper_eval_chunks`' (<= 1e-5; LFM2-VL 5e-5); greedy
 verdicts agree one at a time, batched and with the prefix reused; a mutation of the positions or of
 the attention mode breaks the equality, so the equality test can fail.
 """
@@ -29,6 +30,14 @@ from tests.support.tiny_pairs import FAMILIES, TinyPair, write_pair_bundle
 
 PROMPT = "Inspect the part. Answer in JSON."
 TOLERANCE = 1e-5
+
+
+def tolerance(ins: Inspector) -> float:
+    """1e-5; LFM2-VL 5e-5: our path decodes the projector's begin token in a batch of its own, the helper
+    with the prompt before it, and LFM2's one-row kernels round differently (measured up to 1.5e-5; 0
+    when that token goes with the prompt, as it does on the helper path)."""
+    mtmd = ins.bundle.manifest.mtmd
+    return 5e-5 if mtmd is not None and mtmd.projector == "lfm2" else TOLERANCE
 
 
 def frames(n: int, seed: int, size: tuple[int, int] = (128, 96)) -> list[np.ndarray]:
@@ -65,7 +74,8 @@ def helper_logits(ins: Inspector, frame: np.ndarray) -> np.ndarray:
 
 def mutate(image: ImagePart, how: str | None) -> ImagePart:
     """The image part with one rule of decoding broken: `positions` (M-RoPE's y and x sections swapped,
-    the image read transposed) or `causal` (causal attention over an image that wants bidirectional)."""
+    the image read transposed), `causal` (causal attention over an image that wants bidirectional) or
+    `order` (the embedding rows reversed: plain positions, the image read backwards)."""
     if how is None or not isinstance(image, list):
         return image
     out = []
@@ -74,6 +84,8 @@ def mutate(image: ImagePart, how: str | None) -> ImagePart:
             seg = dataclasses.replace(seg, mrope=seg.mrope[[0, 2, 1, 3]])
         elif isinstance(seg, MediaEmbeds) and how == "causal":
             seg = dataclasses.replace(seg, non_causal=False)
+        elif isinstance(seg, MediaEmbeds) and how == "order":
+            seg = dataclasses.replace(seg, embeds=seg.embeds[::-1].copy())
         out.append(seg)
     return out
 
@@ -90,18 +102,18 @@ def test_first_token_logits_equal_the_mtmd_helper(family_inspector: Inspector) -
     for frame in frames(2, seed=1):
         ours, ref = our_logits(family_inspector, frame), helper_logits(family_inspector, frame)
         assert ref.std() > 0.5  # random weights that spread the logits: the tolerance means something
-        assert np.abs(ours - ref).max() <= TOLERANCE
+        assert np.abs(ours - ref).max() <= tolerance(family_inspector)
 
 
 @pytest.mark.parametrize(("family", "how"), [("qwen2.5-vl", "positions"), ("qwen3-vl", "positions"),
-                                                  ("gemma3", "causal")])
+                                                  ("gemma3", "causal"), ("lfm2-vl", "order")])
 def test_a_broken_decoding_rule_fails_the_equality(family: str, how: str, tiny_pairs: Callable[[str], TinyPair],
                                                    tmp_path: Path) -> None:
     with make_inspector(tiny_pairs(family), tmp_path / family) as ins:
         frame = frames(1, seed=2)[0]
         ref = helper_logits(ins, frame)
-        assert np.abs(our_logits(ins, frame) - ref).max() <= TOLERANCE
-        assert np.abs(our_logits(ins, frame, how) - ref).max() > 100 * TOLERANCE
+        assert np.abs(our_logits(ins, frame) - ref).max() <= tolerance(ins)
+        assert np.abs(our_logits(ins, frame, how) - ref).max() > 100 * tolerance(ins)
 
 
 def test_verdicts_agree_one_at_a_time_batched_and_prefix_reused(family_inspector: Inspector) -> None:
@@ -113,7 +125,10 @@ def test_verdicts_agree_one_at_a_time_batched_and_prefix_reused(family_inspector
         ins.language.forget_prefix(clear=True)
         fresh.append(ins.generate(prefix, image, suffix, ins.grammar, ins.max_tokens))
     reused = [ins.generate(prefix, image, suffix, ins.grammar, ins.max_tokens) for prefix, image, suffix in items]
-    assert [g.prefix_reused for g in reused][1:] == [len(items[0][0])] * 2
+    # LFM2's short-convolution state cannot be cut back to the prefix (llama.cpp refuses a partial
+    # memory_seq_rm of a recurrent state): the prompt is read again, with the same verdicts.
+    expected = 0 if ins.bundle.manifest.mtmd and ins.bundle.manifest.mtmd.projector == "lfm2" else len(items[0][0])
+    assert [g.prefix_reused for g in reused][1:] == [expected] * 2
     results = ins.inspect_batch([BatchJob(enc, camera=f"cam{i}") for i, enc in enumerate(encoded)])
     batched = ins.generate_batch(items, ins.grammar, ins.max_tokens)
     assert [g.token_ids for g in reused] == [g.token_ids for g in fresh] == [g.token_ids for g in batched]

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedTokenizerFast
 
-from tests.support.tiny_vlms import _token_id, _tokenizer
+from tests.support.tiny_vlms import _CORPUS, _token_id, _tokenizer
 
 # Chat templates in the families' own shape (what `models import` renders into prompt.template).
 QWEN_TEMPLATE = (
@@ -137,11 +138,7 @@ def build_gemma3(out: Path) -> Path:
             if "multi_modal_projector" in name and float(param.abs().max()) == 0.0:
                 param.normal_(0.0, 0.25)
     model.save_pretrained(out)
-    # The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it).
-    for shard in out.glob("*.safetensors"):
-        tensors = load_file(shard)
-        renamed = {_gemma_key(k): v.contiguous() for k, v in tensors.items()}
-        save_file(renamed, shard, metadata={"format": "pt"})
+    _rename_vision_keys(out)
     Gemma3ImageProcessor(size={"height": 64, "width": 64}, image_seq_length=16).save_pretrained(out)
     cfg = json.loads((out / "preprocessor_config.json").read_text())
     cfg["image_seq_length"] = 16
@@ -150,7 +147,77 @@ def build_gemma3(out: Path) -> Path:
     return out
 
 
-def _gemma_key(key: str) -> str:
+LFM2_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _bpe_tokenizer(specials: list[str], bos: str, eos: str) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (any text tokenizes) trained on the tiny corpus, with `specials` added."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(_CORPUS, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|pad|>", bos, eos], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token=bos, eos_token=eos, pad_token="<|pad|>")
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    return tok
+
+
+def build_lfm2vl(out: Path) -> Path:
+    """LFM2-VL: SigLIP2 tower (patch 16; 3 blocks, as the converter maps mm.N only for N below the block
+    count) + pixel-unshuffle (2) + 2-layer MLP + LFM2 hybrid decoder (short-convolution and attention
+    layers) with a byte-level BPE vocabulary, as LFM2's own is. The converter names the vocabulary's
+    pre-tokenizer by the hash of its own tokenization of a test text, which only LiquidAI's real
+    tokenizer has: tiny_pairs converts it with that name ("lfm2") given. Tied embeddings, as LFM2-VL's
+    (the mmproj conversion has no rule for an lm_head)."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    torch.manual_seed(6)
+    specials = ["<|im_start|>", "<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>",
+                *(f"<|img_row_{r}_col_{c}|>" for r in range(1, 4) for c in range(1, 4))]
+    tok = _bpe_tokenizer(specials, "<|startoftext|>", "<|im_end|>")
+    text = dict(model_type="lfm2", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                layer_types=["conv", "full_attention", "conv"], conv_L_cache=3, block_auto_adjust_ff_dim=False,
+                norm_eps=1e-5, bos_token_id=_token_id(tok, "<|startoftext|>"),
+                eos_token_id=_token_id(tok, "<|im_end|>"), pad_token_id=0, initializer_range=0.25,
+                tie_word_embeddings=True, architectures=["Lfm2ForCausalLM"])
+    vision = dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=2, patch_size=16, num_patches=64, vision_use_head=False)
+    config = Lfm2VlConfig(text_config=text, vision_config=vision, image_token_id=_token_id(tok, "<image>"),
+                          projector_hidden_size=64, downsample_factor=2, tie_word_embeddings=True)  # as LFM2-VL
+    model = Lfm2VlForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms start at ones/zeros: draw them too, so every weight shapes the logits
+        for name, param in model.named_parameters():
+            if param.ndim == 1:
+                param.normal_(1.0 if name.endswith("weight") else 0.0, 0.25)
+    model.save_pretrained(out)
+    _rename_vision_keys(out)
+    tok.chat_template = LFM2_TEMPLATE
+    tok.save_pretrained(out)
+    # transformers' Lfm2VlImageProcessor needs torchvision: the converter reads only mean and std
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "encoder_patch_size": 16,
+         "downsample_factor": 2, "image_processor_type": "Lfm2VlImageProcessor"}))
+    mark_special_tokens(out)
+    return out
+
+
+def _rename_vision_keys(out: Path) -> None:
+    """The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it)."""
+    for shard in out.glob("*.safetensors"):
+        tensors = load_file(shard)
+        renamed = {_vision_model_key(k): v.contiguous() for k, v in tensors.items()}
+        save_file(renamed, shard, metadata={"format": "pt"})
+
+
+def _vision_model_key(key: str) -> str:
     for head in ("model.vision_tower.", "vision_tower."):
         if key.startswith(head) and not key.startswith(head + "vision_model."):
             return head + "vision_model." + key[len(head):]
@@ -173,4 +240,5 @@ def build_smolvlm(out: Path) -> Path:
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm, "qwen3-vl": build_qwen3vl,
+    "lfm2-vl": build_lfm2vl,
 }
