@@ -71,7 +71,8 @@ class _Job:
 
 class Station:
     """The handshake state machine of one station. Thread-safe; `watch` callbacks run on the thread
-    that changed the state, in order, and must not block."""
+    that changed the state (for a durable change: the job store's writer), in order, and must not
+    block; one that triggers or acks waits safely (the store commits inline on its own thread)."""
 
     def __init__(self, cfg: StationConfig, jobs: JobStore, start: StartJob,
                  warm: Callable[[], bool] = lambda: True, fault: Callable[[], str | None] = lambda: None,

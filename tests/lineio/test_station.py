@@ -486,3 +486,25 @@ def test_signals_answer_while_a_trigger_is_written_and_show_it_only_once_durable
         one.stop()
         two.stop()
         store.close()
+
+
+def test_a_watcher_that_acknowledges_on_the_writers_thread_does_not_wait_for_itself(jobs: LineJobs) -> None:
+    """A durable change is shown from the job store's writer thread; a watcher there that acks (and so
+    waits for another write) must get it committed inline, not deadlock the writer."""
+    line = Line()
+    station = running(station_config(), jobs, line)
+    acked: list[bool] = []
+
+    def ack_when_valid(s: Signals) -> None:
+        if s.result_valid and not acked:
+            acked.append(station.ack_result(s.inspection_seq))
+    station.watch(ack_when_valid)
+    try:
+        seq = station.trigger("SELF")
+        wait_for(lambda: seq in line.jobs)
+        line.verdict(seq, {"defect": False})
+        wait_for(lambda: acked == [True], timeout=5)
+        assert station.health().counters["acks"] == 1 and not station.signals().result_valid
+        assert station.trigger("NEXT") == seq + 1  # the writer still commits
+    finally:
+        station.stop()
