@@ -1,8 +1,8 @@
 """Format-2 bundles (GGUF + mmproj) through our own decoding path, against libmtmd's helper path.
 
 On tiny random-weight pairs of Qwen2.5-VL (M-RoPE), Qwen3-VL (interleaved M-RoPE, deepstack embeddings
-3 x the model's width), Gemma 3 (bidirectional attention over the image), SmolVLM (tiles) and LFM2-VL
-(a hybrid convolution + attention decoder): the
+3 x the model's width), Gemma 3 (bidirectional attention over the image), SmolVLM (tiles), LFM2-VL
+(a hybrid convolution + attention decoder) and InternVL (tiles + thumbnail, a Qwen2 decoder): the
 first-token logits of our `llama_batch` path equal `mtmd_helper_eval_chunks`' (<= 1e-5; LFM2-VL 5e-5); greedy
 verdicts agree one at a time, batched and with the prefix reused; a mutation of the positions or of
 the attention mode breaks the equality, so the equality test can fail.
@@ -106,7 +106,7 @@ def test_first_token_logits_equal_the_mtmd_helper(family_inspector: Inspector) -
 
 
 @pytest.mark.parametrize(("family", "how"), [("qwen2.5-vl", "positions"), ("qwen3-vl", "positions"),
-                                                  ("gemma3", "causal"), ("lfm2-vl", "order")])
+                                                  ("gemma3", "causal"), ("lfm2-vl", "order"), ("internvl", "order")])
 def test_a_broken_decoding_rule_fails_the_equality(family: str, how: str, tiny_pairs: Callable[[str], TinyPair],
                                                    tmp_path: Path) -> None:
     with make_inspector(tiny_pairs(family), tmp_path / family) as ins:

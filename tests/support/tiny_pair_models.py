@@ -209,6 +209,68 @@ def build_lfm2vl(out: Path) -> Path:
     return out
 
 
+INTERNVL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_internvl(out: Path) -> Path:
+    """InternVL 2.5/3 as its remote-code checkpoints lay it out (no transformers class reads that layout:
+    the converter takes only `InternVisionModel`): an InternViT-300M-style tower written tensor by tensor
+    (CLS token, 64 px / patch 8, 4 blocks with layer scale; the converter maps mlp1.N only for N below the
+    block count), pixel shuffle 0.5, the mlp1 projector (LayerNorm, Linear, GELU, Linear), and a Qwen2 LM
+    from transformers under `language_model.`; at most 2 tiles (+ the thumbnail) per image."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(7)
+    tok, sp_model = _tokenizer(out.parent / "internvl-tok", ["<|im_start|>", "<|im_end|>", "<img>", "</img>",
+                                                            "<IMG_CONTEXT>"])
+    llm = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                      bos_token_id=1, eos_token_id=_token_id(tok, "<|im_end|>"), tie_word_embeddings=False,
+                      initializer_range=0.25)
+    lm = Qwen2ForCausalLM(llm).eval()
+    d, f, patch, image, layers, hidden = 32, 64, 8, 64, 4, llm.hidden_size
+    n = (image // patch) ** 2
+
+    def rnd(*shape: int, mean: float = 0.0) -> torch.Tensor:
+        return torch.randn(*shape) * 0.25 + mean
+
+    tensors = {f"language_model.{k}": v.contiguous() for k, v in lm.state_dict().items()}
+    v = "vision_model."
+    tensors |= {v + "embeddings.class_embedding": rnd(1, 1, d),
+                v + "embeddings.patch_embedding.weight": rnd(d, 3, patch, patch),
+                v + "embeddings.patch_embedding.bias": rnd(d), v + "embeddings.position_embedding": rnd(1, n + 1, d)}
+    for i in range(layers):
+        b = f"{v}encoder.layers.{i}."
+        tensors |= {b + "norm1.weight": rnd(d, mean=1.0), b + "norm1.bias": rnd(d),
+                    b + "norm2.weight": rnd(d, mean=1.0), b + "norm2.bias": rnd(d),
+                    b + "attn.qkv.weight": rnd(3 * d, d), b + "attn.qkv.bias": rnd(3 * d),
+                    b + "attn.proj.weight": rnd(d, d), b + "attn.proj.bias": rnd(d),
+                    b + "mlp.fc1.weight": rnd(f, d), b + "mlp.fc1.bias": rnd(f),
+                    b + "mlp.fc2.weight": rnd(d, f), b + "mlp.fc2.bias": rnd(d),
+                    b + "ls1": rnd(d, mean=1.0), b + "ls2": rnd(d, mean=1.0)}
+    tensors |= {"mlp1.0.weight": rnd(4 * d, mean=1.0), "mlp1.0.bias": rnd(4 * d), "mlp1.1.weight": rnd(hidden, 4 * d),
+                "mlp1.1.bias": rnd(hidden), "mlp1.3.weight": rnd(hidden, hidden), "mlp1.3.bias": rnd(hidden)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: t.contiguous() for k, t in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    vision = dict(architectures=["InternVisionModel"], model_type="intern_vit_6b", hidden_size=d,
+                  intermediate_size=f, num_attention_heads=2, num_hidden_layers=layers, image_size=image,
+                  patch_size=patch, layer_norm_eps=1e-6, hidden_act="gelu", norm_type="layer_norm",
+                  qk_normalization=False, drop_path_rate=0.0, use_flash_attn=False)
+    config = dict(architectures=["InternVLChatModel"], model_type="internvl_chat", downsample_ratio=0.5,
+                  min_dynamic_patch=1, max_dynamic_patch=2, dynamic_image_size=True, use_thumbnail=True,
+                  force_image_size=image, select_layer=-1, template="internvl2_5",
+                  llm_config={**llm.to_dict(), "architectures": ["Qwen2ForCausalLM"]}, vision_config=vision)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "size": image}))
+    _save_tokenizer(tok, sp_model, out, INTERNVL_TEMPLATE)
+    return out
+
+
 def _rename_vision_keys(out: Path) -> None:
     """The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it)."""
     for shard in out.glob("*.safetensors"):
@@ -240,5 +302,5 @@ def build_smolvlm(out: Path) -> Path:
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm, "qwen3-vl": build_qwen3vl,
-    "lfm2-vl": build_lfm2vl,
+    "lfm2-vl": build_lfm2vl, "internvl": build_internvl,
 }

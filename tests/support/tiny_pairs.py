@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"
-FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl")
+FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl", "internvl")
 EXTRA_FAMILIES: tuple[str, ...] = ()  # built on request only, in no test
 _HERE = Path(__file__)
 
@@ -50,6 +50,8 @@ _TEMPLATES = {
     "gemma3": "<start_of_turn>user\n{system}{image}{prompt}<end_of_turn>\n<start_of_turn>model\n",
     "smolvlm": "{system}User:{image}{prompt}<end_of_utterance>\nAssistant:",
     "qwen3-vl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
+                "<|im_start|>assistant\n",
+    "internvl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
                 "<|im_start|>assistant\n",
     "lfm2-vl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
                "<|im_start|>assistant\n",
@@ -140,10 +142,10 @@ def tiny_pair(family: str) -> TinyPair:
                     _IMAGE_MAX_TOKENS[family])
 
 
-_IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64, "qwen3-vl": 64, "lfm2-vl": 96}
+_IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64, "qwen3-vl": 64, "lfm2-vl": 96, "internvl": 64}
 _BPE_PRE = {"lfm2-vl": "lfm2"}  # what the converter's hash lookup answers for LiquidAI's real tokenizer
 PROJECTORS = {"qwen2.5-vl": "qwen2.5vl_merger", "gemma3": "gemma3", "smolvlm": "idefics3",
-              "qwen3-vl": "qwen3vl_merger", "lfm2-vl": "lfm2"}
+              "qwen3-vl": "qwen3vl_merger", "lfm2-vl": "lfm2", "internvl": "internvl"}
 EMBEDDING_DIMS = {"qwen3-vl": 192}  # 64 x (1 + 2 deepstack taps); the others 64
 # A short verdict (everything an enum or a boolean): random weights finish it in a few tokens.
 TINY_SCHEMA: dict[str, object] = {
