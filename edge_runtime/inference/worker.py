@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded, Gate, QueueFull, ResultJournal
-from edge_runtime.core.errors import InputError, StorageFull
+from edge_runtime.core.errors import InferenceError, InputError, StorageFull
 from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
@@ -277,6 +277,9 @@ class InspectionWorker:
             else:
                 self.batches += peak > 1
                 self.peak_batch = max(self.peak_batch, peak)
+            for request in list(requests.values()):  # taken, never answered (a failed admit): nobody waits forever
+                self._failed(request, InferenceError("the batch ended before this request was generated"))
+            requests.clear()
         for request, encoded in later:
             self._finish(request, encoded)
 

@@ -5,15 +5,21 @@ that use other schemas. Real llama.cpp and llguidance on the demo bundle."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
-from edge_runtime.core.contracts import BatchJob
+from edge_runtime.core.contracts import BatchJob, ChatJob, OpenGate
 from edge_runtime.core.errors import InputError
+from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.core.result import Result
 from edge_runtime.inference.inspector import Inspector, SchemaRefused
+from edge_runtime.inference.llm.grammar import schema_to_grammar
+from edge_runtime.inference.worker import InspectionWorker
+from edge_runtime.verdicts.journal import Journal
+from edge_runtime.verdicts.pipeline import VerdictPipeline
 from tests.support.images import synthetic_frames
 
 PASS_FAIL: dict[str, Any] = {
@@ -77,3 +83,27 @@ def test_a_schema_is_compiled_once_and_kept_in_a_bounded_cache(inspector: Inspec
         inspector.verdict_rules({"type": "object", "properties": {f"f{n}": {"type": "boolean"}}, "required": [f"f{n}"]})
     assert len(inspector._rules) <= 32
     assert inspector.verdict_rules(GRADE) is not first  # evicted, then built again
+
+
+def test_the_worker_holds_each_request_to_its_own_schema_beside_a_chat(inspector: Inspector, tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite3")
+    pipeline = VerdictPipeline(journal, lambda _camera: None)
+    queue = InspectionQueue(8)
+    worker = InspectionWorker(queue, lambda: inspector, journal, pipeline.deliver, OpenGate(), lambda _camera: None)
+    chat = queue.submit(InspectionRequest(None, "openai", journal=False, chat=ChatJob(
+        "Describe the part as JSON.", grammar=schema_to_grammar(GRADE), max_tokens=40)))
+    schemas: list[dict[str, Any] | None] = [PASS_FAIL, GRADE, None]
+    futures = [queue.submit(InspectionRequest(frame, f"cam{i}", schema=schema))
+               for i, (frame, schema) in enumerate(zip(synthetic_frames(3, seed=8), schemas, strict=True))]
+    worker.start()
+    try:
+        results = [f.result(timeout=60) for f in futures]
+        answer = chat.result(timeout=60)
+    finally:
+        worker.stop()
+        journal.close()
+    bundle = inspector.bundle.manifest.verdict_schema
+    for result, schema in zip(results, schemas, strict=True):
+        assert _valid(result.verdict, schema or bundle), (result.verdict, schema)
+    assert not _valid(results[0].verdict, GRADE) and not _valid(results[1].verdict, PASS_FAIL)
+    assert _valid(json.loads(answer.text), GRADE)

@@ -160,8 +160,10 @@ class ParallelSequences:
         try:
             self._context(max(_MIN_SLOTS, len(waiting)), max((p.cells() for p in waiting), default=1))
             while True:
-                if admit is not None and running:
-                    free = self._free_slots(running) - len(waiting)
+                # Nothing joins while a prompt waits for room (it would starve behind the joiners; with
+                # nothing running the context grows for it).
+                if admit is not None and running and not waiting:
+                    free = self._free_slots(running)
                     more = list(admit(free)) if free > 0 else []
                     self.joined += len(more)
                     waiting += more
