@@ -23,12 +23,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from edge_runtime.config.line_io import PART_ID_MAX, TEXT_ID, StationConfig
 from edge_runtime.core.result import Result as Inspection
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.lineio import recipes
+from edge_runtime.lineio.recipes import tagged
 from edge_runtime.lineio.signals import (
     DEFECT_INSPECTION_FAILED,
     DEFECT_INTERRUPTED,
@@ -45,7 +47,6 @@ from edge_runtime.lineio.signals import (
     StartJob,
 )
 from edge_runtime.verdicts.line_jobs import StoredJob
-from edge_runtime.verdicts.rules import condition_holds, lookup
 
 log = logging.getLogger(__name__)
 __all__ = [  # the contract's names (the signal model lives in signals.py)
@@ -150,7 +151,7 @@ class Station:
     def _reserve(self, part_id: str, recipe: str | None) -> _Job:
         if not isinstance(part_id, str) or len(part_id) > PART_ID_MAX or not TEXT_ID.fullmatch(part_id):
             raise LineRefused("bad_part_id", f"PartId must be at most {PART_ID_MAX} printable ASCII characters")
-        recipe_id = self._recipe_id(recipe)
+        recipe_id = recipes.recipe_id(self.cfg, recipe)
         with self._lock:
             if not self._ready_now or self._fault_now is not None:
                 raise LineRefused("not_ready", f"station {self.name} is not ready"
@@ -196,17 +197,6 @@ class Station:
         self._bad_log.log(logging.ERROR, "station %s: trigger %d could not be stored: %s", self.name, job.seq, error)
         shown.set_exception(LineRefused("not_ready", f"station {self.name}: the trigger could not be stored "
                                         f"({error})"))
-
-    def _recipe_id(self, recipe: str | None) -> str:
-        recipe = recipe or ""
-        if not isinstance(recipe, str) or len(recipe) > PART_ID_MAX:
-            raise LineRefused("bad_recipe", "RecipeId must be a string of at most 32 characters")
-        if not recipe:
-            return self.cfg.default_recipe or ""
-        if recipe not in self.cfg.recipes:
-            known = ", ".join(sorted(self.cfg.recipes)[:8]) or "none configured"
-            raise LineRefused("bad_recipe", f"unknown RecipeId {recipe[:32]!r} (known: {known})")
-        return recipe
 
     def release_trigger(self) -> None:
         """The line dropped Trigger (level protocols): TriggerAck follows it down."""
@@ -331,24 +321,8 @@ class Station:
         return next((j for j in self._fifo if j.seq == seq), None)
 
     def _verdict(self, seq: int, result: Inspection) -> None:
-        outcome, code = self.judge(result)
+        outcome, code = recipes.judge(self.cfg, result)
         self._decide(seq, outcome, code, result.id)
-
-    def judge(self, result: Inspection) -> tuple[Result, int]:
-        """OK / NOK (with its defect code) / ERROR for one verdict, by the recipe's or station's rule."""
-        if not isinstance(result.verdict, dict) or not result.verdict:
-            return Result.ERROR, DEFECT_NO_VERDICT
-        recipe = self.cfg.recipes.get(result.recipe or "")
-        conditions = (recipe.nok_when if recipe is not None and recipe.nok_when else None) or self.cfg.nok_when
-        data = result.to_dict()
-        if not all(condition_holds(c, data) for c in conditions):
-            return Result.OK, 0
-        code = DEFECT_NOK
-        if self.cfg.defect_code_field:
-            value = lookup(data, self.cfg.defect_code_field)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 900:
-                code = value
-        return Result.NOK, code
 
     def _decide(self, seq: int, outcome: Result, code: int, result_id: str | None) -> bool:
         """Record a job's outcome; the line sees it once it is durable. False: decided already."""
@@ -418,11 +392,8 @@ class Station:
                 continue
             if job.result != Result.NONE:
                 continue
-            recipe = self.cfg.recipes.get(job.recipe)
-            prompt = recipe.prompt if recipe is not None and recipe.prompt else self._camera_prompt
             deadline = min(job.deadline, time.monotonic() + self.cfg.acquisition_timeout_ms / 1000)
-            request = JobRequest(self.name, job.seq, job.part_id, job.recipe, self.cfg.camera, prompt, deadline,
-                                 recipe.verdict_schema if recipe is not None else None)
+            request = recipes.job_request(self.cfg, job.seq, job.part_id, job.recipe, deadline, self._camera_prompt)
             try:
                 future = self._start(request, lambda j=job: self._acquired(j))  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - any capture failure is this part's ERROR, not the thread's
@@ -469,7 +440,8 @@ class Station:
                 job.result, job.defect_code, job.result_id = Result(stored.result), stored.defect_code, stored.result_id
             else:
                 found = self._jobs.journaled_result(self.name, stored.seq)
-                outcome, code = self.judge(found) if found is not None else (Result.ERROR, DEFECT_INTERRUPTED)
+                outcome, code = (recipes.judge(self.cfg, found) if found is not None
+                                 else (Result.ERROR, DEFECT_INTERRUPTED))
                 self._jobs.wait(self._jobs.decided(self.name, stored.seq, int(outcome), code,
                                                    found.id if found else None))
                 job.result, job.defect_code, job.result_id = outcome, code, found.id if found else None
@@ -494,7 +466,3 @@ class Station:
                     self._bad_log.log(logging.ERROR, "station %s: a signal watcher failed", self.name,
                                       exc_info=True)
 
-
-def tagged(result: Inspection, job: JobRequest) -> Inspection:
-    """The result of a station's job, carrying station, part id, recipe and job id."""
-    return replace(result, station=job.station, part_id=job.part_id, recipe=job.recipe, inspection_seq=job.seq)

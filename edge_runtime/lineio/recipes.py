@@ -1,0 +1,56 @@
+"""What a station's recipe selects, as pure functions of the station's config: the RecipeId a trigger
+names, the request its job makes (prompt and verdict schema), the OK / NOK / ERROR of its verdict by
+the recipe's rule (or the station's), and the result stamped with the job. docs/line-io.md, Recipes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from edge_runtime.config.line_io import PART_ID_MAX, StationConfig
+from edge_runtime.core.result import Result as Inspection
+from edge_runtime.lineio.signals import DEFECT_NO_VERDICT, DEFECT_NOK, JobRequest, LineRefused, Result
+from edge_runtime.verdicts.rules import condition_holds, lookup
+
+
+def recipe_id(cfg: StationConfig, recipe: str | None) -> str:
+    """The configured recipe a trigger names (empty: the default one), or LineRefused("bad_recipe")."""
+    recipe = recipe or ""
+    if not isinstance(recipe, str) or len(recipe) > PART_ID_MAX:
+        raise LineRefused("bad_recipe", "RecipeId must be a string of at most 32 characters")
+    if not recipe:
+        return cfg.default_recipe or ""
+    if recipe not in cfg.recipes:
+        known = ", ".join(sorted(cfg.recipes)[:8]) or "none configured"
+        raise LineRefused("bad_recipe", f"unknown RecipeId {recipe[:32]!r} (known: {known})")
+    return recipe
+
+
+def job_request(cfg: StationConfig, seq: int, part_id: str, recipe: str, deadline: float,
+                camera_prompt: str | None) -> JobRequest:
+    """What the capture side is asked for one job: the recipe's prompt and verdict schema, if it has them."""
+    chosen = cfg.recipes.get(recipe)
+    prompt = chosen.prompt if chosen is not None and chosen.prompt else camera_prompt
+    return JobRequest(cfg.name, seq, part_id, recipe, cfg.camera, prompt, deadline,
+                      chosen.verdict_schema if chosen is not None else None)
+
+
+def judge(cfg: StationConfig, result: Inspection) -> tuple[Result, int]:
+    """OK / NOK (with its defect code) / ERROR for one verdict, by the recipe's or station's rule."""
+    if not isinstance(result.verdict, dict) or not result.verdict:
+        return Result.ERROR, DEFECT_NO_VERDICT
+    recipe = cfg.recipes.get(result.recipe or "")
+    conditions = (recipe.nok_when if recipe is not None and recipe.nok_when else None) or cfg.nok_when
+    data = result.to_dict()
+    if not all(condition_holds(c, data) for c in conditions):
+        return Result.OK, 0
+    code = DEFECT_NOK
+    if cfg.defect_code_field:
+        value = lookup(data, cfg.defect_code_field)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 900:
+            code = value
+    return Result.NOK, code
+
+
+def tagged(result: Inspection, job: JobRequest) -> Inspection:
+    """The result of a station's job, carrying station, part id, recipe and job id."""
+    return replace(result, station=job.station, part_id=job.part_id, recipe=job.recipe, inspection_seq=job.seq)
