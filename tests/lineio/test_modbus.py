@@ -227,3 +227,46 @@ def test_a_port_in_use_shows_in_health_and_the_server_retries(line: Line) -> Non
             assert srv.threads()[0].is_alive(), "the thread retries; it does not die"
         finally:
             srv.stop()
+
+
+def test_a_control_write_is_answered_once_durable_while_other_reads_go_on(tmp_path: Path) -> None:
+    """The job store's disk hangs: the PLC's trigger write is answered only once the trigger is on disk
+    (so its next read sees TriggerAck, as a polling PLC expects), and meanwhile the server still answers
+    another client's status reads at once (its loop does not wait for the disk)."""
+    ln = Line(tmp_path).start()
+    gate, held = threading.Event(), threading.Event()
+    commit = ln.jobs._commit
+
+    def hung_then_released() -> None:
+        if not gate.is_set():
+            held.set()
+            gate.wait(10)
+        commit()
+    ln.jobs._commit = hung_then_released  # type: ignore[method-assign]
+    srv = serve(ln)
+    plc, scada = ModbusTcpClient("127.0.0.1", port=srv.port or 0), ModbusTcpClient("127.0.0.1", port=srv.port or 0)
+    answered = threading.Event()
+    try:
+        assert plc.connect() and scada.connect()
+
+        def trigger() -> None:
+            plc.write_registers(0, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text("SLOW-DISK", 16)])
+            answered.set()
+        writer = threading.Thread(target=trigger)
+        writer.start()
+        assert held.wait(5)
+        t0 = time.monotonic()
+        status = scada.read_holding_registers(rm.STATUS, count=1).registers[0]
+        assert time.monotonic() - t0 < 0.5, "a read waited for the disk"
+        assert not status & rm.TRIGGER_ACK and not answered.is_set()
+        gate.set()
+        writer.join(10)
+        assert answered.is_set()
+        regs = plc.read_holding_registers(rm.STATUS, count=rm.STATUS_END - rm.STATUS).registers
+        assert regs[0] & rm.TRIGGER_ACK and rm.decode_text(regs[rm.PART_ID_ECHO - rm.STATUS:]) == "SLOW-DISK"
+    finally:
+        gate.set()
+        plc.close()
+        scada.close()
+        srv.stop()
+        ln.stop()
