@@ -271,6 +271,91 @@ def build_internvl(out: Path) -> Path:
     return out
 
 
+KIMI_TEMPLATE = (
+    "{% for m in messages %}<|im_{{ m['role'] }}|>{{ m['role'] }}<|im_middle|>{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<|media_pad|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|im_end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"
+)
+
+
+def build_kimivl(out: Path) -> Path:
+    """Kimi-VL (remote code only: no transformers class) as its checkpoints lay it out: a MoonViT tower
+    written tensor by tensor (patch 14, a learned 64x64 position grid as the converter assumes, 3 blocks:
+    the converter maps linear_N only for N below the block count), a 2x2 patch merger + 2-layer MLP, and a
+    DeepSeek-V3-style MoE decoder (MLA attention with a q LoRA: llama.cpp takes Moonlight's q_lora_rank-less
+    attention only at its 26/27 layers; 4 routed + 1 shared expert, first layer dense) from
+    transformers' DeepseekV3 under `language_model.`, its fused experts split per expert as Kimi-VL's
+    checkpoints store them. Byte-level BPE vocabulary converted with the pre-tokenizer name "kimi-k2"."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(8)
+    specials = ["<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<|media_start|>",
+                "<|media_content|>", "<|media_end|>", "<|media_pad|>"]
+    tok = _bpe_tokenizer(specials, "[BOS]", "<|im_end|>")
+    text = DeepseekV3Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, max_position_embeddings=2048, bos_token_id=_token_id(tok, "[BOS]"),
+        eos_token_id=_token_id(tok, "<|im_end|>"), tie_word_embeddings=False, initializer_range=0.25)
+    lm = DeepseekV3ForCausalLM(text).eval()
+    with torch.no_grad():
+        for name, param in lm.named_parameters():
+            if "experts" in name and param.ndim == 3:  # transformers initialises fused experts at zeros
+                param.normal_(0.0, 0.25)
+    tensors: dict[str, torch.Tensor] = {}
+    moe = text.moe_intermediate_size
+    for key, value in lm.state_dict().items():
+        if key.endswith("mlp.experts.gate_up_proj"):  # [E, 2 I, H]: gate rows, then up rows
+            head = key.removesuffix("gate_up_proj")
+            for e in range(value.shape[0]):
+                tensors[f"language_model.{head}{e}.gate_proj.weight"] = value[e, :moe]
+                tensors[f"language_model.{head}{e}.up_proj.weight"] = value[e, moe:]
+        elif key.endswith("mlp.experts.down_proj"):  # [E, H, I]
+            head = key.removesuffix("down_proj")
+            for e in range(value.shape[0]):
+                tensors[f"language_model.{head}{e}.down_proj.weight"] = value[e]
+        else:
+            tensors[f"language_model.{key}"] = value
+    d, f, patch, grid, layers, hidden = 32, 64, 14, 64, 3, text.hidden_size
+
+    def rnd(*shape: int, mean: float = 0.0) -> torch.Tensor:
+        return torch.randn(*shape) * 0.25 + mean
+
+    v = "vision_tower."
+    tensors |= {v + "patch_embed.proj.weight": rnd(d, 3, patch, patch), v + "patch_embed.proj.bias": rnd(d),
+                v + "patch_embed.pos_emb.weight": rnd(grid, grid, d),
+                v + "encoder.final_layernorm.weight": rnd(d, mean=1.0), v + "encoder.final_layernorm.bias": rnd(d)}
+    for i in range(layers):
+        b = f"{v}encoder.blocks.{i}."
+        tensors |= {b + "norm0.weight": rnd(d, mean=1.0), b + "norm0.bias": rnd(d),
+                    b + "norm1.weight": rnd(d, mean=1.0), b + "norm1.bias": rnd(d),
+                    b + "wqkv.weight": rnd(3 * d, d), b + "wqkv.bias": rnd(3 * d),
+                    b + "wo.weight": rnd(d, d), b + "wo.bias": rnd(d),
+                    b + "mlp.fc0.weight": rnd(f, d), b + "mlp.fc0.bias": rnd(f),
+                    b + "mlp.fc1.weight": rnd(d, f), b + "mlp.fc1.bias": rnd(d)}
+    p = "multi_modal_projector."
+    tensors |= {p + "pre_norm.weight": rnd(d, mean=1.0), p + "pre_norm.bias": rnd(d),
+                p + "linear_1.weight": rnd(4 * d, 4 * d), p + "linear_1.bias": rnd(4 * d),
+                p + "linear_2.weight": rnd(hidden, 4 * d), p + "linear_2.bias": rnd(hidden)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: t.contiguous() for k, t in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    vision = dict(model_type="moonvit", hidden_size=d, intermediate_size=f, num_attention_heads=2,
+                  num_hidden_layers=layers, patch_size=patch, init_pos_emb_height=grid, init_pos_emb_width=grid,
+                  merge_kernel_size=[2, 2])
+    config = dict(architectures=["KimiVLForConditionalGeneration"], model_type="kimi_vl",
+                  media_placeholder_token_id=_token_id(tok, "<|media_pad|>"), tie_word_embeddings=False,
+                  text_config={**text.to_dict(), "architectures": ["DeepseekV3ForCausalLM"]}, vision_config=vision)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "patch_size": patch, "in_token_limit": 64,
+         "merge_kernel_size": [2, 2]}))
+    tok.chat_template = KIMI_TEMPLATE
+    tok.save_pretrained(out)
+    mark_special_tokens(out)
+    return out
+
+
 def _rename_vision_keys(out: Path) -> None:
     """The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it)."""
     for shard in out.glob("*.safetensors"):
@@ -302,5 +387,5 @@ def build_smolvlm(out: Path) -> Path:
 
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm, "qwen3-vl": build_qwen3vl,
-    "lfm2-vl": build_lfm2vl, "internvl": build_internvl,
+    "lfm2-vl": build_lfm2vl, "internvl": build_internvl, "kimi-vl": build_kimivl,
 }

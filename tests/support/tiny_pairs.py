@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"
-FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl", "internvl")
+FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl", "internvl", "kimi-vl")
 EXTRA_FAMILIES: tuple[str, ...] = ()  # built on request only, in no test
 _HERE = Path(__file__)
 
@@ -53,6 +53,8 @@ _TEMPLATES = {
                 "<|im_start|>assistant\n",
     "internvl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
                 "<|im_start|>assistant\n",
+    "kimi-vl": "<|im_system|>system<|im_middle|>{system}<|im_end|><|im_user|>user<|im_middle|>{image}{prompt}"
+               "<|im_end|><|im_assistant|>assistant<|im_middle|>",
     "lfm2-vl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
                "<|im_start|>assistant\n",
 }
@@ -142,10 +144,13 @@ def tiny_pair(family: str) -> TinyPair:
                     _IMAGE_MAX_TOKENS[family])
 
 
-_IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64, "qwen3-vl": 64, "lfm2-vl": 96, "internvl": 64}
-_BPE_PRE = {"lfm2-vl": "lfm2"}  # what the converter's hash lookup answers for LiquidAI's real tokenizer
+_IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64, "qwen3-vl": 64, "lfm2-vl": 96, "internvl": 64,
+                     "kimi-vl": 64}
+# What the converter's hash lookup answers for LiquidAI's and Moonshot's real tokenizers.
+_BPE_PRE = {"lfm2-vl": "lfm2", "kimi-vl": "kimi-k2"}
 PROJECTORS = {"qwen2.5-vl": "qwen2.5vl_merger", "gemma3": "gemma3", "smolvlm": "idefics3",
-              "qwen3-vl": "qwen3vl_merger", "lfm2-vl": "lfm2", "internvl": "internvl"}
+              "qwen3-vl": "qwen3vl_merger", "lfm2-vl": "lfm2", "internvl": "internvl",
+              "kimi-vl": "kimivl"}
 EMBEDDING_DIMS = {"qwen3-vl": 192}  # 64 x (1 + 2 deepstack taps); the others 64
 # A short verdict (everything an enum or a boolean): random weights finish it in a few tokens.
 TINY_SCHEMA: dict[str, object] = {
