@@ -9,8 +9,13 @@ moves the root), so a change here makes new ones and an unchanged file costs not
 Pitfalls (docs/FACTS): the converter wants `preprocessor_config.json` with `image_mean`/`image_std`,
 a SentencePiece `tokenizer.model` (the BPE path refuses unknown pre-tokenizers), and libmtmd's
 marker tokens (`<|vision_start|>`, `<start_of_image>`, ...) must be single tokens of the vocabulary;
-byte fallback makes any text tokenizable; Qwen2.5-VL vision needs >= 3 blocks; Gemma 3's vision keys
-are `vision_tower.vision_model.*` for the converter but `vision_tower.*` in transformers 5.x.
+byte fallback makes any text tokenizable; Qwen2.5-VL vision needs >= 3 blocks (the converter maps a
+projector tensor mm.N only for N below the vision block count: InternVL's mlp1.3 needs 4, LFM2-VL's and
+Kimi-VL's linear_2 3); Gemma 3's and LFM2-VL's SigLIP keys are `vision_tower.vision_model.*` for the
+converter but `vision_tower.*` in transformers 5.x. A byte-level BPE vocabulary (LFM2-VL, Kimi-VL) is
+converted with its pre-tokenizer named (`_BPE_PRE`): the converter knows only real tokenizers' hashes.
+InternVL and Kimi-VL have no transformers class for their checkpoints' layout: their vision tensors are
+written by hand under the names the converter's classes read.
 """
 
 from __future__ import annotations
