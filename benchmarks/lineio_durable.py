@@ -8,7 +8,7 @@ model stands aside: the frame is taken at once and the verdict comes --inference
 client (SCADA) reads the status block in a loop. --disk-ms adds that much to every durable write of
 the job store (a slow or busy disk: the sleep sits where the fsync is). One JSON line:
 
-    python benchmarks/lineio_durable.py --jobs 200 [--disk-ms 20] [--inference-ms 20]
+    python benchmarks/lineio_durable.py --jobs 200 [--disk-ms 20] [--inference-ms 20] [--poll-ms 1]
 
 Runs against the job store of the tree it is in: to compare with an older commit, extract it
 (`git archive <commit> | tar -x -C DIR`) and run DIR/benchmarks/lineio_durable.py there.
@@ -97,7 +97,8 @@ class Delivery:
         future.set_result(result)
 
 
-def wait_status(client: ModbusTcpClient, pred: Callable[[int], bool], timeout: float = 30.0) -> int:
+def wait_status(client: ModbusTcpClient, pred: Callable[[int], bool], poll_s: float, timeout: float = 30.0) -> int:
+    """Poll the status word as a PLC does, once per scan (`poll_s`; 0: as fast as the client can)."""
     end = time.monotonic() + timeout
     while True:
         rr = client.read_holding_registers(rm.STATUS, count=1)
@@ -106,6 +107,8 @@ def wait_status(client: ModbusTcpClient, pred: Callable[[int], bool], timeout: f
             return word
         if time.monotonic() > end:
             raise TimeoutError(f"status word {word:#x} never matched")
+        if poll_s:
+            time.sleep(poll_s)
 
 
 def poller(port: int, stop: threading.Event, out: list[float]) -> None:
@@ -141,23 +144,24 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     scada.start()
     plc = ModbusTcpClient("127.0.0.1", port=server.port)
     plc.connect()
+    poll = args.poll_ms / 1000
     ack_ms: list[float] = []
     trig_ms: list[float] = []
     valid_ms: list[float] = []
     try:
-        wait_status(plc, lambda w: bool(w & rm.READY))
+        wait_status(plc, lambda w: bool(w & rm.READY), poll)
         for i in range(args.jobs):
-            wait_status(plc, lambda w: bool(w & rm.READY))
+            wait_status(plc, lambda w: bool(w & rm.READY), poll)
             t0 = time.perf_counter()
             plc.write_registers(rm.CONTROL, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text(f"P{i:05d}", 16)])
-            wait_status(plc, lambda w: bool(w & rm.TRIGGER_ACK))
+            wait_status(plc, lambda w: bool(w & rm.TRIGGER_ACK), poll)
             trig_ms.append((time.perf_counter() - t0) * 1000)
             plc.write_register(rm.CONTROL, rm.TRIGGER_ENABLE)
-            wait_status(plc, lambda w: bool(w & rm.RESULT_VALID))
+            wait_status(plc, lambda w: bool(w & rm.RESULT_VALID), poll)
             valid_ms.append((time.perf_counter() - t0) * 1000)
             t1 = time.perf_counter()
             plc.write_register(rm.CONTROL, rm.TRIGGER_ENABLE | rm.RESULT_ACK)
-            wait_status(plc, lambda w: not w & rm.RESULT_VALID)
+            wait_status(plc, lambda w: not w & rm.RESULT_VALID, poll)
             ack_ms.append((time.perf_counter() - t1) * 1000)
             plc.write_register(rm.CONTROL, rm.TRIGGER_ENABLE)
     finally:
@@ -167,7 +171,8 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         server.stop()
         station.stop()
         jobs.close()
-    return {"store": mode, "disk_ms": args.disk_ms, "inference_ms": args.inference_ms, "jobs": len(valid_ms),
+    return {"store": mode, "disk_ms": args.disk_ms, "inference_ms": args.inference_ms, "plc_poll_ms": args.poll_ms,
+            "jobs": len(valid_ms),
             "trigger_to_trigger_ack_ms": stats(trig_ms), "trigger_to_result_valid_ms": stats(valid_ms),
             "ack_to_result_gone_ms": stats(ack_ms), "scada_status_read_ms": stats(polls),
             "scada_reads": len(polls), "delivery_notify_ms": stats(delivery.notify_ms)}
@@ -178,6 +183,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--disk-ms", type=float, default=0.0, help="added to every durable write (0: the real disk)")
     ap.add_argument("--inference-ms", type=float, default=20.0)
+    ap.add_argument("--poll-ms", type=float, default=1.0, help="the PLC scan: a status read per poll (0: busy-poll)")
     ap.add_argument("--dir", type=Path, default=None, help="where the journal file goes (default: a temp dir)")
     args = ap.parse_args()
     if args.dir is not None:
