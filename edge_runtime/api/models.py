@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 class ErrorDetail(BaseModel):
     message: str
     type: str
-    code: int
+    code: int | str = Field(description="The HTTP status, or the rail's name (rail_input_<name>) for a rail's refusal")
     field: str | None = Field(None, description="The request field at fault (dotted path), when one is")
     param: str | None = Field(None, description="Same as `field`, as OpenAI clients read it")
 

@@ -153,7 +153,7 @@ def _conversation(messages: list[Message], rails: Rails, rid: str
 
 @bp.post("/v1/chat/completions")
 @doc("OpenAI-compatible chat completions with image_url parts", body={"application/json": ChatRequest},
-     response=AnyObject, errors=(400, 401, 403, 404, 413, 429, 504), secured=True, body_required=True)
+     response=AnyObject, errors=(400, 401, 403, 404, 413, 422, 429, 504), secured=True, body_required=True)
 @require_access
 def chat_completions() -> Any:
     ticket = admission().enter()  # before the body is parsed or any image decoded

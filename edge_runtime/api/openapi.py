@@ -21,9 +21,11 @@ from edge_runtime import __version__
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ERROR_TEXT = {400: "Invalid request: `error.field` names the field", 401: "Missing or wrong token",
-               403: "Remote caller without a configured token", 404: "Not found",
+               403: "Remote caller without a configured token, or an access rail forbids the model or format",
+               404: "Not found",
                405: "Method not allowed (see Allow)", 409: "Camera has no frame yet",
                413: "Body or image too large", 415: "Wrong content type",
+               422: "A rail refused the answer: error.code names it (rail_output_<name>)",
                429: "Too many requests or event streams in flight, or the queue is full (see Retry-After)",
                503: "Not ready or degraded (see Retry-After)",
                504: "No verdict in time"}

@@ -205,7 +205,7 @@ def frame(name: str) -> Any:
 @bp.post("/api/v1/infer")
 @doc("Inspect an uploaded image (not journaled)", body={"multipart/form-data": InferMultipart,
                                                           "application/json": InferJson},
-     response=ResultModel, errors=(400, 401, 403, 413, 415, 429, 504), secured=True, body_required=True)
+     response=ResultModel, errors=(400, 401, 403, 413, 415, 422, 429, 504), secured=True, body_required=True)
 @require_access
 def infer() -> Any:
     """multipart: `image` file + optional `prompt`; or JSON {"image": base64, "prompt": ...}."""
