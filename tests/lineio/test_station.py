@@ -420,8 +420,8 @@ def test_kill_9_with_the_disk_stalled_loses_nothing_the_line_saw(tmp_path: Path)
         line_out = child.stdout.readline()
         assert line_out, "the child station gave no report"
         report = json.loads(line_out)
-        assert report["notify_ms"] < 100, "the delivery path waited for the stalled disk"
-        assert report["signals_ms"] < 100, "reading the signals waited for the stalled disk"
+        assert report["notify_ms"] < 500, "the delivery path waited for the stalled disk"
+        assert report["signals_ms"] < 500, "reading the signals waited for the stalled disk"
         assert report["ack_pending"], "the ack of B cannot be durable on a hung disk"
         seen = report["seen"]
         assert (seen["result_valid"], seen["inspection_seq"], seen["result"]) == (True, report["b"], int(Result.NOK))
@@ -471,7 +471,7 @@ def test_signals_answer_while_a_trigger_is_written_and_show_it_only_once_durable
         assert held.wait(5)
         t0 = time.perf_counter()
         s, other = one.signals(), two.signals()
-        assert time.perf_counter() - t0 < 0.1, "reading the signals waited for the disk"
+        assert time.perf_counter() - t0 < 0.5, "reading the signals waited for the disk (held 10 s)"
         assert not s.trigger_ack and not s.ready and s.inspection_seq == 0, "not shown before it is durable"
         assert other.ready and not other.busy
         assert not shown.done()
