@@ -9,6 +9,9 @@
 #   pair    quantize the pair's decoder Q4_K_M and `models import` it
 #   ort     the ONNX-encoder bundle of the same decoder shape (`models bench siglip224-qwen3b`)
 #   bench   both benches, JSON and tables into $OUT
+#   eval    `edge-runtime eval` (issue 24) of both bundles on a generated labelled set (200 parts at
+#           640x480, every third scratched): images/s batched across images as cameras are; needs the
+#           eval extra's wheels in .device-eval/whl when the machine lacks scikit-learn/scipy/matplotlib
 #   bash benchmarks/gpu_pair.sh build; bash benchmarks/gpu_pair.sh pair ort; bash benchmarks/gpu_pair.sh bench
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
@@ -78,5 +81,34 @@ if [ "$PHASE" = bench ]; then
       "$OUT/bench-$b.json" | tee "$OUT/bench-$b.txt"
   done
   nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
+fi
+if [ "$PHASE" = eval ]; then
+  python3 -c "import sklearn, scipy, matplotlib" 2>/dev/null ||
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-eval/whl/*.whl
+  python3 - <<'PY'
+import json
+from pathlib import Path
+import cv2
+from edge_runtime.core.samples import part_image
+d = Path("/tmp/labelled"); d.mkdir(exist_ok=True); lines = []
+for i in range(int(__import__("os").environ.get("EVAL_IMAGES", "200"))):
+    bad = i % 3 == 2
+    cv2.imwrite(str(d / f"part{i:03d}.jpg"), part_image(i, 640, 480, defect=bad))
+    lines.append(json.dumps({"id": f"part{i:03d}", "image": f"part{i:03d}.jpg", "defect": bad,
+                             "category": "scratch" if bad else "none"}))
+(d / "labels.jsonl").write_text("\n".join(lines) + "\n")
+PY
+  printf 'model:\n  gpu_layers: -1\n  threads: 8\n  context_size: 4096\n' > /tmp/gpu.yaml
+  for b in ${BUNDLES:-pair3b siglip224-qwen3b}; do
+    for batch in 4 1; do
+      printf 'inspection:\n  max_batch: %s\n' "$batch" | cat /tmp/gpu.yaml - > "/tmp/eval-b$batch.yaml"
+      rm -rf "/tmp/eval-$b-$batch"
+      /usr/bin/time -v python3 -m edge_runtime --config "/tmp/eval-b$batch.yaml" --log-level warning eval \
+        /tmp/labelled/labels.jsonl --model "/tmp/models/$b" --out "/tmp/eval-$b-$batch" --quiet \
+        > "$OUT/eval-$b-b$batch.txt" 2> "$OUT/eval-$b-b$batch.err" || echo "eval $b b$batch exited with $?" | tee -a "$OUT/exit.txt"
+      grep -E "images/s|this run" "$OUT/eval-$b-b$batch.txt" "$OUT/eval-$b-b$batch.err" | tail -2
+      cp "/tmp/eval-$b-$batch/report.json" "$OUT/eval-$b-b$batch.json" 2>/dev/null || true
+    done
+  done
 fi
 done
