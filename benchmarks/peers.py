@@ -78,6 +78,7 @@ class RouteReport:
     retries_429: int = 0
     errors: list[str] = field(default_factory=list)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    sample_invalid: str | None = None  # the first answer that was not a valid verdict (at most 300 characters)
     peak_rss_mb: float | None = None
     peak_gpu_mib: int | None = None
     load_avg: list[float] = field(default_factory=list)  # 1-minute load before and after: others' work shows
@@ -141,6 +142,8 @@ def _account(report: RouteReport, replies: list[Reply], schema: dict[str, Any]) 
         if r.finish_reason in ("stop", None) and strict_verdict(r.text, schema):
             report.valid += 1
             good.append(r)
+        elif report.sample_invalid is None:
+            report.sample_invalid = f"finish {r.finish_reason}: {r.text[:300]!r}"
     return good
 
 
@@ -260,14 +263,15 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
     """One markdown table: a row per server and route, then ours/peer ratio rows."""
     heads = (["server · route", "tokens/verdict", "p50 ms", "p95 ms", "TTFT ms"]
              + [f"verdicts/s ×{n}" for n in levels] + [f"tok/s ×{n}" for n in levels]
-             + ["schema-valid", "429 retries", "peak RSS MB", "GPU MiB"])
+             + ["schema-valid", "429 retries", "peak RSS MB", "GPU MiB", "load before/after"])
     rows = []
     for r in reports:
         rows.append([f"{r.server} · {r.route}", _fmt(r.tokens_per_verdict), _fmt(r.latency_ms.get("p50")),
                      _fmt(r.latency_ms.get("p95")), _fmt(r.ttft_ms_p50)]
                     + [_fmt(r.levels.get(str(n), {}).get("verdicts_per_s")) for n in levels]
                     + [_fmt(r.levels.get(str(n), {}).get("tok_s")) for n in levels]
-                    + [f"{r.valid}/{r.total}", str(r.retries_429), _fmt(r.peak_rss_mb), _fmt(r.peak_gpu_mib)])
+                    + [f"{r.valid}/{r.total}", str(r.retries_429), _fmt(r.peak_rss_mb), _fmt(r.peak_gpu_mib),
+                       "/".join(f"{x:.1f}" for x in r.load_avg)])
     peer = next((r for r in reports if r.server == "llama-server"), None)
     if peer is not None:
         for r in reports:
@@ -279,7 +283,7 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
                         + [_fmt(q.get(f"verdicts_per_s@{n}")) for n in levels]
                         + [_fmt(q.get(f"tok_s@{n}")) for n in levels]
                         + [_fmt(q["valid_share"]), "", _fmt(_ratio(r.peak_rss_mb, peer.peak_rss_mb)),
-                           _fmt(_ratio(r.peak_gpu_mib, peer.peak_gpu_mib))])
+                           _fmt(_ratio(r.peak_gpu_mib, peer.peak_gpu_mib)), ""])
     lines = [f"workload {workload}", "", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -340,7 +344,7 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
         peer = LlamaServer(work, peer_bin, language, args.threads, args.parallel, args.context,
                            mmproj=mmproj if workload == "image" else None, image_max_tokens=image_tokens,
                            chat_template=chat_template_for(manifest), gpu_layers=args.gpu_layers,
-                           no_repack=args.no_repack)
+                           no_repack=args.no_repack, extra_args=args.peer_args.split())
         result["servers"]["llama-server"] = peer.describe() | {"version": peer.version()}
         reports += measure(peer, [chat_routes("llama-server", system, prompt, schema, max_tokens, image)], args)
     result["peer_note"] = peer_note
@@ -395,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     peer = ap.add_mutually_exclusive_group()
     peer.add_argument("--peer-bin", type=Path, help="a llama-server binary (default: build or reuse the cached one)")
     peer.add_argument("--no-peer", action="store_true", help="our daemon alone")
+    ap.add_argument("--peer-args", default="", help="more llama-server arguments, e.g. --peer-args=--no-jinja (a "
+                    "Qwen-template GGUF of tiny vocabulary fails its jinja path's grammar: 'Failed to initialize "
+                    "samplers')")
     ap.add_argument("--cuda-arch", help="build the peer with CUDA for this architecture (90 = H200)")
     ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
                     help="llama.cpp's extra CPU buffer types (weight repacking, AMX), the same in both servers; "

@@ -202,7 +202,7 @@ class LlamaServer(Server):
 
     def __init__(self, log_dir: Path, binary: Path, language: Path, threads: int, parallel: int, context: int,
                  mmproj: Path | None = None, image_max_tokens: int | None = None, chat_template: str | None = None,
-                 gpu_layers: int = 0, no_repack: bool = False) -> None:
+                 gpu_layers: int = 0, no_repack: bool = False, extra_args: list[str] | None = None) -> None:
         super().__init__(log_dir)
         self.args = [str(binary), "-m", str(language), "--host", "127.0.0.1", "--port", str(self.port),
                      "-t", str(threads), "-tb", str(threads), "-np", str(parallel), "-c", str(context * parallel),
@@ -217,6 +217,7 @@ class LlamaServer(Server):
             self.args += ["--chat-template", chat_template]
         if no_repack:
             self.args.append("--no-repack")
+        self.args += extra_args or []
 
     def command(self) -> list[str]:
         return self.args
