@@ -9,6 +9,9 @@
 #   pair    quantize the pair's decoder Q4_K_M and `models import` it
 #   ort     the ONNX-encoder bundle of the same decoder shape (`models bench siglip224-qwen3b`)
 #   bench   both benches, JSON and tables into $OUT
+#   ortgpu  onnxruntime-gpu 1.31.1 for the ONNX bundle's encoder on CUDA: the 256 MB wheel arrives in
+#           parts appended to /root/ort.whl by earlier calls; installed into /tmp/site-ort, which `bench`
+#           and `eval` then put first (with the image's CUDA/cuDNN libraries on LD_LIBRARY_PATH)
 #   eval    `edge-runtime eval` (issue 24) of both bundles on a generated labelled set (200 parts at
 #           640x480, every third scratched): images/s batched across images as cameras are; needs the
 #           eval extra's wheels in .device-eval/whl when the machine lacks scikit-learn/scipy/matplotlib
@@ -19,6 +22,19 @@ ARCH=${CUDA_ARCH:-90}
 mkdir -p "$OUT" /tmp/site /tmp/models
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 ln -sfn "$PWD/models" /tmp/site/edge_runtime_models
+
+ort_gpu_env() {  # the ONNX bundle's encoder on CUDA when onnxruntime-gpu is installed (phase ortgpu)
+  [ -d /tmp/site-ort/onnxruntime ] || return 0
+  export PYTHONPATH=/tmp/site-ort:$PYTHONPATH
+  LD_LIBRARY_PATH=$(python3 - <<'PY'
+import pathlib, site
+dirs = {str(p.parent) for s in site.getsitepackages() for p in pathlib.Path(s, "nvidia").rglob("lib*.so*")}
+print(":".join(sorted(dirs)))
+PY
+)
+  export LD_LIBRARY_PATH
+  printf '  providers: [CUDAExecutionProvider, CPUExecutionProvider]\n' >> /tmp/gpu.yaml
+}
 
 wait_for_build() {
   while [ ! -f /tmp/llb/done ]; do sleep 5; done
@@ -72,8 +88,16 @@ if [ "$PHASE" = ort ]; then
   [ -f /tmp/models/siglip224-qwen3b/bundle.yaml ] ||
     python3 -m edge_runtime models bench siglip224-qwen3b /tmp/models/siglip224-qwen3b | tail -1 | tee "$OUT/ort.txt"
 fi
+if [ "$PHASE" = ortgpu ]; then
+  rm -rf /tmp/site-ort && cp /root/ort.whl /tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-ort \
+    /tmp/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  printf 'model:\n' > /tmp/gpu.yaml; ort_gpu_env
+  python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" | tee "$OUT/ortgpu.txt"
+fi
 if [ "$PHASE" = bench ]; then
   printf 'model:\n  gpu_layers: -1\n  threads: 8\n  context_size: 4096\n' > /tmp/gpu.yaml
+  ort_gpu_env
   for b in ${BUNDLES:-pair3b siglip224-qwen3b}; do
     python3 -m edge_runtime --config /tmp/gpu.yaml --log-level warning bench --model "/tmp/models/$b" \
       --frames "${FRAMES:-12}" --json > "$OUT/bench-$b.json" || echo "bench $b exited with $?" | tee -a "$OUT/exit.txt"
@@ -99,6 +123,7 @@ for i in range(int(__import__("os").environ.get("EVAL_IMAGES", "200"))):
 (d / "labels.jsonl").write_text("\n".join(lines) + "\n")
 PY
   printf 'model:\n  gpu_layers: -1\n  threads: 8\n  context_size: 4096\n' > /tmp/gpu.yaml
+  ort_gpu_env
   for b in ${BUNDLES:-pair3b siglip224-qwen3b}; do
     for batch in 4 1; do
       printf 'inspection:\n  max_batch: %s\n' "$batch" | cat /tmp/gpu.yaml - > "/tmp/eval-b$batch.yaml"
