@@ -33,6 +33,7 @@ PROJECTORS: dict[str, Projector] = {
     "idefics3": Projector("SmolVLM / SmolVLM2 / Idefics3", "mm.model.fc.weight", 1),
     "internvl": Projector("InternVL", "mm.model.mlp.3.weight", 1),
     "resampler": Projector("MiniCPM-V", "resampler.proj.weight", 0),
+    "minicpmv4_6": Projector("MiniCPM-V 4.6", "mm.down.weight", 1),
     "lfm2": Projector("LFM2-VL", "mm.2.weight", 1),
     "kimivl": Projector("Kimi-VL", "mm.2.weight", 1),
     "kimik25": Projector("Kimi-K2.5", "mm.2.weight", 1),

@@ -1,7 +1,7 @@
 """A GGUF + mmproj bundle through the whole daemon, not only the inspector: a camera's verdicts are
 journaled and schema-valid, rules and evidence run on them, and the OpenAI endpoint answers a chat with
-an image under a JSON schema, on the tiny Qwen2.5-VL, Qwen3-VL, LFM2-VL, InternVL and Kimi-VL pairs (libmtmd
-encodes, our batches decode)."""
+an image under a JSON schema, on the tiny Qwen2.5-VL, Qwen3-VL, LFM2-VL, InternVL, Kimi-VL and MiniCPM-V 4.6
+pairs (libmtmd encodes, our batches decode)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.support.tiny_pairs import TINY_SCHEMA, TinyPair, write_pair_bundle
 from tests.support.waiting import wait_for
 
 
-@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "lfm2-vl", "internvl", "kimi-vl"])
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "lfm2-vl", "internvl", "kimi-vl", "minicpm-v"])
 def test_a_pair_bundle_serves_cameras_rules_evidence_and_the_openai_endpoint(
         family: str, tmp_path: Path, tiny_pairs: Callable[[str], TinyPair]) -> None:
     bundle = write_pair_bundle(tiny_pairs(family), tmp_path / "bundle")

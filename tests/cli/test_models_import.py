@@ -181,7 +181,7 @@ def test_doctor_describes_a_pair_bundle(pair: tuple[Path, Path], tmp_path: Path)
 
 # The projector type and LM width libmtmd reports for each tiny family (clip.cpp / llama_model_n_embd_inp).
 TINY = {"qwen2.5-vl": "qwen2.5vl_merger", "gemma3": "gemma3", "smolvlm": "idefics3", "qwen3-vl": "qwen3vl_merger",
-        "lfm2-vl": "lfm2", "internvl": "internvl", "kimi-vl": "kimivl"}
+        "lfm2-vl": "lfm2", "internvl": "internvl", "kimi-vl": "kimivl", "minicpm-v": "minicpmv4_6"}
 
 
 @pytest.mark.parametrize("family", sorted(TINY))

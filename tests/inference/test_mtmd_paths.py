@@ -2,8 +2,9 @@
 
 On tiny random-weight pairs of Qwen2.5-VL (M-RoPE), Qwen3-VL (interleaved M-RoPE, deepstack embeddings
 3 x the model's width), Gemma 3 (bidirectional attention over the image), SmolVLM (tiles), LFM2-VL
-(a hybrid convolution + attention decoder), InternVL (tiles + thumbnail, a Qwen2 decoder) and Kimi-VL
-(MoonViT, a DeepSeek-V3-style MoE decoder with MLA attention): the first-token logits of our
+(a hybrid convolution + attention decoder), InternVL (tiles + thumbnail, a Qwen2 decoder), Kimi-VL
+(MoonViT, a DeepSeek-V3-style MoE decoder with MLA attention) and MiniCPM-V 4.6 (slices, a Qwen3.5
+hybrid linear-attention decoder): the first-token logits of our
 `llama_batch` path equal `mtmd_helper_eval_chunks`' (<= 1e-5; LFM2-VL and Kimi-VL 1e-4); greedy
 verdicts agree one at a time, batched and with the prefix reused; a mutation of the positions, of
 the attention mode or of the rows' order breaks the equality, so the equality test can fail.
@@ -108,7 +109,7 @@ def test_first_token_logits_equal_the_mtmd_helper(family_inspector: Inspector) -
 
 @pytest.mark.parametrize(("family", "how"), [("qwen2.5-vl", "positions"), ("qwen3-vl", "positions"),
                                                   ("gemma3", "causal"), ("lfm2-vl", "order"), ("internvl", "order"),
-                                                  ("kimi-vl", "order")])
+                                                  ("kimi-vl", "order"), ("minicpm-v", "order")])
 def test_a_broken_decoding_rule_fails_the_equality(family: str, how: str, tiny_pairs: Callable[[str], TinyPair],
                                                    tmp_path: Path) -> None:
     with make_inspector(tiny_pairs(family), tmp_path / family) as ins:
@@ -127,9 +128,10 @@ def test_verdicts_agree_one_at_a_time_batched_and_prefix_reused(family_inspector
         ins.language.forget_prefix(clear=True)
         fresh.append(ins.generate(prefix, image, suffix, ins.grammar, ins.max_tokens))
     reused = [ins.generate(prefix, image, suffix, ins.grammar, ins.max_tokens) for prefix, image, suffix in items]
-    # LFM2's short-convolution state cannot be cut back to the prefix (llama.cpp refuses a partial
-    # memory_seq_rm of a recurrent state): the prompt is read again, with the same verdicts.
-    expected = 0 if ins.bundle.manifest.mtmd and ins.bundle.manifest.mtmd.projector == "lfm2" else len(items[0][0])
+    # LFM2's short-convolution and Qwen3.5's linear-attention states cannot be cut back to the prefix
+    # (llama.cpp refuses a partial memory_seq_rm of a recurrent state): the prompt is read again.
+    recurrent = ins.bundle.manifest.mtmd is not None and ins.bundle.manifest.mtmd.projector in ("lfm2", "minicpmv4_6")
+    expected = 0 if recurrent else len(items[0][0])
     assert [g.prefix_reused for g in reused][1:] == [expected] * 2
     results = ins.inspect_batch([BatchJob(enc, camera=f"cam{i}") for i, enc in enumerate(encoded)])
     batched = ins.generate_batch(items, ins.grammar, ins.max_tokens)

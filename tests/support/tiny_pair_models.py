@@ -356,6 +356,44 @@ def build_kimivl(out: Path) -> Path:
     return out
 
 
+def build_minicpmv46(out: Path) -> Path:
+    """MiniCPM-V 4.6 (transformers' MiniCPMV4_6ForConditionalGeneration): SigLIP tower (128 px slices,
+    patch 16, 3 blocks, the 70 x 70 position buckets libmtmd hard-codes) with the window-attention ViT
+    merger after block 1 and the DownsampleMLP merger, over a Qwen3.5 hybrid decoder (3 gated-delta-net
+    linear-attention layers + 1 full attention; interleaved M-RoPE sections (2, 1, 1) over 4 rotary
+    pairs, so llama.cpp gives no pair to its 4th section); byte-level BPE converted as `qwen35`, the LM
+    with `--no-mtp` (no multi-token-prediction layer)."""
+    from transformers import MiniCPMV4_6Config, MiniCPMV4_6ForConditionalGeneration
+
+    torch.manual_seed(9)
+    specials = ["<|im_start|>", "<image>", "</image>", "<slice>", "</slice>", "<|image_pad|>"]
+    tok = _bpe_tokenizer(specials, "<|endoftext|>", "<|im_end|>")
+    text = dict(model_type="qwen3_5_text", vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_conv_kernel_dim=4, max_position_embeddings=2048, rms_norm_eps=1e-6, initializer_range=0.25,
+                eos_token_id=_token_id(tok, "<|im_end|>"), tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    vision = dict(model_type="minicpmv4_6_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=2, image_size=70 * 16, patch_size=16, insert_layer_id=1)  # 70x70 buckets
+    config = MiniCPMV4_6Config(text_config=text, vision_config=vision, insert_layer_id=1, image_size=64,
+                               image_token_id=_token_id(tok, "<|image_pad|>"), tie_word_embeddings=False)
+    model = MiniCPMV4_6ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms start at ones/zeros: draw them too, so every weight shapes the logits
+        for name, param in model.named_parameters():
+            if param.ndim == 1 and "norm" in name:
+                param.normal_(1.0 if name.endswith("weight") else 0.0, 0.25)
+    model.save_pretrained(out)
+    tok.chat_template = INTERNVL_TEMPLATE.replace("<image>", "<image>./</image>")
+    tok.save_pretrained(out)
+    (out / "preprocessor_config.json").write_text(json.dumps(
+        {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "scale_resolution": 128, "patch_size": 16,
+         "max_slice_nums": 2, "slice_mode": True, "downsample_mode": "16x"}))
+    mark_special_tokens(out)
+    return out
+
+
 def _rename_vision_keys(out: Path) -> None:
     """The converter reads SigLIP's keys under vision_tower.vision_model. (transformers 5.x drops it)."""
     for shard in out.glob("*.safetensors"):
@@ -388,4 +426,5 @@ def build_smolvlm(out: Path) -> Path:
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "qwen2.5-vl": build_qwen25vl, "gemma3": build_gemma3, "smolvlm": build_smolvlm, "qwen3-vl": build_qwen3vl,
     "lfm2-vl": build_lfm2vl, "internvl": build_internvl, "kimi-vl": build_kimivl,
+    "minicpm-v": build_minicpmv46,
 }

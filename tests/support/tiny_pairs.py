@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"
-FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl", "internvl", "kimi-vl")
+FAMILIES = ("qwen2.5-vl", "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl", "internvl", "kimi-vl", "minicpm-v")
 EXTRA_FAMILIES: tuple[str, ...] = ()  # built on request only, in no test
 _HERE = Path(__file__)
 
@@ -60,6 +60,8 @@ _TEMPLATES = {
                 "<|im_start|>assistant\n",
     "kimi-vl": "<|im_system|>system<|im_middle|>{system}<|im_end|><|im_user|>user<|im_middle|>{image}{prompt}"
                "<|im_end|><|im_assistant|>assistant<|im_middle|>",
+    "minicpm-v": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
+                 "<|im_start|>assistant\n",
     "lfm2-vl": "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{image}{prompt}<|im_end|>\n"
                "<|im_start|>assistant\n",
 }
@@ -106,21 +108,21 @@ def converter_dir() -> Path:
 # tokenizer's output (a tiny vocabulary has no known hash); empty: the converter's own lookup.
 _CONVERT_BOTH = """
 import sys
-conv, hf, lm, mm, pre = sys.argv[1:6]
+conv, hf, lm, mm, pre, text_args = sys.argv[1:7]
 sys.path.insert(0, conv)
 import convert_hf_to_gguf
 if pre:
     from conversion.base import TextModel
     TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
-for out, extra in ((lm, []), (mm, ["--mmproj"])):
+for out, extra in ((lm, text_args.split()), (mm, ["--mmproj"])):
     sys.argv = ["convert_hf_to_gguf.py", hf, "--outfile", out, "--outtype", "f32", *extra]
     convert_hf_to_gguf.main()
 """
 
 
-def _convert(hf_dir: Path, language: Path, mmproj: Path, pre: str = "") -> None:
+def _convert(hf_dir: Path, language: Path, mmproj: Path, pre: str = "", text_args: str = "") -> None:
     conv = converter_dir()
-    cmd = [sys.executable, "-c", _CONVERT_BOTH, str(conv), str(hf_dir), str(language), str(mmproj), pre]
+    cmd = [sys.executable, "-c", _CONVERT_BOTH, str(conv), str(hf_dir), str(language), str(mmproj), pre, text_args]
     env = {**os.environ, "PYTHONPATH": str(conv / "gguf-py"), "NO_LOCAL_GGUF": "1"}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode != 0 or not language.is_file() or not mmproj.is_file():
@@ -143,19 +145,21 @@ def tiny_pair(family: str) -> TinyPair:
 
             hf = folder / "hf"
             builders.BUILDERS[family](hf)
-            _convert(hf, folder / "model.gguf", folder / "mmproj.gguf", _BPE_PRE.get(family, ""))
+            _convert(hf, folder / "model.gguf", folder / "mmproj.gguf", _BPE_PRE.get(family, ""),
+                     _TEXT_ARGS.get(family, ""))
             done.write_text(json.dumps({"family": family}))
     return TinyPair(family, folder / "model.gguf", folder / "mmproj.gguf", folder / "hf", _TEMPLATES[family],
                     _IMAGE_MAX_TOKENS[family])
 
 
 _IMAGE_MAX_TOKENS = {"qwen2.5-vl": 64, "gemma3": 16, "smolvlm": 64, "qwen3-vl": 64, "lfm2-vl": 96, "internvl": 64,
-                     "kimi-vl": 64}
+                     "kimi-vl": 64, "minicpm-v": 64}
 # What the converter's hash lookup answers for LiquidAI's and Moonshot's real tokenizers.
-_BPE_PRE = {"lfm2-vl": "lfm2", "kimi-vl": "kimi-k2"}
+_BPE_PRE = {"lfm2-vl": "lfm2", "kimi-vl": "kimi-k2", "minicpm-v": "qwen35"}
+_TEXT_ARGS = {"minicpm-v": "--no-mtp"}  # converter options for the language model
 PROJECTORS = {"qwen2.5-vl": "qwen2.5vl_merger", "gemma3": "gemma3", "smolvlm": "idefics3",
               "qwen3-vl": "qwen3vl_merger", "lfm2-vl": "lfm2", "internvl": "internvl",
-              "kimi-vl": "kimivl"}
+              "kimi-vl": "kimivl", "minicpm-v": "minicpmv4_6"}
 EMBEDDING_DIMS = {"qwen3-vl": 192}  # 64 x (1 + 2 deepstack taps); the others 64
 # A short verdict (everything an enum or a boolean): random weights finish it in a few tokens.
 TINY_SCHEMA: dict[str, object] = {
