@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +26,12 @@ import regex
 from flask import current_app, jsonify
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
+from referencing.exceptions import Unresolvable
 
 from edge_runtime.api import rails_text
 from edge_runtime.api.rails_text import Unfinished
 from edge_runtime.config.rails import InputRail, OutputRail, RailsConfig
-from edge_runtime.config.rules import REGEX_TIMEOUT_S
+from edge_runtime.config.rules import REGEX_TIMEOUT_S, Condition
 from edge_runtime.core import strict_json
 from edge_runtime.verdicts.rules import RegexBudget, condition_holds, lookup
 
@@ -38,17 +40,19 @@ MAX_ANSWER_DEPTH = 32
 _UNPARSED: Any = object()
 
 
+# The regex budget of the output check now running on this thread (set around a schema validation).
+_SCHEMA_BUDGET: ContextVar[RegexBudget | None] = ContextVar("rails_schema_budget", default=None)
+
+
 def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
-    """JSON Schema `pattern` on the `regex` engine with a time limit (jsonschema's uses `re`, which
-    holds the GIL while it backtracks); a search that does not finish makes the answer invalid."""
+    """JSON Schema `pattern` on the `regex` engine within the request's regex budget (jsonschema's uses
+    `re`, which holds the GIL while it backtracks). A search that does not finish raises `Unfinished`
+    out of the validation: an error here would count as "no match", which `not` or `anyOf` turn into
+    a pass, and every string of the answer would get a fresh time limit."""
     if not validator.is_type(instance, "string"):
         return
-    try:
-        found = regex.search(pattern, instance, timeout=REGEX_TIMEOUT_S, concurrent=True)
-    except TimeoutError:
-        yield ValidationError(f"the pattern {pattern[:40]!r} did not finish in time")
-        return
-    if found is None:
+    budget = _SCHEMA_BUDGET.get() or RegexBudget(REGEX_TIMEOUT_S, 1)
+    if rails_text.search(regex.compile(pattern), instance, budget) is None:
         yield ValidationError(f"does not match {pattern[:40]!r}")
 
 
@@ -151,9 +155,12 @@ class Rails:
         self.output = [(r, _pattern(r)) for r in cfg.output if r.enabled]
         self.patterns = {r.name: p for r, p in self.output}
         self.validators = {r.name: SchemaValidator(r.json_schema) for r, _ in self.output if r.json_schema}
+        # A `when` regex is searched here over the whole field (the rules engine reads 10,000 characters).
+        self.conditions = {c.regex: rails_text.compile_rail(c.regex, None)
+                           for r, _ in self.output for c in (r.when or []) if c.regex is not None}
         self.budget_s = cfg.regex_budget_ms / 1000
         self.searches_in = sum(1 for _, p in self.input if p is not None)
-        self.searches_out = sum(1 for r, p in self.output if p is not None or r.when)
+        self.searches_out = sum(1 for r, p in self.output if p is not None or r.when or r.json_schema)
         self.pixel_rails = [r for r, _ in self.input if r.max_image_pixels is not None]
 
     # ---- input -------------------------------------------------------------------------------------
@@ -289,15 +296,30 @@ class Rails:
             return rails_text.search(pattern, answer.text, budget) is not None
         data = answer.json(self.cfg.max_scan_chars)
         if rail.json_schema is not None:
-            return data is None or not self.validators[rail.name].is_valid(data)
+            return data is None or not self._schema_valid(rail.name, data, budget)
         assert rail.when is not None
         if not isinstance(data, dict):
             return False
-        before = (budget.timeouts, budget.exhausted)
-        holds = all(condition_holds(c, data, budget) for c in rail.when)
-        if (budget.timeouts, budget.exhausted) != before:  # the rules engine counts these as no match
-            raise Unfinished("a regex condition ran out of its share of the regex budget")
-        return holds
+        return all(self._holds(c, data, budget) for c in rail.when)
+
+    def _holds(self, cond: Condition, data: dict[str, Any], budget: RegexBudget) -> bool:
+        """The rules engine's condition, but a regex searches the whole string within the budget (a
+        rule reads the first 10,000 characters and counts a timeout as no match: a rail fails closed)."""
+        if cond.regex is None:
+            return condition_holds(cond, data)
+        value = lookup(data, cond.field)
+        return isinstance(value, str) and rails_text.search(self.conditions[cond.regex], value, budget) is not None
+
+    def _schema_valid(self, name: str, data: Any, budget: RegexBudget) -> bool:
+        token = _SCHEMA_BUDGET.set(budget)
+        try:
+            return bool(self.validators[name].is_valid(data))
+        except RecursionError:  # a schema that refers to itself on the same value (`$ref: "#"`)
+            raise Unfinished("the schema refers to itself without end") from None
+        except Unresolvable as exc:  # the config refuses these; a refusal, never a 500, if one slips by
+            raise Unfinished(f"the schema's $ref does not resolve ({str(exc)[:80]})") from None
+        finally:
+            _SCHEMA_BUDGET.reset(token)
 
     def _filter(self, rails: list[OutputRail], answer: Answer, rid: str) -> Answer:
         for rail in rails:

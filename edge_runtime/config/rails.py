@@ -58,6 +58,32 @@ def _safe_patterns(schema: Any) -> None:
             _safe_patterns(item)
 
 
+def _refs(schema: Any) -> list[str]:
+    if isinstance(schema, list):
+        return [r for item in schema for r in _refs(item)]
+    if isinstance(schema, dict):
+        own = [schema["$ref"]] if isinstance(schema.get("$ref"), str) else []
+        return own + [r for item in schema.values() for r in _refs(item)]
+    return []
+
+
+def _local_refs(schema: dict[str, Any]) -> None:
+    """Every `$ref` points inside the schema and resolves (else each answer's check would raise:
+    nothing is fetched, so a remote or dangling one can never pass)."""
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    resolver = Registry().with_resource("", DRAFT202012.create_resource(schema)).resolver()
+    for ref in _refs(schema):
+        if not ref.startswith("#"):
+            raise ValueError(f"$ref {ref[:80]!r} points outside the schema; only local refs (#/...) are supported")
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise ValueError(f"$ref {ref[:80]!r} does not resolve inside the schema") from None
+
+
 Word = Annotated[str, Field(min_length=1, max_length=64)]
 
 
@@ -197,6 +223,7 @@ class OutputRail(Section):
             if len(json.dumps(v)) > MAX_SCHEMA_CHARS:
                 raise ValueError(f"the schema is over {MAX_SCHEMA_CHARS} characters of JSON")
             _safe_patterns(v)
+            _local_refs(v)
         return v
 
     @model_validator(mode="after")
