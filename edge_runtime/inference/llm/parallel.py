@@ -191,6 +191,7 @@ class ParallelSequences:
         if not running and waiting and max(p.cells() for p in waiting) > self._slot_cells:
             self._context(max(_MIN_SLOTS, len(waiting)), max(p.cells() for p in waiting))
         left: list[Prompt] = []
+        started: list[_Running] = []
         for prompt in waiting:
             busy = {seq.slot for seq in running}
             free = [s for s in range(len(self._holds)) if s not in busy]
@@ -208,16 +209,59 @@ class ParallelSequences:
                 continue
             seq = _Running(prompt, slot, picker, 0, time.perf_counter())
             running.append(seq)  # from here a failed decode reaches it through serve's handler
-            self._prefill(seq)
+            started.append(seq)
+        if started:
+            self._prefill_all(started)
         return left
+
+    def _prefill_all(self, seqs: list[_Running]) -> None:
+        """Prefill the sequences that start together. Text-only prompts (chats: their prefix is kept,
+        only the question is new) share llama_decode calls of up to n_batch tokens, as many chats
+        joining at once would otherwise cost one decode each; a prompt with an image is fed alone."""
+        n_batch = self.lm.n_batch
+        group: list[_Running] = []
+        for seq in seqs:
+            seq.reused = self._place_prefix(seq.slot, seq.prompt.prefix)
+            if image_segments(seq.prompt.image) or len(seq.prompt.suffix) > n_batch:
+                self._prefill(seq)
+                continue
+            if sum(len(s.prompt.suffix) for s in group) + len(seq.prompt.suffix) > n_batch:
+                self._prefill_tokens(group)
+                group = []
+            group.append(seq)
+        if group:
+            self._prefill_tokens(group)
 
     def _prefill(self, seq: _Running) -> None:
         feed, ctx, prompt = self.lm.feed, self._live_ctx, seq.prompt
-        seq.reused = self._place_prefix(seq.slot, prompt.prefix)
         pos = feed.segments(ctx, image_segments(prompt.image), len(prompt.prefix),
                             want_last_logits=not prompt.suffix, seq=seq.slot)
         seq.pos = seq.prompt_tokens = feed.token_ids(ctx, prompt.suffix, pos, want_last_logits=True, seq=seq.slot)
-        seq.pending = seq.picker.next_token(ctx, -1)  # now: the next decode overwrites the logits
+        self._first_pick(seq, -1)
+
+    def _prefill_tokens(self, group: list[_Running]) -> None:
+        """The suffixes of several text-only prompts (at most n_batch tokens together) in one decode."""
+        batch = self.lm.feed.tokens.struct
+        i, rows = 0, []
+        for seq in group:
+            pos = len(seq.prompt.prefix)
+            for k, tok in enumerate(seq.prompt.suffix):
+                batch.token[i] = tok
+                batch.pos[i] = pos + k
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq.slot
+                batch.logits[i] = int(k == len(seq.prompt.suffix) - 1)
+                i += 1
+            rows.append(i - 1)
+            seq.pos = seq.prompt_tokens = pos + len(seq.prompt.suffix)
+        batch.n_tokens = i
+        self.lm.feed.decode(self._live_ctx, batch)
+        for seq, row in zip(group, rows, strict=True):
+            self._first_pick(seq, row)
+
+    def _first_pick(self, seq: _Running, row: int) -> None:
+        feed = self.lm.feed
+        seq.pending = seq.picker.next_token(self._live_ctx, row)  # now: the next decode overwrites the logits
         seq.prefill_ms = (time.perf_counter() - seq.t0) * 1000
         seq.t_decode = time.perf_counter()
         seq.calls0, seq.llama0 = feed.decode_calls, feed.decode_s
