@@ -200,7 +200,8 @@ class LineIO:
             station.notify(result)
 
     def health(self) -> SinkHealth:
-        faults = [f"{s.name}: {s.fault_reason()}" for s in self.stations if s.fault_reason()]
+        faults = [f"job store: {fault}" for fault in [self.jobs.fault()] if fault]  # durable writes first
+        faults += [f"{s.name}: {s.fault_reason()}" for s in self.stations if s.fault_reason()]
         faults += [f"{a.name}: {a.health().detail}" for a in self.adapters if not a.health().ok]
         return SinkHealth(ok=not faults, detail="; ".join(faults)[:300])
 

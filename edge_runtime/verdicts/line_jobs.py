@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
+DEGRADED_S = 60.0  # how long a restart of the writer shows in health
+STALLED_S = 10.0  # a write queued this long without a commit: the disk (or the writer) is stuck
 KEEP_ACKED = 10_000  # acknowledged jobs kept per station (the results table keeps the verdicts)
 MAX_BATCH = 256  # writes per transaction (a station has at most fifo_depth jobs, each a few writes)
 
@@ -70,6 +72,7 @@ class _Write:
     params: tuple[object, ...]
     future: Future[None]
     prune: str | None = None  # a station whose old acknowledged rows go in the same transaction
+    queued: float = field(default_factory=time.monotonic)
 
 
 class LineJobs:
@@ -85,6 +88,8 @@ class LineJobs:
         self._flushing = threading.RLock()  # the writer, or a wait() on the writer's own thread
         self._closing = False
         self._writer_ident: int | None = None
+        self._failed_at: float | None = None  # monotonic time of the writer's last failure
+        self._committing: float | None = None  # when the oldest write of the batch being committed was queued
         self.commits = 0  # transactions committed (tests and benchmarks: writes per commit)
         self.written = 0
         self._stop = threading.Event()
@@ -104,6 +109,22 @@ class LineJobs:
 
     def threads(self) -> list[SupervisedThread]:
         return [self._thread]
+
+    def fault(self) -> str | None:
+        """Why durable writes may not be landing, for the daemon's health (None: they are): the writer
+        is down, restarted in the last DEGRADED_S, or a write has waited STALLED_S for its commit."""
+        now = time.monotonic()
+        if not self._thread.is_alive() and not self._closing:
+            return f"the line job writer is not running ({self._thread.last_error})"
+        if self._failed_at is not None and now - self._failed_at < DEGRADED_S:
+            return (f"the line job writer restarted {self._thread.restarts} time(s), last "
+                    f"{now - self._failed_at:.0f} s ago: {self._thread.last_error}")
+        with self._cond:
+            waiting = [t for t in (self._committing, self._queue[0].queued if self._queue else None) if t]
+        oldest = min(waiting, default=None)
+        if oldest is not None and now - oldest > STALLED_S:
+            return f"line job writes have waited {now - oldest:.0f} s for the disk"
+        return None
 
     # ---- writes (durable when their Future is done) -----------------------------------------------
 
@@ -142,13 +163,17 @@ class LineJobs:
 
     def _write_loop(self) -> None:
         self._writer_ident = threading.get_ident()
-        while True:
-            with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait(1.0)
-                if not self._queue and self._closing:
-                    return
-            self._flush()
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue and not self._closing:
+                        self._cond.wait(1.0)
+                    if not self._queue and self._closing:
+                        return
+                self._flush()
+        except Exception:
+            self._failed_at = time.monotonic()  # health shows it; the supervisor logs and restarts
+            raise
 
     def _flush(self) -> None:
         """Commit everything queued (up to MAX_BATCH writes) in one transaction, then complete their
@@ -157,14 +182,20 @@ class LineJobs:
             while True:
                 with self._cond:
                     batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_BATCH))]
+                    self._committing = batch[0].queued if batch else None
                 if not batch:
                     return
-                errors = self._commit_batch(batch)
+                try:
+                    errors = self._commit_batch(batch)
+                except BaseException as exc:  # whatever happened, no write of the batch waits forever
+                    for write in batch:
+                        _complete(write.future, exc)
+                    raise
+                finally:
+                    with self._cond:
+                        self._committing = None  # before the callbacks, which may flush inline
                 for write, error in zip(batch, errors, strict=True):
-                    if error is None:
-                        write.future.set_result(None)
-                    else:
-                        write.future.set_exception(error)
+                    _complete(write.future, error)
 
     def _commit_batch(self, batch: list[_Write]) -> list[Exception | None]:
         with self._lock:
@@ -245,3 +276,13 @@ class LineJobs:
             names = [d[0] for d in cur.description]
         return dict(zip(names, row, strict=True)) if row else None
 
+
+def _complete(future: Future[None], error: BaseException | None) -> None:
+    """Resolve a write's Future; one its caller cancelled is left so (set_result would raise on the
+    writer's thread and strand the rest of the batch)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
