@@ -51,6 +51,8 @@ CHAT_SYSTEM = "You inspect parts on a production line. Answer with one JSON obje
 CHAT_PROMPT = ("Inspection log of part 4711: the weld seam shows a thin dark line about 4 mm long near the "
                "left edge; the surface is otherwise clean. Give the verdict.")
 CHAT_MAX_TOKENS = 96
+# The Makefile builds llama-cpp-python with these (AMX kernels out: these VMs fault on them); the peer too.
+_MAKEFILE_CMAKE_ARGS = "-DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__"
 
 
 @dataclass
@@ -365,13 +367,6 @@ def _trigger(client: Client, camera: int) -> Reply:
     return reply
 
 
-def _cpu_has_amx() -> bool:
-    try:
-        return "amx_int8" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 def machine() -> dict[str, Any]:
     try:
         import llama_cpp
@@ -403,9 +398,12 @@ def main(argv: list[str] | None = None) -> int:
                     "Qwen-template GGUF of tiny vocabulary fails its jinja path's grammar: 'Failed to initialize "
                     "samplers')")
     ap.add_argument("--cuda-arch", help="build the peer with CUDA for this architecture (90 = H200)")
-    ap.add_argument("--repack", choices=("auto", "on", "off"), default="auto",
-                    help="llama.cpp's extra CPU buffer types (weight repacking, AMX), the same in both servers; "
-                    "auto: off on a CPU with AMX, where that path crashes (peers_lib/launch.py says why)")
+    ap.add_argument("--repack", choices=("on", "off"), default="on",
+                    help="llama.cpp's extra CPU buffer types (weight repacking, AMX), the same in both servers; off "
+                    "where llama.cpp was built with AMX kernels on a VM that faults on them (peers_lib/launch.py)")
+    ap.add_argument("--peer-cmake-args", default=os.environ.get("LLAMA_CMAKE_ARGS", _MAKEFILE_CMAKE_ARGS),
+                    help="cmake flags of the peer's build: the ones our llama-cpp-python was built with "
+                    "(default: $LLAMA_CMAKE_ARGS, else the Makefile's: the AMX kernels left out)")
     ap.add_argument("--ours-src", type=Path, help="run our daemon from this source tree (e.g. `git archive` of a "
                     "commit) instead of the installed package")
     ap.add_argument("--out", type=Path, help="write the whole report as JSON here")
@@ -414,10 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     args.parallel = args.parallel or max(args.levels)
     args.routes = {r.strip() for r in args.routes.split(",")}
     args.bundle = args.bundle.resolve()
-    args.no_repack = args.repack == "off" or (args.repack == "auto" and _cpu_has_amx())
-    if args.no_repack and args.repack == "auto":
-        print("this CPU has AMX: llama.cpp's extra buffer types are off in both servers (--repack on to try)",
-              file=sys.stderr)
+    args.no_repack = args.repack == "off"
     peer_bin = None
     if not args.no_peer:
         if args.peer_bin is not None:
@@ -425,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from peers_lib.build import build_server
             print("building or reusing llama-server (cached under ~/.cache/edge-runtime/llama-server)", file=sys.stderr)
-            peer_bin = build_server(cuda_arch=args.cuda_arch)
+            peer_bin = build_server(cuda_arch=args.cuda_arch, cmake_args=args.peer_cmake_args.split())
     workloads = ["chat", "image"] if args.workload == "both" else [args.workload]
     report: dict[str, Any] = {"machine": machine(), "threads": args.threads, "levels": args.levels,
                               "no_repack": args.no_repack, "ours_src": str(args.ours_src or ""),

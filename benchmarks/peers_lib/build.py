@@ -80,10 +80,14 @@ def _unpack_vendor(sdist: Path, dest: Path) -> None:
 
 
 def build_server(sdist: Path | None = None, cuda_arch: str | None = None, jobs: int | None = None,
-                 log: Path | None = None) -> Path:
-    """The cached llama-server binary, built first when missing (one builder at a time per key)."""
+                 log: Path | None = None, cmake_args: list[str] | None = None) -> Path:
+    """The cached llama-server binary, built first when missing (one builder at a time per key).
+    `cmake_args` are the ones our llama-cpp-python was built with (the Makefile's LLAMA_CMAKE_ARGS)."""
     sdist = find_sdist(sdist)
+    extra = list(cmake_args or [])
     key = sdist_key(sdist) + (f"-cuda{cuda_arch}" if cuda_arch else "")
+    if extra:
+        key += "-" + hashlib.sha256(" ".join(extra).encode()).hexdigest()[:8]
     root = cache_root() / "llama-server" / key
     binary = root / "build" / "bin" / "llama-server"
     root.mkdir(parents=True, exist_ok=True)
@@ -94,7 +98,7 @@ def build_server(sdist: Path | None = None, cuda_arch: str | None = None, jobs: 
         if not (root / "src" / "CMakeLists.txt").is_file():
             shutil.rmtree(root / "src", ignore_errors=True)
             _unpack_vendor(sdist, root / "src")
-        flags = list(CMAKE_FLAGS)
+        flags = [*CMAKE_FLAGS, *extra]
         if cuda_arch:
             flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
@@ -129,13 +133,15 @@ def main() -> None:
     ap.add_argument("--sdist", type=Path)
     ap.add_argument("--cuda-arch", help="build with CUDA for this architecture (90 = H200, 87 = Orin)")
     ap.add_argument("--jobs", type=int)
+    ap.add_argument("--cmake-args", default=os.environ.get("LLAMA_CMAKE_ARGS", ""),
+                    help="more cmake flags, as our llama-cpp-python got them (default: $LLAMA_CMAKE_ARGS)")
     args = ap.parse_args()
     if args.action == "trim":
         if args.out is None:
             ap.error("trim needs OUT.tar.gz")
         print(trim(find_sdist(args.sdist), args.out))
     else:
-        print(build_server(args.sdist, args.cuda_arch, args.jobs))
+        print(build_server(args.sdist, args.cuda_arch, args.jobs, cmake_args=args.cmake_args.split()))
 
 
 if __name__ == "__main__":
