@@ -210,22 +210,24 @@ def frame(name: str) -> Any:
 def infer() -> Any:
     """multipart: `image` file + optional `prompt`; or JSON {"image": base64, "prompt": ...}."""
     with admission().admitted() as ticket:  # before the body is parsed or decoded
+        d = daemon()
+        info = d.model_info()
+        rails, rid = live_rails(d.config.rails), request_id(request.headers.get("X-Request-Id"), "infer")
+        # The input rails read the prompt before the image is read or its base64 decoded, as on chat.
         if request.mimetype == "multipart/form-data":
             upload = request.files.get("image")
             if upload is None:
                 raise invalid("image", "the multipart field 'image' is missing")
             form = validate(TriggerBody, {"prompt": request.form.get("prompt")})  # the form's prompt field
-            data, prompt = upload.read(), form.prompt
+            prompt = infer_prompt(rails, rid, form.prompt, info.name if info else "")
+            data = upload.read()
         elif request.is_json:
             body = validate(InferJson, json_body())
-            data, prompt = decode_base64(body.image, "image"), body.prompt
+            prompt = infer_prompt(rails, rid, body.prompt, info.name if info else "")
+            data = decode_base64(body.image, "image")
         else:
             raise ApiError(415, "unsupported_media_type", "send multipart/form-data or application/json",
                            field="body")
-        d = daemon()
-        info = d.model_info()
-        rails, rid = live_rails(d.config.rails), request_id(request.headers.get("X-Request-Id"), "infer")
-        prompt = infer_prompt(rails, rid, prompt, info.name if info else "")
         rails.check_image(image_size(data), "image", rid)  # from the header: nothing decoded yet
         image = decode_upload(data, ticket)
         result = wait_result(submit(d.submit_image, image, prompt))

@@ -297,6 +297,16 @@ def test_infer_output_rails_read_the_verdict(daemon: Daemon, client: FlaskClient
     assert "after redaction" in error["message"]
 
 
+def test_infer_input_rails_read_the_prompt_before_the_image_is_decoded(daemon: Daemon, client: FlaskClient) -> None:
+    use_rails(daemon, input=[{"name": "banned", "words": ["sabotage"]}])
+    not_base64 = "!" * 64  # decoding it would answer 400 `image` first
+    refused(client.post("/api/v1/infer", json={"image": not_base64, "prompt": "sabotage the seam"}),
+            "rail_input_banned", 400, "prompt")
+    form = {"image": (BytesIO(b"not an image"), "part.jpg"), "prompt": "sabotage the seam"}
+    refused(client.post("/api/v1/infer", data=form, content_type="multipart/form-data"),
+            "rail_input_banned", 400, "prompt")
+
+
 # ---- streaming and the live config ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
