@@ -22,22 +22,28 @@ BENCH = ROOT / "benchmarks"
 # script -> (arguments with {bundle}/{port}/{trace} filled in, a string its output must contain)
 SMOKE: dict[str, tuple[list[str], str]] = {
     "api_load.py": (["--seconds", "1", "--clients", "1", "--infer", "2"], "status_requests_per_s"),
+    "chat_speed.py": (["--model", "{bundle}", "--requests", "1", "--clients", "2", "--per-client", "1"],
+                      '"concurrent_over_one"'),
     "daemon_rates.py": (["--seconds", "2"], "per_camera_per_s"),
     "evidence_cost.py": (["--frames", "2", "--inspections", "2"], "difference_ms"),
     "governor_run.py": (["--model", "{bundle}", "--gpu-layers", "0", "--seconds", "2", "--replay", "{trace}"],
                         '"governed"'),
     "inspection_queries.py": (["--results", "2000"], "export all defects"),
     "line_io.py": (["--jobs", "2"], "trigger_to_result_valid_ms"),
+    "lineio_durable.py": (["--jobs", "5"], '"delivery_notify_ms"'),
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
     "parallel_profile.py": (["{bundle}"], "one camera"),
+    "rails_overhead.py": (["--iterations", "20", "--requests", "3"], "with 20 rails"),
     "realistic_pair.py": (["{tmp}/pair", "--converter", "{converter}", "--smoke", "--image-max-tokens", "16"],
                           '"quantize_s"'),
     "soak.py": (["--minutes", "0.25", "--warmup-min", "0", "--sample-s", "3", "--cameras", "1"], '"rss_mb"'),
     "token_profile.py": (["{bundle}", "2"], "µs/token"),
 }
+# Run against a real daemon by their own tests (peers.py: tests/benchmarks/test_peers.py, llama-server absent).
+ELSEWHERE = {"peers.py"}
 # Shell drivers for the lent GPU machine (nvcc, CUDA): checked for syntax here, shellcheck'd in test_shipping.
-GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_run.sh"}
+GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_peers.sh", "gpu_run.sh"}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:
     scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
-    assert scripts == set(SMOKE) | GPU_ONLY, "give the new script a smoke run in SMOKE (or GPU_ONLY)"
+    assert scripts == set(SMOKE) | GPU_ONLY | ELSEWHERE, "give the new script a smoke run in SMOKE (or GPU_ONLY)"
 
 
 @pytest.mark.parametrize("script", sorted(GPU_ONLY))
