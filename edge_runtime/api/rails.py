@@ -298,6 +298,9 @@ class Rails:
         if rail.json_schema is not None:
             return data is None or not self._schema_valid(rail.name, data, budget)
         assert rail.when is not None
+        if data is None and answer.text.lstrip()[:1] in ("{", "["):
+            # JSON cut off (max_tokens) or broken: the client still reads its fields; fail closed.
+            raise Unfinished("the answer opens as JSON but does not parse, so its fields cannot be checked")
         if not isinstance(data, dict):
             return False
         return all(self._holds(c, data, budget) for c in rail.when)

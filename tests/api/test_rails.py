@@ -245,6 +245,28 @@ def test_output_schema_rail_refuses_an_answer_outside_it(daemon: Daemon, client:
     refused(chat(client, "free text", max_tokens=8), "rail_output_shape", 422)  # not JSON at all
 
 
+def test_a_json_answer_cut_off_by_max_tokens_is_refused_by_a_when_rail(daemon: Daemon, client: FlaskClient) -> None:
+    """`{"defect": true, "notes": "...` cut off does not parse: a `when` rail on `defect` never fired
+    and the client read `"defect": true` anyway. An answer that opens as JSON but does not parse is
+    refused as unchecked."""
+    schema = {"type": "object", "properties": {"defect": {"const": True},
+                                               "notes": {"enum": ["the seam is open along the whole left edge"]}},
+              "required": ["defect", "notes"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}}
+    cut = None
+    for max_tokens in range(4, 40, 2):  # the shortest answer that shows `true` and is cut off
+        answer = json_of(chat(client, "verdict?", response_format=fmt, max_tokens=max_tokens))["choices"][0]
+        if answer["finish_reason"] == "length" and "true" in answer["message"]["content"]:
+            cut = max_tokens
+            break
+    assert cut is not None, "no max_tokens cut the answer after `true`"
+    use_rails(daemon, output=[{"name": "defect", "when": [{"field": "defect", "equals": True}]}])
+    error = refused(chat(client, "verdict?", response_format=fmt, max_tokens=cut), "rail_output_defect", 422)
+    assert "does not parse" in error["message"]
+    refused(chat(client, "verdict?", response_format=fmt), "rail_output_defect", 422)  # whole: the rail fires
+    assert chat(client, "free text", max_tokens=8).status_code == 200  # plain text: nothing to read
+
+
 def _flipping_instruction(client: FlaskClient) -> tuple[str, str, str]:
     """An instruction that changes the greedy answer of the test prompt: (instruction, first, second)."""
     fmt = forced("alpha", "beta", "gamma", "delta")
