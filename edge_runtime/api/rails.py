@@ -184,6 +184,7 @@ class Rails:
             raise self._refuse("scan_limit", "input", 400, f"the text is longer than the {self.cfg.max_scan_chars} "
                                "characters the rails search (rails.max_scan_chars)", req.request_id, "messages")
         budget = RegexBudget(self.budget_s, self.searches_in)
+        folds: dict[str, str] = {}  # text -> its folded form, once per request
         for rail, pattern in self.input:
             mine = [t for t in texts if t.role in rail.roles]
             if rail.max_text_chars is not None:
@@ -198,15 +199,23 @@ class Rails:
             elif rail.access is not None:
                 self._access(rail, req)
             elif pattern is not None:
-                self._search_input(rail, pattern, mine, budget, req.request_id, out)
+                self._search_input(rail, pattern, mine, budget, req.request_id, out, folds)
         return out
 
     def _search_input(self, rail: InputRail, pattern: regex.Pattern[str], texts: list[TextPart],
-                      budget: RegexBudget, rid: str, out: Rewrites) -> None:
+                      budget: RegexBudget, rid: str, out: Rewrites, folds: dict[str, str]) -> None:
         matched = False
         for part in texts:
             try:
                 hit = rails_text.search(pattern, part.text, budget)
+                seen = folds.get(part.text)
+                if seen is None:
+                    seen = folds[part.text] = rails_text.folded(part.text)
+                if hit is None and seen != part.text:
+                    # What the model reads is the folded text: a zero-width space must not hide a word.
+                    if len(seen) > self.cfg.max_scan_chars:
+                        raise Unfinished("its folded form is longer than rails.max_scan_chars")
+                    hit = rails_text.search(pattern, seen, budget)
             except Unfinished as exc:
                 raise self._refuse(rail, "input", 400, f"the check of {part.field} did not finish ({exc}); the "
                                    "request is refused rather than let through unchecked", rid, part.field) from None

@@ -10,6 +10,7 @@ finish fails closed: the caller refuses.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,6 +61,14 @@ def _bounded(run: Callable[[float, bool], T], budget: RegexBudget, what: str) ->
     except TimeoutError:
         budget.timeouts += 1
         raise Unfinished(f"the {what} took over its share of the regex budget") from None
+
+
+def folded(text: str) -> str:
+    """The text as a reader sees it: NFKC (fullwidth `ｓａｂｏｔａｇｅ` is `sabotage`) without format
+    characters (zero-width joiners, soft hyphens: `sab\u200botage` reads as `sabotage`)."""
+    if text.isascii():
+        return text
+    return "".join(c for c in unicodedata.normalize("NFKC", text) if unicodedata.category(c) != "Cf")
 
 
 def search(pattern: regex.Pattern[str], text: str, budget: RegexBudget) -> regex.Match[str] | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.api.rails import Answer, RailRefused, Rails, ReaskWindow
+from edge_runtime.api.rails import Answer, RailRefused, RailRequest, Rails, ReaskWindow, TextPart
 from edge_runtime.config import RailsConfig
 
 
@@ -71,3 +71,14 @@ def test_a_schema_that_refers_to_itself_refuses_instead_of_raising() -> None:
     with pytest.raises(RailRefused) as caught:  # was a RecursionError: a 500 on every answer
         rail.check_output(Answer('{"a": 1}'), None, "req-6")
     assert caught.value.code == "rail_output_loop" and caught.value.status == 422
+
+
+@pytest.mark.parametrize("text", ["sab\u200botage the line", "ｓａｂｏｔａｇｅ the line", "sab\u00adotage",
+                                  "pass\u200dword: x", "ｐａｓｓｗｏｒｄ: x"])
+def test_input_words_and_regexes_see_through_zero_width_and_fullwidth_text(text: str) -> None:
+    rail, _ = rails(input=[{"name": "banned", "words": ["sabotage"]}, {"name": "pw", "regex": "(?i)password"}])
+    with pytest.raises(RailRefused) as caught:
+        rail.check_input(RailRequest("r", [TextPart("messages.0.content", "user", text)], 0, "m", "text", None))
+    assert caught.value.code in ("rail_input_banned", "rail_input_pw") and caught.value.field == "messages.0.content"
+    fine = RailRequest("r", [TextPart("messages.0.content", "user", "ｃｈｅｃｋ the seam\u200b")], 0, "m", "text", None)
+    assert rail.check_input(fine).texts == {}
