@@ -71,9 +71,11 @@ class _Job:
 
 
 class Station:
-    """The handshake state machine of one station. Thread-safe; `watch` callbacks run on the thread
-    that changed the state (for a durable change: the job store's writer), in order, and must not
-    block; one that triggers or acks waits safely (the store commits inline on its own thread)."""
+    """The handshake state machine of one station. Thread-safe; `watch` callbacks run one at a time,
+    in order, on the thread that changed the state (for a durable change: the job store's writer) or
+    on the one delivering an earlier change at that moment, and must not block; one that triggers or
+    acks waits safely (the store commits inline on its own thread, and the writer never waits for a
+    delivery)."""
 
     def __init__(self, cfg: StationConfig, jobs: JobStore, start: StartJob,
                  warm: Callable[[], bool] = lambda: True, fault: Callable[[], str | None] = lambda: None,
@@ -86,6 +88,7 @@ class Station:
         self._camera_prompt = camera_prompt
         self._lock = threading.RLock()
         self._notify_lock = threading.RLock()  # a watcher may trigger (GPIO): re-entry is fine
+        self._dirty = False  # a change not yet delivered to the watchers (see _changed)
         self._watchers: list[Callable[[Signals], None]] = []
         self._fifo: deque[_Job] = deque()  # in-flight and decided jobs, in trigger order
         self._captures: queue.Queue[_Job] = queue.Queue()
@@ -453,16 +456,31 @@ class Station:
     # ---- change notification --------------------------------------------------------------------
 
     def _changed(self) -> None:
-        with self._notify_lock:
-            snap = self.signals()
-            if snap == self._last_sent:
-                return
-            self._last_sent = snap
-            for callback in list(self._watchers):
-                try:
-                    callback(snap)
-                except Exception:  # noqa: BLE001 - one failing watcher never stops the others
-                    self.counters["watcher_errors"] += 1
-                    self._bad_log.log(logging.ERROR, "station %s: a signal watcher failed", self.name,
-                                      exc_info=True)
+        """Tell the watchers, one delivery at a time and in order. A thread that finds another
+        delivering leaves the change to it (the deliverer looks again before it lets go) instead of
+        waiting: a watcher that acks or triggers waits for the job store's writer, and the writer,
+        showing that very write, must never wait for the watcher's delivery in turn."""
+        self._dirty = True
+        while self._dirty:
+            if not self._notify_lock.acquire(blocking=False):
+                return  # the thread delivering now sees `_dirty` and delivers this change too
+            try:
+                while self._dirty:
+                    self._dirty = False
+                    self._deliver()
+            finally:
+                self._notify_lock.release()
+
+    def _deliver(self) -> None:
+        snap = self.signals()
+        if snap == self._last_sent:
+            return
+        self._last_sent = snap
+        for callback in list(self._watchers):
+            try:
+                callback(snap)
+            except Exception:  # noqa: BLE001 - one failing watcher never stops the others
+                self.counters["watcher_errors"] += 1
+                self._bad_log.log(logging.ERROR, "station %s: a signal watcher failed", self.name,
+                                  exc_info=True)
 

@@ -508,3 +508,27 @@ def test_a_watcher_that_acknowledges_on_the_writers_thread_does_not_wait_for_its
         assert station.trigger("NEXT") == seq + 1  # the writer still commits
     finally:
         station.stop()
+
+
+def test_a_watcher_that_acknowledges_off_the_writers_thread_does_not_deadlock_the_writer(tmp_path: Path) -> None:
+    """A watcher called on the clock thread (a heartbeat) that acks waits for the writer while it holds
+    the station's delivery; the writer, showing that ack, must not wait for the delivery in turn (it
+    did: the clock and the writer, and so every station's durable writes, stopped for good)."""
+    store = LineJobs(tmp_path / "journal.sqlite3")
+    line = Line()
+    station = running(station_config(), store, line)
+    acked: list[bool] = []
+
+    def ack_off_the_writer(s: Signals) -> None:
+        if s.result_valid and not acked and threading.get_ident() != store._writer_ident:
+            acked.append(station.ack_result(s.inspection_seq))
+    station.watch(ack_off_the_writer)
+    seq = station.trigger("CLOCK")
+    wait_for(lambda: seq in line.jobs)
+    line.verdict(seq, {"defect": False})
+    wait_for(lambda: acked == [True], timeout=10)  # on deadlock: fails here (the store is left, not closed)
+    assert station.trigger("NEXT") == seq + 1
+    hb = station.signals().heartbeat
+    wait_for(lambda: station.signals().heartbeat != hb)  # the clock turns again
+    station.stop()
+    store.close()
