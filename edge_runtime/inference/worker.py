@@ -313,6 +313,12 @@ class InspectionWorker:
         inspector = self.get_inspector()
         if request.job is not None:
             return request.job(inspector)
+        if request.chat is not None:  # a chat that waited its turn behind a request that could not join
+            outcome: list[Result | Generation | Exception] = []
+            inspector.serve([ChatWork(request.chat, encoded)], lambda _work, out: outcome.append(out))
+            if isinstance(outcome[0], Exception):
+                raise outcome[0]
+            return outcome[0]
         if request.image is None:
             raise ValueError("an inspection request carries either a job or an image")
         gate = self.gate.decision()
