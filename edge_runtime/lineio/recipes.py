@@ -5,10 +5,21 @@ the recipe's rule (or the station's), and the result stamped with the job. docs/
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
+
+import regex
 
 from edge_runtime.config.line_io import PART_ID_MAX, StationConfig
+from edge_runtime.config.rules import REGEX_TIMEOUT_S, Condition
 from edge_runtime.core.result import Result as Inspection
-from edge_runtime.lineio.signals import DEFECT_NO_VERDICT, DEFECT_NOK, JobRequest, LineRefused, Result
+from edge_runtime.lineio.signals import (
+    DEFECT_NO_VERDICT,
+    DEFECT_NOK,
+    DEFECT_UNDECIDED,
+    JobRequest,
+    LineRefused,
+    Result,
+)
 from edge_runtime.verdicts.rules import condition_holds, lookup
 
 
@@ -41,14 +52,31 @@ def judge(cfg: StationConfig, result: Inspection) -> tuple[Result, int]:
     recipe = cfg.recipes.get(result.recipe or "")
     conditions = (recipe.nok_when if recipe is not None and recipe.nok_when else None) or cfg.nok_when
     data = result.to_dict()
-    if not all(condition_holds(c, data) for c in conditions):
+    holds = [_holds(c, data) for c in conditions]
+    if False in holds:
         return Result.OK, 0
+    if None in holds:  # the rule could not say: never a default OK
+        return Result.ERROR, DEFECT_UNDECIDED
     code = DEFECT_NOK
     if cfg.defect_code_field:
         value = lookup(data, cfg.defect_code_field)
         if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 900:
             code = value
     return Result.NOK, code
+
+
+def _holds(cond: Condition, data: dict[str, Any]) -> bool | None:
+    """A rule condition on the result; None when its regex did not finish (the rules engine says "no
+    match", which for a NOK rule means OK). A regex reads the whole string (the engine: 10,000 chars)."""
+    if cond.regex is None:
+        return condition_holds(cond, data)
+    value = lookup(data, cond.field)
+    if not isinstance(value, str):
+        return False
+    try:
+        return regex.search(cond.regex, value, timeout=REGEX_TIMEOUT_S, concurrent=True) is not None
+    except TimeoutError:
+        return None
 
 
 def tagged(result: Inspection, job: JobRequest) -> Inspection:

@@ -20,6 +20,7 @@ DEFECT_NO_FRAME = 901  # the camera gave no new frame in time (or is down)
 DEFECT_INTERRUPTED = 902  # the daemon stopped between trigger and verdict
 DEFECT_INSPECTION_FAILED = 903  # the inspection raised (queue full, disk full, model error)
 DEFECT_NO_VERDICT = 904  # the model's answer held no verdict
+DEFECT_UNDECIDED = 905  # the NOK rule could not be evaluated (a regex condition did not finish)
 HEARTBEAT_MOD = 1 << 16
 
 

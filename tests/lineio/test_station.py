@@ -24,6 +24,7 @@ from edge_runtime.lineio.station import (
     DEFECT_INTERRUPTED,
     DEFECT_NO_FRAME,
     DEFECT_NO_VERDICT,
+    DEFECT_NOK,
     DEFECT_TIMEOUT,
     JobRequest,
     LineRefused,
@@ -532,3 +533,25 @@ def test_a_watcher_that_acknowledges_off_the_writers_thread_does_not_deadlock_th
     wait_for(lambda: station.signals().heartbeat != hb)  # the clock turns again
     station.stop()
     store.close()
+
+
+def test_a_nok_rule_whose_regex_does_not_finish_is_error_never_ok() -> None:
+    """The rules engine counts a regex that times out as no match: for a NOK rule that was OK."""
+    from edge_runtime.lineio import recipes
+    from edge_runtime.lineio.signals import DEFECT_UNDECIDED
+
+    cfg = station_config(nok_when=[{"field": "verdict.notes", "regex": "^(a|a)+$"}])  # exponential on a…!
+    job = JobRequest("s1", 1, "P", "", "cam", None, 0.0)
+
+    def judged(notes: str) -> tuple[Result, int]:
+        return recipes.judge(cfg, tagged(Inspection(device="d", camera="cam", frame=FrameInfo(1, 8, 8),
+                                                    verdict={"notes": notes}, text="", model="m",
+                                                    timings_ms={}, prompt=""), job))
+    assert judged("a" * 40 + "!") == (Result.ERROR, DEFECT_UNDECIDED)
+    assert judged("aaaa") == (Result.NOK, DEFECT_NOK)
+    assert judged("b") == (Result.OK, 0)
+    long = station_config(nok_when=[{"field": "verdict.notes", "regex": "crack"}])
+    verdict = {"notes": "x" * 12_000 + " crack"}  # past the 10,000 characters a rule reads
+    assert recipes.judge(long, tagged(Inspection(device="d", camera="cam", frame=FrameInfo(1, 8, 8), verdict=verdict,
+                                                 text="", model="m", timings_ms={}, prompt=""), job)) == \
+        (Result.NOK, DEFECT_NOK)
