@@ -42,13 +42,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
 
 
 def _waiting_chats(d: Daemon) -> int:
-    staged = [r for r, _ in list(d.worker._handoff.queue)] + [r for r in list(d.inspections._q.queue) if r]
-    return sum(isinstance(r, InspectionRequest) and r.chat is not None for r in staged)
+    """Chats handed from the encoder stage to the generator: what the running batch can take in."""
+    return sum(isinstance(r, InspectionRequest) and r.chat is not None for r, _ in list(d.worker._handoff.queue))
 
 
 class _HeldFirstBatch:
-    """The real inspector, whose first batch starts only once three more chats wait behind it: the
-    four clients are then in flight together whatever the machine's timing."""
+    """The real inspector, whose first batch starts only once three more chats wait, handed over,
+    behind it: the four clients are then in flight together whatever the machine's timing."""
 
     def __init__(self, d: Daemon, real: Inspector) -> None:
         self.d, self.real, self.held = d, real, False
