@@ -89,6 +89,7 @@ class Station:
         self._lock = threading.RLock()
         self._notify_lock = threading.RLock()  # a watcher may trigger (GPIO): re-entry is fine
         self._dirty = False  # a change not yet delivered to the watchers (see _changed)
+        self._watch_lock = threading.Lock()  # subscribing; the list is replaced, never changed in place
         self._watchers: list[Callable[[Signals], None]] = []
         self._fifo: deque[_Job] = deque()  # in-flight and decided jobs, in trigger order
         self._captures: queue.Queue[_Job] = queue.Queue()
@@ -273,13 +274,15 @@ class Station:
 
     def watch(self, callback: Callable[[Signals], None]) -> Callable[[], None]:
         """Call `callback(signals)` on every change; returns the unsubscribe function."""
-        with self._notify_lock:
-            self._watchers.append(callback)
+        with self._watch_lock:  # not the delivery's lock: only a delivery may hold that (see _changed)
+            self._watchers = [*self._watchers, callback]
 
         def unsubscribe() -> None:
-            with self._notify_lock:
+            with self._watch_lock:
                 if callback in self._watchers:
-                    self._watchers.remove(callback)
+                    rest = list(self._watchers)
+                    rest.remove(callback)
+                    self._watchers = rest
         return unsubscribe
 
     def fault_reason(self) -> str | None:
@@ -476,7 +479,7 @@ class Station:
         if snap == self._last_sent:
             return
         self._last_sent = snap
-        for callback in list(self._watchers):
+        for callback in self._watchers:  # a snapshot: (un)subscribing replaces the list
             try:
                 callback(snap)
             except Exception:  # noqa: BLE001 - one failing watcher never stops the others
