@@ -302,7 +302,14 @@ class Rails:
     def _fires(self, rail: OutputRail, pattern: regex.Pattern[str] | None, answer: Answer,
                budget: RegexBudget) -> bool:
         if pattern is not None:
-            return rails_text.search(pattern, answer.text, budget) is not None
+            if rails_text.search(pattern, answer.text, budget) is not None:
+                return True
+            seen = rails_text.folded(answer.text)  # `hunter\u200b2` reads as `hunter2`
+            if seen == answer.text:
+                return False
+            if len(seen) > self.cfg.max_scan_chars:
+                raise Unfinished("the answer's folded form is longer than rails.max_scan_chars")
+            return rails_text.search(pattern, seen, budget) is not None
         data = answer.json(self.cfg.max_scan_chars)
         if rail.json_schema is not None:
             return data is None or not self._schema_valid(rail.name, data, budget)

@@ -82,3 +82,17 @@ def test_input_words_and_regexes_see_through_zero_width_and_fullwidth_text(text:
     assert caught.value.code in ("rail_input_banned", "rail_input_pw") and caught.value.field == "messages.0.content"
     fine = RailRequest("r", [TextPart("messages.0.content", "user", "ｃｈｅｃｋ the seam\u200b")], 0, "m", "text", None)
     assert rail.check_input(fine).texts == {}
+
+
+def test_output_rails_see_through_zero_width_text_and_a_filter_that_cannot_redact_it_refuses() -> None:
+    rail, _ = rails(output=[{"name": "leak", "regex": "hunter2"}])
+    with pytest.raises(RailRefused) as caught:
+        rail.check_output(Answer("the password is hunter\u200b2"), None, "r")
+    assert caught.value.code == "rail_output_leak"
+    rail, _ = rails(output=[{"name": "leak", "regex": "hunter2", "action": "filter"}])
+    assert rail.check_output(Answer("it is hunter2"), None, "r").text == "it is [redacted]"
+    with pytest.raises(RailRefused) as caught:  # the raw text has no match to redact: never sent as is
+        rail.check_output(Answer("it is ｈｕｎｔｅｒ2"), None, "r")
+    assert "still breaks the rail after redaction" in str(caught.value)
+    clean = Answer("ｃｈｅｃｋ the seam")
+    assert rail.check_output(clean, None, "r") is clean
