@@ -11,7 +11,8 @@ the same client (peers_lib/client.py: honours 429 + Retry-After as the openai SD
 
 Per server and route: latency p50/p95 of sequential requests (request in, schema-valid verdict out),
 time to first token (streamed), verdicts/s and tokens/s from 1/2/4/8 concurrent clients, tokens per
-verdict, the share of strict-JSON schema-valid verdicts (jsonschema), 429 retries, peak RSS (VmHWM)
+verdict, the share of strict-JSON schema-valid verdicts (jsonschema; finish `stop`: the openai SDK's
+`parse()` refuses a `length` one; the JSON-valid count whatever the finish beside it), 429 retries, peak RSS (VmHWM)
 and GPU memory (nvidia-smi, when there). One table with ratios ours/peer; `--out FILE` writes JSON.
 
     python benchmarks/peers.py --bundle DIR [--workload chat|image|both] [--threads 2] [--out peers.json]
@@ -77,6 +78,7 @@ class RouteReport:
     levels: dict[str, dict[str, Any]] = field(default_factory=dict)  # clients -> verdicts/s, tok/s, ...
     valid: int = 0
     total: int = 0
+    json_valid: int = 0  # schema-valid JSON whatever the finish (a `length` one is cut off for the openai SDK)
     retries_429: int = 0
     errors: list[str] = field(default_factory=list)
     finish_reasons: dict[str, int] = field(default_factory=dict)
@@ -141,7 +143,9 @@ def _account(report: RouteReport, replies: list[Reply], schema: dict[str, Any]) 
             if len(report.errors) < 5:
                 report.errors.append(f"{r.status}: {r.error}")
             continue
-        if r.finish_reason in ("stop", None) and strict_verdict(r.text, schema):
+        parsed = strict_verdict(r.text, schema)
+        report.json_valid += parsed
+        if r.finish_reason in ("stop", None) and parsed:
             report.valid += 1
             good.append(r)
         elif report.sample_invalid is None:
@@ -272,7 +276,8 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
                      _fmt(r.latency_ms.get("p95")), _fmt(r.ttft_ms_p50)]
                     + [_fmt(r.levels.get(str(n), {}).get("verdicts_per_s")) for n in levels]
                     + [_fmt(r.levels.get(str(n), {}).get("tok_s")) for n in levels]
-                    + [f"{r.valid}/{r.total}", str(r.retries_429), _fmt(r.peak_rss_mb), _fmt(r.peak_gpu_mib),
+                    + [f"{r.valid}/{r.total}" + (f" ({r.json_valid} JSON)" if r.json_valid != r.valid else ""),
+                       str(r.retries_429), _fmt(r.peak_rss_mb), _fmt(r.peak_gpu_mib),
                        "/".join(f"{x:.1f}" for x in r.load_avg)])
     peer = next((r for r in reports if r.server == "llama-server"), None)
     if peer is not None:
