@@ -58,7 +58,8 @@ def gbnf_inspector(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
 
 @pytest.fixture(scope="session")
 def tiny_pairs() -> Callable[[str], TinyPair]:
-    """`tiny_pairs("qwen2.5-vl" | "gemma3" | "smolvlm")`: a random-weight LM GGUF + mmproj GGUF pair,
+    """`tiny_pairs(family)`: a random-weight LM GGUF + mmproj GGUF pair of one family ("qwen2.5-vl",
+    "gemma3", "smolvlm", "qwen3-vl", "lfm2-vl", "internvl", "kimi-vl", "minicpm-v"),
     converted by llama.cpp's converter at first use and cached (tests/support/tiny_pairs.py)."""
     return tiny_pair
 
