@@ -209,15 +209,15 @@ def _chat(ticket: Ticket) -> Any:
         return Response(Closing(stream, ticket.release), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Request-Id": rid})
     gen: ChatOutput = wait_result(future)
-    text, usage = checked_chat(rails, gen, _regenerate(job), rid)
+    text, usage, finish = checked_chat(rails, gen, _regenerate(job), rid)
     if req.stream:
-        held = _held_stream(text, gen.finish_reason, usage, rid, created, info.name)
+        held = _held_stream(text, finish, usage, rid, created, info.name)
         return Response(Closing(held, ticket.release), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Request-Id": rid})
     response = jsonify({
         "id": rid, "object": "chat.completion", "created": created, "model": info.name,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "finish_reason": gen.finish_reason, "logprobs": None}],
+                     "finish_reason": finish, "logprobs": None}],
         "usage": usage,
     })
     response.headers["X-Request-Id"] = rid

@@ -61,9 +61,9 @@ def usage(gens: list[ChatOutput]) -> dict[str, int]:
 
 
 def checked_chat(rails: Rails, gen: ChatOutput, regenerate: Callable[[str], ChatOutput], rid: str
-                 ) -> tuple[str, dict[str, int]]:
-    """The answer after the output rails (filtered, or regenerated once), and the usage of every
-    generation it took."""
+                 ) -> tuple[str, dict[str, int], str]:
+    """The answer after the output rails (filtered, or regenerated once), the usage of every
+    generation it took, and the finish reason of the one sent."""
     gens = [gen]
 
     def reask(instruction: str) -> Answer:
@@ -71,7 +71,7 @@ def checked_chat(rails: Rails, gen: ChatOutput, regenerate: Callable[[str], Chat
         return Answer(gens[-1].text)
 
     answer = rails.check_output(Answer(gen.text), reask, rid)
-    return answer.text, usage(gens)
+    return answer.text, usage(gens), gens[-1].finish_reason
 
 
 def infer_prompt(rails: Rails, rid: str, prompt: str | None, model: str) -> str | None:

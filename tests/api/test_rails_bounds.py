@@ -96,3 +96,20 @@ def test_output_rails_see_through_zero_width_text_and_a_filter_that_cannot_redac
     assert "still breaks the rail after redaction" in str(caught.value)
     clean = Answer("ｃｈｅｃｋ the seam")
     assert rail.check_output(clean, None, "r") is clean
+
+
+def test_a_reasked_answer_carries_its_own_finish_reason_and_both_usages() -> None:
+    from edge_runtime.api.rails_http import checked_chat
+    from edge_runtime.inference.llm.feed import Generation
+
+    def gen(text: str, finish: str, tokens: int) -> Generation:
+        return Generation(text, tokens, 10, 0.0, 0.0, finish, 0)
+    rail, _ = rails(output=[{"name": "scrap", "regex": "scrap", "action": "reask", "reask": {"prompt": "again"}}])
+    asked: list[str] = []
+
+    def regenerate(instruction: str) -> Generation:
+        asked.append(instruction)
+        return gen("keep", "stop", 2)
+    text, usage, finish = checked_chat(rail, gen("scrap scrap scr", "length", 8), regenerate, "r")
+    assert (text, finish, asked) == ("keep", "stop", ["again"])  # the first one's "length" was sent
+    assert usage == {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
