@@ -144,7 +144,10 @@ class LineIO:
         for adapter in self.adapters:
             h = adapter.health()
             adapters[adapter.name] = {"ok": h.ok, "detail": h.detail, "counters": h.counters}
-        return {"enabled": True, "stations": stations, "adapters": adapters}
+        # Line I/O's own threads (the job store's writer first): alive, and restarts after a fault.
+        threads = {t.name: t.status() for t in self.threads()}
+        return {"enabled": True, "stations": stations, "adapters": adapters, "threads": threads,
+                "job_store": {"fault": self.jobs.fault()}}
 
     # ---- the capture side of a station ----------------------------------------------------------
 
