@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, Protocol
 
@@ -74,6 +75,8 @@ class GpioCell:
         self._results: deque[tuple[int, Result]] = deque(maxlen=64)
         self._cond = threading.Condition()
         self._last_out = -1  # the last InspectionSeq put on the outputs
+        self._unacked: int | None = None  # an auto-ack whose write failed, to ask again
+        self._retry_at = 0.0
         self._triggered = threading.Event()  # level mode: a new trigger clears the outputs
         self._unwatch: Any = None
         self._log = RateLimitedLog(log)
@@ -182,13 +185,37 @@ class GpioCell:
         return seq, self.cfg.ok_line if result == Result.OK else self.cfg.nok_line
 
     def _ack(self, seq: int) -> None:
-        if self.cfg.auto_ack and self.station.request_ack(seq) is not None:
-            self.counters["acks"] += 1
+        if not self.cfg.auto_ack:
+            return
+        shown = self.station.request_ack(seq)
+        if shown is None:
+            return
+        self.counters["acks"] += 1
+        shown.add_done_callback(lambda f, s=seq: self._ack_done(s, f))  # type: ignore[misc]
+
+    def _ack_done(self, seq: int, shown: Future[bool]) -> None:
+        """An auto-ack that did not clear the result (its write failed: a disk error) is asked again
+        from the output loop; no edge of the line would ever ask again, and the FIFO would fill."""
+        if shown.exception() is None and shown.result():
+            return
+        with self._cond:
+            self._unacked = seq
+            self._cond.notify_all()
+
+    def _retry_ack(self) -> None:
+        """The output loop's turn: ask again for an auto-ack that failed, at most once a second."""
+        with self._cond:
+            seq = self._unacked
+            if seq is None or time.monotonic() < self._retry_at:
+                return
+            self._unacked, self._retry_at = None, time.monotonic() + 1.0
+        self._ack(seq)
 
     def _levels(self, req: LineRequest, stop: threading.Event) -> None:
         """Level mode: a result holds its line until the next trigger; acknowledged once it is set."""
         active: int | None = None
         while not stop.is_set():
+            self._retry_ack()
             item = self._next(0.2, True)
             if self._triggered.is_set() and active is not None:
                 req.set_value(active, Value.INACTIVE)
@@ -217,6 +244,7 @@ class GpioCell:
         active: tuple[int, int, int] | None = None  # (seq, line, ns when it goes low) of the pulse on
         ready_at = 0  # monotonic ns from which the next pulse may start
         while not stop.is_set():
+            self._retry_ack()
             now = time.monotonic_ns()
             if active is not None:
                 wait_ns = active[2] - now

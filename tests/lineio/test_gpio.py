@@ -330,3 +330,29 @@ def test_a_burst_beyond_the_fifo_sets_overrun_and_every_taken_part_is_pulsed(tmp
     finally:
         service.stop()
         ln.stop()
+
+
+def test_an_auto_ack_whose_write_failed_is_asked_again(line: Line) -> None:
+    """The disk refuses the ack of a pulsed result: no edge of the line will ever ask again, so the cell
+    does (the result stayed in the FIFO for good and the FIFO filled to Overrun)."""
+    broken = [True]
+    transaction = line.jobs._transaction
+
+    def failing_acks(batch: list[Any]) -> None:
+        if broken[0] and any(w.sql.startswith("UPDATE line_jobs SET acked") for w in batch):
+            raise OSError("disk I/O error")
+        transaction(batch)
+    line.jobs._transaction = failing_acks  # type: ignore[method-assign]
+    chip = FakeChip()
+    service = cell(line, chip)
+    try:
+        press(chip)
+        until(lambda: len(pulses(chip, OK)) == 1)
+        time.sleep(0.3)  # the pulse ended and its ack failed
+        counters = line.station.health().counters
+        assert counters["fifo"] == 1 and counters["acks"] == 0
+        broken[0] = False
+        until(lambda: line.station.health().counters["acks"] == 1, timeout=5)
+        assert line.station.health().counters["fifo"] == 0 and len(pulses(chip, OK)) == 1  # not pulsed twice
+    finally:
+        service.stop()
