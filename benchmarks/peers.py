@@ -211,6 +211,7 @@ def _concurrent(route: Route, report: RouteReport, clients: int, total: int, tim
     tokens = [r.completion_tokens for r in replies if r.status == 200 and r.completion_tokens is not None]
     return {"requests": total, "wall_s": round(wall, 2), "verdicts_per_s": round(len(good) / wall, 3),
             "tok_s": round(sum(tokens) / wall, 1) if tokens else None,
+            "tokens_per_verdict": round(sum(tokens) / len(tokens), 1) if tokens else None,
             "valid": len(good), "retries_429": sum(r.retries for r in replies)}
 
 
