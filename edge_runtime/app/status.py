@@ -83,8 +83,9 @@ class DeviceReports:
         return self.inspector is not None and self.worker.alive(max_busy_s=60.0)
 
     def threads(self: StatusHost) -> list[SupervisedThread]:
-        """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox)."""
+        """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox, line I/O)."""
         threads = self.worker.threads() + (self.mqtt.threads() if self.mqtt else [])
+        threads += self.line_io.threads() if self.line_io else []
         for rig in self.rigs.values():
             threads += rig.schedule.threads()
         return threads

@@ -85,6 +85,7 @@ def test_a_line_trigger_is_captured_inspected_journaled_and_reported(daemon: Dae
     assert status["signals"]["result_valid"] is False and status["counters"]["acks"] == 1
     line_status = daemon.status()["line_io"]
     assert line_status["threads"]["line-jobs-writer"] == {"alive": True, "restarts": 0}
+    assert daemon.status()["threads"]["line-jobs-writer"] == {"alive": True, "restarts": 0}  # with the others
     assert line_status["job_store"] == {"fault": None}
     samples = {(m.name, tuple(sorted(x.labels.items()))): x.value
                for m in line_io_metrics(daemon.status()["line_io"]) for x in m.samples}
