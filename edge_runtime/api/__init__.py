@@ -104,7 +104,10 @@ class ApiServer:
 
     def notify(self, result: Result) -> None:
         self.metrics.observe(result)
-        self.events.publish(result.to_dict())  # the live event stream: drops for slow readers, never blocks
+        # A REST upload's verdict is published by the request itself once the output rails passed it
+        # (rest.infer): what a rail refused must not reach the live stream.
+        if result.camera != "api":
+            self.events.publish(result.to_dict())  # the live event stream: drops for slow readers, never blocks
 
     def health(self) -> SinkHealth:
         return SinkHealth(True)

@@ -231,7 +231,9 @@ def infer() -> Any:
         rails.check_image(image_size(data), "image", rid)  # from the header: nothing decoded yet
         image = decode_upload(data, ticket)
         result = wait_result(submit(d.submit_image, image, prompt))
-        return jsonify(checked_result(rails, result, lambda p: wait_result(submit(d.submit_image, image, p)), rid))
+        out = checked_result(rails, result, lambda p: wait_result(submit(d.submit_image, image, p)), rid)
+        current_app.extensions["edge_runtime_events"].publish(out)  # as answered: after the output rails
+        return jsonify(out)
 
 
 @bp.post("/api/v1/cameras/<name>/trigger")

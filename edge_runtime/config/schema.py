@@ -33,6 +33,10 @@ from edge_runtime.core.errors import ConfigError
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; anything near this is not one
 
 
+# The camera names of results that no camera made: POST /api/v1/infer ("api") and chat ("openai").
+RESERVED_CAMERA_NAMES = frozenset({"api", "openai"})
+
+
 class Config(Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
@@ -78,6 +82,10 @@ class Config(Section):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"camera names must be unique; repeated: {', '.join(dupes)}")
+        reserved = sorted(set(names) & RESERVED_CAMERA_NAMES)
+        if reserved:
+            raise ValueError(f"camera name {reserved[0]!r} is reserved: results of REST uploads and chat "
+                             "requests carry it")
         return self
 
     @model_validator(mode="after")

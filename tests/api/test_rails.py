@@ -319,6 +319,33 @@ def test_infer_output_rails_read_the_verdict(daemon: Daemon, client: FlaskClient
     assert "after redaction" in error["message"]
 
 
+def test_infer_verdicts_reach_the_event_stream_only_as_the_rails_passed_them(daemon: Daemon,
+                                                                             client: FlaskClient) -> None:
+    assert daemon.api is not None
+    hub = daemon.api.events
+    image = base64.b64encode(JPEG).decode()
+
+    def kept_after(mark: int) -> list[tuple[int, dict[str, Any]]]:
+        q, backlog = hub.subscribe(after=mark)
+        hub.unsubscribe(q)
+        return backlog
+
+    def api_events_after(mark: int) -> list[dict[str, Any]]:
+        return [event for _, event in kept_after(mark) if event.get("camera") == "api"]
+
+    kept = kept_after(0)
+    mark = kept[-1][0] if kept else 0
+    use_rails(daemon, output=[{"name": "any_verdict", "when": [{"field": "defect", "in": [True, False]}]}])
+    refused(client.post("/api/v1/infer", json={"image": image}), "rail_output_any_verdict", 422)
+    assert api_events_after(mark) == []  # the refused verdict never reached the live stream
+    use_rails(daemon, output=[{"name": "notes", "when": [{"field": "notes", "regex": r"^[^\[]"}],
+                               "action": "filter"}])
+    answered = json_of(client.post("/api/v1/infer", json={"image": image}))
+    published = api_events_after(mark)
+    assert len(published) == 1 and published[0]["verdict"] == answered["verdict"]
+    assert published[0]["verdict"]["notes"] == "[redacted]"
+
+
 def test_infer_input_rails_read_the_prompt_before_the_image_is_decoded(daemon: Daemon, client: FlaskClient) -> None:
     use_rails(daemon, input=[{"name": "banned", "words": ["sabotage"]}])
     not_base64 = "!" * 64  # decoding it would answer 400 `image` first

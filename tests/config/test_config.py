@@ -76,3 +76,9 @@ def test_schema_has_a_description_for_every_field() -> None:
 def test_an_ota_manifest_url_that_is_not_http_is_refused_at_load_naming_the_key(url: str) -> None:
     with pytest.raises(ConfigError, match=r"<config>:2: ota\.manifest_url: String should match pattern"):
         parse_config(f"ota:\n  manifest_url: {url!r}\n")
+
+
+@pytest.mark.parametrize("name", ["api", "openai"])
+def test_a_camera_cannot_take_the_name_that_uploads_and_chats_carry(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"camera name '{name}' is reserved"):
+        parse_config(f"cameras:\n  - name: {name}\n    source: belt.mp4\n")
