@@ -209,7 +209,13 @@ class Inspector:
                 if enc is not None:
                     if not isinstance(enc, MediaEncoded):
                         raise InferenceError("this bundle's images are encoded by libmtmd: use Inspector.encode()")
-                    image = enc.parts
+                    # The projector's begin and end markers go with the text around the image, as
+                    # mtmd_helper_eval_chunks decodes them: two llama_decode calls fewer per frame,
+                    # and the begin marker joins the cached prefix.
+                    parts = list(enc.parts)
+                    head = parts.pop(0) if parts and isinstance(parts[0], list) else []
+                    tail = parts.pop() if parts and isinstance(parts[-1], list) else []
+                    return prefix + head, parts, tail + self._tokenize(after, field)
             return prefix, image, self._tokenize(after, field)
         assert isinstance(m, Manifest)
         image_text = "" if enc is None else image_prompt(layout, m.vision.image_tokens, enc.grid)
