@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib.metadata
 import json
 import os
 import platform
@@ -375,9 +376,8 @@ def _trigger(client: Client, camera: int) -> Reply:
 
 def machine() -> dict[str, Any]:
     try:
-        import llama_cpp
-        llama_version = llama_cpp.__version__
-    except ImportError:
+        llama_version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
         llama_version = "absent"
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "python": platform.python_version(), "llama_cpp_python": llama_version,

@@ -12,24 +12,10 @@ the daemon calls; this launcher turns them off there and then runs the ordinary 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from edge_runtime.inference import engines  # noqa: F401  # isort: skip - onnxruntime, then llama_cpp
+from edge_runtime.inference.llm.handles import disable_extra_buffer_types
 
-import llama_cpp
-import llama_cpp.llama_cpp as raw
-
-_default_params = raw.llama_model_default_params
-
-
-def _no_extra_buffers() -> Any:
-    params = _default_params()
-    params.use_extra_bufts = False
-    return params
-
-
-raw.llama_model_default_params = _no_extra_buffers  # llama_cpp.Llama looks it up here
-llama_cpp.llama_model_default_params = _no_extra_buffers  # our handles look it up here
+disable_extra_buffer_types()
 
 if __name__ == "__main__":
     from edge_runtime.cli.main import main

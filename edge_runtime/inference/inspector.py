@@ -213,8 +213,12 @@ class Inspector:
                     # mtmd_helper_eval_chunks decodes them: two llama_decode calls fewer per frame,
                     # and the begin marker joins the cached prefix.
                     parts = list(enc.parts)
-                    head = parts.pop(0) if parts and isinstance(parts[0], list) else []
-                    tail = parts.pop() if parts and isinstance(parts[-1], list) else []
+                    head: list[int] = []
+                    tail: list[int] = []
+                    if parts and isinstance(first := parts[0], list):
+                        head, parts = first, parts[1:]
+                    if parts and isinstance(last := parts[-1], list):
+                        tail, parts = last, parts[:-1]
                     return prefix + head, parts, tail + self._tokenize(after, field)
             return prefix, image, self._tokenize(after, field)
         assert isinstance(m, Manifest)

@@ -142,6 +142,20 @@ class Vocab:
         return int(ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value or 0)
 
 
+def disable_extra_buffer_types() -> None:
+    """Load every later model without llama.cpp's extra CPU buffer types (AMX, x86 weight repacking),
+    as llama-server's `--no-repack` does: for like-for-like runs beside it (benchmarks/peers_lib/launch.py)."""
+    raw = llama_cpp.llama_cpp
+    default = raw.llama_model_default_params
+
+    def no_extra_buffers() -> Any:
+        params = default()
+        params.use_extra_bufts = False
+        return params
+    raw.llama_model_default_params = no_extra_buffers  # llama-cpp-python's Llama looks it up there
+    llama_cpp.llama_model_default_params = no_extra_buffers  # Model above looks it up here
+
+
 _MROPE_TYPES = frozenset({llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_VISION,
                           getattr(llama_cpp, "LLAMA_ROPE_TYPE_IMROPE", 40)})
 
