@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import regex
 from pydantic import BaseModel, ConfigDict
 
 
@@ -26,3 +27,14 @@ def check_topic(value: str, what: str) -> str:
         raise ValueError(f"{what}: use up to 8 '/'-separated pieces of 1-64 letters, digits, '_', '.' "
                          "or '-' (no MQTT wildcards '#' or '+', no empty piece)")
     return value
+
+
+def check_regex(pattern: str | None) -> str | None:
+    """A user's regular expression, compiled once at load so a bad one is a config error naming its key
+    (the `regex` package: what the rules engine and the rails run it with)."""
+    if pattern is not None:
+        try:
+            regex.compile(pattern)
+        except regex.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+    return pattern

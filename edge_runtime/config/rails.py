@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-import regex
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from edge_runtime.config.base import Section
+from edge_runtime.config.base import Section, check_regex
 from edge_runtime.config.rules import Condition
 
 RAIL_NAME = r"^[a-z0-9][a-z0-9_]{0,47}$"  # part of the error code and the metric label
@@ -23,15 +22,6 @@ MAX_SCHEMA_CHARS = 16_384
 MIN_SHARE_MS = 10  # regex time each searching rail gets at least (regex_budget_ms / rails)
 Role = Literal["system", "developer", "user", "assistant"]
 ROLES: tuple[Role, ...] = ("system", "developer", "user", "assistant")
-
-
-def _compiles(pattern: str | None) -> str | None:
-    if pattern is not None:
-        try:
-            regex.compile(pattern)
-        except regex.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
-    return pattern
 
 
 def _words(words: list[str] | None) -> list[str] | None:
@@ -53,7 +43,7 @@ def _safe_patterns(schema: Any) -> None:
         if isinstance(pattern, str):
             if len(pattern) > 200:
                 raise ValueError("a pattern in the schema is over 200 characters")
-            _compiles(pattern)
+            check_regex(pattern)
         for item in schema.values():
             _safe_patterns(item)
 
@@ -142,7 +132,7 @@ class InputRail(Section):
     @field_validator("regex")
     @classmethod
     def _regex_compiles(cls, v: str | None) -> str | None:
-        return _compiles(v)
+        return check_regex(v)
 
     @field_validator("words")
     @classmethod
@@ -202,7 +192,7 @@ class OutputRail(Section):
     @field_validator("regex")
     @classmethod
     def _regex_compiles(cls, v: str | None) -> str | None:
-        return _compiles(v)
+        return check_regex(v)
 
     @field_validator("words")
     @classmethod

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 import regex
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
+from edge_runtime.config.base import check_regex
+
 REGEX_TIMEOUT_S = 0.05  # per search at most; the `regex` engine checks it as it goes
 REGEX_BUDGET_S = 0.1  # all regex searches of one verdict together (rules_budget.regex_s_per_verdict)
 MIN_SEARCH_S = 0.001  # a configuration must leave each regex condition at least this share of the budget
@@ -43,12 +45,7 @@ class Condition(_Model):
     @field_validator("regex")
     @classmethod
     def _compiles(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                regex.compile(v)
-            except regex.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from None
-        return v
+        return check_regex(v)
 
 
 class Debounce(_Model):
