@@ -93,7 +93,7 @@ def test_four_concurrent_chats_are_admitted_and_decoded_in_one_batch(daemon: Dae
     real = daemon._current_inspector()
     held = _HeldFirstBatch(daemon, real)
     daemon.worker.get_inspector = lambda: cast(Inspector, held)
-    batches0, joined0 = daemon.worker.batches, real.language.parallel.joined
+    batches0 = daemon.worker.batches
     answers: dict[int, tuple[int, str, str | None]] = {}
 
     def client(i: int) -> None:
@@ -118,8 +118,9 @@ def test_four_concurrent_chats_are_admitted_and_decoded_in_one_batch(daemon: Dae
     assert [answers[i][0] for i in range(4)] == [200] * 4, answers  # no 429: the batch had room for all four
     assert all(answers[i][1] == expected and answers[i][2] == "stop" for i in range(4)), (expected, answers)
     assert daemon.worker.batches > batches0
-    assert daemon.worker.peak_batch == 4  # all four sequences in one decode
-    assert real.language.parallel.joined - joined0 == 3  # the three behind the first joined its batch
+    # All four sequences in one decode. How many joined mid-decode rather than starting with the first
+    # depends on when the encoder handed them over (CI saw 1 and 3): joining is tests/inference's subject.
+    assert daemon.worker.peak_batch == 4
 
 
 def test_the_default_admission_takes_as_many_inference_requests_as_the_batch_holds(daemon: Daemon) -> None:
