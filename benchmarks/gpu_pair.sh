@@ -3,7 +3,8 @@
 # ONNX-encoder bundle of a Qwen2.5-3B-shape decoder, both through `edge-runtime bench` (per stage,
 # ratios against the raw engines, 4 cameras as parallel sequences). Random weights: speed only.
 # Expects (carried, git-ignored) in .device/: whl/ (the wheels the machine lacks), the trimmed
-# llama-cpp-python sdist, convert/ (convert_hf_to_gguf.py, conversion/, gguf-py/ of the same llama.cpp).
+# llama-cpp-python sdist, convert/ (convert_hf_to_gguf.py, conversion/, gguf-py/ of the same llama.cpp):
+# `bash benchmarks/device_kit.sh` gathers them (about 30 MB).
 # Phases, in order, each within one 10-minute device call (the machine keeps /tmp between calls):
 #   build   CUDA build of llama.cpp (background) beside the pair's checkpoint and f16 conversion
 #   pair    quantize the pair's decoder Q4_K_M and `models import` it
