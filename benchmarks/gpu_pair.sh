@@ -38,6 +38,9 @@ PY
 }
 
 wait_for_build() {
+  # A fresh machine (the last one was given back) has no build and none running: say so, do not wait.
+  [ -f /tmp/llb/done ] || pgrep -f "pip wheel" > /dev/null ||
+    { echo "no llama-cpp-python build on this machine: run the build phase first" | tee -a "$OUT/exit.txt"; exit 1; }
   while [ ! -f /tmp/llb/done ]; do sleep 5; done
   cat /tmp/llb/done
 }
