@@ -10,7 +10,7 @@ the same client (peers_lib/client.py: honours 429 + Retry-After as the openai SD
          ours also through /api/v1/infer (the inspection path) and camera triggers (the camera path)
 
 Per server and route: latency p50/p95 of sequential requests (request in, schema-valid verdict out),
-time to first token and decode tokens/s after it (streamed), verdicts/s and tokens/s from 1/2/4/8 concurrent clients, tokens per
+time to first token (streamed), verdicts/s and tokens/s from 1/2/4/8 concurrent clients, tokens per
 verdict, the share of strict-JSON schema-valid verdicts (jsonschema; finish `stop`: the openai SDK's
 `parse()` refuses a `length` one; the JSON-valid count whatever the finish beside it), 429 retries, peak RSS (VmHWM)
 and GPU memory (nvidia-smi, when there). One table with ratios ours/peer; `--out FILE` writes JSON.
@@ -76,9 +76,6 @@ class RouteReport:
     tokens_per_verdict: float | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)
     ttft_ms_p50: float | None = None
-    # Tokens per second after the first one, of the streamed requests: the decode alone, without the
-    # request's fixed costs (HTTP, prompt, first token), which a short answer pays over fewer tokens.
-    decode_tok_s: float | None = None
     levels: dict[str, dict[str, Any]] = field(default_factory=dict)  # clients -> verdicts/s, tok/s, ...
     valid: int = 0
     total: int = 0
@@ -173,12 +170,8 @@ def run_route(route: Route, levels: list[int], requests: int, streamed: int, tim
         if tokens:
             report.tokens_per_verdict = round(statistics.fmean(tokens), 1)
         if route.stream is not None and streamed:
-            streams = [r for r in (route.stream(client) for _ in range(streamed)) if r.ttft_s is not None]
-            ttft = [r.ttft_s * 1000 for r in streams]
+            ttft = [r.ttft_s * 1000 for r in (route.stream(client) for _ in range(streamed)) if r.ttft_s is not None]
             report.ttft_ms_p50 = round(statistics.median(ttft), 1) if ttft else None
-            rates = [(r.completion_tokens - 1) / (r.latency_s - r.ttft_s) for r in streams
-                     if r.completion_tokens and r.completion_tokens > 1 and r.latency_s > r.ttft_s]
-            report.decode_tok_s = round(statistics.median(rates), 1) if rates else None
     finally:
         client.close()
     progress(f"{route.server} {route.name}: sequential p50 {report.latency_ms.get('p50')} ms")
@@ -256,7 +249,6 @@ def ratios(report: RouteReport, peer: RouteReport) -> dict[str, float | None]:
         "latency_p50": _ratio(report.latency_ms.get("p50"), peer.latency_ms.get("p50")),
         "latency_p95": _ratio(report.latency_ms.get("p95"), peer.latency_ms.get("p95")),
         "ttft_p50": _ratio(report.ttft_ms_p50, peer.ttft_ms_p50),
-        "decode_tok_s": _ratio(report.decode_tok_s, peer.decode_tok_s),
         "valid_share": _ratio(report.valid / report.total if report.total else None,
                               peer.valid / peer.total if peer.total else None),
     }
@@ -277,13 +269,13 @@ def _fmt(value: Any) -> str:
 
 def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
     """One markdown table: a row per server and route, then ours/peer ratio rows."""
-    heads = (["server · route", "tokens/verdict", "p50 ms", "p95 ms", "TTFT ms", "decode tok/s"]
+    heads = (["server · route", "tokens/verdict", "p50 ms", "p95 ms", "TTFT ms"]
              + [f"verdicts/s ×{n}" for n in levels] + [f"tok/s ×{n}" for n in levels]
              + ["schema-valid", "429 retries", "peak RSS MB", "GPU MiB", "load before/after"])
     rows = []
     for r in reports:
         rows.append([f"{r.server} · {r.route}", _fmt(r.tokens_per_verdict), _fmt(r.latency_ms.get("p50")),
-                     _fmt(r.latency_ms.get("p95")), _fmt(r.ttft_ms_p50), _fmt(r.decode_tok_s)]
+                     _fmt(r.latency_ms.get("p95")), _fmt(r.ttft_ms_p50)]
                     + [_fmt(r.levels.get(str(n), {}).get("verdicts_per_s")) for n in levels]
                     + [_fmt(r.levels.get(str(n), {}).get("tok_s")) for n in levels]
                     + [f"{r.valid}/{r.total}" + (f" ({r.json_valid} JSON)" if r.json_valid != r.valid else ""),
@@ -296,8 +288,7 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
                 continue
             q = ratios(r, peer)
             rows.append([f"**ours/peer** · {r.route}", _fmt(_ratio(r.tokens_per_verdict, peer.tokens_per_verdict)),
-                         _fmt(q["latency_p50"]), _fmt(q["latency_p95"]), _fmt(q["ttft_p50"]),
-                         _fmt(q["decode_tok_s"])]
+                         _fmt(q["latency_p50"]), _fmt(q["latency_p95"]), _fmt(q["ttft_p50"])]
                         + [_fmt(q.get(f"verdicts_per_s@{n}")) for n in levels]
                         + [_fmt(q.get(f"tok_s@{n}")) for n in levels]
                         + [_fmt(q["valid_share"]), "", _fmt(_ratio(r.peak_rss_mb, peer.peak_rss_mb)),
