@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,7 +42,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "token_profile.py": (["{bundle}", "2"], "µs/token"),
 }
 # Run against a real daemon by their own tests (peers.py: tests/benchmarks/test_peers.py, llama-server absent).
-ELSEWHERE = {"peers.py"}
+ELSEWHERE = {"peers.py", "device_kit.sh"}
 # Shell drivers for the lent GPU machine (nvcc, CUDA): checked for syntax here, shellcheck'd in test_shipping.
 GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_peers.sh", "gpu_run.sh"}
 
@@ -58,6 +59,25 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 def test_every_benchmark_script_has_a_smoke_run() -> None:
     scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
     assert scripts == set(SMOKE) | GPU_ONLY | ELSEWHERE, "give the new script a smoke run in SMOKE (or GPU_ONLY)"
+
+
+def test_device_kit_gathers_what_the_gpu_scripts_read(tmp_path: Path) -> None:
+    """The kit from PyPI: CPython 3.12 wheels of the daemon's compiled dependencies, the trimmed sdist
+    under both names the GPU scripts read, and the converter with its gguf-py."""
+    kit = tmp_path / "kit"
+    env = {**os.environ, "KIT": str(kit), "PYTHON": sys.executable}
+    subprocess.run(["bash", str(BENCH / "device_kit.sh")], check=True, cwd=ROOT, env=env, timeout=600,
+                   capture_output=True)
+    wheels = {p.name.split("-")[0].lower() for p in (kit / "whl").glob("*.whl")}
+    assert {"flask", "pydantic", "pydantic_core", "llguidance", "paho_mqtt", "simplejpeg", "jsonschema"} <= wheels
+    assert list((kit / "whl").glob("pydantic_core-*-cp312-*manylinux*.whl"))  # the machine's Python, not ours
+    with tarfile.open(kit / "llama_cpp_python-0.3.36.tar.gz") as tar:
+        names = set(tar.getnames())
+    top = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+    assert {top + "CMakeLists.txt", top + "tools/mtmd/CMakeLists.txt", top + "tools/server/CMakeLists.txt"} <= names
+    assert not any(n.startswith(top + "models/") for n in names)  # trimmed: vocab files are megabytes
+    assert (kit / "peers-sdist.tar.gz").read_bytes() == (kit / "llama_cpp_python-0.3.36.tar.gz").read_bytes()
+    assert (kit / "convert" / "convert_hf_to_gguf.py").is_file() and (kit / "convert" / "gguf-py" / "gguf").is_dir()
 
 
 @pytest.mark.parametrize("script", sorted(GPU_ONLY))
