@@ -361,8 +361,15 @@ def test_alerts_wait_in_the_journal_through_a_broker_outage(line: Line) -> None:
         assert line.daemon.verdicts.messages.backlog() >= 1  # on disk, not in paho's memory
     finally:
         line.broker.start()
-    alert = wait_for(lambda: [a for a in line.subscriber.on("/station-a/alert") if a["result_id"] == result.id],
-                     30, "the alert after the outage")
+    # A fresh subscriber, subscribed before the daemon's reconnect (its backoff is 1-30 s): the restarted
+    # broker kept no session, so the old subscriber could resubscribe after the alert went by.
+    late = Subscriber(line.broker.port, f"{PREFIX}/#")
+    try:
+        assert late.subscribed.wait(10)
+        alert = wait_for(lambda: [a for a in late.on("/station-a/alert") if a["result_id"] == result.id],
+                         45, "the alert after the outage")  # the daemon backs off up to 30 s
+    finally:
+        late.close()
     assert alert[0]["rule"] == "defect"
     wait_for(lambda: line.daemon.verdicts.messages.backlog() == 0, 10, "the backlog to drain")
 
