@@ -70,7 +70,7 @@ class Subscriber:
         self.subscribed = threading.Event()  # set at each SUBACK (a reconnect subscribes again)
         self.client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
         self.client.on_subscribe = lambda *_: self.subscribed.set()
-        self.client.reconnect_delay_set(0.1, 1)  # back within a second of a broker restart
+        self.client.reconnect_delay_set(1, 1)  # back within a second of a broker restart
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
