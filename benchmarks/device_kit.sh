@@ -20,10 +20,12 @@ WHEELS=(flask itsdangerous blinker waitress werkzeug jinja2 markupsafe click pah
 "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps -d "$KIT/whl" \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_31_x86_64 --platform any "${WHEELS[@]}"
-SDIST=$("$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); from peers_lib.build import find_sdist; print(find_sdist())')
+# The pin and the sdist as peers_lib/build.py knows them (pip's download, cached).
+read -r VERSION SDIST < <("$PY" -c 'import sys; sys.path.insert(0, "benchmarks")
+from peers_lib.build import LLAMA_CPP_PYTHON, find_sdist; print(LLAMA_CPP_PYTHON, find_sdist())')
 "$PY" benchmarks/peers_lib/build.py trim "$KIT/peers-sdist.tar.gz" --sdist "$SDIST" > /dev/null
-cp "$KIT/peers-sdist.tar.gz" "$KIT/llama_cpp_python-0.3.36.tar.gz"
+cp "$KIT/peers-sdist.tar.gz" "$KIT/llama_cpp_python-$VERSION.tar.gz"
 rm -rf "$KIT/convert" && mkdir -p "$KIT/convert"
-V=llama_cpp_python-0.3.36/vendor/llama.cpp
+V=llama_cpp_python-$VERSION/vendor/llama.cpp
 tar xzf "$SDIST" -C "$KIT/convert" --strip-components=3 "$V/convert_hf_to_gguf.py" "$V/conversion" "$V/gguf-py"
 du -sh "$KIT" "$KIT"/*
