@@ -5,7 +5,8 @@
 # Expects (carried, git-ignored) in .device/: whl/ (the wheels the machine lacks), the trimmed
 # llama-cpp-python sdist, convert/ (convert_hf_to_gguf.py, conversion/, gguf-py/ of the same llama.cpp):
 # `bash benchmarks/device_kit.sh` gathers them (about 30 MB).
-# Phases, in order, each within one 10-minute device call (the machine keeps /tmp between calls):
+# Phases, in order, each within one 10-minute device call (the machine keeps /tmp between calls, but the
+# end of a call kills what it started, background jobs too: run `build pair` in one call, 426 s on the H200):
 #   build   CUDA build of llama.cpp (background) beside the pair's checkpoint and f16 conversion
 #   pair    quantize the pair's decoder Q4_K_M and `models import` it
 #   ort     the ONNX-encoder bundle of the same decoder shape (`models bench siglip224-qwen3b`)
@@ -16,7 +17,7 @@
 #   eval    `edge-runtime eval` (issue 24) of both bundles on a generated labelled set (200 parts at
 #           640x480, every third scratched): images/s batched across images as cameras are; needs the
 #           eval extra's wheels in .device-eval/whl when the machine lacks scikit-learn/scipy/matplotlib
-#   bash benchmarks/gpu_pair.sh build; bash benchmarks/gpu_pair.sh pair ort; bash benchmarks/gpu_pair.sh bench
+#   bash benchmarks/gpu_pair.sh build pair; bash benchmarks/gpu_pair.sh ort; bash benchmarks/gpu_pair.sh bench
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
 ARCH=${CUDA_ARCH:-90}
