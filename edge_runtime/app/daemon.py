@@ -40,7 +40,7 @@ from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discove
 from edge_runtime.delivery.mqtt.commands import command_table
 from edge_runtime.fleet.offload.router import Offloader
 from edge_runtime.inference.inspector import Inspector
-from edge_runtime.inference.model_source import resolve_bundle
+from edge_runtime.inference.model_source import open_inspector
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.power import GovernorGate, GovernorService, detect_sensor
 from edge_runtime.verdicts.journal import Journal
@@ -276,7 +276,7 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)
 
     def _load_inspector(self, config: Config) -> Inspector:
-        return Inspector(resolve_bundle(config, self.model_dir), config.model, config.device_id)
+        return open_inspector(config, self.model_dir)
 
 
 def _as_device(daemon: Daemon) -> Device:
