@@ -9,6 +9,7 @@ round's pair), the median ratio, p50 latency, how many answers are valid against
 and the worker's batched generations from /api/v1/status.
 
     python benchmarks/chat_speed.py --model DIR [--requests 8] [--clients 4] [--rounds 3] [--image]
+        [--gpu-layers -1] [--context 4096] [--fast-forward off]
 """
 
 from __future__ import annotations
@@ -118,13 +119,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="model.threads")
     ap.add_argument("--image", action="store_true", help="send an image_url part with the question")
     ap.add_argument("--rounds", type=int, default=1, help="one-client and concurrent phases, alternated")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: all)")
+    ap.add_argument("--context", type=int, default=0, help="model.context_size (0: the config's default)")
+    ap.add_argument("--fast-forward", choices=("on", "off"), default="on",
+                    help="model.fast_forward: forced tokens decoded in the step that samples the next one")
     args = ap.parse_args()
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.yaml"
         cfg.write_text(f"device_id: chat-speed\ndata_dir: {tmp}\nmqtt:\n  enabled: false\ngovernor:\n  enabled: false\n"
                        f"model:\n  path: {args.model}\n  threads: {args.threads}\n"
-                       f"api:\n  host: 127.0.0.1\n  port: {port}\n")
+                       f"  gpu_layers: {args.gpu_layers}\n  fast_forward: {args.fast_forward == 'on'}\n"
+                       + (f"  context_size: {args.context}\n" if args.context else "")
+                       + f"api:\n  host: 127.0.0.1\n  port: {port}\n")
         log = (Path(tmp) / "daemon.log").open("w")
         proc = subprocess.Popen([sys.executable, "-m", "edge_runtime", "--config", str(cfg), "run"],
                                 stdout=subprocess.DEVNULL, stderr=log, env=os.environ.copy())
@@ -148,7 +155,8 @@ def main() -> None:
             ratios = sorted(many["tokens_per_s"] / one["tokens_per_s"] for one, many in rounds)
             one, many = rounds[-1]
             worker = requests.get(f"{base}/api/v1/status", timeout=10).json().get("inspection", {})
-            print(json.dumps({"model": Path(args.model).name, "image": args.image, "one_client": one,
+            print(json.dumps({"model": Path(args.model).name, "image": args.image,
+                              "fast_forward": args.fast_forward, "gpu_layers": args.gpu_layers, "one_client": one,
                               "concurrent": many,
                               "concurrent_over_one": round(statistics.median(ratios), 2),
                               "rounds": [[o["tokens_per_s"], m["tokens_per_s"]] for o, m in rounds],

@@ -14,6 +14,9 @@
 #           f16 conversion, then quantize Q4_K_M and `models import`): 426 s on the H200
 #   server  the CUDA llama-server build, in the foreground on every core: 280 s on the H200
 #   peers   both workloads, JSON and tables into $OUT: 103 s on the H200
+#   ff      needs only build: our daemon with fast-forward on and off, 1 then 4 concurrent image chats
+#           (benchmarks/chat_speed.py), two rounds each: whether steps of one shape (llama.cpp replays them
+#           as CUDA graphs) beat fewer steps of changing shapes (docs/benchmarks.md, the H200 peers run)
 #   bash benchmarks/gpu_peers.sh build; bash benchmarks/gpu_peers.sh server; bash benchmarks/gpu_peers.sh peers
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
@@ -47,5 +50,14 @@ if [ "$PHASE" = peers ]; then
       { echo "peers $W exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/peers-$W.log"; }
   done
   nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
+fi
+if [ "$PHASE" = ff ]; then
+  for _ in 1 2; do
+    for FF in on off; do
+      python3 "$HERE/chat_speed.py" --model /tmp/models/pair3b --image --gpu-layers -1 --context 4096 \
+        --threads "${THREADS:-8}" --requests 8 --clients 4 --per-client 8 --fast-forward "$FF" 2>> "$OUT/ff.log" |
+        tail -1 | tee -a "$OUT/ff.jsonl"
+    done
+  done
 fi
 done
