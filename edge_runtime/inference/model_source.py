@@ -6,7 +6,6 @@ bundle needs the offline builders (`edge_runtime_models`), which themselves impo
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,14 +40,11 @@ def resolve_bundle(config: Config, model_dir: str | None) -> Bundle:
 def open_inspector(config: Config, model_dir: str | None) -> Inspector:
     """The bundle, loaded into a ready Inspector (the engines load on first call).
 
-    It loads on a thread of its own that ends with the load. llama.cpp's CPU backend computes with
-    OpenMP, and libgomp keeps a team of threads for every thread that ran a parallel region until that
-    thread exits; the load computes (libmtmd's and the inspector's warm-ups), so loading on the
-    daemon's main thread, which lives on, left a team beside the one of the inspection worker that
-    decodes afterwards, and every decode of the worker ran 1.4x slower on 2 cores (2.4x with
-    OMP_WAIT_POLICY=active): docs/benchmarks.md, "One OpenMP team"."""
+    It loads on a thread of its own that ends with the load: the load computes (libmtmd's and the
+    inspector's warm-ups), and on the daemon's main thread, which lives on, that left an OpenMP team
+    beside the inspection worker's that made every decode 1.4x slower (inference/openmp.py)."""
     from edge_runtime.inference.inspector import Inspector
+    from edge_runtime.inference.openmp import on_passing_thread
 
     bundle = resolve_bundle(config, model_dir)
-    with ThreadPoolExecutor(1, thread_name_prefix="model-load") as pool:  # `with` joins the thread
-        return pool.submit(Inspector, bundle, config.model, config.device_id).result()
+    return on_passing_thread(Inspector, bundle, config.model, config.device_id, name="model-load")

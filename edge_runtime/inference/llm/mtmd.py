@@ -26,6 +26,7 @@ from llama_cpp import mtmd_cpp
 
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.inference.llm.handles import Context, Handle
+from edge_runtime.inference.openmp import on_passing_thread
 
 log = logging.getLogger(__name__)
 _TEXT, _IMAGE = 0, 1  # mtmd_input_chunk_type
@@ -118,6 +119,7 @@ class MtmdContext(Handle):
             self.close()
             raise BundleError(f"{mmproj} has no vision encoder (an audio-only projector?)")
         self.lock = threading.Lock()
+        self.on_cpu = not use_gpu
         self.image_max_tokens = image_max_tokens
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model))
         self.use_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(ptr))
@@ -148,7 +150,10 @@ class MtmdContext(Handle):
         """The image chunk's embeddings [N, n_embd_inp], copied out before the next encode reuses the buffer."""
         n = int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk))
         with self.lock:
-            rc = mtmd_cpp.mtmd_encode_chunk(self.ptr, chunk)
+            if self.on_cpu:  # not on the caller's thread, which may live on (the encode stage's): openmp.py
+                rc = on_passing_thread(mtmd_cpp.mtmd_encode_chunk, self.ptr, chunk, name="mtmd-encode")
+            else:
+                rc = mtmd_cpp.mtmd_encode_chunk(self.ptr, chunk)
             if rc != 0:
                 raise InferenceError(f"libmtmd could not encode the image (code {rc})")
             out = mtmd_cpp.mtmd_get_output_embd(self.ptr)
