@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +13,8 @@ import pytest
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.samples import write_sample_video
-from edge_runtime.inference.inspector import Inspector
 from tests.support.mjpeg import MjpegCamera, free_port
+from tests.support.slow_model import slow_down
 from tests.support.waiting import wait_for
 
 
@@ -78,26 +78,9 @@ def test_mjpeg_stream_camera_fills_the_journal(run_daemon: Callable[..., Daemon]
 
 
 def test_slow_model_drops_frames_instead_of_queueing(run_daemon: Callable[..., Daemon], video: Path) -> None:
-    def slow(daemon: Daemon) -> None:
-        real = daemon._current_inspector
-
-        class Slow:
-            """The real inspector, every method of it, with 0.4 s more per generation."""
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real(), name)
-
-            def inspect(self, *args: Any, **kwargs: Any) -> Any:
-                time.sleep(0.4)
-                return real().inspect(*args, **kwargs)
-
-            def inspect_batch(self, *args: Any, **kwargs: Any) -> Any:
-                time.sleep(0.4)
-                return real().inspect_batch(*args, **kwargs)
-        slow_inspector = Slow()  # one object: the worker keeps embeddings only for the model that made them
-        daemon.worker.get_inspector = lambda: cast(Inspector, slow_inspector)  # the real inspector, slowed down
     daemon = run_daemon(CameraConfig(name="fast", source=str(video), fps=50,
-                                     trigger=TriggerConfig(mode="continuous")), tweak=slow)
+                                     trigger=TriggerConfig(mode="continuous")),
+                        tweak=lambda d: slow_down(d, 0.4))
     depths = []
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:

@@ -27,6 +27,7 @@ from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.fleet.offload.client import Endpoint
 from tests.support.mjpeg import free_port
+from tests.support.slow_model import slow_down
 from tests.support.waiting import wait_for
 
 TOKEN = "central-secret-token"
@@ -251,6 +252,7 @@ def test_frames_the_local_queue_refuses_go_to_the_central_server(
     cfg = device_config(tmp_path, demo_dir, shared_central.url, cams, engage={"queue_full": True})
     cfg.inspection.queue_size = 1
     daemon = Daemon(cfg)
+    slow_down(daemon, 0.1)  # at most 4 frames per 0.1 s against 90 fps: the queue must refuse some
     daemon.start()
     try:
         wait_for(lambda: daemon.status()["offload"]["frames"]["remote"] >= 2, 60, "remote results")
