@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -196,10 +197,12 @@ def assert_distinct(chip: FakeChip, pulse_ms: int, gap_ms: int) -> list[tuple[in
 
 
 def held_parts(line: Line, chip: FakeChip, n: int) -> list[int]:
-    """Trigger n parts and hold their verdicts back (the model is still working on them)."""
-    for _ in range(n):
+    """Trigger n parts and hold their verdicts back (the model is still working on them). Each press
+    waits for the part before it to be taken: a press while the station still takes the last frame is
+    refused as busy (a loaded CI machine took longer than the 60 ms between presses)."""
+    for taken in range(1, n + 1):
         press(chip)
-    until(lambda: len(line.pending) == n)
+        until(functools.partial(lambda want: len(line.pending) == want, taken))
     return sorted(line.pending)
 
 
