@@ -14,9 +14,10 @@
 #           f16 conversion, then quantize Q4_K_M and `models import`): 426 s on the H200
 #   server  the CUDA llama-server build, in the foreground on every core: 280 s on the H200
 #   peers   both workloads, JSON and tables into $OUT: 103 s on the H200
-#   ff      needs only build: our daemon with fast-forward on and off, 1 then 4 concurrent image chats
-#           (benchmarks/chat_speed.py), two rounds each: whether steps of one shape (llama.cpp replays them
-#           as CUDA graphs) beat fewer steps of changing shapes (docs/benchmarks.md, the H200 peers run)
+#   steps   needs only build: our daemon with fast-forward on and off, 1 then 4 concurrent image chats
+#           (benchmarks/chat_speed.py), two rounds each, from this tree and, when .device/base-src.tar.gz
+#           is there (`git archive BASE edge_runtime | gzip`), from that commit's: what one graph per
+#           batched step (llm/parallel.py) gives against the split steps before it
 #   bash benchmarks/gpu_peers.sh build; bash benchmarks/gpu_peers.sh server; bash benchmarks/gpu_peers.sh peers
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
@@ -51,12 +52,18 @@ if [ "$PHASE" = peers ]; then
   done
   nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
 fi
-if [ "$PHASE" = ff ]; then
-  for _ in 1 2; do
-    for FF in on off; do
-      python3 "$HERE/chat_speed.py" --model /tmp/models/pair3b --image --gpu-layers -1 --context 4096 \
-        --threads "${THREADS:-8}" --requests 8 --clients 4 --per-client 8 --fast-forward "$FF" 2>> "$OUT/ff.log" |
-        tail -1 | tee -a "$OUT/ff.jsonl"
+if [ "$PHASE" = steps ]; then
+  TREES=(new)
+  if [ -f .device/base-src.tar.gz ]; then
+    rm -rf /tmp/base-src && mkdir -p /tmp/base-src && tar xzf .device/base-src.tar.gz -C /tmp/base-src && TREES+=(base)
+  fi
+  for FF in on off; do
+    for TREE in "${TREES[@]}"; do
+      SRC=$PWD; [ "$TREE" = base ] && SRC=/tmp/base-src
+      # The daemon (a subprocess) imports edge_runtime from the first tree on PYTHONPATH.
+      PYTHONPATH=$SRC:$PYTHONPATH python3 "$HERE/chat_speed.py" --model /tmp/models/pair3b --image --gpu-layers -1 \
+        --context 4096 --threads "${THREADS:-8}" --requests 8 --clients 4 --per-client 8 --rounds 2 \
+        --fast-forward "$FF" 2>> "$OUT/steps.log" | tail -1 | sed "s/^{/{\"tree\": \"$TREE\", /" | tee -a "$OUT/steps.jsonl"
     done
   done
 fi

@@ -7,7 +7,10 @@ the same client (peers_lib/client.py: honours 429 + Retry-After as the openai SD
   chat   issue 28's request: text only, `response_format` json_schema {defect: boolean, category: one of 5,
          notes: string of at most 60}, max_tokens 96, temperature 0 (the peer gets the bundle's language GGUF)
   image  an image + the bundle's verdict schema and prompt (a GGUF + mmproj bundle for the peer);
-         ours also through /api/v1/infer (the inspection path) and camera triggers (the camera path)
+         ours also through /api/v1/infer (the inspection path) and camera triggers (the camera path).
+         Every request carries the next of 64 distinct parts, as a camera never sends one frame twice
+         (`--same-image`: one JPEG throughout, which llama-server's prompt cache answers without
+         encoding or prefilling the image again)
 
 Per server and route: latency p50/p95 of sequential requests (request in, schema-valid verdict out),
 time to first token (streamed), verdicts/s and tokens/s from 1/2/4/8 concurrent clients, tokens per
@@ -120,11 +123,33 @@ def chat_request(system: str, prompt: str, schema: dict[str, Any], max_tokens: i
     return body
 
 
+class Frames:
+    """The images requests carry, handed out in turn across client threads (one image: always that one)."""
+
+    def __init__(self, jpegs: list[bytes]) -> None:
+        self.jpegs = jpegs
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        """The index of the next image (cycling)."""
+        with self._lock:
+            i = self._next % len(self.jpegs)
+            self._next += 1
+            return i
+
+
 def chat_routes(server: str, system: str, prompt: str, schema: dict[str, Any], max_tokens: int,
-                image_jpeg: bytes | None = None) -> Route:
-    plain = chat_request(system, prompt, schema, max_tokens, image_jpeg)
-    streamed = chat_request(system, prompt, schema, max_tokens, image_jpeg, stream=True)
-    return Route(server, "chat", lambda c, _i: c.chat(plain), schema, lambda c: c.chat(streamed))
+                frames: Frames | None = None) -> Route:
+    if frames is None:
+        plain = chat_request(system, prompt, schema, max_tokens)
+        streamed = chat_request(system, prompt, schema, max_tokens, stream=True)
+        return Route(server, "chat", lambda c, _i: c.chat(plain), schema, lambda c: c.chat(streamed))
+    # Bodies built once per image, so the base64 of a 640x480 JPEG costs no client time per request.
+    bodies = [chat_request(system, prompt, schema, max_tokens, j) for j in frames.jpegs]
+    stream_bodies = [chat_request(system, prompt, schema, max_tokens, j, stream=True) for j in frames.jpegs]
+    return Route(server, "chat", lambda c, _i: c.chat(bodies[frames.take()]), schema,
+                 lambda c: c.chat(stream_bodies[frames.take()]))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -300,16 +325,20 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
 
 # ---- the workloads -----------------------------------------------------------------------------
 
-def sample_jpeg(path: Path) -> bytes:
-    """A fixed 640x480 part with a defect (the same bytes on every run), also written to `path`."""
+def sample_jpeg(seed: int = 3, defect: bool = True) -> bytes:
+    """A 640x480 part (the same bytes for the same seed on every run)."""
     import cv2
 
     from edge_runtime.core.samples import part_image
 
-    image = part_image(3, 640, 480, defect=True)
+    image = part_image(seed, 640, 480, defect=defect)
     data: bytes = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
-    path.write_bytes(data)
     return data
+
+
+def sample_frames(distinct: int) -> Frames:
+    """`distinct` different parts, every third with a defect (seed 3, defect, first: the --same-image one)."""
+    return Frames([sample_jpeg(3 + i, defect=i % 3 == 0) for i in range(distinct)])
 
 
 def chat_template_for(manifest: dict[str, Any]) -> str | None:
@@ -324,22 +353,25 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
     manifest = read_bundle(args.bundle)
     language, mmproj = bundle_files(args.bundle)
     image_tokens = (manifest.get("mtmd") or {}).get("image_max_tokens")
-    jpeg_path = work / "part.jpg"
-    jpeg = sample_jpeg(jpeg_path)
+    frames = sample_frames(1 if args.same_image else 64)
+    jpeg_path = work / "part.jpg"  # the cameras' still frame
+    jpeg_path.write_bytes(frames.jpegs[0])
+    image: Frames | None
     if workload == "chat":
         system, prompt, schema, max_tokens, image = CHAT_SYSTEM, CHAT_PROMPT, CHAT_SCHEMA, CHAT_MAX_TOKENS, None
     else:
         p = manifest.get("prompt") or {}
         system, prompt = p.get("system") or CHAT_SYSTEM, p.get("default") or CHAT_PROMPT
         schema = manifest["verdict_schema"]
-        max_tokens, image = int((manifest.get("generation") or {}).get("max_tokens") or 160), jpeg
+        max_tokens, image = int((manifest.get("generation") or {}).get("max_tokens") or 160), frames
     cameras = max(args.levels) if workload == "image" and "camera" in args.routes else 0
     ours = OurDaemon(work, args.bundle, args.threads, args.parallel, args.context, cameras=cameras, image=jpeg_path,
                      gpu_layers=args.gpu_layers, no_repack=args.no_repack, source=args.ours_src)
     our_routes = [chat_routes("edge-runtime", system, prompt, schema, max_tokens, image)]
     if workload == "image":
         if "infer" in args.routes:
-            our_routes.append(Route("edge-runtime", "infer", lambda c, _i: c.infer(jpeg), schema))
+            our_routes.append(Route("edge-runtime", "infer", lambda c, _i: c.infer(frames.jpegs[frames.take()]),
+                                    schema))
         if cameras:
             our_routes.append(Route("edge-runtime", "camera", lambda c, i: _trigger(c, i % cameras), schema))
     result: dict[str, Any] = {"workload": workload, "servers": {"edge-runtime": ours.describe()}}
@@ -362,7 +394,7 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
     result["ratios_ours_over_peer"] = ({f"{r.server}.{r.route}": ratios(r, peer_report) for r in reports
                                         if r is not peer_report} if peer_report else {})
     result["request"] = chat_request(system, prompt, schema, max_tokens) | (
-        {"image": "640x480 JPEG (data URL)"} if image else {})
+        {"image": f"640x480 JPEG (data URL), {len(image.jpegs)} distinct in turn"} if image else {})
     result["table"] = render(workload, reports, args.levels)
     return result
 
@@ -397,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=2048, help="context tokens per sequence (llama-server: per slot)")
     ap.add_argument("--gpu-layers", type=int, default=0, help="-1 offloads every layer (both servers)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds a request may take")
+    ap.add_argument("--same-image", action="store_true", help="image workload: one JPEG in every request (a "
+                    "prompt cache then skips its encode and prefill; a camera never repeats a frame)")
     peer = ap.add_mutually_exclusive_group()
     peer.add_argument("--peer-bin", type=Path, help="a llama-server binary (default: build or reuse the cached one)")
     peer.add_argument("--no-peer", action="store_true", help="our daemon alone")
@@ -431,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"machine": machine(), "threads": args.threads, "levels": args.levels,
                               "no_repack": args.no_repack, "ours_src": str(args.ours_src or ""),
                               "parallel": args.parallel, "requests_per_level": args.requests,
+                              "same_image": args.same_image,
                               "bundle": str(args.bundle), "workloads": []}
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
         for w in workloads:

@@ -127,3 +127,20 @@ def test_client_gives_up_after_max_retries(refusing_server: tuple[str, list[floa
     finally:
         client.close()
     assert (reply.status, reply.retries, len(seen)) == (429, 1, 2) and "busy" in (reply.error or "")
+
+
+def test_image_requests_carry_the_next_distinct_part_as_a_camera_would() -> None:
+    frames = peers.sample_frames(4)
+    assert len(set(frames.jpegs)) == 4  # four different JPEGs: no prompt cache may answer a repeat
+    sent: list[str] = []
+
+    class Recorder:
+        def chat(self, body: dict[str, object]) -> None:
+            (image, _text) = body["messages"][1]["content"]  # type: ignore[index]
+            sent.append(image["image_url"]["url"])
+
+    route = peers.chat_routes("edge-runtime", "system", "prompt", peers.CHAT_SCHEMA, 16, frames)
+    for _ in range(8):
+        route.send(Recorder(), 0)  # type: ignore[arg-type]
+    assert len(set(sent)) == 4 and sent[:4] == sent[4:]  # each part in turn, then round again
+    assert peers.sample_frames(1).jpegs == frames.jpegs[:1]  # --same-image: the first part every time

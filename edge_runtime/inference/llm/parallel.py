@@ -10,6 +10,13 @@ joins at the next step; a finished one leaves at once, its caller answered.
 A slot is one sequence id of the context. It keeps its prompt's prefix (system text, everything
 before the image) when its sequence ends, so the next prompt with that prefix decodes only its own
 part; a prefix that another slot holds is copied (llama_memory_seq_cp), not decoded again.
+
+With a KV stream per sequence (the default), llama.cpp computes a batch as one graph only when its
+rows are consecutive sequence ids in increasing order with the same number of tokens each
+(llama_batch_allocr::split_equal); any other batch it splits into one graph per run, and on a GPU,
+where a step costs its kernel launches, each graph costs a whole step. So rows go in slot order,
+a prompt takes the lowest free slot, and a row's forced tokens are fed as many per step as every
+other row has: the rest wait for the next steps, whose graph they join instead of adding one.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ class _Running:
         self.pending: tuple[int, bytes] = (-1, b"")
         self.out: list[bytes] = []
         self.ids: list[int] = []
-        self.step: list[int] = []  # tokens to decode at the next step
+        self.todo: list[int] = []  # emitted tokens not decoded yet; the next pick waits for the last
         self.prefill_ms = 0.0
         self.t_decode = 0.0
         self.calls0 = 0
@@ -106,8 +113,8 @@ class _Running:
         if fast_forward:
             step += picker.forced(min(room, p.max_tokens - len(self.ids) - 1))
         self.out.extend(b for _, b in step)
-        self.step = [t for t, _ in step]
-        self.ids.extend(self.step)
+        self.todo = [t for t, _ in step]
+        self.ids.extend(self.todo)
         if p.stops and any(s in picker.emitted.decode("utf-8", "ignore") for s in p.stops):
             return "stop"
         if p.on_text is not None:
@@ -198,7 +205,8 @@ class ParallelSequences:
             if not free or prompt.cells() > self._slot_cells:
                 left.append(prompt)
                 continue
-            # A slot that already holds this prefix, else one holding nothing, else any.
+            # A slot that already holds this prefix, else one holding nothing, else any: the lowest
+            # such, so running rows stay consecutive ids (one graph a step, module docstring).
             slot = next((s for s in free if self._holds[s] == prompt.prefix), None)
             if slot is None:
                 slot = next((s for s in free if self._holds[s] is None), free[0])
@@ -306,7 +314,8 @@ class ParallelSequences:
         stepping: list[_Running] = []
         ended: list[tuple[_Running, str]] = []
         for seq in running:
-            finish = seq.advance(room, lm.fast_forward)
+            # A row with tokens left to decode has no pick yet: it only feeds them.
+            finish = None if seq.todo else seq.advance(room, lm.fast_forward)
             if finish is None:
                 stepping.append(seq)
             else:
@@ -316,23 +325,34 @@ class ParallelSequences:
             self._end(seq, finish, finished)
         if not stepping:
             return
+        stepping.sort(key=lambda seq: seq.slot)
+        # Per-sequence streams compute a batch as one graph only with as many tokens in every row.
+        take = min(len(seq.todo) for seq in stepping) if self._equal_rows else lm.n_batch
         batch = feed.tokens.struct
-        i, rows = 0, []
+        i, rows, picking = 0, [], []
         for seq in stepping:
             seq.shared += len(stepping)
-            for k, tok in enumerate(seq.step):
+            now, seq.todo = seq.todo[:take], seq.todo[take:]
+            for k, tok in enumerate(now):
                 batch.token[i] = tok
                 batch.pos[i] = seq.pos
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq.slot
-                batch.logits[i] = int(k == len(seq.step) - 1)
+                batch.logits[i] = int(k == len(now) - 1 and not seq.todo)  # the next pick reads it
                 seq.pos += 1
                 i += 1
-            rows.append(i - 1)
+            if not seq.todo:
+                rows.append(i - 1)
+                picking.append(seq)
         batch.n_tokens = i
         feed.decode(self._live_ctx, batch)
-        for seq, choice in zip(stepping, self._pick_all(stepping, rows), strict=True):
+        for seq, choice in zip(picking, self._pick_all(picking, rows), strict=True):
             seq.pending = choice
+
+    @property
+    def _equal_rows(self) -> bool:
+        """Whether a step's rows must have as many tokens each to run as one graph."""
+        return self.lm.batch_kv_cache != "unified" and len(self._holds) > 1
 
     def _pick_all(self, stepping: list[_Running], rows: list[int]) -> list[tuple[int, bytes]]:
         """Next token of each stepping sequence; batch row rows[i] holds the logits of stepping[i]."""
