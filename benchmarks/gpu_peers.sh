@@ -60,10 +60,10 @@ if [ "$PHASE" = steps ]; then
   for FF in on off; do
     for TREE in "${TREES[@]}"; do
       SRC=$PWD; [ "$TREE" = base ] && SRC=/tmp/base-src
-      # The daemon (a subprocess) imports edge_runtime from the first tree on PYTHONPATH.
-      PYTHONPATH=$SRC:$PYTHONPATH python3 "$HERE/chat_speed.py" --model /tmp/models/pair3b --image --gpu-layers -1 \
-        --context 4096 --threads "${THREADS:-8}" --requests 8 --clients 4 --per-client 8 --rounds 2 \
-        --fast-forward "$FF" 2>> "$OUT/steps.log" | tail -1 | sed "s/^{/{\"tree\": \"$TREE\", /" | tee -a "$OUT/steps.jsonl"
+      # The daemon (`python -m`, a subprocess) imports edge_runtime from its working folder first.
+      (cd "$SRC" && PYTHONPATH=$SRC:$PYTHONPATH python3 "$HERE/chat_speed.py" --model /tmp/models/pair3b --image \
+        --gpu-layers -1 --context 4096 --threads "${THREADS:-8}" --requests 8 --clients 4 --per-client 8 --rounds 2 \
+        --fast-forward "$FF" 2>> "$OUT/steps.log") | tail -1 | sed "s/^{/{\"tree\": \"$TREE\", /" | tee -a "$OUT/steps.jsonl"
     done
   done
 fi

@@ -141,6 +141,6 @@ def test_image_requests_carry_the_next_distinct_part_as_a_camera_would() -> None
 
     route = peers.chat_routes("edge-runtime", "system", "prompt", peers.CHAT_SCHEMA, 16, frames)
     for _ in range(8):
-        route.send(Recorder(), 0)  # type: ignore[arg-type]
+        route.send(Recorder(), 0)
     assert len(set(sent)) == 4 and sent[:4] == sent[4:]  # each part in turn, then round again
     assert peers.sample_frames(1).jpegs == frames.jpegs[:1]  # --same-image: the first part every time
