@@ -23,6 +23,7 @@ from edge_runtime.lineio.modbus import ModbusServer
 from edge_runtime.lineio.station import JobRequest
 from tests.support.line_station import Line
 from tests.support.npm import npm_package
+from tests.support.waiting import wait_for
 
 PLC = Path(__file__).with_name("modbus_plc.js")
 MODBUS_SERIAL = "modbus-serial@8.0.25"
@@ -160,6 +161,9 @@ def test_a_refused_trigger_says_why(tmp_path: Path) -> None:
     try:
         assert client.connect()
         client.write_registers(0, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text("A", 16)])
+        # Part A taken before B comes: a trigger while the station still takes A's frame is refused as
+        # busy, not overrun (a loaded fresh-clone CI run got there first).
+        wait_for(lambda: len(ln.pending) == 1, 10, "part A taken")
         client.write_register(0, rm.TRIGGER_ENABLE)
         client.write_registers(0, [rm.TRIGGER_ENABLE | rm.TRIGGER, *rm.encode_text("B", 16)])
         regs = client.read_holding_registers(rm.STATUS, count=rm.STATUS_END - rm.STATUS).registers
