@@ -18,6 +18,8 @@
 #           (benchmarks/chat_speed.py), two rounds each, from this tree and, when .device/base-src.tar.gz
 #           is there (`git archive BASE edge_runtime | gzip`), from that commit's: what one graph per
 #           batched step (llm/parallel.py) gives against the split steps before it
+#   graphs  needs only build: benchmarks/step_graphs.py on the pair, 1 and 4 verdicts at once, fast-forward on
+#           and off: llama.cpp graphs per step, CUDA graph captures and resets, ms per step
 #   bash benchmarks/gpu_peers.sh build; bash benchmarks/gpu_peers.sh server; bash benchmarks/gpu_peers.sh peers
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
@@ -51,6 +53,12 @@ if [ "$PHASE" = peers ]; then
       { echo "peers $W exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/peers-$W.log"; }
   done
   nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
+fi
+if [ "$PHASE" = graphs ]; then
+  for FF in on off; do
+    python3 "$HERE/step_graphs.py" --model /tmp/models/pair3b --gpu-layers -1 --threads "${THREADS:-8}" \
+      --sequences 1,4 --fast-forward "$FF" 2>> "$OUT/graphs.log" | tee -a "$OUT/graphs.jsonl"
+  done
 fi
 if [ "$PHASE" = steps ]; then
   TREES=(new)
