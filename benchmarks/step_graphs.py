@@ -15,7 +15,6 @@ and the mean milliseconds inside `llama_decode` per step. Prints one JSON line p
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -26,13 +25,11 @@ from typing import Any
 os.environ.setdefault("LLAMA_BATCH_DEBUG", "1")  # read when a context is made: before any is
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import edge_runtime.inference.engines  # noqa: F401  # isort: skip - onnxruntime, then llama_cpp
-import llama_cpp
-
 from edge_runtime.config import Config
 from edge_runtime.core.bundle import load_bundle
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.llm.handles import log_to
 from edge_runtime.inference.llm.parallel import Prompt
 
 _MESSAGES = {"graphs": b"added ubatch to split", "cuda_captures": b"CUDA graph warmup complete",
@@ -42,8 +39,7 @@ _counts = dict.fromkeys(_MESSAGES, 0)
 _cuda_lines = [0]  # every log line naming CUDA, the load's included: 0 means ggml-cuda's log never reached us
 
 
-@llama_cpp.llama_log_callback
-def _log(level: int, text: bytes, _user: Any) -> None:
+def _log(text: bytes) -> None:
     for name, needle in _MESSAGES.items():
         if needle in text:
             _counts[name] += 1
@@ -92,7 +88,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--fast-forward", choices=("on", "off"), default="on")
     args = ap.parse_args()
-    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+    log_to(_log)
     cfg = Config(device_id="step-graphs")
     settings = cfg.model.model_copy(update={"warmup": False, "gpu_layers": args.gpu_layers, "threads": args.threads,
                                             "fast_forward": args.fast_forward == "on", "context_size": 4096})

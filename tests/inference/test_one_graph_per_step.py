@@ -13,23 +13,21 @@ import sys
 from pathlib import Path
 
 _SERVE = """
-import ctypes, json, sys
-import edge_runtime.inference.engines  # onnxruntime, then llama_cpp
-import llama_cpp
+import json, sys
 from edge_runtime.config import Config
 from edge_runtime.core.bundle import load_bundle
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.llm.handles import log_to
 from edge_runtime.inference.llm.parallel import Prompt
 from tests.support.images import synthetic_frames
 
 graphs = [0]
 
-@llama_cpp.llama_log_callback
-def log(level, text, data):
+def log(text):
     if b"added ubatch to split" in text:  # one per graph llama.cpp computes
         graphs[0] += 1
 
-llama_cpp.llama_log_set(log, ctypes.c_void_p(0))
+log_to(log)
 cfg = Config(device_id="t")
 ins = Inspector(load_bundle(sys.argv[1]), cfg.model.model_copy(update={"warmup": False}), "t")
 prompts = [Prompt(*ins.sequence(ins.default_prompt, ins.encode(f)), ins.grammar, ins.max_tokens, tag=i)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
 
 import ctypes
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -140,6 +141,20 @@ class Vocab:
     def tokenize_fptr(self) -> int:
         """The address of llama.cpp's llama_tokenize (llguidance calls it to tokenize forced text)."""
         return int(ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value or 0)
+
+
+_log_hook: list[Any] = []  # the ctypes callback llama.cpp holds: alive as long as it may be called
+
+
+def log_to(sink: Callable[[bytes], None]) -> None:
+    """Hand every later llama.cpp and ggml log line (debug lines included) to `sink`, instead of
+    llama-cpp-python's logger: for benchmarks that count what llama.cpp says (benchmarks/step_graphs.py)."""
+    @llama_cpp.llama_log_callback
+    def hook(_level: int, text: bytes, _user: Any) -> None:
+        sink(text)
+
+    _log_hook[:] = [hook]
+    llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
 
 
 def disable_extra_buffer_types() -> None:
