@@ -304,8 +304,18 @@ def drain(daemon: Daemon) -> dict[str, Any]:
     for rig in daemon.rigs.values():
         rig.stop()
     wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 30, "offload to drain")
+    # Every frame handed to the local model ends in the journal. Waiting for the queue and the worker
+    # alone missed a frame still in the encode stage (a robustness run read 35 journaled of 36); a
+    # frame that is really lost never arrives, and the wait fails.
+    wait_for(lambda: sum(journaled(daemon).values()) >= _answered(daemon.status()), 30,
+             "every answered frame journaled")
     wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
     return daemon.status()
+
+
+def _answered(status: dict[str, Any]) -> int:
+    frames = status["offload"]["frames"]
+    return int(frames["remote"] + frames["fallback_local"])
 
 
 @pytest.fixture
