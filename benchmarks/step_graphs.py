@@ -61,8 +61,8 @@ def serve(ins: Inspector, n: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         decode(ctx, batch)
         ms = (time.perf_counter() - t0) * 1000
-        if batch.token:  # token rows: a step, or a text prefill (told apart below by its size)
-            steps.append({"tokens": batch.n_tokens, "ms": ms} | {k: _counts[k] - before[k] for k in _counts})
+        steps.append({"tokens": batch.n_tokens, "ms": ms, "image": not batch.token}
+                     | {k: _counts[k] - before[k] for k in _counts})
 
     feed.decode = counted  # type: ignore[method-assign]
     answers: dict[int, Any] = {}
@@ -70,7 +70,10 @@ def serve(ins: Inspector, n: int) -> dict[str, Any]:
         ins.language.serve(prompts, lambda p, g: answers.__setitem__(p.tag, g), None)
     finally:
         feed.decode = decode  # type: ignore[method-assign]
-    gen = [s for s in steps if s["tokens"] <= 4 * n + 64]  # generated-token steps, not a long prefill
+    # All N start together, so every prefill comes first: each image block, then its prompt's text after
+    # the image. The steps are the decodes after the last image's text.
+    last_image = max(i for i, s in enumerate(steps) if s["image"])
+    gen = steps[last_image + 2:]
     total = {k: sum(s[k] for s in gen) for k in _counts}
     return {"sequences": n, "steps": len(gen), "graphs_per_step": round(total["graphs"] / max(1, len(gen)), 3),
             "tokens_per_step": round(sum(s["tokens"] for s in gen) / max(1, len(gen)), 2),
