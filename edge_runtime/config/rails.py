@@ -8,7 +8,7 @@ with a time limit (`api/rails_text.py`); the evaluator is `api/rails.py`.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -109,11 +109,43 @@ class Access(Section):
         return self
 
 
-class InputRail(Section):
+class _Rail(Section):
+    """What input and output rails share: a name, exactly one of CHECKS, the regex and word checks."""
+
+    CHECKS: ClassVar[tuple[str, ...]] = ()
+
+    name: str = Field(pattern=RAIL_NAME, description="In the error code (`rail_input_<name>`, `rail_output_"
+                      "<name>`) and metrics.")
+    enabled: bool = Field(True, description="false keeps the rail but never checks it.")
+
+    @field_validator("regex", check_fields=False)
+    @classmethod
+    def _regex_compiles(cls, v: str | None) -> str | None:
+        return check_regex(v)
+
+    @field_validator("words", check_fields=False)
+    @classmethod
+    def _no_blank_word(cls, v: list[str] | None) -> list[str] | None:
+        return _words(v)
+
+    def _the_one_check(self) -> str:
+        checks = [k for k in self.CHECKS if getattr(self, k) is not None]
+        if len(checks) != 1:
+            raise ValueError(f"give exactly one of {', '.join(self.CHECKS)}")
+        if self.name in RESERVED:
+            raise ValueError(f"the rail name {self.name!r} is reserved")
+        return checks[0]
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in self.CHECKS if getattr(self, k) is not None)
+
+
+class InputRail(_Rail):
     """One check on the request before anything is decoded or generated; exactly one check."""
 
-    name: str = Field(pattern=RAIL_NAME, description="In the error code (`rail_input_<name>`) and metrics.")
-    enabled: bool = Field(True, description="false keeps the rail but never checks it.")
+    CHECKS = ("max_text_chars", "max_images", "max_image_pixels", "regex", "words", "access")
+
     max_text_chars: int | None = Field(None, ge=0, le=262_144, description="Characters of text parts of the "
                                        "roles below, all messages together (image data never counts).")
     max_images: int | None = Field(None, ge=0, le=16, description="Images in the request.")
@@ -129,26 +161,11 @@ class InputRail(Section):
     rewrite: Rewrite | None = Field(None, description="What `action: rewrite` does.")
     message: str | None = Field(None, max_length=300, description="Said to the client in the refusal.")
 
-    @field_validator("regex")
-    @classmethod
-    def _regex_compiles(cls, v: str | None) -> str | None:
-        return check_regex(v)
-
-    @field_validator("words")
-    @classmethod
-    def _no_blank_word(cls, v: list[str] | None) -> list[str] | None:
-        return _words(v)
-
     @model_validator(mode="after")
     def _one_check(self) -> InputRail:
-        checks = [k for k in ("max_text_chars", "max_images", "max_image_pixels", "regex", "words", "access")
-                  if getattr(self, k) is not None]
-        if len(checks) != 1:
-            raise ValueError("give exactly one of max_text_chars, max_images, max_image_pixels, regex, words, access")
-        if self.name in RESERVED:
-            raise ValueError(f"the rail name {self.name!r} is reserved")
+        check = self._the_one_check()
         if self.action == "rewrite":
-            if checks[0] not in ("regex", "words"):
+            if check not in ("regex", "words"):
                 raise ValueError("action rewrite works with regex and words only (a length, image or access "
                                  "rail can only refuse)")
             if self.rewrite is None:
@@ -157,22 +174,17 @@ class InputRail(Section):
             raise ValueError("rewrite is set but action is refuse")
         return self
 
-    @property
-    def kind(self) -> str:
-        return next(k for k in ("max_text_chars", "max_images", "max_image_pixels", "regex", "words", "access")
-                    if getattr(self, k) is not None)
-
 
 class Reask(Section):
     prompt: str = Field(min_length=1, max_length=2000, description="Added as a system instruction to the one "
                         "regeneration (e.g. 'Answer again without naming people').")
 
 
-class OutputRail(Section):
+class OutputRail(_Rail):
     """One check on the answer before it is sent; exactly one check."""
 
-    name: str = Field(pattern=RAIL_NAME, description="In the error code (`rail_output_<name>`) and metrics.")
-    enabled: bool = Field(True, description="false keeps the rail but never checks it.")
+    CHECKS = ("regex", "words", "when", "json_schema")
+
     regex: str | None = Field(None, max_length=200, description="Fires when this regex searches the answer.")
     words: list[Word] | None = Field(None, max_length=MAX_WORDS, description="Fires on any of these words "
                                     "(whole words, case-insensitive).")
@@ -188,16 +200,6 @@ class OutputRail(Section):
                              "(or of the value of a `when` condition's field).")
     reask: Reask | None = Field(None, description="What `action: reask` asks.")
     message: str | None = Field(None, max_length=300, description="Said to the client in the refusal.")
-
-    @field_validator("regex")
-    @classmethod
-    def _regex_compiles(cls, v: str | None) -> str | None:
-        return check_regex(v)
-
-    @field_validator("words")
-    @classmethod
-    def _no_blank_word(cls, v: list[str] | None) -> list[str] | None:
-        return _words(v)
 
     @field_validator("json_schema")
     @classmethod
@@ -218,20 +220,12 @@ class OutputRail(Section):
 
     @model_validator(mode="after")
     def _one_check(self) -> OutputRail:
-        checks = [k for k in ("regex", "words", "when", "json_schema") if getattr(self, k) is not None]
-        if len(checks) != 1:
-            raise ValueError("give exactly one of regex, words, when, json_schema")
-        if self.name in RESERVED:
-            raise ValueError(f"the rail name {self.name!r} is reserved")
-        if self.action == "filter" and checks[0] == "json_schema":
+        check = self._the_one_check()
+        if self.action == "filter" and check == "json_schema":
             raise ValueError("a json_schema rail cannot filter (there is no match to redact): refuse or reask")
         if (self.action == "reask") != (self.reask is not None):
             raise ValueError("action reask needs reask: {prompt: ...}, and reask needs action reask")
         return self
-
-    @property
-    def kind(self) -> str:
-        return next(k for k in ("regex", "words", "when", "json_schema") if getattr(self, k) is not None)
 
 
 def _unique(rails: list[Any], where: str) -> None:
