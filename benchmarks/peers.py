@@ -320,6 +320,9 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
                            _fmt(_ratio(r.peak_gpu_mib, peer.peak_gpu_mib)), ""])
     lines = [f"workload {workload}", "", "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    # A row of zeros says nothing of why: name the first refusals (e.g. a peer's grammar that failed).
+    lines += [f"\n{r.server} · {r.route}: {r.total - r.valid} of {r.total} not valid; first errors: "
+              + "; ".join(sorted(set(r.errors))) for r in reports if r.errors]
     return "\n".join(lines)
 
 

@@ -6,9 +6,12 @@ language GGUF (quantized Q4_K_M by llama.cpp's own quantizer) and an f16 mmproj,
 `edge-runtime models import`. The tokenizer is the tiny SentencePiece one of the tests, padded to the
 real vocabulary size, so the output layer costs what Qwen's 151,936-token head costs.
 
-    python benchmarks/realistic_pair.py OUT_DIR --converter DIR [--image-max-tokens 256] [--smoke]
+    python benchmarks/realistic_pair.py OUT_DIR --converter DIR [--image-max-tokens 256] [--shape 3b|0.5b|smoke]
 
-`--smoke` builds the same layout with tiny dimensions (the CPU smoke run of tests/shipping).
+`--shape 0.5b` is a CPU-sized pair: Qwen2.5-0.5B's language dimensions (the same 151,936-token head)
+behind a 12-block, 768-wide vision tower at 336 px (144 image tokens); no such Qwen2.5-VL exists, it
+is sized for peers.py's image workload on two cores. `--shape smoke` (or `--smoke`) builds the same
+layout with tiny dimensions (the CPU smoke run of tests/shipping).
 """
 
 from __future__ import annotations
@@ -33,6 +36,16 @@ TEXT_SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, nu
                   num_key_value_heads=2, vocab_size=512, rope_theta=10000.0, mrope_section=[2, 3, 3])
 VISION_SMOKE = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                     fullatt_block_indexes=[2])
+# Qwen/Qwen2.5-0.5B-Instruct config.json (head_dim 64, so M-RoPE sections of 32 rotary pairs).
+TEXT_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0, mrope_section=[8, 12, 12])
+VISION_05B = dict(depth=12, hidden_size=768, intermediate_size=2048, num_heads=12, out_hidden_size=896,
+                  fullatt_block_indexes=[3, 7, 11])
+# shape: (text, vision, image px, quantization, bundle name)
+SHAPES = {"3b": (TEXT_3B, VISION_3B, 448, "Q4_K_M", "qwen2.5-vl-3b-shape"),
+          "0.5b": (TEXT_05B, VISION_05B, 336, "Q4_K_M", "qwen2.5-vl-0.5b-shape"),
+          # K-quants need rows of 256: the smoke shapes are too narrow
+          "smoke": (TEXT_SMOKE, VISION_SMOKE, 112, "Q8_0", "qwen2.5-vl-3b-shape")}
 
 
 def build_checkpoint(out: Path, text_dims: dict, vision_dims: dict, image_px: int) -> None:
@@ -78,27 +91,27 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--converter", type=Path, required=True, help="folder with convert_hf_to_gguf.py and gguf-py/")
     ap.add_argument("--image-max-tokens", type=int, default=256)
-    ap.add_argument("--smoke", action="store_true", help="tiny dimensions (CPU smoke run)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="3b")
+    ap.add_argument("--smoke", action="store_true", help="the same as --shape smoke (tiny dimensions)")
     args = ap.parse_args()
+    text, vision, image_px, quant, name = SHAPES["smoke" if args.smoke else args.shape]
     from edge_runtime_models.llama_cpp_tools import quantize
 
     work = args.out.with_name(args.out.name + ".work")
     work.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t = time.perf_counter()
-    text, vision = (TEXT_SMOKE, VISION_SMOKE) if args.smoke else (TEXT_3B, VISION_3B)
-    build_checkpoint(work / "hf", text, vision, image_px=448 if not args.smoke else 112)
+    build_checkpoint(work / "hf", text, vision, image_px=image_px)
     times["checkpoint_s"] = time.perf_counter() - t
     t = time.perf_counter()
     convert(args.converter, work / "hf", work / "lm-f16.gguf", "f16", mmproj=False)
     convert(args.converter, work / "hf", work / "mmproj-f16.gguf", "f16", mmproj=True)
     times["convert_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    quant = "Q8_0" if args.smoke else "Q4_K_M"  # K-quants need rows of 256: the smoke shapes are too narrow
     quantize(work / "lm-f16.gguf", work / f"lm-{quant}.gguf", quant, threads=os.cpu_count() or 1)
     times["quantize_s"] = time.perf_counter() - t
     subprocess.run([sys.executable, "-m", "edge_runtime", "models", "import", str(work / f"lm-{quant}.gguf"),
-                    str(work / "mmproj-f16.gguf"), str(args.out), "--name", "qwen2.5-vl-3b-shape",
+                    str(work / "mmproj-f16.gguf"), str(args.out), "--name", name,
                     "--image-max-tokens", str(args.image_max_tokens), "--link"], check=True)
     sizes = {p.name: p.stat().st_size for p in work.glob("*.gguf")}
     print(json.dumps({"bundle": str(args.out), **{k: round(v, 1) for k, v in times.items()}, "bytes": sizes}))

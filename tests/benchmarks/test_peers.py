@@ -144,3 +144,11 @@ def test_image_requests_carry_the_next_distinct_part_as_a_camera_would() -> None
         route.send(Recorder(), 0)
     assert len(set(sent)) == 4 and sent[:4] == sent[4:]  # each part in turn, then round again
     assert peers.sample_frames(1).jpegs == frames.jpegs[:1]  # --same-image: the first part every time
+
+
+def test_table_names_the_errors_behind_a_row_of_invalid_answers() -> None:
+    failed = peers.RouteReport("llama-server", "chat", valid=0, total=40,
+                               errors=["400: Failed to initialize samplers: std::exception"] * 5)
+    table = peers.render("image", [failed], [1])
+    assert ("llama-server · chat: 40 of 40 not valid; first errors: 400: Failed to initialize samplers: "
+            "std::exception") in table
