@@ -48,6 +48,10 @@ class ModelConfig(Section):
         "per_sequence", description="KV cache of cameras generated as parallel sequences: per_sequence "
         "gives each its own stream (verdicts bit-identical to one at a time); unified shares one buffer "
         "(~15% more batched tokens/s on a 1.5B model, but verdicts may differ from one at a time).")
+    flash_attention: bool = Field(
+        True, description="llama.cpp's fused attention kernel (what llama-server's default `-fa auto` picks on "
+        "CPU and CUDA): on the H200, 1.25x the verdicts/s of 4 cameras; on two CPU cores no measurable change "
+        "(docs/benchmarks.md). Off: the separate matmul and softmax kernels.")
     token_cache_bytes: int = Field(
         4 * 1024 * 1024, ge=0, le=1 << 30,
         description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")

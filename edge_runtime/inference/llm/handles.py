@@ -280,11 +280,12 @@ class Llama(_Handle):
     """llama-cpp-python's Llama: the owner of the main model and context (its `_internals`), with
     `model` and `context` as views of them that read as closed once this is."""
 
-    def __init__(self, path: str, n_ctx: int, n_batch: int, threads: int, gpu_layers: int, kv_type: int) -> None:
+    def __init__(self, path: str, n_ctx: int, n_batch: int, threads: int, gpu_layers: int, kv_type: int,
+                 flash_attn: bool = True) -> None:
         llm = llama_cpp.Llama(  # ValueError when the file does not load (its only signal)
             model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
             n_threads=threads, n_threads_batch=threads, n_gpu_layers=gpu_layers, verbose=False,
-            type_k=kv_type, type_v=kv_type,
+            type_k=kv_type, type_v=kv_type, flash_attn=flash_attn,
         )
         super().__init__(llm, self._close_llm, "a llama.cpp model")
         try:

@@ -34,7 +34,7 @@ class LanguageModel:
     def __init__(self, path: Path, context_size: int, threads: int, gpu_layers: int,
                  batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16",
                  constraint_engine: str = "llguidance", fast_forward: bool = True, model_key: str = "",
-                 batch_kv_cache: str = "per_sequence") -> None:
+                 batch_kv_cache: str = "per_sequence", flash_attention: bool = True) -> None:
         self.batch_kv_cache = batch_kv_cache
         self.constraint_engine = constraint_engine
         self.fast_forward = fast_forward and constraint_engine == "llguidance"
@@ -49,7 +49,8 @@ class LanguageModel:
         self._llm: Llama | None = None
         with ExitStack() as stack:
             try:  # llama-cpp-python's Llama owns the model and the main context (its _internals)
-                llm = Llama(str(path), context_size, batch_size, threads, gpu_layers, self.kv_type)
+                # The parallel context copies this choice (parallel.py): both compute attention alike.
+                llm = Llama(str(path), context_size, batch_size, threads, gpu_layers, self.kv_type, flash_attention)
             except ValueError as exc:  # llama-cpp-python's only signal is "Failed to load model"
                 raise BundleError(f"{path} could not be loaded by llama.cpp ({exc}); "
                                   "run with log level debug to see llama.cpp's reason") from None

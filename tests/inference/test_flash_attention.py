@@ -1,0 +1,47 @@
+"""`model.flash_attention` reaches llama.cpp, in the main context and in the parallel sequences' context.
+
+Fused attention computes the same softmax in another order (and, on the CPU, Q·K in f16), so its logits
+differ from the unfused kernels' by rounding: a setting that did not reach llama.cpp would give the
+same logits both ways. The parallel context copies the main context's choice, so a prompt's logits are
+the same there as in the one-at-a-time context under either setting. Real llama.cpp on the demo bundle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_runtime.config import Config
+from edge_runtime.core.bundle import Bundle
+from edge_runtime.inference.inspector import Inspector
+from tests.support.images import synthetic_frames
+
+
+def _logits(demo_bundle: Bundle, config: Config, flash: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The first token's logits of one inspection prompt: (main context, parallel context)."""
+    settings = config.model.model_copy(update={"warmup": False, "flash_attention": flash})
+    with Inspector(demo_bundle, settings, config.device_id) as ins:
+        prefix, image, suffix = ins.sequence(ins.default_prompt, ins.encode(synthetic_frames(1, seed=5)[0]))
+        main = ins.language.prompt_logits(prefix, image, suffix)
+        parallel = ins.language.parallel.prompt_logits([(prefix, image, suffix)])[0]
+    return main, parallel
+
+
+@pytest.fixture(scope="module")
+def logits(demo_bundle: Bundle, config: Config) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
+    return {flash: _logits(demo_bundle, config, flash) for flash in (True, False)}
+
+
+def test_flash_attention_on_and_off_run_different_attention_kernels(
+        logits: dict[bool, tuple[np.ndarray, np.ndarray]]) -> None:
+    on, off = logits[True][0], logits[False][0]
+    assert not np.array_equal(on, off)  # the setting reached llama.cpp
+    # ... and it is the same model: rounding, not another answer
+    assert np.abs(on - off).max() < 0.05 * max(1.0, float(np.abs(off).max()))
+    assert int(on.argmax()) == int(off.argmax())
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_the_parallel_context_attends_as_the_main_context_does(
+        logits: dict[bool, tuple[np.ndarray, np.ndarray]], flash: bool) -> None:
+    main, parallel = logits[flash]
+    np.testing.assert_array_equal(parallel, main)
