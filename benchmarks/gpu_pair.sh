@@ -5,8 +5,11 @@
 # Expects (carried, git-ignored) in .device/: whl/ (the wheels the machine lacks), the trimmed
 # llama-cpp-python sdist, convert/ (convert_hf_to_gguf.py, conversion/, gguf-py/ of the same llama.cpp):
 # `bash benchmarks/device_kit.sh` gathers them (about 30 MB).
+# SHAPES (default 3b; also 1.5b, 0.5b: realistic_pair.SHAPES) names the pairs that build and pair make, each
+# into /tmp/models/pair<shape without its dot> (pair3b, pair15b).
 # Phases, in order, each within one 10-minute device call (the machine keeps /tmp between calls, but the
-# end of a call kills what it started, background jobs too: run `build pair` in one call, 426 s on the H200):
+# end of a call kills what it started, except the llama.cpp build, which runs in its own session; `build pair`
+# in one call: 426 s on the H200 for the 3b pair):
 #   build   CUDA build of llama.cpp (background) beside the pair's checkpoint and f16 conversion
 #   pair    quantize the pair's decoder Q4_K_M and `models import` it
 #   ort     the ONNX-encoder bundle of the same decoder shape (`models bench siglip224-qwen3b`)
@@ -50,44 +53,52 @@ for PHASE in "${@:-build}"; do
 if [ "$PHASE" = build ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .device/whl/*.whl
   rm -rf /tmp/llb && mkdir -p /tmp/llb && tar xzf .device/llama_cpp_python-*.tar.gz -C /tmp/llb
-  ( cd /tmp/llb/llama_cpp_python-* &&
+  # In its own session: a call that runs out of time ends, the build does not (the next call waits for it).
+  ARCH=$ARCH setsid bash -c 'cd /tmp/llb/llama_cpp_python-* &&
     CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DLLAMA_BUILD_TESTS=OFF" \
       python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/llb/wheel . > /tmp/llb/log 2>&1 &&
     python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/llb/wheel/*.whl >> /tmp/llb/log 2>&1
-    echo "build rc=$? at $(date +%T)" > /tmp/llb/done ) &
+    echo "build rc=$? at $(date +%T)" > /tmp/llb/done' < /dev/null > /dev/null 2>&1 &
   t0=$(date +%s)
-  # The HF checkpoint (GPU init) and its f16 conversion run beside the build; quantizing needs llama.cpp.
-  python3 - <<'PY' 2>&1 | tail -3
-import sys, time; sys.path.insert(0, "benchmarks")
+  # The HF checkpoints (GPU init) and their f16 conversions run beside the build; quantizing needs llama.cpp.
+  for SHAPE in ${SHAPES:-3b}; do
+    D=/tmp/models/pair${SHAPE//./}.work
+    SHAPE=$SHAPE D=$D python3 - <<'PY' 2>&1 | tail -3
+import os, sys, time; sys.path.insert(0, "benchmarks")
 import realistic_pair as rp
 from pathlib import Path
-work = Path("/tmp/models/pair3b.work"); work.mkdir(parents=True, exist_ok=True)
-t = time.perf_counter(); rp.build_checkpoint(work / "hf", rp.TEXT_3B, rp.VISION_3B, image_px=448)
-print("checkpoint", round(time.perf_counter() - t, 1), "s")
+work = Path(os.environ["D"]); work.mkdir(parents=True, exist_ok=True)
+text, vision, px, _quant, _name = rp.SHAPES[os.environ["SHAPE"]]
+t = time.perf_counter(); rp.build_checkpoint(work / "hf", text, vision, image_px=px)
+print(os.environ["SHAPE"], "checkpoint", round(time.perf_counter() - t, 1), "s")
 t = time.perf_counter()
 rp.convert(Path(".device/convert"), work / "hf", work / "lm-f16.gguf", "f16", mmproj=False)
 rp.convert(Path(".device/convert"), work / "hf", work / "mmproj-f16.gguf", "f16", mmproj=True)
-print("convert", round(time.perf_counter() - t, 1), "s")
+print(os.environ["SHAPE"], "convert", round(time.perf_counter() - t, 1), "s")
 PY
-  rm -rf /tmp/models/pair3b.work/hf
+    rm -rf "$D/hf"
+  done
   for _ in $(seq 1 80); do [ -f /tmp/llb/done ] && break; sleep 5; done  # leave the rest to `pair`
   echo "build+checkpoint $(( $(date +%s) - t0 )) s; $(cat /tmp/llb/done 2>/dev/null || echo 'build still running')" | tee "$OUT/build.txt"
 fi
 if [ "$PHASE" = pair ]; then
   wait_for_build; tail -3 /tmp/llb/log || true
   python3 -c "import llama_cpp; print('gpu offload:', llama_cpp.llama_supports_gpu_offload())" | tee -a "$OUT/pair.txt"
-  python3 - <<'PY' | tee -a "$OUT/pair.txt"
+  for SHAPE in ${SHAPES:-3b}; do
+    D=/tmp/models/pair${SHAPE//./}
+    D=$D python3 - <<'PY' | tee -a "$OUT/pair.txt"
 import os, time
 from pathlib import Path
 from edge_runtime_models.llama_cpp_tools import quantize
-w = Path("/tmp/models/pair3b.work"); t = time.perf_counter()
+w = Path(os.environ["D"] + ".work"); t = time.perf_counter()
 quantize(w / "lm-f16.gguf", w / "lm-Q4_K_M.gguf", "Q4_K_M", threads=os.cpu_count() or 1)
 (w / "lm-f16.gguf").unlink()
-print("quantize", round(time.perf_counter() - t, 1), "s;", {p.name: p.stat().st_size for p in w.glob("*.gguf")})
+print(w, "quantize", round(time.perf_counter() - t, 1), "s;", {p.name: p.stat().st_size for p in w.glob("*.gguf")})
 PY
-  python3 -m edge_runtime models import /tmp/models/pair3b.work/lm-Q4_K_M.gguf \
-    /tmp/models/pair3b.work/mmproj-f16.gguf /tmp/models/pair3b --name qwen2.5-vl-3b-shape \
-    --image-max-tokens 256 --link | tail -1 | tee -a "$OUT/pair.txt"
+    NAME=$(cd benchmarks && python3 -c "import realistic_pair as rp; print(rp.SHAPES['$SHAPE'][4])")
+    python3 -m edge_runtime models import "$D.work/lm-Q4_K_M.gguf" "$D.work/mmproj-f16.gguf" "$D" --name "$NAME" \
+      --image-max-tokens 256 --link | tail -1 | tee -a "$OUT/pair.txt"
+  done
 fi
 if [ "$PHASE" = ort ]; then
   [ -f /tmp/models/siglip224-qwen3b/bundle.yaml ] ||

@@ -20,6 +20,10 @@
 #           batched step (llm/parallel.py) gives against the split steps before it
 #   graphs  needs only build: benchmarks/step_graphs.py on the pair, 1 and 4 verdicts at once, fast-forward on
 #           and off: llama.cpp graphs per step, CUDA graph captures and resets, ms per step
+#   fabench, facam, faprofile  need only build (SHAPES="3b 1.5b" for both pairs): model.flash_attention on, then
+#           off, on this tree: `edge-runtime bench` of each pair; our camera and chat routes at 1/2/4/8 clients
+#           (peers.py --no-peer; OURS_SET=SECTION.KEY=VALUE one more setting, TAG its files' suffix);
+#           benchmarks/parallel_profile.py (1-8 cameras as parallel sequences, both KV layouts)
 #   bash benchmarks/gpu_peers.sh build; bash benchmarks/gpu_peers.sh server; bash benchmarks/gpu_peers.sh peers
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
@@ -53,6 +57,32 @@ if [ "$PHASE" = peers ]; then
       { echo "peers $W exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/peers-$W.log"; }
   done
   nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
+fi
+if [ "$PHASE" = fabench ] || [ "$PHASE" = facam ] || [ "$PHASE" = faprofile ]; then
+  # model.flash_attention on and off (as llama-server's -fa auto and the setting before it), the same tree
+  for FA in ${FA_SETTINGS:-true false}; do
+    printf 'model:\n  gpu_layers: -1\n  threads: %s\n  context_size: 4096\n  flash_attention: %s\n' \
+      "${THREADS:-8}" "$FA" > "/tmp/fa-$FA.yaml"
+    if [ "$PHASE" = fabench ]; then
+      for b in ${BUNDLES:-pair3b pair15b}; do
+        python3 -m edge_runtime --config "/tmp/fa-$FA.yaml" --log-level warning bench --model "/tmp/models/$b" \
+          --frames "${FRAMES:-12}" --json > "$OUT/bench-$b-fa-$FA.json" 2>> "$OUT/fa.log" ||
+          echo "bench $b fa=$FA exited with $?" | tee -a "$OUT/exit.txt"
+        python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
+          "$OUT/bench-$b-fa-$FA.json" | tee "$OUT/bench-$b-fa-$FA.txt"
+      done
+    fi
+    if [ "$PHASE" = facam ]; then
+      python3 "$HERE/peers.py" --bundle "/tmp/models/${BUNDLE:-pair3b}" --workload image --no-peer --gpu-layers -1 \
+        --routes "${ROUTES:-camera,chat}" --threads "${THREADS:-8}" --context 4096 --clients "${CLIENTS:-1,2,4,8}" \
+        --requests "${REQUESTS:-8}" --ours-set "model.flash_attention=$FA" ${OURS_SET:+--ours-set "$OURS_SET"} --out "$OUT/facam-$FA${TAG:-}.json" \
+        2>> "$OUT/fa.log" | tee "$OUT/facam-$FA${TAG:-}.txt" || echo "facam fa=$FA exited with $?" | tee -a "$OUT/exit.txt"
+    fi
+    if [ "$PHASE" = faprofile ]; then
+      python3 "$HERE/parallel_profile.py" "/tmp/models/${BUNDLE:-pair3b}" "/tmp/fa-$FA.yaml" 2>> "$OUT/fa.log" |
+        tee "$OUT/faprofile-$FA.txt"
+    fi
+  done
 fi
 if [ "$PHASE" = graphs ]; then
   for FF in on off; do

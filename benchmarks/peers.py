@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers_lib.client import Client, Reply
@@ -369,7 +371,8 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
         max_tokens, image = int((manifest.get("generation") or {}).get("max_tokens") or 160), frames
     cameras = max(args.levels) if workload == "image" and "camera" in args.routes else 0
     ours = OurDaemon(work, args.bundle, args.threads, args.parallel, args.context, cameras=cameras, image=jpeg_path,
-                     gpu_layers=args.gpu_layers, no_repack=args.no_repack, source=args.ours_src)
+                     gpu_layers=args.gpu_layers, no_repack=args.no_repack, source=args.ours_src,
+                     extra=args.ours_set)
     our_routes = [chat_routes("edge-runtime", system, prompt, schema, max_tokens, image)]
     if workload == "image":
         if "infer" in args.routes:
@@ -400,6 +403,18 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
         {"image": f"640x480 JPEG (data URL), {len(image.jpegs)} distinct in turn"} if image else {})
     result["table"] = render(workload, reports, args.levels)
     return result
+
+
+def ours_settings(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, dict[str, Any]]:
+    """`--ours-set` items as {section: {key: value}}, each value read as YAML."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot or not section or not name:
+            ap.error(f"--ours-set {item!r}: expected SECTION.KEY=VALUE")
+        out.setdefault(section, {})[name] = yaml.safe_load(value)
+    return out
 
 
 def _trigger(client: Client, camera: int) -> Reply:
@@ -449,8 +464,12 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: $LLAMA_CMAKE_ARGS, else the Makefile's: the AMX kernels left out)")
     ap.add_argument("--ours-src", type=Path, help="run our daemon from this source tree (e.g. `git archive` of a "
                     "commit) instead of the installed package")
+    ap.add_argument("--ours-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="a setting of our daemon's config, VALUE as YAML (e.g. model.flash_attention=false); "
+                    "repeatable")
     ap.add_argument("--out", type=Path, help="write the whole report as JSON here")
     args = ap.parse_args(argv)
+    args.ours_set = ours_settings(ap, args.ours_set)
     args.levels = [int(n) for n in args.clients.split(",") if n.strip()]
     args.parallel = args.parallel or max(args.levels)
     args.routes = {r.strip() for r in args.routes.split(",")}
@@ -467,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = ["chat", "image"] if args.workload == "both" else [args.workload]
     report: dict[str, Any] = {"machine": machine(), "threads": args.threads, "levels": args.levels,
                               "no_repack": args.no_repack, "ours_src": str(args.ours_src or ""),
+                              "ours_set": args.ours_set,
                               "parallel": args.parallel, "requests_per_level": args.requests,
                               "same_image": args.same_image,
                               "bundle": str(args.bundle), "workloads": []}

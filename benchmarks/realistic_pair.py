@@ -41,8 +41,14 @@ TEXT_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, n
                 num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0, mrope_section=[8, 12, 12])
 VISION_05B = dict(depth=12, hidden_size=768, intermediate_size=2048, num_heads=12, out_hidden_size=896,
                   fullatt_block_indexes=[3, 7, 11])
+# Qwen/Qwen2.5-1.5B-Instruct config.json behind the 3B's vision tower projecting to its width: the
+# layout of Qwen2-VL-2B (a 1.5B language model and a 32-block 1280-wide tower) in Qwen2.5-VL's format.
+TEXT_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0, mrope_section=[16, 24, 24])
+VISION_15B = dict(VISION_3B, out_hidden_size=1536)
 # shape: (text, vision, image px, quantization, bundle name)
 SHAPES = {"3b": (TEXT_3B, VISION_3B, 448, "Q4_K_M", "qwen2.5-vl-3b-shape"),
+          "1.5b": (TEXT_15B, VISION_15B, 448, "Q4_K_M", "qwen2.5-vl-1.5b-shape"),
           "0.5b": (TEXT_05B, VISION_05B, 336, "Q4_K_M", "qwen2.5-vl-0.5b-shape"),
           # K-quants need rows of 256: the smoke shapes are too narrow
           "smoke": (TEXT_SMOKE, VISION_SMOKE, 112, "Q8_0", "qwen2.5-vl-3b-shape")}
