@@ -6,8 +6,10 @@ language GGUF (quantized Q4_K_M by llama.cpp's own quantizer) and an f16 mmproj,
 `edge-runtime models import`. The tokenizer is the tiny SentencePiece one of the tests, padded to the
 real vocabulary size, so the output layer costs what Qwen's 151,936-token head costs.
 
-    python benchmarks/realistic_pair.py OUT_DIR --converter DIR [--image-max-tokens 256] [--shape 3b|0.5b|smoke]
+    python benchmarks/realistic_pair.py OUT_DIR --converter DIR [--image-max-tokens 256] [--shape 3b|1.5b|0.5b|smoke]
 
+`--shape 1.5b` is Qwen2.5-1.5B's language dimensions behind the 3b's 32-block tower (the layout of
+Qwen2-VL-2B, in Qwen2.5-VL's format): the 1.5B shape of issue 25's end-to-end target.
 `--shape 0.5b` is a CPU-sized pair: Qwen2.5-0.5B's language dimensions (the same 151,936-token head)
 behind a 12-block, 768-wide vision tower at 336 px (144 image tokens); no such Qwen2.5-VL exists, it
 is sized for peers.py's image workload on two cores. `--shape smoke` (or `--smoke`) builds the same
