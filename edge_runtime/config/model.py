@@ -48,10 +48,18 @@ class ModelConfig(Section):
         "per_sequence", description="KV cache of cameras generated as parallel sequences: per_sequence "
         "gives each its own stream (verdicts bit-identical to one at a time); unified shares one buffer "
         "(~15% more batched tokens/s on a 1.5B model, but verdicts may differ from one at a time).")
-    flash_attention: bool = Field(
-        True, description="llama.cpp's fused attention kernel (what llama-server's default `-fa auto` picks on "
+    flash_attention: bool | Literal["auto"] = Field(
+        "auto", description="llama.cpp's fused attention kernel (what llama-server's default `-fa auto` picks on "
         "CPU and CUDA): on the H200, 1.25x the verdicts/s of 4 cameras; on two CPU cores no measurable change "
-        "(docs/benchmarks.md). Off: the separate matmul and softmax kernels.")
+        "(docs/benchmarks.md). auto: on, except with kv_cache_type f32, whose point is matching a float32 "
+        "reference (the fused CPU kernel's logits were 3e-3 of their range off it, the unfused under 1e-5); "
+        "true/false force it.")
     token_cache_bytes: int = Field(
         4 * 1024 * 1024, ge=0, le=1 << 30,
         description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")
+
+    def flash_attention_on(self) -> bool:
+        """Whether llama.cpp's contexts use fused attention (`flash_attention`, resolving auto)."""
+        if self.flash_attention == "auto":
+            return self.kv_cache_type != "f32"
+        return bool(self.flash_attention)

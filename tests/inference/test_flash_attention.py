@@ -7,10 +7,12 @@ the same there as in the one-at-a-time context under either setting. Real llama.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from edge_runtime.config import Config
+from edge_runtime.config import Config, load_config
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import synthetic_frames
@@ -45,3 +47,16 @@ def test_the_parallel_context_attends_as_the_main_context_does(
         logits: dict[bool, tuple[np.ndarray, np.ndarray]], flash: bool) -> None:
     main, parallel = logits[flash]
     np.testing.assert_array_equal(parallel, main)
+
+
+@pytest.mark.parametrize(("setting", "kv", "on"), [("auto", "f16", True), ("auto", "f32", False), (True, "f32", True),
+                                                   (False, "f16", False)])
+def test_auto_turns_fused_attention_on_except_for_a_float32_kv_cache(
+        config: Config, setting: bool | str, kv: str, on: bool) -> None:
+    assert config.model.model_copy(update={"flash_attention": setting, "kv_cache_type": kv}).flash_attention_on() is on
+
+
+def test_yaml_on_and_off_read_as_forcing_it(tmp_path: Path) -> None:
+    for text, value in (("on", True), ("off", False), ("auto", "auto")):
+        (tmp_path / "c.yaml").write_text(f"model:\n  flash_attention: {text}\n")
+        assert load_config(tmp_path / "c.yaml").model.flash_attention == value
