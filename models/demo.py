@@ -106,17 +106,22 @@ def write_manifest(work: Path, manifest: dict[str, Any], extra_files: dict[str, 
     (work / "bundle.yaml").write_text(yaml.safe_dump(ordered, sort_keys=False, width=100))
 
 
+def write_demo_language(path: Path, seed: int = SEED + 1, quant: str = "Q8_0", **shape: int) -> None:
+    """The demo bundle's language model (`seed`, `shape` overrides: another model of its vocabulary,
+    e.g. a draft for speculative decoding, or one of another vocabulary size with `vocab`)."""
+    language = LanguageShape(**{"width": VisionShape().out_dim, **shape})
+    write_language_model(path, language, train_bpe(_CORPUS, n_merges=240), seed, quant, name=DEMO_NAME)
+
+
 def build_demo_bundle(out_dir: Path, quant: str = "Q8_0") -> Path:
     """Write the demo bundle into `out_dir` (replaced atomically) and return it."""
     vision = VisionShape()
     language = LanguageShape(width=vision.out_dim)
-    tokenizer = train_bpe(_CORPUS, n_merges=240)
 
     out_dir = out_dir.expanduser().resolve()
     with bundle_workdir(out_dir) as work:
         onnx.save_model(build_vision_model(vision, SEED), str(work / "vision.onnx"))
-        write_language_model(work / "language.gguf", language, tokenizer, SEED + 1, quant,
-                             name=DEMO_NAME)
+        write_demo_language(work / "language.gguf", SEED + 1, quant)
         manifest = {
             "format": 1,
             "name": DEMO_NAME,
