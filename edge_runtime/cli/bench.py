@@ -84,8 +84,10 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
     prompt_tps, gen_tps, gen_tokens, forced, energies = [], [], [], [], []
     raw_encode, raw_prefill, raw_gen_tps, raw_free_tps = [], [], [], []
     vision, preprocessor = inspector.vision, inspector.preprocessor
+    drafted = _draft_counts(inspector)
     if vision is None or preprocessor is None:  # a GGUF + mmproj bundle: libmtmd encodes (bench_pair.py)
         run_pair_bench(inspector, report, images, bar, energy)
+        report.tokens.update(_draft_share(inspector, drafted))
         report.throughput = _throughput(inspector, images)
         report.throughput.update(_parallel(inspector, images[:4]))
         bar.close()
@@ -155,6 +157,7 @@ def run_bench(inspector: Inspector, frames: int = 20, progress: bool = True, ene
                   "gen_tok_s": round(statistics.median(raw_gen_tps), 1),
                   "gen_tok_s_unconstrained": round(statistics.median(raw_free_tps), 1)}
     report.tokens["engine"] = inspector.language.constraint_engine
+    report.tokens.update(_draft_share(inspector, drafted))
     report.ratios = {
         "encode_throughput_ours_vs_raw": round(report.raw["encode_ms_p50"] / report.stages_ms["encode"]["p50"], 3),
         "generation_throughput_ours_vs_raw": round(report.tokens["gen_tok_s"] / report.raw["gen_tok_s"], 3),
@@ -271,6 +274,22 @@ class _progress:
             self.bar.close()
 
 
+def _draft_counts(inspector: Inspector) -> tuple[int, int]:
+    """(tokens guessed, tokens taken) by the draft model since it was loaded; (0, 0) without one."""
+    drafter = inspector.language.drafter
+    return (0, 0) if drafter is None else (drafter.length.proposed, drafter.length.accepted)
+
+
+def _draft_share(inspector: Inspector, before: tuple[int, int]) -> dict[str, Any]:
+    """What the draft model (model.draft_model) guessed during the stage timings, and how much was taken."""
+    drafter = inspector.language.drafter
+    if drafter is None:
+        return {}
+    guessed, taken = (now - then for now, then in zip(_draft_counts(inspector), before, strict=True))
+    return {"draft_model": drafter.path.name, "draft_guessed": guessed, "draft_taken": taken,
+            "draft_taken_share": round(taken / max(1, guessed), 3)}
+
+
 def render(report: BenchReport) -> str:
     m = report.model
     encoder = (f"{m['image_tokens']} image tokens" if "image_tokens" in m
@@ -283,7 +302,9 @@ def render(report: BenchReport) -> str:
     t, r, pc, tp = report.tokens, report.raw, report.prefix_cache, report.throughput
     lines += ["", f"prompt {t['prompt_tokens']} tokens at {t['prompt_tok_s']:.0f} tok/s; "
               f"generation {t['gen_tokens_mean']:.0f} tokens per verdict at {t['gen_tok_s']:.0f} tok/s"
-              + (f", {t['forced_share']:.0%} of them forced by the schema's grammar" if "forced_share" in t else ""),
+              + (f", {t['forced_share']:.0%} of them forced by the schema's grammar" if "forced_share" in t else "")
+              + (f"; draft {t['draft_model']} guessed {t['draft_guessed']}, {t['draft_taken_share']:.0%} taken"
+                 if "draft_model" in t else ""),
               f"raw engines: encode p50 {r['encode_ms_p50']:.2f} ms, generation {r['gen_tok_s']:.0f} tok/s "
               f"with llama.cpp's grammar, {r['gen_tok_s_unconstrained']:.0f} tok/s unconstrained",
               f"ratios (ours/raw throughput): encoder {report.ratios['encode_throughput_ours_vs_raw']:.3f}, "

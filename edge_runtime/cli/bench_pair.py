@@ -33,11 +33,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def forced_tokens(gen: Any) -> int:
-    """Tokens of a verdict that the grammar forced rather than the model chose. Each generation step
-    decodes one chosen token plus the forced ones after it (LanguageModel.generate, fast-forward on);
-    the last chosen token is not decoded when the verdict ends at max_tokens (no stop strings here)."""
-    chosen = gen.steps + (0 if gen.finish_reason == "stop" else 1)
-    return max(0, gen.tokens - chosen)
+    """Tokens of a verdict that the grammar forced rather than the model chose (fast-forward's, counted
+    as they are taken: a step may also take a draft model's guesses, so steps do not tell)."""
+    return int(gen.forced)
 
 
 def run_pair_bench(inspector: Inspector, report: Any, images: list[bytes], bar: Any, energy: Any = None) -> Any:

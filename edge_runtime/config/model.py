@@ -54,6 +54,14 @@ class ModelConfig(Section):
         "(docs/benchmarks.md). auto: on, except with kv_cache_type f32, whose point is matching a float32 "
         "reference (the fused CPU kernel's logits were 3e-3 of their range off it, the unfused under 1e-5); "
         "true/false force it.")
+    draft_model: Path | None = Field(
+        None, description="Speculative decoding: a GGUF of the same tokenizer (e.g. Qwen2.5-0.5B for Qwen2.5-VL-3B) "
+        "that guesses the next tokens for the language model to check in one batch. Greedy answers of a "
+        "camera or client running alone only; every answer is the one given without it (docs/models.md). "
+        "Empty: none.")
+    draft_tokens: int = Field(
+        3, ge=1, le=16, description="Most tokens the draft guesses a step; fewer (or none for a while) when its "
+        "guesses are refused.")
     token_cache_bytes: int = Field(
         4 * 1024 * 1024, ge=0, le=1 << 30,
         description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")

@@ -100,7 +100,8 @@ class Inspector:
                 bundle.language_path, settings.context_size, settings.threads, settings.gpu_layers,
                 settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
                 settings.constraint_engine, settings.fast_forward, m.files.language.sha256,
-                settings.batch_kv_cache, settings.flash_attention_on()))
+                settings.batch_kv_cache, settings.flash_attention_on(), settings.draft_model,
+                settings.draft_tokens))
             if onnx is None:  # format 2: libmtmd encodes with the mmproj, over the loaded language model
                 assert bundle.mmproj_path is not None and m.mtmd is not None
                 self.mtmd = stack.enter_context(MtmdContext(

@@ -142,10 +142,11 @@ class GuidedPicker:
             if len(spare) < _MATCHERS_PER_GRAMMAR:
                 spare.append(matcher)
 
-    def allowed(self) -> np.ndarray:
-        """Bool per token: may it come next? Computed in Rust with the GIL released."""
+    def allowed(self, count: bool = True) -> np.ndarray:
+        """Bool per token: may it come next? Computed in Rust with the GIL released. `count`: one more
+        step whose best raw logit was refused (a draft's guesses are not counted)."""
         self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
-        self.full_masks += 1
+        self.full_masks += count
         bits = np.unpackbits(self.mask.view(np.uint8), bitorder="little")[: self.n_vocab]
         return bits.view(bool)
 

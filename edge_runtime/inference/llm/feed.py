@@ -33,6 +33,9 @@ class Generation:
     steps: int = 0  # llama_decode calls of the generation (not the prefill)
     llama_decode_ms: float = 0.0  # time inside them; measured only when Feed.profile is on
     batched: float = 1.0  # sequences decoded together with it, on average over its steps (its energy share)
+    forced: int = 0  # tokens the grammar forced (decoded after the chosen token of their step, fast-forward)
+    drafted: int = 0  # tokens a draft model guessed for it (speculative decoding, draft.py)
+    draft_accepted: int = 0  # of them, those it picked too
 
 
 # What goes between the prompt's prefix and suffix: one block of image embeddings [N, D], or a

@@ -197,6 +197,11 @@ class Model(_Handle):
         """The width of the input embeddings the model takes (wider than n_embd on Qwen3-VL)."""
         return int(llama_cpp.llama_model_n_embd_inp(self.ptr))
 
+    def keeps_state(self) -> bool:
+        """Whether the model carries a recurrent state (Mamba, RWKV, LFM2's convolutions) whose
+        positions cannot be cut from the end, as a KV cache's can."""
+        return bool(llama_cpp.llama_model_is_recurrent(self.ptr) or llama_cpp.llama_model_is_hybrid(self.ptr))
+
     def uses_mrope(self) -> bool:
         """Whether the model's positions are M-RoPE's 4 sections (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...)."""
         return int(llama_cpp.llama_model_rope_type(self.ptr)) in _MROPE_TYPES

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from edge_runtime.core.errors import BundleError, InferenceError, InputError
+from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
+from edge_runtime.inference.llm.draft import Drafter
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
 from edge_runtime.inference.llm.handles import Context, Llama, Model, Vocab
 from edge_runtime.inference.llm.parallel import Admit, Finished, Item, ParallelSequences, Prompt
@@ -34,7 +35,8 @@ class LanguageModel:
     def __init__(self, path: Path, context_size: int, threads: int, gpu_layers: int,
                  batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16",
                  constraint_engine: str = "llguidance", fast_forward: bool = True, model_key: str = "",
-                 batch_kv_cache: str = "per_sequence", flash_attention: bool = True) -> None:
+                 batch_kv_cache: str = "per_sequence", flash_attention: bool = True,
+                 draft_path: Path | None = None, draft_tokens: int = 3) -> None:
         self.batch_kv_cache = batch_kv_cache
         self.constraint_engine = constraint_engine
         self.fast_forward = fast_forward and constraint_engine == "llguidance"
@@ -47,6 +49,7 @@ class LanguageModel:
         self.reuse_prefix = reuse_prefix
         self._cached_prefix: list[int] = []
         self._llm: Llama | None = None
+        self.drafter: Drafter | None = None
         with ExitStack() as stack:
             try:  # llama-cpp-python's Llama owns the model and the main context (its _internals)
                 # The parallel context copies this choice (parallel.py): both compute attention alike.
@@ -62,6 +65,13 @@ class LanguageModel:
             self.mrope = llm.model.uses_mrope()
             self.feed = Feed(batch_size, self.n_embd, on_error=self.forget_prefix)
             stack.callback(self.feed.close)
+            if draft_path is not None:
+                if llm.model.keeps_state():  # speculation drops the cells of refused guesses
+                    raise ConfigError(f"model.draft_model: {path} keeps a recurrent state, which cannot drop "
+                                      "the guesses it refuses; speculative decoding needs a transformer")
+                self.drafter = Drafter(draft_path, llm.model, context_size, threads, gpu_layers,
+                                       batch_size, self.kv_type, flash_attention, draft_tokens)
+                stack.callback(self.drafter.close)
             self.parallel = ParallelSequences(self)
             stack.callback(self.parallel.close)
             # Per-token lookups done once per model, not once per generated token.
@@ -170,6 +180,10 @@ class LanguageModel:
         on_text: Callable[[str], None] | None = None, stop: list[str] | None = None,
     ) -> Generation:
         """Prefill prefix + image + suffix, then generate until end or max_tokens."""
+        if self.drafter is not None and (sampling or GREEDY).temperature <= 0 and max_tokens > 1:
+            # Speculation lives in the parallel sequences' step: a prompt alone there is this one.
+            return self._served(Prompt(prefix, image, suffix, grammar, max_tokens, sampling or GREEDY,
+                                       tuple(stop or ()), on_text))
         t0 = time.perf_counter()
         pos, reused = self.prefill(prefix, image, suffix, max_tokens)
         prefill_ms = (time.perf_counter() - t0) * 1000
@@ -177,6 +191,7 @@ class LanguageModel:
         out: list[bytes] = []
         ids: list[int] = []
         finish = "length"
+        forced = 0
         t1 = time.perf_counter()
         calls0, decode0 = self.feed.decode_calls, self.feed.decode_s
         picker = TokenPicker(self, grammar, sampling or GREEDY)
@@ -189,6 +204,7 @@ class LanguageModel:
                 step = [(token, piece)]
                 if self.fast_forward:
                     step += picker.forced(max_tokens - len(ids) - 1)
+                    forced += len(step) - 1
                 out.extend(p for _, p in step)
                 ids.extend(t for t, _ in step)
                 if stop and any(s in picker.emitted.decode("utf-8", "ignore") for s in stop):
@@ -213,7 +229,15 @@ class LanguageModel:
             prompt_tokens=prompt_tokens, prefill_ms=prefill_ms, decode_ms=decode_ms,
             finish_reason=finish, prefix_reused=reused, token_ids=ids,
             steps=self.feed.decode_calls - calls0, llama_decode_ms=(self.feed.decode_s - decode0) * 1000,
+            forced=forced,
         )
+
+    def _served(self, prompt: Prompt) -> Generation:
+        outcome: list[Generation | Exception] = []
+        self.serve([prompt], lambda _prompt, out: outcome.append(out))
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
 
     def prompt_logits(self, prefix: list[int], image: ImagePart, suffix: list[int]) -> np.ndarray:
         """The logits after the whole prompt (a copy): what the first generated token is chosen from."""

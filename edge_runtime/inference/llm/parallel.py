@@ -17,6 +17,10 @@ rows are consecutive sequence ids in increasing order with the same number of to
 where a step costs its kernel launches, each graph costs a whole step. So rows go in slot order,
 a prompt takes the lowest free slot, and a row's forced tokens are fed as many per step as every
 other row has: the rest wait for the next steps, whose graph they join instead of adding one.
+
+A sequence that runs alone, greedy, on a model with a draft (draft.py) speculates: the draft's guesses
+go into the step's batch after the row's own tokens, with logits for each, and the picks that match a
+guess are taken from those rows without a step of their own (`_speculate`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_runtime.core.errors import InferenceError
+from edge_runtime.inference.llm.draft import Drafter
 from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, image_segments
 from edge_runtime.inference.llm.handles import Context, Model
 from edge_runtime.inference.llm.picker import GREEDY, PickerHost, Sampling, TokenPicker
@@ -80,6 +85,7 @@ class ParallelHost(PickerHost, Protocol):
     batch_kv_cache: str
     fast_forward: bool
     feed: Feed
+    drafter: Drafter | None
 
     @property
     def model(self) -> Model: ...
@@ -102,6 +108,8 @@ class _Running:
         self.calls0 = 0
         self.llama0 = 0.0
         self.shared = 0  # sequences decoded with this one, summed over its steps (its share of the work)
+        self.ended: str | None = None  # the finish reason, when it came with a draft's guess (_speculate)
+        self.forced = self.drafted = self.draft_accepted = 0
 
     def advance(self, room: int, fast_forward: bool) -> str | None:
         """Take the chosen token (and the forced ones after it); the finish reason once it is done."""
@@ -112,6 +120,7 @@ class _Running:
         step = [(token, piece)]
         if fast_forward:
             step += picker.forced(min(room, p.max_tokens - len(self.ids) - 1))
+            self.forced += len(step) - 1
         self.out.extend(b for _, b in step)
         self.todo = [t for t, _ in step]
         self.ids.extend(self.todo)
@@ -131,7 +140,8 @@ class _Running:
         return Generation(text, len(self.out), self.prompt_tokens, self.prefill_ms,
                           (time.perf_counter() - self.t_decode) * 1000, finish, self.reused, self.ids,
                           feed.decode_calls - self.calls0, (feed.decode_s - self.llama0) * 1000,
-                          batched=max(1.0, self.shared / steps))
+                          batched=max(1.0, self.shared / steps), forced=self.forced, drafted=self.drafted,
+                          draft_accepted=self.draft_accepted)
 
 
 class ParallelSequences:
@@ -315,7 +325,7 @@ class ParallelSequences:
         ended: list[tuple[_Running, str]] = []
         for seq in running:
             # A row with tokens left to decode has no pick yet: it only feeds them.
-            finish = None if seq.todo else seq.advance(room, lm.fast_forward)
+            finish = seq.ended or (None if seq.todo else seq.advance(room, lm.fast_forward))
             if finish is None:
                 stepping.append(seq)
             else:
@@ -326,6 +336,8 @@ class ParallelSequences:
         if not stepping:
             return
         stepping.sort(key=lambda seq: seq.slot)
+        if len(stepping) == 1 and self._speculate(stepping[0], room):
+            return
         # Per-sequence streams compute a batch as one graph only with as many tokens in every row.
         take = min(len(seq.todo) for seq in stepping) if self._equal_rows else lm.n_batch
         batch = feed.tokens.struct
@@ -348,6 +360,66 @@ class ParallelSequences:
         feed.decode(self._live_ctx, batch)
         for seq, choice in zip(picking, self._pick_all(picking, rows), strict=True):
             seq.pending = choice
+
+    def _speculate(self, seq: _Running, room: int) -> bool:
+        """One step of a sequence running alone, with the draft's guesses after its own tokens; False
+        when it drafts nothing (sampled, no draft, paused, or no room): then the plain step runs.
+        Each pick is the one the plain step would make, from the row after the same tokens: where it
+        equals the next guess, that guess's row holds the logits of the pick after it."""
+        lm, drafter, p = self.lm, self.lm.drafter, seq.prompt
+        if drafter is None or p.sampling.temperature > 0:
+            return False
+        n = min(drafter.length.take(), p.max_tokens - len(seq.ids) - 1, lm.n_batch - len(seq.todo))
+        if n <= 0:
+            return False
+        try:
+            drafts = drafter.propose(seq, (p.prefix, image_segments(p.image), p.suffix), seq.ids, n, seq.picker)
+        except Exception:  # noqa: BLE001 - the draft's own failure (its context full, a decode error) is no
+            # reason to fail the answer: this step runs without guesses, the draft starts over next time
+            drafter.failed()
+            return False
+        finally:
+            seq.picker.forget_guesses()
+        if not drafts:
+            return False
+        ctx, feed, batch = self._live_ctx, lm.feed, lm.feed.tokens.struct
+        todo, seq.todo = seq.todo, []
+        for i, tok in enumerate(todo + drafts):
+            batch.token[i] = tok
+            batch.pos[i] = seq.pos + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq.slot
+            batch.logits[i] = int(i >= len(todo) - 1)
+        batch.n_tokens = len(todo) + len(drafts)
+        seq.shared += 1
+        feed.decode(ctx, batch)
+        first = seq.pos + len(todo)  # the first guess's position
+        row = len(todo) - 1  # the row whose logits give the next pick
+        seq.pending = seq.picker.next_token(ctx, row)
+        taken = 0
+        while taken < len(drafts) and seq.pending[0] == drafts[taken]:
+            taken += 1
+            finish = seq.advance(room, lm.fast_forward)
+            # The tokens the grammar forces after the pick are decoded already where they are guesses too.
+            forced = seq.todo[1:]
+            ahead = drafts[taken:taken + len(forced)]
+            same = next((k for k, (a, b) in enumerate(zip(forced[:len(ahead)], ahead, strict=True)) if a != b),
+                        len(ahead))
+            taken += same
+            seq.todo = forced[same:]
+            if finish is not None:
+                seq.ended = finish
+                break
+            if seq.todo:
+                break  # a forced token the draft did not guess: decoded by the next step
+            seq.pending = seq.picker.next_token(ctx, row + taken)
+        if taken < len(drafts):  # the cells of the guesses not taken
+            ctx.memory_seq_rm(seq.slot, first + taken, -1)
+        seq.pos = first + taken
+        seq.drafted += len(drafts)
+        seq.draft_accepted += taken
+        drafter.length.update(len(drafts), taken)
+        return True
 
     @property
     def _equal_rows(self) -> bool:

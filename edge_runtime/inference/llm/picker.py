@@ -84,6 +84,7 @@ class TokenPicker:
         self.pending = b""  # bytes of an unfinished UTF-8 character
         self.emitted = b""
         self._reported = 0
+        self._guessed = 0  # tokens a draft's guesses consumed in the grammar (forget_guesses undoes them)
 
     def next_token(self, ctx: Context | None = None, index: int = -1) -> tuple[int, bytes]:
         """(token, its bytes), or (-1, b"") at end of generation. `index`: which logits row of the batch."""
@@ -185,6 +186,48 @@ class TokenPicker:
             self.guide.rollback(len(ids) - limit)
             ids = ids[:limit]
         return [self._commit(t) for t in ids]
+
+    # -- a draft model's guesses (draft.py): what this picker would take from the draft's logits ----
+    def guess(self, logits: np.ndarray) -> int:
+        """The token this picker would take next, greedy, from a draft model's `logits` (its vocabulary
+        may be a little larger or smaller), given what it took and guessed so far: consumed by the
+        grammar until `forget_guesses`. -1: none (an end, or nothing the grammar allows)."""
+        logits = logits[: self.n_vocab]
+        best = int(np.argmax(logits))
+        if best in self.lm.eog:
+            return -1
+        guide = self.guide
+        if guide is None:
+            return best  # no grammar, or llama.cpp's GBNF sampler (checked by the real pick)
+        if guide.is_stopped():
+            return -1
+        if guide.try_take(best):
+            self._guessed += 1
+            return best
+        allowed = guide.allowed(count=False)[: logits.shape[0]]
+        scores = np.where(allowed, logits, _NEG_INF)
+        token = int(np.argmax(scores))
+        if not np.isfinite(scores[token]) or token in self.lm.eog or not guide.consume(token):
+            return -1
+        self._guessed += 1
+        return token
+
+    def guess_forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces after the guesses so far (consumed, as guesses)."""
+        if self.guide is None or limit <= 0:
+            return []
+        ids = self.guide.forced()
+        if len(ids) > limit:
+            self.guide.rollback(len(ids) - limit)
+            ids = ids[:limit]
+        self._guessed += len(ids)
+        return ids
+
+    def forget_guesses(self) -> None:
+        """Undo what `guess` and `guess_forced` consumed: the grammar is where the real picks left it."""
+        if self._guessed and self.guide is not None:
+            self.guide.rollback(self._guessed)
+        self._guessed = 0
 
     def _try_shortlist(self) -> bool:
         """After a run of misses (a model whose top logits the grammar keeps rejecting, e.g. random
