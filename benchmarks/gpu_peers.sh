@@ -24,6 +24,9 @@
 #           off, on this tree: `edge-runtime bench` of each pair; our camera and chat routes at 1/2/4/8 clients
 #           (peers.py --no-peer; OURS_SET=SECTION.KEY=VALUE one more setting, TAG its files' suffix);
 #           benchmarks/parallel_profile.py (1-8 cameras as parallel sequences, both KV layouts)
+#   spec    needs only build: speculative decoding (model.draft_model) with the pair's language model cut to its
+#           first DRAFT_LAYERS layers (models/draft.py; default "2 4"): `edge-runtime bench` of each pair in
+#           BUNDLES without a draft, then with each; the camera route at CLIENTS (default 1,4) likewise
 #   bash benchmarks/gpu_peers.sh build; bash benchmarks/gpu_peers.sh server; bash benchmarks/gpu_peers.sh peers
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
@@ -82,6 +85,29 @@ if [ "$PHASE" = fabench ] || [ "$PHASE" = facam ] || [ "$PHASE" = faprofile ]; t
       python3 "$HERE/parallel_profile.py" "/tmp/models/${BUNDLE:-pair3b}" "/tmp/fa-$FA.yaml" 2>> "$OUT/fa.log" |
         tee "$OUT/faprofile-$FA.txt"
     fi
+  done
+fi
+if [ "$PHASE" = spec ]; then
+  for b in ${BUNDLES:-pair15b pair3b}; do
+    for L in ${DRAFT_LAYERS:-2 4}; do
+      [ -f "/tmp/models/$b-draft$L.gguf" ] || PYTHONPATH=.device/convert/gguf-py:$PYTHONPATH python3 models/draft.py \
+        "/tmp/models/$b/lm-Q4_K_M.gguf" \
+        "/tmp/models/$b-draft$L.gguf" --layers "$L" | tee -a "$OUT/spec.log"
+    done
+    for D in none ${DRAFT_LAYERS:-2 4}; do
+      printf 'model:\n  gpu_layers: -1\n  threads: %s\n  context_size: 4096\n' "${THREADS:-8}" > "/tmp/spec-$D.yaml"
+      [ "$D" = none ] || printf '  draft_model: /tmp/models/%s-draft%s.gguf\n' "$b" "$D" >> "/tmp/spec-$D.yaml"
+      python3 -m edge_runtime --config "/tmp/spec-$D.yaml" --log-level warning bench --model "/tmp/models/$b" \
+        --frames "${FRAMES:-12}" --json > "$OUT/spec-$b-$D.json" 2>> "$OUT/spec.log" ||
+        echo "bench $b draft=$D exited with $?" | tee -a "$OUT/exit.txt"
+      python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
+        "$OUT/spec-$b-$D.json" | tee "$OUT/spec-$b-$D.txt"
+      SET=(); [ "$D" = none ] || SET=(--ours-set "model.draft_model=/tmp/models/$b-draft$D.gguf")
+      [ -n "${CAMERA:-1}" ] && python3 "$HERE/peers.py" --bundle "/tmp/models/$b" --workload image --no-peer --gpu-layers -1 \
+        --routes camera --threads "${THREADS:-8}" --context 4096 --clients "${CLIENTS:-1,4}" --requests "${REQUESTS:-8}" \
+        "${SET[@]}" --out "$OUT/speccam-$b-$D.json" 2>> "$OUT/spec.log" | tee "$OUT/speccam-$b-$D.txt" ||
+        echo "camera $b draft=$D exited with $?" | tee -a "$OUT/exit.txt"
+    done
   done
 fi
 if [ "$PHASE" = graphs ]; then
