@@ -51,6 +51,17 @@ class StatusCollector(Collector):
         yield GaugeMetricFamily("edge_queue_depth", "Inspections waiting", value=s["inspection"]["queue_depth"])
         yield GaugeMetricFamily("edge_queue_capacity", "Inspection queue size", value=s["inspection"]["queue_size"])
         yield CounterMetricFamily("edge_inspection_errors", "Failed inspections", value=s["inspection"]["errors"])
+        draft = s["inspection"].get("draft")
+        if draft:  # speculative decoding (model.draft_model)
+            tokens = CounterMetricFamily("edge_draft_tokens", "Tokens the draft model guessed, and of them those "
+                                         "the language model took", labels=["outcome"])
+            tokens.add_metric(["guessed"], draft["guessed"])
+            tokens.add_metric(["taken"], draft["taken"])
+            yield tokens
+            yield CounterMetricFamily("edge_draft_slow_pauses", "Times guessing stopped for costing more time per "
+                                      "token than it saved", value=draft["slow_pauses"])
+            yield CounterMetricFamily("edge_draft_failures", "Draft proposals that failed (answers went on "
+                                      "without them)", value=draft["failures"])
         yield GaugeMetricFamily("edge_journal_results", "Results in the journal", value=s["journal"]["total"])
         yield GaugeMetricFamily("edge_outbox_backlog", "Results not yet acknowledged by the broker",
                                 value=s["journal"]["unsent"])

@@ -108,6 +108,8 @@ class DeviceReports:
                            "inspected": self.pipeline.delivered, "errors": self.worker.errors,
                            "not_journaled": self.worker.not_journaled,
                            "batched_generations": self.worker.batches,
+                           "draft": inspector.language.drafter.status()
+                           if inspector and inspector.language.drafter else None,
                            "energy_j_last": self.worker.last_energy_j},
             "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
                         "escaped": self.journal.escaped, "resyncs": self.journal.resyncs,

@@ -15,9 +15,11 @@ import pytest
 from edge_runtime_models.demo import write_demo_language
 from edge_runtime_models.draft import write_layer_draft
 
-from edge_runtime.config import Config
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.bundle import Bundle, load_bundle
 from edge_runtime.core.errors import ConfigError
+from edge_runtime.core.samples import write_sample_video
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.draft import DraftLength
 from edge_runtime.inference.llm.feed import Generation
@@ -26,6 +28,7 @@ from edge_runtime.inference.llm.parallel import Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from tests.support.images import synthetic_frames
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+from tests.support.waiting import wait_for
 
 FRAMES = synthetic_frames(6, seed=11)
 
@@ -166,6 +169,8 @@ def test_a_recurrent_language_model_refuses_a_draft(tiny_pairs: Callable[[str], 
 
 def test_the_draft_length_grows_shrinks_and_pauses_longer_each_time() -> None:
     length = DraftLength(3)
+    for _ in range(6):
+        length.timed(False, 0.001, 1)  # plain steps measured: from here one probe in 16 steps (none below)
     assert length.take() == 3
     length.update(3, 3)
     assert length.take() == 3  # capped at the most
@@ -199,3 +204,54 @@ def test_a_failing_draft_fails_no_answer_and_recovers(demo_bundle: Bundle, confi
     assert [g.token_ids for g in failing + healed] == [g.token_ids for g in plain_verdicts[:4]]
     assert drafter.failures > 0 and sum(g.drafted for g in failing) == 0
     assert sum(g.draft_accepted for g in healed) > 0
+
+
+def _guessing(length: DraftLength, steps: int, guessed_ms: float, plain_ms: float) -> list[bool]:
+    """Which of `steps` steps guessed, each giving one token in the given time."""
+    out = []
+    for _ in range(steps):
+        guessed = length.take() > 0
+        length.timed(guessed, (guessed_ms if guessed else plain_ms) / 1000, 1)
+        out.append(guessed)
+    return out
+
+
+def test_guessing_that_costs_more_time_per_token_stops_for_longer_each_time() -> None:
+    length = DraftLength(3)
+    steps = _guessing(length, 4000, guessed_ms=2.0, plain_ms=1.0)
+    assert length.slow_pauses >= 3
+    assert sum(steps[2000:]) < sum(steps[:2000]) / 2  # the pauses grow
+    assert sum(steps) < 0.1 * len(steps)  # about nothing
+
+
+def test_guessing_that_saves_time_goes_on_between_plain_probes() -> None:
+    length = DraftLength(3)
+    steps = _guessing(length, 1000, guessed_ms=0.5, plain_ms=1.0)
+    assert length.slow_pauses == 0
+    assert sum(steps) >= 0.9 * len(steps)  # one plain step in 16 keeps measuring
+
+
+def test_a_daemon_with_a_draft_reports_its_guesses_in_status_and_metrics(
+        demo_dir: Path, tmp_path: Path) -> None:
+    """The camera path of the daemon (worker -> parallel sequences) speculates, and says so."""
+    cfg = Config(device_id="draft-test", data_dir=tmp_path / "data")
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.model.draft_model = demo_dir / "language.gguf"
+    cfg.mqtt.enabled = False
+    cfg.api.port = 0
+    cfg.api.host = "127.0.0.1"
+    cfg.cameras = [CameraConfig(name="belt", source=str(write_sample_video(tmp_path / "v.avi", frames=20)),
+                                fps=20, trigger=TriggerConfig(mode="interval", interval_s=0.2))]
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        assert daemon.api is not None
+        client = daemon.api.app.test_client()
+        wait_for(lambda: daemon.journal.counts()["total"] >= 3, timeout=60, what="three camera verdicts")
+        draft = client.get("/api/v1/status").get_json()["inspection"]["draft"]
+        assert draft["model"] == "language.gguf" and draft["taken"] > 0 and draft["failures"] == 0
+        metrics = client.get("/metrics").get_data(as_text=True)
+        assert 'edge_draft_tokens_total{outcome="taken"}' in metrics
+    finally:
+        daemon.stop()

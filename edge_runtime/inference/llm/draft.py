@@ -29,24 +29,61 @@ log = logging.getLogger(__name__)
 
 _VOCAB_SLACK = 128  # vocabularies may differ in padding at the end (llama.cpp's speculative check)
 _PAUSE_FIRST, _PAUSE_MOST = 4, 64  # steps without drafting after a refused guess: doubles up to this
+# The time rule: after _SAMPLES steps each way, guessing that costs more time per token than plain steps
+# stops for _SLOW_FIRST steps, doubling up to _SLOW_MOST; every _PROBE-th step is plain, to keep measuring.
+_SAMPLES, _PROBE, _SLOW_FIRST, _SLOW_MOST = 6, 16, 32, 2048
+_EMA = 0.25  # weight of the newest step in the per-token averages
 
 
 class DraftLength:
-    """How many tokens to draft at the next step (0: none, paused)."""
+    """How many tokens to draft at the next step (0: none). Two rules. Per guess: more after a step
+    whose guesses were all taken, as many as were right after a partly right one, none for a few
+    steps (longer each time) after a wrong single guess. Per time: the step measures its seconds per
+    answer token with and without guesses (`timed`); where guessing is the slower, it stops for a
+    while (longer each time), so a draft that does not pay on this machine costs about nothing."""
 
     def __init__(self, most: int) -> None:
         self.most = most
         self.now = most
         self._pause = 0  # steps left without drafting
         self._next_pause = _PAUSE_FIRST
+        self._next_slow = _SLOW_FIRST
+        self._steps = 0
+        self._per_token: dict[bool, float] = {}  # guessed or not: seconds per answer token (moving average)
+        self._samples = {True: 0, False: 0}
+        self._owed = {True: 0.0, False: 0.0}  # seconds of steps that gave no new token
         self.proposed = 0  # drafted tokens, since load
         self.accepted = 0  # of them, those the language model picked too
+        self.slow_pauses = 0  # times the time rule stopped the guessing
 
     def take(self) -> int:
+        self._steps += 1
         if self._pause > 0:
             self._pause -= 1
             return 0
+        # A plain step now and then: what a token costs without guesses, on this machine now (every
+        # third step until there are enough such samples, so a draft that does not pay stops early).
+        if self._steps % (_PROBE if self._samples[False] >= _SAMPLES else 3) == 0:
+            return 0
+        if min(self._samples.values()) >= _SAMPLES and self._per_token[True] > self._per_token[False]:
+            self._pause, self._next_slow = self._next_slow, min(_SLOW_MOST, self._next_slow * 2)
+            self._samples[True] = 0  # measured again after the pause
+            self.slow_pauses += 1
+            return 0
         return self.now
+
+    def timed(self, guessed: bool, seconds: float, tokens: int) -> None:
+        """One step of the sequence running alone took `seconds` and gave `tokens` answer tokens."""
+        if tokens <= 0:  # a step that only fed tokens counted already: its time goes with the next one
+            self._owed[guessed] += seconds
+            return
+        per = (seconds + self._owed[guessed]) / tokens
+        self._owed[guessed] = 0.0
+        last = self._per_token.get(guessed)
+        self._per_token[guessed] = per if last is None or self._samples[guessed] == 0 else last + _EMA * (per - last)
+        self._samples[guessed] += 1
+        if guessed and min(self._samples.values()) >= _SAMPLES and self._per_token[True] <= self._per_token[False]:
+            self._next_slow = _SLOW_FIRST  # guessing pays now: a later slow spell starts with a short pause
 
     def update(self, proposed: int, accepted: int) -> None:
         self.proposed += proposed
@@ -94,6 +131,12 @@ class Drafter:
     def close(self) -> None:
         self._owner, self._held = None, []
         self._stack.close()
+
+    def status(self) -> dict[str, object]:
+        """Counters since load, for /api/v1/status and /metrics (read from another thread: plain ints)."""
+        length = self.length
+        return {"model": self.path.name, "guessed": length.proposed, "taken": length.accepted,
+                "slow_pauses": length.slow_pauses, "failures": self.failures}
 
     def failed(self) -> None:
         """A proposal raised: count it, log it, and empty the draft context (its state is in doubt)."""

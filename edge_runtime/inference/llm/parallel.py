@@ -319,6 +319,20 @@ class ParallelSequences:
 
     # -- one step -----------------------------------------------------------------------------------
     def _step(self, running: list[_Running], finished: Finished) -> None:
+        """One step of every running sequence; a greedy one running alone on a model with a draft is
+        timed, so the draft's guessing stops where it costs more than it saves (draft.DraftLength)."""
+        drafter = self.lm.drafter
+        solo = running[0] if len(running) == 1 else None
+        if drafter is None or solo is None or solo.prompt.sampling.temperature > 0:
+            self._step_rows(running, finished)
+            return
+        t0, tokens0 = time.perf_counter(), len(solo.ids)
+        guessed = self._step_rows(running, finished)
+        if running:  # not its last step (that one decodes nothing)
+            drafter.length.timed(guessed, time.perf_counter() - t0, len(solo.ids) - tokens0)
+
+    def _step_rows(self, running: list[_Running], finished: Finished) -> bool:
+        """The step; True when the draft's guesses went into it."""
         lm, feed = self.lm, self.lm.feed
         room = max(0, lm.n_batch // len(running) - 1)  # forced tokens per sequence that fit one batch
         stepping: list[_Running] = []
@@ -334,10 +348,10 @@ class ParallelSequences:
         for seq, finish in ended:
             self._end(seq, finish, finished)
         if not stepping:
-            return
+            return False
         stepping.sort(key=lambda seq: seq.slot)
         if len(stepping) == 1 and self._speculate(stepping[0], room):
-            return
+            return True
         # Per-sequence streams compute a batch as one graph only with as many tokens in every row.
         take = min(len(seq.todo) for seq in stepping) if self._equal_rows else lm.n_batch
         batch = feed.tokens.struct
@@ -360,6 +374,7 @@ class ParallelSequences:
         feed.decode(self._live_ctx, batch)
         for seq, choice in zip(picking, self._pick_all(picking, rows), strict=True):
             seq.pending = choice
+        return False
 
     def _speculate(self, seq: _Running, room: int) -> bool:
         """One step of a sequence running alone, with the draft's guesses after its own tokens; False
