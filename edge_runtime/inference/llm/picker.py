@@ -179,13 +179,17 @@ class TokenPicker:
     def forced(self, limit: int) -> list[tuple[int, bytes]]:
         """Up to `limit` tokens the grammar forces next, already accepted (llguidance only): the caller
         decodes them with the chosen token in one batch instead of one llama_decode each."""
+        return [self._commit(t) for t in self._forced_ids(limit)]
+
+    def _forced_ids(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces next, consumed by it (llguidance only)."""
         if self.guide is None or limit <= 0:
             return []
         ids = self.guide.forced()
         if len(ids) > limit:
             self.guide.rollback(len(ids) - limit)
             ids = ids[:limit]
-        return [self._commit(t) for t in ids]
+        return ids
 
     # -- a draft model's guesses (draft.py): what this picker would take from the draft's logits ----
     def guess(self, logits: np.ndarray) -> int:
@@ -214,12 +218,7 @@ class TokenPicker:
 
     def guess_forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the grammar forces after the guesses so far (consumed, as guesses)."""
-        if self.guide is None or limit <= 0:
-            return []
-        ids = self.guide.forced()
-        if len(ids) > limit:
-            self.guide.rollback(len(ids) - limit)
-            ids = ids[:limit]
+        ids = self._forced_ids(limit)
         self._guessed += len(ids)
         return ids
 
