@@ -24,6 +24,10 @@
 #           off, on this tree: `edge-runtime bench` of each pair; our camera and chat routes at 1/2/4/8 clients
 #           (peers.py --no-peer; OURS_SET=SECTION.KEY=VALUE one more setting, TAG its files' suffix);
 #           benchmarks/parallel_profile.py (1-8 cameras as parallel sequences, both KV layouts)
+#   shapes  needs only build: benchmarks/step_shapes.py on each pair in BUNDLES: ms per raw step by rows and tokens
+#           per row, with the shape steady, changing every step, or changing every 10th step (CUDA graph replays)
+#   steady  needs only build: model.steady_steps on, then off: `edge-runtime bench` of each pair in BUNDLES (BENCH=1),
+#           the camera and chat routes at CLIENTS (CAMERA=1), CUDA graph captures and reuses (GRAPHS=1)
 #   spec    needs only build: speculative decoding (model.draft_model) with the pair's language model cut to its
 #           first DRAFT_LAYERS layers (models/draft.py; default "2 4"): `edge-runtime bench` of each pair in
 #           BUNDLES without a draft, then with each; the camera route at CLIENTS (default 1,4) likewise
@@ -114,6 +118,43 @@ if [ "$PHASE" = graphs ]; then
   for FF in on off; do
     python3 "$HERE/step_graphs.py" --model /tmp/models/pair3b --gpu-layers -1 --threads "${THREADS:-8}" \
       --sequences 1,4 --fast-forward "$FF" 2>> "$OUT/graphs.log" | tee -a "$OUT/graphs.jsonl"
+  done
+fi
+if [ "$PHASE" = shapes ]; then
+  printf 'model:\n  gpu_layers: -1\n  threads: %s\n  context_size: 4096\n  flash_attention: true\n' "${THREADS:-8}" \
+    > /tmp/shapes.yaml
+  for b in ${BUNDLES:-pair15b pair3b}; do
+    for KV in ${KVS:-per_sequence}; do
+      python3 "$HERE/step_shapes.py" "/tmp/models/$b" /tmp/shapes.yaml --rows "${ROWS:-1,2,4,8}" --tokens "${TOKENS:-1,2,4}" \
+        --kv "$KV" 2>> "$OUT/shapes.log" | tee "$OUT/shapes-$b-$KV.txt"
+    done
+  done
+fi
+if [ "$PHASE" = steady ]; then
+  # model.steady_steps on, then off (STEADY_SETTINGS), the same tree: bench of each pair in BUNDLES (BENCH=1), the
+  # camera and chat routes on BUNDLE (CAMERA=1), CUDA graph captures and reuses per step (GRAPHS=1)
+  for ST in ${STEADY_SETTINGS:-true false}; do
+    printf 'model:\n  gpu_layers: -1\n  threads: %s\n  context_size: 4096\n  steady_steps: %s\n' "${THREADS:-8}" "$ST" \
+      > "/tmp/steady-$ST.yaml"
+    if [ -n "${BENCH:-}" ]; then
+      for b in ${BUNDLES:-pair15b pair3b}; do
+        python3 -m edge_runtime --config "/tmp/steady-$ST.yaml" --log-level warning bench --model "/tmp/models/$b" \
+          --frames "${FRAMES:-12}" --json > "$OUT/steady-bench-$b-$ST${TAG:-}.json" 2>> "$OUT/steady.log" ||
+          echo "bench $b steady=$ST exited with $?" | tee -a "$OUT/exit.txt"
+        python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
+          "$OUT/steady-bench-$b-$ST${TAG:-}.json" | tee "$OUT/steady-bench-$b-$ST${TAG:-}.txt"
+      done
+    fi
+    if [ -n "${CAMERA:-}" ]; then
+      python3 "$HERE/peers.py" --bundle "/tmp/models/${BUNDLE:-pair3b}" --workload image --no-peer --gpu-layers -1 \
+        --routes "${ROUTES:-camera,chat}" --threads "${THREADS:-8}" --context 4096 --clients "${CLIENTS:-1,4,8}" \
+        --requests "${REQUESTS:-8}" --ours-set "model.steady_steps=$ST" --out "$OUT/steady-cam-$ST${TAG:-}.json" \
+        2>> "$OUT/steady.log" | tee "$OUT/steady-cam-$ST${TAG:-}.txt" || echo "camera steady=$ST exited with $?" | tee -a "$OUT/exit.txt"
+    fi
+    if [ -n "${GRAPHS:-}" ]; then
+      python3 "$HERE/step_graphs.py" --model "/tmp/models/${BUNDLE:-pair3b}" --gpu-layers -1 --threads "${THREADS:-8}" \
+        --sequences 1,4 --steady "$ST" 2>> "$OUT/steady.log" | tee -a "$OUT/steady-graphs.jsonl"
+    fi
   done
 fi
 if [ "$PHASE" = steps ]; then
