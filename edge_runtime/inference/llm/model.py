@@ -36,8 +36,9 @@ class LanguageModel:
                  batch_size: int = 512, reuse_prefix: bool = True, kv_cache_type: str = "f16",
                  constraint_engine: str = "llguidance", fast_forward: bool = True, model_key: str = "",
                  batch_kv_cache: str = "per_sequence", flash_attention: bool = True,
-                 draft_path: Path | None = None, draft_tokens: int = 3) -> None:
+                 draft_path: Path | None = None, draft_tokens: int = 3, steady_steps: bool = False) -> None:
         self.batch_kv_cache = batch_kv_cache
+        self.steady_steps = steady_steps
         self.constraint_engine = constraint_engine
         self.fast_forward = fast_forward and constraint_engine == "llguidance"
         self._model_key = model_key or str(path)

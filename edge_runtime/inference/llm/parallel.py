@@ -18,6 +18,11 @@ where a step costs its kernel launches, each graph costs a whole step. So rows g
 a prompt takes the lowest free slot, and a row's forced tokens are fed as many per step as every
 other row has: the rest wait for the next steps, whose graph they join instead of adding one.
 
+On a GPU a step costs its kernel launches unless ggml-cuda replays it as a captured CUDA graph, which it
+does only after two steps of the same shape (tokens, outputs, KV view). With `steady_steps` a step of
+several rows keeps one shape: one token and one logit row per sequence, forced tokens one per step. A
+4-row step then cost 2.9 ms on the H200 against 5.5 ms for changing shapes (docs/benchmarks.md).
+
 A sequence that runs alone, greedy, on a model with a draft (draft.py) speculates: the draft's guesses
 go into the step's batch after the row's own tokens, with logits for each, and the picks that match a
 guess are taken from those rows without a step of their own (`_speculate`).
@@ -84,6 +89,7 @@ class ParallelHost(PickerHost, Protocol):
     kv_type: int
     batch_kv_cache: str
     fast_forward: bool
+    steady_steps: bool
     feed: Feed
     drafter: Drafter | None
 
@@ -352,8 +358,14 @@ class ParallelSequences:
         stepping.sort(key=lambda seq: seq.slot)
         if len(stepping) == 1 and self._speculate(stepping[0], room):
             return True
-        # Per-sequence streams compute a batch as one graph only with as many tokens in every row.
-        take = min(len(seq.todo) for seq in stepping) if self._equal_rows else lm.n_batch
+        # Steady: one token and one logit row per sequence, every step, so the shape changes only when a
+        # sequence joins or leaves (ggml-cuda replays a graph after two steps of one shape). Otherwise
+        # per-sequence streams compute a batch as one graph only with as many tokens in every row.
+        steady = lm.steady_steps and len(stepping) > 1
+        if steady:
+            take = 1
+        else:
+            take = min(len(seq.todo) for seq in stepping) if self._equal_rows else lm.n_batch
         batch = feed.tokens.struct
         i, rows, picking = 0, [], []
         for seq in stepping:
@@ -364,7 +376,8 @@ class ParallelSequences:
                 batch.pos[i] = seq.pos
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = seq.slot
-                batch.logits[i] = int(k == len(now) - 1 and not seq.todo)  # the next pick reads it
+                # the next pick reads it; a steady step asks for every row's, read or not
+                batch.logits[i] = int(k == len(now) - 1 and (steady or not seq.todo))
                 seq.pos += 1
                 i += 1
             if not seq.todo:
