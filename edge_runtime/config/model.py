@@ -44,11 +44,11 @@ class ModelConfig(Section):
     fast_forward: bool = Field(
         True, description="llguidance: decode the tokens the grammar forces in one batch. Off: one token "
         "per step, exactly the tokens greedy decoding picks (docs/benchmarks.md).")
-    steady_steps: bool | Literal["auto"] = Field(
-        "auto", description="Give a batched step of several sequences one shape (one token and one logit row per "
-        "sequence), so llama.cpp's CUDA backend replays it as a captured graph instead of launching every kernel "
-        "again; the tokens the grammar forces then go in one per step. auto: on when layers run on a GPU "
-        "(docs/benchmarks.md, \"Steady steps\").")
+    steady_steps: bool = Field(
+        False, description="Give a batched step of several sequences one shape (one token and one logit row per "
+        "sequence) so llama.cpp's CUDA backend replays it as a captured graph; the tokens the grammar forces then "
+        "go in one per step. On the H200 it made bench's 4-camera generation 1.04-1.23x faster but the daemon's "
+        "camera route 7-17% slower at 4 cameras and 14-16% at 8 (docs/benchmarks.md, \"Steady steps\"), so it is off.")
     batch_kv_cache: Literal["per_sequence", "unified"] = Field(
         "per_sequence", description="KV cache of cameras generated as parallel sequences: per_sequence "
         "gives each its own stream (verdicts bit-identical to one at a time); unified shares one buffer "
@@ -70,14 +70,6 @@ class ModelConfig(Section):
     token_cache_bytes: int = Field(
         4 * 1024 * 1024, ge=0, le=1 << 30,
         description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")
-
-    def steady_steps_on(self, gpu_offload: bool) -> bool:
-        """Whether batched steps keep one shape (`steady_steps`, resolving auto for a build that does or does
-        not offload to a GPU): CPU kernels gain nothing from a steady shape, and lose the forced tokens'
-        packing."""
-        if self.steady_steps == "auto":
-            return gpu_offload and self.gpu_layers != 0
-        return bool(self.steady_steps)
 
     def flash_attention_on(self) -> bool:
         """Whether llama.cpp's contexts use fused attention (`flash_attention`, resolving auto)."""

@@ -38,7 +38,6 @@ from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.llm.feed import Generation, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
-from edge_runtime.inference.llm.handles import gpu_offload
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.parallel import Item, Prompt
@@ -102,7 +101,7 @@ class Inspector:
                 settings.batch_size, settings.reuse_prefix_cache, settings.kv_cache_type,
                 settings.constraint_engine, settings.fast_forward, m.files.language.sha256,
                 settings.batch_kv_cache, settings.flash_attention_on(), settings.draft_model,
-                settings.draft_tokens, settings.steady_steps_on(gpu_offload())))
+                settings.draft_tokens, settings.steady_steps))
             if onnx is None:  # format 2: libmtmd encodes with the mmproj, over the loaded language model
                 assert bundle.mmproj_path is not None and m.mtmd is not None
                 self.mtmd = stack.enter_context(MtmdContext(

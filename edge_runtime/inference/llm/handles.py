@@ -405,11 +405,6 @@ class Sampler(_Handle):
         sampler._ptr = None
 
 
-def gpu_offload() -> bool:
-    """Whether this llama.cpp build can run layers on a GPU (CUDA on Jetson and the H200)."""
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
 def engine_info() -> dict[str, object]:
     """The llama.cpp build: the binding's version and whether it offloads to a GPU."""
-    return {"llama_cpp_python": llama_cpp.__version__, "gpu_offload": gpu_offload()}
+    return {"llama_cpp_python": llama_cpp.__version__, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}

@@ -21,7 +21,8 @@ other row has: the rest wait for the next steps, whose graph they join instead o
 On a GPU a step costs its kernel launches unless ggml-cuda replays it as a captured CUDA graph, which it
 does only after two steps of the same shape (tokens, outputs, KV view). With `steady_steps` a step of
 several rows keeps one shape: one token and one logit row per sequence, forced tokens one per step. A
-4-row step then cost 2.9 ms on the H200 against 5.5 ms for changing shapes (docs/benchmarks.md).
+raw 4-row step then cost 2.9 ms on the H200 against 5.5 ms for changing shapes, but the camera route lost
+more to the extra steps and to the changes of shape when cameras join and leave (docs/benchmarks.md).
 
 A sequence that runs alone, greedy, on a model with a draft (draft.py) speculates: the draft's guesses
 go into the step's batch after the row's own tokens, with logits for each, and the picks that match a
