@@ -40,6 +40,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
                           '"quantize_s"'),
     "soak.py": (["--minutes", "0.25", "--warmup-min", "0", "--sample-s", "3", "--cameras", "1"], '"rss_mb"'),
     "step_graphs.py": (["--model", "{bundle}", "--sequences", "2", "--threads", "1"], '"graphs_per_step"'),
+    "step_shapes.py": (["{bundle}", "--rows", "1,2", "--tokens", "1", "--steps", "6"], "one row steady"),
     "token_profile.py": (["{bundle}", "2"], "µs/token"),
 }
 # Run against a real daemon by their own tests (peers.py: tests/benchmarks/test_peers.py, llama-server absent).
