@@ -39,6 +39,13 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT" /tmp/site
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 EDGE_RUNTIME_CACHE=/tmp/peers-cache
 
+bench_pair() {  # CONFIG BUNDLE NAME LOG: `edge-runtime bench` of /tmp/models/BUNDLE into $OUT/NAME.json and .txt
+  python3 -m edge_runtime --config "$1" --log-level warning bench --model "/tmp/models/$2" \
+    --frames "${FRAMES:-12}" --json > "$OUT/$3.json" 2>> "$OUT/$4" || echo "bench $3 exited with $?" | tee -a "$OUT/exit.txt"
+  python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
+    "$OUT/$3.json" | tee "$OUT/$3.txt"
+}
+
 for PHASE in "${@:-build}"; do
 if [ "$PHASE" = build ]; then
   bash "$HERE/gpu_pair.sh" build pair
@@ -72,11 +79,7 @@ if [ "$PHASE" = fabench ] || [ "$PHASE" = facam ] || [ "$PHASE" = faprofile ]; t
       "${THREADS:-8}" "$FA" > "/tmp/fa-$FA.yaml"
     if [ "$PHASE" = fabench ]; then
       for b in ${BUNDLES:-pair3b pair15b}; do
-        python3 -m edge_runtime --config "/tmp/fa-$FA.yaml" --log-level warning bench --model "/tmp/models/$b" \
-          --frames "${FRAMES:-12}" --json > "$OUT/bench-$b-fa-$FA.json" 2>> "$OUT/fa.log" ||
-          echo "bench $b fa=$FA exited with $?" | tee -a "$OUT/exit.txt"
-        python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
-          "$OUT/bench-$b-fa-$FA.json" | tee "$OUT/bench-$b-fa-$FA.txt"
+        bench_pair "/tmp/fa-$FA.yaml" "$b" "bench-$b-fa-$FA" fa.log
       done
     fi
     if [ "$PHASE" = facam ]; then
@@ -138,11 +141,7 @@ if [ "$PHASE" = steady ]; then
       > "/tmp/steady-$ST.yaml"
     if [ -n "${BENCH:-}" ]; then
       for b in ${BUNDLES:-pair15b pair3b}; do
-        python3 -m edge_runtime --config "/tmp/steady-$ST.yaml" --log-level warning bench --model "/tmp/models/$b" \
-          --frames "${FRAMES:-12}" --json > "$OUT/steady-bench-$b-$ST${TAG:-}.json" 2>> "$OUT/steady.log" ||
-          echo "bench $b steady=$ST exited with $?" | tee -a "$OUT/exit.txt"
-        python3 -c "import json,sys; from edge_runtime.cli.bench import BenchReport, render; print(render(BenchReport(**json.load(open(sys.argv[1])))))" \
-          "$OUT/steady-bench-$b-$ST${TAG:-}.json" | tee "$OUT/steady-bench-$b-$ST${TAG:-}.txt"
+        bench_pair "/tmp/steady-$ST.yaml" "$b" "steady-bench-$b-$ST${TAG:-}" steady.log
       done
     fi
     if [ -n "${CAMERA:-}" ]; then
