@@ -151,8 +151,10 @@ def sparkplug(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     stations = daemon.line_io.stations
     node = SparkplugNode(stations, SparkplugConfig(enabled=True, group_id=GROUP, device_commands=True),
                          MqttConfig(host="127.0.0.1", port=broker.port), NODE, tmp / "bdseq")
-    node.start()
+    # The host subscribes before the node connects, as a primary host does: started the other way round,
+    # a slow machine let the node publish its births before anyone listened (CI, stop 37).
     host = Host(broker.port)
+    node.start()
     try:
         wait_ready(daemon, lambda: node.connected)
         host.wait(is_("DBIRTH", "st1"), timeout=30)
