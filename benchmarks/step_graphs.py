@@ -10,7 +10,7 @@ of generated tokens:
 and the mean milliseconds inside `llama_decode` per step. Prints one JSON line per N.
 
     python benchmarks/step_graphs.py --model BUNDLE [--sequences 1,4] [--gpu-layers -1] [--fast-forward on]
-                                     [--steady auto|true|false]
+                                     [--steady true|false]
 """
 
 from __future__ import annotations
@@ -91,14 +91,15 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--fast-forward", choices=("on", "off"), default="on")
-    ap.add_argument("--steady", choices=("auto", "true", "false"), default="auto",
-                    help="model.steady_steps: one token and one logit row per sequence in a batched step")
+    ap.add_argument("--steady", choices=("true", "false"), default="false",
+                    help="model.steady_steps (off by default): one token and one logit row per sequence in a "
+                    "batched step")
     args = ap.parse_args()
     log_to(_log)
     cfg = Config(device_id="step-graphs")
     settings = cfg.model.model_copy(update={"warmup": False, "gpu_layers": args.gpu_layers, "threads": args.threads,
                                             "fast_forward": args.fast_forward == "on", "context_size": 4096,
-                                            "steady_steps": {"true": True, "false": False}.get(args.steady, "auto")})
+                                            "steady_steps": args.steady == "true"})
     ins = Inspector(load_bundle(args.model), settings, cfg.device_id)
     try:
         for n in [int(x) for x in args.sequences.split(",")]:
