@@ -8,8 +8,9 @@ Objects/EdgeRuntime/<station> holds, per station:
   `InspectionSeq`, `PartId`, `RecipeId`, `Result`, `DefectCode`, `Heartbeat`, `Fault`, `BufferCount`,
   `Overrun`, `LastRefusal`,
 - a `ResultReadyEventType` event each time a result becomes valid at the FIFO head.
-Secure by default (opcua_pki.py): Basic256Sha256 Sign / SignAndEncrypt, trusted client certificates,
-configured users; security 'none' only when the config lists it, with a warning. docs/line-io.md.
+Secure by default: Basic256Sha256 Sign / SignAndEncrypt, trusted client certificates, configured users
+(opcua_pki.py), enforced on every connection (opcua_guard.py); security 'none' only when the config lists
+it, with a warning. docs/line-io.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import logging
 import threading
 from collections import deque
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +31,13 @@ from asyncua.server.address_space import NodeData
 from edge_runtime.config.line_io import OpcUaConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import SupervisedThread
-from edge_runtime.lineio.opcua_pki import ConfiguredUsers, TrustList, ensure_server_certificate
+from edge_runtime.lineio.opcua_guard import Door, GuardedServer, only_good_writes, secure, tame_asyncua_logs
+from edge_runtime.lineio.opcua_pki import ConfiguredUsers, TrustList
 from edge_runtime.lineio.station import LineRefused, Result, Signals, Station
 
 log = logging.getLogger(__name__)
 NAMESPACE = "urn:edge-runtime:lineio"
 MAX_PENDING = 1024
-_POLICIES = {"sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
-             "sign_and_encrypt": ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
-             "none": ua.SecurityPolicyType.NoSecurity}
 # Signals field -> (browse name, variant type)
 _OUTPUTS: dict[str, tuple[str, ua.VariantType]] = {
     "trigger_enable": ("TriggerEnable", ua.VariantType.Boolean), "ready": ("Ready", ua.VariantType.Boolean),
@@ -63,6 +63,7 @@ class _StationNodes:
         self.outputs: dict[str, Node] = {}
         self.inputs: dict[str, Node] = {}
         self.refusal: Node | None = None
+        self.refusal_text = ""  # what LastRefusal shows
         self.events: Any = None
         self.shown: dict[str, Any] = {}
         self.valid_head: int | None = None  # the job whose ResultReady was sent
@@ -81,10 +82,12 @@ class OpcUaServer:
         self.application_uri = application_uri
         self.trust = TrustList(pki_dir)
         self.users = ConfiguredUsers(cfg.users, cfg.anonymous)
+        self.door = Door(cfg, self.trust)
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._nodes: list[_StationNodes] = []
+        self._inputs: set[ua.NodeId] = set()  # the nodes the line writes
         # Snapshots not yet written, in order: every edge reaches the line (AcquisitionDone low->high for
         # each job), not only the newest state. Bounded: a stalled loop drops the oldest (counted).
         self._pending: deque[tuple[int, Signals]] = deque(maxlen=MAX_PENDING)
@@ -100,7 +103,7 @@ class OpcUaServer:
     # ---- service --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        logging.getLogger("asyncua").setLevel(logging.WARNING)  # it logs every call at INFO
+        tame_asyncua_logs()
         self._thread.start()
 
     def stop(self) -> None:
@@ -116,7 +119,8 @@ class OpcUaServer:
     def health(self) -> SinkHealth:
         return SinkHealth(ok=self.listening, detail="" if self.listening else "OPC UA server not listening",
                           counters={**self.counters, "refused_certificates": self.trust.refused,
-                                    "refused_logins": self.users.refused})
+                                    "refused_logins": self.users.refused,
+                                    **{f"refused_{kind}": n for kind, n in self.door.refusals.counts.items()}})
 
     def threads(self) -> list[SupervisedThread]:
         return [self._thread]
@@ -153,7 +157,7 @@ class OpcUaServer:
     # ---- address space ----------------------------------------------------------------------------
 
     async def _build(self) -> Server:
-        server = Server(user_manager=self.users)
+        server = GuardedServer(self.door, user_manager=self.users)
         await server.init()
         # Bounds for a line's few clients instead of asyncua's (1000 connections, 1000 subscriptions,
         # 10000-value queues): what one misbehaving client can make the device hold.
@@ -162,22 +166,15 @@ class OpcUaServer:
         iserver.max_subscriptions = 8 * self.cfg.max_clients
         iserver.max_monitored_item_queue_size = 1000
         iserver.max_pending_messages_per_connection = 100
+        self._inputs.clear()
+        only_good_writes(server, self._inputs)  # a write with a Bad status must not reach the station
         server.set_endpoint(self.endpoint())
         # A PLC's messages are small: 1 MiB, not asyncua's 100 MB, bounds what one client can make us hold.
         server.limits = TransportLimits(max_recv_buffer=65535, max_send_buffer=65535, max_chunk_count=16,
                                         max_message_size=1 << 20)
         server.set_server_name("edge-runtime line I/O")
         await server.set_application_uri(self.application_uri)
-        if "none" in self.cfg.security:
-            log.warning("opcua: security 'none' is enabled by the config: any client on the network can "
-                        "trigger and acknowledge without signing or encryption")
-        server.set_security_policy([_POLICIES[s] for s in self.cfg.security])
-        tokens: list[type] = [ua.UserNameIdentityToken] + ([ua.AnonymousIdentityToken] if self.cfg.anonymous else [])
-        server.set_identity_tokens(tokens)
-        cert, key = ensure_server_certificate(self.pki_dir, self.application_uri)
-        await server.load_certificate(str(cert))
-        await server.load_private_key(str(key))
-        server.set_certificate_validator(self.trust)
+        await secure(server, self.cfg, self.pki_dir, self.application_uri, self.trust)
         idx = await server.register_namespace(NAMESPACE)
         etype = await _result_ready_type(server, idx)
         root = await server.nodes.objects.add_object(f"ns={idx};s=EdgeRuntime",
@@ -207,6 +204,7 @@ class OpcUaServer:
             var = await obj.add_variable(f"ns={idx};s={base}{browse}", f"{idx}:{browse}", initial, vtype)
             await var.set_writable()
             nodes.inputs[browse] = var
+            self._inputs.add(var.nodeid)
             server.set_attribute_value_setter(var.nodeid, self._setter(nodes, browse))
         nodes.outputs["trigger_enable"] = nodes.inputs["TriggerEnable"]
         nodes.refusal = await obj.add_variable(f"ns={idx};s={base}LastRefusal",
@@ -242,16 +240,27 @@ class OpcUaServer:
         except LineRefused as exc:
             self._refused(nodes, exc)
             return ua.StatusCode(ua.UInt32(_REFUSAL_CODES.get(exc.reason, ua.StatusCodes.BadInvalidState)))
+        self._show_refusal(nodes, "")  # accepted: LastRefusal is about the last trigger
         nodes.station.release_trigger()  # a method call is its own edge: TriggerAck pulses
         return ua.Variant(seq, ua.VariantType.UInt32)
 
     def _refused(self, nodes: _StationNodes, exc: LineRefused) -> None:
         self.counters["refused_calls"] += 1
-        if nodes.refusal is not None and self._server is not None:
-            text = f"{exc.reason}: {exc}"[:200]
+        self._show_refusal(nodes, f"{exc.reason}: {exc}"[:200])
+
+    def _not_stored(self, nodes: _StationNodes, stored: Future[int]) -> None:
+        exc = None if stored.cancelled() else stored.exception()
+        if isinstance(exc, LineRefused):  # the trigger could not be stored: refused after all
+            self._refused(nodes, exc)
+
+    def _show_refusal(self, nodes: _StationNodes, text: str) -> None:
+        """LastRefusal, written on the server's loop in call order (methods run in executor threads)."""
+        with self._pending_lock:
+            if nodes.refusal is None or self._loop is None or nodes.refusal_text == text:
+                return
+            nodes.refusal_text = text
             write = nodes.refusal.write_value(ua.Variant(text, ua.VariantType.String))
-            if self._loop is not None:  # method callbacks run in asyncua's executor threads
-                asyncio.run_coroutine_threadsafe(write, self._loop)
+            asyncio.run_coroutine_threadsafe(write, self._loop)
 
     def _setter(self, nodes: _StationNodes, browse: str) -> Any:
         def setter(node: NodeData, attr: ua.AttributeIds, value: ua.DataValue) -> None:
@@ -270,9 +279,12 @@ class OpcUaServer:
                     part = self._read_text(nodes.inputs["PartIdIn"])
                     recipe = self._read_text(nodes.inputs["RecipeIdIn"])
                     try:  # on the server's loop: TriggerAck shows once the trigger is durable
-                        station.request_trigger(part, recipe)
+                        stored = station.request_trigger(part, recipe)
                     except LineRefused as exc:
                         self._refused(nodes, exc)
+                    else:
+                        self._show_refusal(nodes, "")
+                        stored.add_done_callback(lambda f: self._not_stored(nodes, f))
                 elif not new and was:
                     station.release_trigger()
             elif browse == "ResultAckIn" and new and not was:

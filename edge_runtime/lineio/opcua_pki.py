@@ -111,34 +111,51 @@ class TrustList:
             self._cache = (mtime, prints)
             return prints
 
-    async def __call__(self, cert: x509.Certificate, app: ua.ApplicationDescription) -> None:
+    def verdict(self, cert: x509.Certificate) -> tuple[int, str] | None:
+        """Why `cert` is refused (status code, reason), or None: inside its validity and in trusted/."""
         now = dt.datetime.now(dt.timezone.utc)
         if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
-            self._refuse(cert, "outside its validity")
-            raise ServiceError(ua.StatusCodes.BadCertificateTimeInvalid)
+            return ua.StatusCodes.BadCertificateTimeInvalid, "outside its validity"
         if fingerprint(cert) not in self.trusted():
-            self._refuse(cert, "not in the trust list")
-            raise ServiceError(ua.StatusCodes.BadCertificateUntrusted)
-        try:
-            uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value \
-                .get_values_for_type(x509.UniformResourceIdentifier)
-        except x509.ExtensionNotFound:
-            uris = []
-        if app.ApplicationUri not in uris:
-            self._refuse(cert, f"does not name the client's application URI {app.ApplicationUri!r}")
-            raise ServiceError(ua.StatusCodes.BadCertificateUriInvalid)
+            return ua.StatusCodes.BadCertificateUntrusted, "not in the trust list"
+        return None
 
-    def _refuse(self, cert: x509.Certificate, why: str) -> None:
+    async def __call__(self, cert: x509.Certificate, app: ua.ApplicationDescription) -> None:
+        """asyncua's validator, at CreateSession: the channel's checks again, and the application URI."""
+        problem = self.verdict(cert)
+        if problem is None:
+            try:
+                uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value \
+                    .get_values_for_type(x509.UniformResourceIdentifier)
+            except x509.ExtensionNotFound:
+                uris = []
+            if app.ApplicationUri not in uris:
+                problem = (ua.StatusCodes.BadCertificateUriInvalid,
+                           f"does not name the client's application URI {str(app.ApplicationUri)[:200]!r}")
+        if problem is not None:
+            raise CertificateRefused(problem[0], self.refuse(cert, problem[1]))
+
+    def refuse(self, cert: x509.Certificate, why: str) -> str:
+        """Count a refused certificate, keep a copy in rejected/; returns the line for the log (the caller
+        logs it with the peer's address)."""
         self.refused += 1
         print_ = fingerprint(cert)
-        log.warning("opcua: refused client certificate %s (%s): %s; to trust it, move it from %s to %s",
-                    print_[:16], _subject(cert), why, self.rejected_dir, self.trusted_dir)
         try:
             target = self.rejected_dir / f"{print_[:40]}.der"
             if not target.exists() and len(os.listdir(self.rejected_dir)) < MAX_REJECTED:
                 target.write_bytes(cert.public_bytes(serialization.Encoding.DER))
         except OSError as exc:
             log.warning("opcua: could not keep the refused certificate: %s", exc)
+        return (f"client certificate {print_[:16]} ({_subject(cert)}) {why}; to trust it, move it from "
+                f"{self.rejected_dir} to {self.trusted_dir}")
+
+
+class CertificateRefused(ServiceError):
+    """A refused client certificate: the status code for the client and the reason for the log."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(code)
+        self.why = why
 
 
 def _load(path: Path) -> x509.Certificate | None:
