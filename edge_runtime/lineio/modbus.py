@@ -1,7 +1,10 @@
 """Modbus TCP server for the line: each station's register map (modbus_map.py) on pymodbus 3.x.
 
 Off by default. It listens on one configured interface, closes every connection from an address
-outside the allow-list and past `max_clients`, and lets a client write only the control registers:
+outside the allow-list and past `max_clients` (a new one from an allowed address takes the place of
+one silent for a second or more; connections are kept alive and closed after a minute without a
+request: modbus_link.py), answers each connection's requests in order, and lets a client write only
+the control registers:
 any other address answers "illegal data address" (0x02) and a function code other than the holding
 register reads and writes answers "illegal function" (0x01). Edges of the ControlWord's bits drive the
 station: Trigger rising -> `trigger(part_id, recipe)`, falling -> `release_trigger()`, ResultAck
@@ -27,6 +30,7 @@ from edge_runtime.config.line_io import ModbusConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio import modbus_map as rm
+from edge_runtime.lineio.modbus_link import EVICT_AFTER_S, IDLE_TIMEOUT_S, Link, sweep
 from edge_runtime.lineio.station import LineRefused, Station
 
 WRITE_WAIT_S = 10.0  # a control write is answered after its trigger / ack is durable, or after this
@@ -48,6 +52,9 @@ class _Counters:
         self.refused_triggers = 0
         self.acks = 0
         self.station_errors = 0
+        self.evicted = 0
+        self.idle_closed = 0
+        self.bad_streams = 0
 
 
 class _StationBlock:
@@ -59,33 +66,15 @@ class _StationBlock:
         self.last_refusal = 0
 
 
-class _GuardedHandler(ServerRequestHandler):
-    """A connection that is closed at once when its peer is not allowed or there are too many."""
-
-    guard: ModbusServer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        peer = transport.get_extra_info("peername")
-        host = str(peer[0]) if peer else ""
-        reason = self.guard.refuse_reason(host, len(self.listener.active_connections) if self.listener else 0)
-        if reason:
-            self.guard.counters.refused_clients += 1
-            self.guard.refusal_log.log(logging.WARNING, "modbus: closed a connection from %s: %s", host, reason)
-            self.close()
-            return
-        self.guard.counters.connections += 1
-
-
 class _Server(ModbusTcpServer):
     def __init__(self, guard: ModbusServer, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.guard = guard
 
     def callback_new_connection(self) -> ServerRequestHandler:
-        handler = _GuardedHandler(self, self.trace_packet, self.trace_pdu, self.trace_connect)
-        handler.guard = self.guard
-        return handler
+        link = Link(self, self.trace_packet, self.trace_pdu, self.trace_connect)
+        link.guard = self.guard
+        return link
 
 
 class ModbusServer:
@@ -93,12 +82,16 @@ class ModbusServer:
 
     name = "modbus"
 
-    def __init__(self, stations: list[Station], cfg: ModbusConfig) -> None:
+    def __init__(self, stations: list[Station], cfg: ModbusConfig, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 evict_after_s: float = EVICT_AFTER_S) -> None:
         self.cfg = cfg
+        self.idle_timeout_s = idle_timeout_s
+        self.evict_after_s = evict_after_s
         self.blocks = [_StationBlock(s, i * cfg.stride) for i, s in enumerate(stations)]
         self.allow: list[Network] = [ipaddress.ip_network(a, strict=False) for a in cfg.allow]
         self.counters = _Counters()
         self.refusal_log = RateLimitedLog(log)
+        self.eviction_log = RateLimitedLog(log)
         self.port: int | None = None  # the bound port once listening (cfg.port may be 0)
         self.listening = threading.Event()
         self.last_error: str | None = None
@@ -134,11 +127,12 @@ class ModbusServer:
                           counters={"connections": c.connections, "refused_clients": c.refused_clients,
                                     "writes": c.writes, "refused_writes": c.refused_writes,
                                     "triggers": c.triggers, "refused_triggers": c.refused_triggers,
-                                    "acks": c.acks, "station_errors": c.station_errors,
+                                    "acks": c.acks, "station_errors": c.station_errors, "evicted": c.evicted,
+                                    "idle_closed": c.idle_closed, "bad_streams": c.bad_streams,
                                     "restarts": self._thread.restarts})
 
-    def refuse_reason(self, host: str, active: int) -> str:
-        """Why a new connection from `host` is closed ('' when it is accepted)."""
+    def refuse_reason(self, host: str) -> str:
+        """Why a new connection from `host` is closed whatever room there is ('' when it may stay)."""
         try:
             addr = ipaddress.ip_address(host.split("%", 1)[0])
         except ValueError:
@@ -147,8 +141,6 @@ class ModbusServer:
             addr = addr.ipv4_mapped
         if not any(addr in net for net in self.allow):
             return "not on the allow-list"
-        if active > self.cfg.max_clients:
-            return f"more than max_clients ({self.cfg.max_clients}) connections"
         return ""
 
     # ---- the server thread ---------------------------------------------------------------------
@@ -183,6 +175,7 @@ class ModbusServer:
         try:
             while not self._stop.is_set() and not server.serving.done():
                 await asyncio.sleep(0.2)
+                sweep(list(server.active_connections.values()), self.idle_timeout_s)
         finally:
             self.listening.clear()
             await server.shutdown()
