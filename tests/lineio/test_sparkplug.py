@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import socket
@@ -177,6 +178,27 @@ def test_bad_commands_are_refused_and_the_node_goes_on(node: SparkplugNode, host
     host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("Result") == 1)
     assert node.health().ok
 
+
+
+def test_a_rebirth_of_the_wrong_type_and_an_empty_dcmd_are_refused_and_counted(
+        node: SparkplugNode, host: Host, line: Line, caplog: pytest.LogCaptureFixture) -> None:
+    """They were ignored without a word: not counted, not logged, no rebirth, nothing done."""
+    i, _msg = host.wait(is_("DBIRTH", "st1"))
+    refused = node.counters["refused_commands"]
+    with caplog.at_level(logging.WARNING, logger="edge_runtime.lineio.sparkplug.node"):
+        host.command(topic("NCMD"), [(spb.REBIRTH, spb.INT32, 1)])
+        host.command(topic("NCMD"), [(spb.REBIRTH, spb.STRING, "true")])
+        host.command(topic("DCMD", "st1"), [])
+        deadline = time.monotonic() + 5
+        while node.counters["refused_commands"] < refused + 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert node.counters["refused_commands"] == refused + 3
+    lines = [r.getMessage() for r in caplog.records if r.name == "edge_runtime.lineio.sparkplug.node"]
+    assert len(lines) == 1 and "must be a Boolean, not an integer" in lines[0], lines  # then once a minute
+    assert not any(t == topic("NBIRTH") for t, *_ in host.messages[i:])
+    assert line.station.health().counters["triggers"] == 0
+    host.command(topic("NCMD"), [(spb.REBIRTH, spb.BOOLEAN, True)])  # the right one still works
+    host.wait(is_("NBIRTH"), i + 1)
 
 def test_ndeath_carries_the_births_bdseq_when_the_connection_drops(node: SparkplugNode, host: Host) -> None:
     i, (_t, birth, _s, _q) = host.wait(is_("NBIRTH"))

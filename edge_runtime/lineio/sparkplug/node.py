@@ -301,16 +301,21 @@ class SparkplugNode:
             self._log.log(logging.ERROR, "sparkplug: command on %s failed", msg.topic[:200], exc_info=True)
 
     def _node_command(self, metrics: dict[str, Any]) -> None:
-        if metrics.get(spb.REBIRTH) is True:
+        if spb.REBIRTH not in metrics:
+            raise spb.CommandError(f"unknown node command(s): {', '.join(sorted(metrics))[:200] or 'none'}")
+        rebirth = metrics[spb.REBIRTH]
+        if not isinstance(rebirth, bool):  # an Int 1 or a String "true" was ignored without a word
+            raise spb.CommandError(f"{spb.REBIRTH} must be a Boolean, not {_kind(rebirth)}")
+        if rebirth:
             log.info("sparkplug: rebirth requested")
             self._birth_due.set()
             self._wake.set()
-        elif spb.REBIRTH not in metrics:
-            raise spb.CommandError(f"unknown node command(s): {', '.join(sorted(metrics))[:200]}")
 
     def _device_command(self, dev: _Device, metrics: dict[str, Any]) -> None:
         if not self.cfg.device_commands:
             raise spb.CommandError("device commands are off (sparkplug.device_commands: false)")
+        if not metrics:
+            raise spb.CommandError("a DCMD without metrics")
         known = {"TriggerEnable": bool, "PartId": str, "Recipe": str, "Trigger": bool, "ResultAck": bool}
         for name, value in metrics.items():
             if name not in known:
@@ -336,3 +341,9 @@ class SparkplugNode:
         if metrics.get("ResultAck") is True:
             self.counters["acks"] += 1
             st.request_ack()
+
+
+def _kind(value: Any) -> str:
+    """A decoded metric value's type in Sparkplug's words, for a refusal."""
+    return {bool: "a Boolean", int: "an integer", float: "a float", str: "a String", bytes: "Bytes"}.get(
+        type(value), "no value" if value is None else type(value).__name__)
