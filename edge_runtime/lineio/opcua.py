@@ -118,8 +118,7 @@ class OpcUaServer:
 
     def health(self) -> SinkHealth:
         return SinkHealth(ok=self.listening, detail="" if self.listening else "OPC UA server not listening",
-                          counters={**self.counters, "refused_certificates": self.trust.refused,
-                                    "refused_logins": self.users.refused,
+                          counters={**self.counters,  # refused_certificates, refused_logins, ...: the door's
                                     **{f"refused_{kind}": n for kind, n in self.door.refusals.counts.items()}})
 
     def threads(self) -> list[SupervisedThread]:

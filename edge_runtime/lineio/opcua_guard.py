@@ -52,9 +52,9 @@ _DISCOVERY = frozenset({ua.NodeId(ua.Int32(ua.ObjectIds.GetEndpointsRequest_Enco
                         ua.NodeId(ua.Int32(ua.ObjectIds.FindServersRequest_Encoding_DefaultBinary)),
                         ua.NodeId(ua.Int32(ua.ObjectIds.CloseSecureChannelRequest_Encoding_DefaultBinary))})
 # Refusal kind -> what was refused, for the log line.
-KINDS = {"none_channel": "a request over SecurityPolicy None", "no_channel": "a request before any secure channel",
-         "bad_channel": "a secure channel", "certificate": "a client certificate",
-         "cleartext_password": "a password sent in clear", "login": "a login"}
+KINDS = {"none_policy": "a request over SecurityPolicy None", "no_channel": "a request before any secure channel",
+         "bad_channels": "a secure channel", "certificates": "a client certificate",
+         "clear_passwords": "a password sent in clear", "logins": "a login"}
 
 
 class Refused(Exception):
@@ -93,15 +93,15 @@ class Door:
             return
         cert = _leaf(sender_certificate)
         if cert is None:
-            raise Refused("certificate", ua.StatusCodes.BadCertificateInvalid, "no readable client certificate")
+            raise Refused("certificates", ua.StatusCodes.BadCertificateInvalid, "no readable client certificate")
         problem = self.trust.verdict(cert)
         if problem is not None:
-            raise Refused("certificate", problem[0], self.trust.refuse(cert, problem[1]))
+            raise Refused("certificates", problem[0], self.trust.refuse(cert, problem[1]))
 
     def check_request(self, channel: Any, typeid: ua.NodeId) -> None:
         """Over SecurityPolicy None, only discovery (unless the config lists security none)."""
         if channel.URI == SecurityPolicyNone.URI and not self.allow_none and typeid not in _DISCOVERY:
-            raise Refused("none_channel", ua.StatusCodes.BadSecurityPolicyRejected,
+            raise Refused("none_policy", ua.StatusCodes.BadSecurityPolicyRejected,
                           f"{_service(typeid)}: this server's endpoints are {self.offered} only")
 
     def check_create(self, channel: Any, params: ua.CreateSessionParameters) -> None:
@@ -110,7 +110,7 @@ class Door:
             return
         named, own = _leaf(params.ClientCertificate), _leaf(channel.peer_certificate)
         if named is None or own is None or fingerprint(named) != fingerprint(own):
-            raise Refused("certificate", ua.StatusCodes.BadCertificateInvalid,
+            raise Refused("certificates", ua.StatusCodes.BadCertificateInvalid,
                           "CreateSession names another certificate than its secure channel's")
 
     def check_activate(self, channel: Any, params: ua.ActivateSessionParameters) -> None:
@@ -118,7 +118,7 @@ class Door:
         token = params.UserIdentityToken
         if (isinstance(token, ua.UserNameIdentityToken) and not token.EncryptionAlgorithm
                 and channel.Mode != ua.MessageSecurityMode.SignAndEncrypt):
-            raise Refused("cleartext_password", ua.StatusCodes.BadSecurityModeInsufficient,
+            raise Refused("clear_passwords", ua.StatusCodes.BadSecurityModeInsufficient,
                           f"user {_text(token.UserName)}: the password was not encrypted and the channel "
                           f"({channel.Mode.name}) does not encrypt")
 
@@ -127,7 +127,7 @@ class Door:
         token = params.UserIdentityToken if params is not None else None
         who = f"user {_text(token.UserName)}" if isinstance(token, ua.UserNameIdentityToken) else \
             "anonymous" if isinstance(token, ua.AnonymousIdentityToken | None) else type(token).__name__
-        return Refused("login", exc.code, f"{who}: {_status(exc.code).doc or 'refused'}")
+        return Refused("logins", exc.code, f"{who}: {_status(exc.code).doc or 'refused'}")
 
 
 class _GuardedProcessor(UaProcessor):
@@ -151,7 +151,7 @@ class _GuardedProcessor(UaProcessor):
             return self._close(exc)
         except Exception as exc:  # a channel that cannot be opened is closed, not left half open
             if opening and header.MessageType == ua.MessageType.SecureOpen:
-                return self._close(Refused("bad_channel", ua.StatusCodes.BadSecurityChecksFailed,
+                return self._close(Refused("bad_channels", ua.StatusCodes.BadSecurityChecksFailed,
                                            f"the OpenSecureChannel failed: {type(exc).__name__}: {str(exc)[:200]}"))
             raise
 
@@ -175,7 +175,7 @@ class _GuardedProcessor(UaProcessor):
         except Refused as exc:
             refused = exc
         except CertificateRefused as exc:  # asyncua's call of the trust list at CreateSession
-            refused = Refused("certificate", exc.code, exc.why)
+            refused = Refused("certificates", exc.code, exc.why)
         except (ServiceError, ua.UaStatusCodeError) as exc:
             if typeid not in (_CREATE, _ACTIVATE):
                 raise  # asyncua answers it
@@ -186,7 +186,7 @@ class _GuardedProcessor(UaProcessor):
         self.send_response(requesthdr.RequestHandle, seqhdr, fault)
         # A refused login may be tried again on the same connection, as OPC UA allows; any other refusal
         # closes it (a refused CreateSession leaves asyncua's half-made session: it goes with the connection).
-        return refused.kind in ("login", "cleartext_password")
+        return refused.kind in ("logins", "clear_passwords")
 
     def _close(self, refused: Refused) -> bool:
         self.door.refusals.refuse(refused, self.peer)

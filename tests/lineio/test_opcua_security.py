@@ -67,7 +67,7 @@ def test_a_none_channel_with_the_plc_password_gets_no_session_no_job_and_one_log
     lines = server_lines(caplog.records)
     assert len(lines) == 1, lines
     assert "SecurityPolicy None from 127.0.0.1:" in lines[0] and "CreateSession" in lines[0], lines
-    assert served.server.health().counters["refused_none_channel"] == 1
+    assert served.server.health().counters["refused_none_policy"] == 1
 
 
 def test_a_request_sent_without_any_open_secure_channel_is_refused_and_closed(
@@ -153,7 +153,7 @@ def test_a_flood_of_wrong_passwords_is_logged_once_and_asyncua_stays_quiet(
             assert status_name(answer) == "BadUserAccessDenied", answer
     lines = server_lines(caplog.records)
     assert len(lines) == 1 and "a login from 127.0.0.1:" in lines[0] and "'plc'" in lines[0], lines
-    assert served.server.health().counters["refused_login"] == 12
+    assert served.server.health().counters["refused_logins"] == 12
     # The PLC itself still gets in, at once.
     assert asyncio.run(job_or_error(served.url, cert=served.cert, key=served.key)) == jobs + 1
 
