@@ -31,6 +31,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
                         '"governed"'),
     "inspection_queries.py": (["--results", "2000"], "export all defects"),
     "line_io.py": (["--jobs", "2"], "trigger_to_result_valid_ms"),
+    "line_soak.py": (["--minutes", "0.1", "--sample-s", "2", "--warmup-min", "0", "--cut-s", "2"], '"acked"'),
     "lineio_durable.py": (["--jobs", "5"], '"delivery_notify_ms"'),
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
