@@ -29,6 +29,7 @@ from typing import Any
 
 import requests
 from pymodbus.client import ModbusTcpClient
+from pymodbus.exceptions import ModbusException
 from soak import free_port, proc_sample, slope_per_hour
 
 from edge_runtime.core.samples import write_sample_video
@@ -92,18 +93,24 @@ class Plc:
             self.until(lambda r: not (r[0] & rm.RESULT_VALID and (r[1] << 16 | r[2]) == seq))
             self.write(rm.CONTROL, [rm.TRIGGER_ENABLE])
             self.counts["acks"] += 1
-        except (ConnectionError, TimeoutError, OSError) as exc:
+        except (ConnectionError, TimeoutError, OSError, ModbusException) as exc:
             self.counts["errors"] += 1
-            print(f"plc: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"plc: {type(exc).__name__}: {str(exc)[:160]}", file=sys.stderr)
             self.client.close()
+            time.sleep(1.0)  # a PLC's retry interval
 
 
-def cut_cable(port: int) -> socket.socket:
-    """A connection that asks once, then goes silent and never closes."""
+def cut_cable(port: int) -> socket.socket | None:
+    """A connection that asks once, then goes silent and never closes (None: the server closed it)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(bytes.fromhex("000100000006010300320001"))  # read the StatusWord
-    sock.recv(64)
-    return sock
+    try:
+        sock.sendall(bytes.fromhex("000100000006010300320001"))  # read the StatusWord
+        if sock.recv(64):
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
 
 
 def closed_by_server(sock: socket.socket) -> bool:
@@ -151,6 +158,7 @@ def main() -> None:
                                    "--log-level", "warning", "run"], stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{api_port}"
         cut: list[socket.socket] = []
+        cut_refused = 0
         plc = Plc(modbus_port)
         try:
             deadline = time.monotonic() + 180
@@ -174,7 +182,11 @@ def main() -> None:
                     samples.append({"t": round(now - t_start, 1), **proc_sample(daemon.pid)})
                     next_sample += args.sample_s
                 if now >= next_cut:
-                    cut.append(cut_cable(modbus_port))
+                    sock = cut_cable(modbus_port)
+                    if sock is None:
+                        cut_refused += 1
+                    else:
+                        cut.append(sock)
                     next_cut += args.cut_s
                 if i % 50 == 25:
                     plc.reboot()  # its old connection stays half open: the new one must get in at once
@@ -202,7 +214,7 @@ def main() -> None:
     report = {
         "minutes": args.minutes, "rate_hz": args.rate_hz, "daemon_exit_code": daemon.returncode,
         "plc": plc.counts, "journal": journal,
-        "cut_connections": {"opened": len(cut), "closed_by_server": closed},
+        "cut_connections": {"opened": len(cut), "refused": cut_refused, "closed_by_server": closed},
         "modbus": line.get("adapters", {}).get("modbus", {}).get("counters"),
         "station": {k: v for k, v in (line.get("stations") or [{}])[0].get("counters", {}).items()
                     if k in ("triggers", "acks", "refused", "results_ok", "results_nok", "results_error")},
