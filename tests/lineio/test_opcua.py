@@ -143,6 +143,9 @@ def test_fifo_overrun_and_a_plc_that_never_acks(plant: Plant, plc: NodeClient) -
     station = plant.lines["over"].station
     for i in range(3):
         assert plc.request("call", station="over", method="StartSingleJob", args=[f"P{i}", ""])["status"] == "Good"
+        # The call returns once the trigger is durable; its frame is taken just after. A trigger before
+        # that is refused busy (a loaded machine got there first), so wait for AcquisitionDone as a PLC does.
+        wait_for(lambda: station.signals().acquisition_done, timeout=5, what=f"the frame of P{i}")
     wait_for(lambda: station.signals().buffer_count == 3, timeout=5, what="three results waiting")
     refused = plc.request("call", station="over", method="StartSingleJob", args=["P3", ""])
     assert refused["status"] == "BadResourceUnavailable"
