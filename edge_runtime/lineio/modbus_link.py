@@ -26,15 +26,15 @@ import contextlib
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pymodbus.constants import ExcCodes
 from pymodbus.exceptions import ModbusIOException
 from pymodbus.pdu import ExceptionResponse
 from pymodbus.server.requesthandler import ServerRequestHandler
 
-if TYPE_CHECKING:
-    from edge_runtime.lineio.modbus import ModbusServer
+from edge_runtime.config.line_io import ModbusConfig
+from edge_runtime.core.supervise import RateLimitedLog
 
 KEEPALIVE_IDLE_S = 10
 KEEPALIVE_INTERVAL_S = 5
@@ -46,10 +46,22 @@ INBOX_BYTES = 4096
 _MBAP = 7  # transaction id, protocol id, length, unit id
 
 
+class Guard(Protocol):
+    """What a connection asks of its server (lineio/modbus.py's ModbusServer)."""
+
+    cfg: ModbusConfig
+    counters: Any  # connections, refused_clients, evicted, idle_closed, bad_streams, station_errors
+    refusal_log: RateLimitedLog
+    eviction_log: RateLimitedLog
+    evict_after_s: float
+
+    def refuse_reason(self, host: str) -> str: ...
+
+
 class Link(ServerRequestHandler):
     """A client connection: admitted or closed by `guard`, requests answered one at a time in order."""
 
-    guard: ModbusServer
+    guard: Guard
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
