@@ -23,6 +23,7 @@ through `tame_asyncua_logs`: those that repeat a refusal logged here are dropped
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -307,11 +308,15 @@ _LIMIT = _AsyncuaLogLimit()
 
 
 def tame_asyncua_logs() -> None:
-    """Put the limit on every asyncua logger there is (a logger's filters see only its own records)."""
+    """Put the limit on every asyncua logger (a logger's filters see only its own records). Some are made
+    only when first used (InternalSession's, in its constructor), so every imported asyncua module's
+    logger is made here, and any other logger under asyncua that already exists gets it too."""
     logging.getLogger("asyncua").setLevel(logging.WARNING)  # it logs every call at INFO
-    for name, logger in list(logging.Logger.manager.loggerDict.items()):
-        if (name == "asyncua" or name.startswith("asyncua.")) and isinstance(logger, logging.Logger) \
-                and _LIMIT not in logger.filters:
+    names = {name for name in list(sys.modules) if name == "asyncua" or name.startswith("asyncua.")}
+    names |= {name for name in list(logging.Logger.manager.loggerDict) if name.startswith("asyncua.")}
+    for name in names:
+        logger = logging.getLogger(name)
+        if _LIMIT not in logger.filters:
             logger.addFilter(_LIMIT)
 
 

@@ -157,3 +157,13 @@ def test_a_flood_of_wrong_passwords_is_logged_once_and_asyncua_stays_quiet(
     # The PLC itself still gets in, at once.
     assert asyncio.run(job_or_error(served.url, cert=served.cert, key=served.key)) == jobs + 1
 
+
+
+def test_an_anonymous_login_is_one_line_not_asyncuas_error_too(served: Served,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """asyncua logs its own ERROR for a refused anonymous login; the door's line names the peer instead."""
+    with caplog.at_level(logging.WARNING):
+        answer = asyncio.run(job_or_error(served.url, cert=served.cert, key=served.key, user=None))
+    assert status_name(answer) == "BadIdentityTokenRejected", answer
+    lines = server_lines(caplog.records)
+    assert len(lines) == 1 and "a login from 127.0.0.1:" in lines[0] and "anonymous" in lines[0], lines
