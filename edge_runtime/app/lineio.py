@@ -9,6 +9,7 @@ Only this module knows the concrete classes; the adapters see only `Station`s. d
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, StorageFull
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import Sink, SinkHealth
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.lineio.ota_lock import LineJobsLock
 from edge_runtime.lineio.station import JobRequest, Station
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.line_jobs import LineJobs
@@ -70,6 +72,8 @@ class LineIO:
         self.stations = [Station(st, self.jobs, self._start_job, warm=self._warm_for(st.camera),
                                  fault=self._fault_for(st.camera)) for st in cfg.stations]
         self.adapters: list[Any] = self._adapters()
+        lock_file = daemon.config.ota.lock_file  # the update agent waits while a job is in flight
+        self.update_lock = LineJobsLock(lock_file) if lock_file is not None else None
         self._started = False
 
     def _adapters(self) -> list[Any]:
@@ -111,7 +115,10 @@ class LineIO:
         if self._started:
             return
         self._started = True
+        lock = self.update_lock
         for station in self.stations:
+            if lock is not None:
+                station.watch(functools.partial(lock.changed, station.name))
             station.start()
         for adapter in self.adapters:
             adapter.start()
@@ -124,6 +131,8 @@ class LineIO:
                 log.exception("line I/O: stopping %s failed", type(adapter).__name__)
         for station in self.stations:
             station.stop()
+        if self.update_lock is not None:
+            self.update_lock.close()
         self.jobs.close()
 
     def threads(self) -> list[Any]:

@@ -24,6 +24,7 @@ from edge_runtime.cli.tools import (
     cmd_models_import,
     cmd_models_verify,
     cmd_ota_agent,
+    cmd_ota_hawkbit_upload,
     cmd_ota_keygen,
     cmd_ota_publish,
     cmd_ota_sign,
@@ -208,6 +209,16 @@ def build_parser() -> Parser:
     pub.add_argument("--host")
     pub.add_argument("--port", type=int)
     pub.set_defaults(func=cmd_ota_publish)
+    hbu = p.command(osub, "hawkbit-upload", help="put a signed manifest into hawkBit (software module + "
+                    "distribution set) or goosebit, for rollouts (docs/ota.md)")
+    hbu.add_argument("manifest", help="the signed manifest (edge-runtime ota sign)")
+    hbu.add_argument("--url", required=True, help="the server's base URL (management side)")
+    hbu.add_argument("--module", default="edge-runtime", help="software module / distribution set name")
+    hbu.add_argument("--user", default="admin", help="management user (password from $HAWKBIT_PASSWORD)")
+    hbu.add_argument("--server", choices=["hawkbit", "goosebit"], default="hawkbit", help="server kind")
+    hbu.add_argument("--module-type", default="application", help="hawkBit software module type key")
+    hbu.add_argument("--ds-type", default="app", help="hawkBit distribution set type key")
+    hbu.set_defaults(func=cmd_ota_hawkbit_upload)
 
     doctor = p.command(sub, "doctor", help="check this device: platform, GPU, engines, sensors, cameras, broker")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

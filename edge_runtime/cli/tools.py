@@ -101,6 +101,23 @@ def cmd_ota_publish(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
+def cmd_ota_hawkbit_upload(args: argparse.Namespace, config: Config) -> int:
+    import os
+
+    from edge_runtime.ota.ddi.upload import upload_goosebit, upload_hawkbit
+
+    password = os.environ.get("HAWKBIT_PASSWORD")  # never on the command line (ps, shell history)
+    if password is None:
+        raise EdgeRuntimeError("set HAWKBIT_PASSWORD to the management user's password")
+    if args.server == "goosebit":
+        result = upload_goosebit(args.url, args.user, password, args.manifest)
+    else:
+        result = upload_hawkbit(args.url, args.user, password, args.module, args.manifest,
+                                args.module_type, args.ds_type)
+    print(json.dumps(result))
+    return 0
+
+
 def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.demo import build_demo_bundle
 

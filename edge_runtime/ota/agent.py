@@ -5,7 +5,9 @@ API (the `docker` SDK). Every step is written to a state file before it is taken
 at any point converges on restart (`recover()`) to exactly one healthy container under the managed
 name: the candidate if it turned healthy, otherwise the previous one.
 
-Phases published: received, verified, pulling, starting, healthy, committed, rolled_back, refused, failed.
+Phases published: received, verified, pulling, waiting_line, starting, healthy, committed, rolled_back,
+refused, failed, canceled. With an update lock (`update_lock.py`) the pulled image waits for the line
+and the quiet window before the old container is stopped; a source may cancel an update until then.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from edge_runtime import __version__
 from edge_runtime.ota.manifest import Manifest, ManifestRefused, parse, verify
+from edge_runtime.ota.update_lock import LockVerdict, UpdateLock
 
 log = logging.getLogger(__name__)
 VERSION_LABEL = "org.opencontainers.image.version"
@@ -28,7 +31,7 @@ VERSION_LABEL = "org.opencontainers.image.version"
 class OtaAgent:
     def __init__(self, client: Any, container: str, state_path: Path, public_keys: list[str],
                  publish: Callable[[dict[str, Any]], None], health_timeout_s: float = 120.0,
-                 allow_downgrade: bool = False) -> None:
+                 allow_downgrade: bool = False, lock: UpdateLock | None = None) -> None:
         self.docker = client
         self.name = container
         self.state_path = state_path
@@ -36,6 +39,9 @@ class OtaAgent:
         self.publish_cb = publish
         self.health_timeout_s = health_timeout_s
         self.allow_downgrade = allow_downgrade
+        self.lock = lock
+        # Asked until the old container is stopped: a reason to cancel (the source withdrew the update) or None.
+        self.cancelled: Callable[[], str | None] = lambda: None
         self._crash_after = os.environ.get("EDGE_OTA_CRASH_AFTER")  # test hook: die right after this phase
         state_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -154,7 +160,28 @@ class OtaAgent:
             self._save(phase="idle", version=self.state().get("version"))
             self._status("failed", manifest, f"pull failed: {exc}")
             return "failed"
-        return self._start(manifest, old)
+        try:
+            stopped = self._wait_for_line(manifest, old)
+            return stopped or self._start(manifest, old)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _wait_for_line(self, manifest: Manifest, old: Any) -> str | None:
+        """Hold the update lock (line idle, window open), or end the update: the final phase."""
+        reason = self.cancelled()  # e.g. withdrawn by the server while the image was pulled
+        if reason:
+            verdict = LockVerdict(False, "canceled", reason)
+        elif self.lock is None:
+            verdict = LockVerdict(True)
+        else:
+            self._save(phase="waiting_line", manifest=manifest.model_dump(), old_id=old.id)
+            verdict = self.lock.acquire(lambda why: self._status("waiting_line", manifest, why), self.cancelled)
+        if verdict.ok:
+            return None
+        self._save(phase="idle", version=self.state().get("version"))
+        self._status(verdict.phase, manifest, verdict.reason)
+        return verdict.phase
 
     def _start(self, manifest: Manifest, old: Any) -> str:
         self._save(phase="starting", manifest=manifest.model_dump(), old_id=old.id)
@@ -165,6 +192,8 @@ class OtaAgent:
         candidate = self._clone(old, manifest.image)
         # The camera device and the host port belong to one container at a time: stop the old one first.
         old.stop(timeout=20)
+        if self.lock is not None:  # the daemon is down: the new one may take its shared lock again
+            self.lock.release()
         candidate.start()
         self._save(phase="waiting_health", manifest=manifest.model_dump(), old_id=old.id, candidate_id=candidate.id)
         verdict = self._wait_healthy(candidate)
@@ -209,7 +238,7 @@ class OtaAgent:
             return "idle"
         manifest = Manifest.model_validate(state["manifest"])
         log.warning("ota: recovering from an interrupted update (phase %s)", phase)
-        if phase in ("verified", "pulling"):
+        if phase in ("verified", "pulling", "waiting_line"):
             self._save(phase="idle", version=self.current_version())
             self._status("failed", manifest, f"interrupted while {phase}; nothing was changed")
             return "failed"

@@ -1,5 +1,6 @@
-"""Runs the update agent: manifests from MQTT (`<prefix>/cmd/ota`, group topics) or a polled URL,
-progress on `<prefix>/ota/status`. One update at a time, in arrival order."""
+"""Runs the update agent: releases from one source — manifests from MQTT (`<prefix>/cmd/ota`, group
+topics) and a polled URL, or a hawkBit DDI server (`ota.hawkbit`, `ota/ddi/`) — with progress on
+`<prefix>/ota/status`. One update at a time, in arrival order."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from edge_runtime.config import Config
 from edge_runtime.core import http
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.ota.agent import OtaAgent
+from edge_runtime.ota.update_lock import UpdateLock
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +61,30 @@ class ManifestPoller:
 def make_agent(config: Config, client: Any, publish: Any) -> OtaAgent:
     ota = config.ota
     state = (ota.state_dir or config.data_dir / "ota") / "state.json"
+    lock = None
+    if ota.lock_file is not None or ota.maintenance_window:
+        lock = UpdateLock(ota.lock_file, ota.maintenance_window, ota.lock_max_wait_s, ota.on_lock_timeout)
     return OtaAgent(client, ota.container, Path(state), list(ota.public_keys), publish,
-                    ota.health_timeout_s, ota.allow_downgrade)
+                    ota.health_timeout_s, ota.allow_downgrade, lock=lock)
+
+
+def run_ddi_agent(config: Config, stop: threading.Event, publish: Any) -> None:
+    """The agent with a DDI server as its one source (blocks until `stop`)."""
+    import docker
+
+    from edge_runtime.ota.ddi.attributes import device_attributes
+    from edge_runtime.ota.ddi.client import DdiClient
+    from edge_runtime.ota.ddi.runner import DdiSource
+
+    hb = config.ota.hawkbit
+    assert hb is not None
+    agent = make_agent(config, docker.from_env(), publish)
+    client = DdiClient(hb, hb.controller_id or config.device_id)
+    source = DdiSource(client, agent, agent.state_path.parent / "ddi.json",
+                       lambda: device_attributes(config, agent.current_version()), stop,
+                       poll_override_s=hb.poll_interval_s, publish=publish)
+    log.info("ota: taking releases from the DDI server %s as %s", hb.url, client.base.rsplit("/", 1)[-1])
+    source.run()
 
 
 def run_agent(config: Config, stop: threading.Event | None = None) -> None:
@@ -73,19 +97,30 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
     m = config.mqtt
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-ota-{config.device_id}")
     configure_client(client, m)
-    topics = [f"{prefix}/cmd/ota", *(f"edge/group/{g}/cmd/ota" for g in config.ota.groups)]
+    ddi = config.ota.hawkbit is not None  # one source at a time: then MQTT only carries the statuses
+    topics = [] if ddi else [f"{prefix}/cmd/ota", *(f"edge/group/{g}/cmd/ota" for g in config.ota.groups)]
     def on_connect(c: mqtt.Client, *_: Any) -> None:
         for topic in topics:
             c.subscribe(topic, qos=1)
 
     client.on_connect = on_connect
     client.on_message = lambda _c, _u, msg: inbox.put(bytes(msg.payload))
-    client.connect_async(m.host, m.port, m.keepalive)
-    client.loop_start()
+    use_mqtt = m.enabled or not ddi  # with a DDI source and mqtt.enabled false, statuses go to the server only
+    if use_mqtt:
+        client.connect_async(m.host, m.port, m.keepalive)
+        client.loop_start()
 
     def publish(status: dict[str, Any]) -> None:
-        client.publish(f"{prefix}/ota/status", json.dumps(status), qos=1, retain=True)
+        if use_mqtt:
+            client.publish(f"{prefix}/ota/status", json.dumps(status), qos=1, retain=True)
 
+    if ddi:
+        try:
+            run_ddi_agent(config, stop, publish)
+        finally:
+            client.loop_stop()
+            client.disconnect()
+        return
     agent = make_agent(config, docker.from_env(), publish)
     agent.recover()
     next_poll = time.monotonic()

@@ -1,0 +1,1 @@
+"""hawkBit's Direct Device Integration API as a release source of the update agent (docs/ota.md)."""

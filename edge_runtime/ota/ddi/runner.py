@@ -1,0 +1,319 @@
+"""The agent's loop when its releases come from a DDI server (`ota.hawkbit`): poll at the server's
+interval (or the configured one), run one deployment at a time through the health-gated agent, and
+report every step as feedback: `proceeding` with the phase, then `closed` with `success` or
+`failure` and the reason (refused / rolled back / pull failed / waited for the line).
+
+Durability: the action being worked on and, once known, its final feedback are written to
+`ddi.json` (fsync + rename) before they are acted on. After a kill the agent's own `recover()`
+finishes or undoes the swap and its final status is sent for the same action; an action that was
+interrupted before anything changed is simply taken again; a final feedback that did not get through
+is sent again (never recomputed), so a server that offers the action again gets the same answer.
+Failures of the server are retried with exponential backoff and never end the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edge_runtime.core.supervise import RateLimitedLog
+from edge_runtime.ota.agent import OtaAgent
+from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
+from edge_runtime.ota.ddi.client import ControllerBase, DdiClient, DdiError, Deployment
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SLEEP_S = 300.0  # when the server names no interval
+MAX_BACKOFF_S = 300.0
+MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is closed as failed
+FINAL = {"committed": "success", "rolled_back": "failure", "refused": "failure", "failed": "failure"}
+_ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
+
+
+def backoff_s(failures: int, jitter: Callable[[], float] = random.random) -> float:
+    """5 s, 10 s, 20 s … up to 5 min, ±20 % so a fleet that lost its server does not return in step."""
+    base = min(5.0 * 2 ** max(failures - 1, 0), MAX_BACKOFF_S)
+    return base * (0.8 + 0.4 * jitter())
+
+
+def final_feedback(phase: str, status: dict[str, Any]) -> tuple[str, list[str]]:
+    """(finished, details) of the closing feedback for an agent's final phase."""
+    reason = str(status.get("reason", ""))
+    if phase == "committed":
+        return "success", [f"committed {status.get('version', '')}".strip()]
+    if phase == "rolled_back":
+        return "failure", [f"rolled back: {reason}"]
+    if phase == "refused":
+        return "failure", [f"refused: {reason}"]
+    return "failure", [reason or "failed"]  # the agent's reasons start with what failed ("pull failed: …")
+
+
+class DdiSource:
+    """One device's DDI loop around one `OtaAgent` (which it owns while it runs)."""
+
+    def __init__(self, client: DdiClient, agent: OtaAgent, state_path: Path,
+                 config_data: Callable[[], dict[str, str]], stop: threading.Event,
+                 poll_override_s: float | None = None, publish: Callable[[dict[str, Any]], None] | None = None,
+                 sleep: Callable[[float], bool] | None = None) -> None:
+        self.client = client
+        self.agent = agent
+        self.state_path = state_path
+        self.config_data = config_data
+        self.stop = stop
+        self.poll_override_s = poll_override_s
+        self.mirror = publish  # the MQTT status topic, when there is one
+        self._sleep = sleep or stop.wait
+        self.interval_s = poll_override_s or DEFAULT_SLEEP_S
+        self.failures = 0
+        self._recovering = False
+        self._download_tries: dict[str, int] = {}
+        self._cancels_answered: set[str] = set()
+        self._cancel_reason: str | None = None
+        self._cancel_id: str | None = None  # the cancelAction that stopped the running action, if any
+        self._last_check = 0.0
+        self._warn = RateLimitedLog(log, 600)
+        agent.publish_cb = self._on_status
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+
+    # ---- state --------------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        try:
+            value = json.loads(self.state_path.read_text())
+            return value if isinstance(value, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self, **state: Any) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.state_path)
+
+    # ---- the loop -------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Until `stop`: recover, then poll, act, sleep. No exception ends it."""
+        self._recover()
+        while not self.stop.is_set():
+            try:
+                wait = self.step()
+            except Exception:
+                log.exception("ota: DDI step failed; the agent goes on")
+                self.failures += 1
+                wait = backoff_s(self.failures)
+            self._sleep(wait)
+
+    def step(self) -> float:
+        """One poll and what it asks for; returns the seconds to sleep before the next."""
+        if not self._flush_final():
+            self.failures += 1
+            return backoff_s(self.failures)
+        try:
+            base = self.client.poll()
+        except DdiError as exc:
+            return self._failed("polling", exc)
+        self.failures = 0
+        self.interval_s = self.poll_override_s or base.sleep_s or DEFAULT_SLEEP_S
+        if base.config_data_href:
+            self._send_config_data()
+        try:
+            if base.cancel_href:
+                self._answer_cancel(base.cancel_href)
+            elif base.deployment_href:
+                self._deploy(base.deployment_href)
+        except DdiError as exc:
+            return self._failed("the action", exc)
+        return self.interval_s
+
+    def _failed(self, what: str, exc: DdiError) -> float:
+        self.failures += 1
+        wait = backoff_s(self.failures)
+        self._warn.log(logging.WARNING, "ota: DDI %s failed: %s (%d in a row; next try in %.0f s)",
+                       what, exc, self.failures, wait)
+        return wait
+
+    # ---- one deployment ---------------------------------------------------------------------------------
+
+    def _deploy(self, href: str) -> None:
+        deployment = self.client.deployment(href)
+        action = deployment.action_id
+        known = self.state().get("action") or {}
+        if known.get("id") == action and known.get("final"):
+            return  # finished; its feedback was sent (`_flush_final`) and the server has not closed it yet
+        if deployment.update == "skip":  # hawkBit's download-only assignment
+            return self._close(action, "failure", ["refused: download-only actions are not supported; "
+                                                   "assign the distribution set as forced or soft"])
+        if deployment.maintenance_window == "unavailable":  # the server's own window is closed
+            if known.get("id") != action:
+                self._save(action={"id": action})
+                self._proceeding(action, ["waiting for the server's maintenance window"])
+            return None
+        self._save(action={"id": action})
+        body = self._download(deployment)
+        if body is None:
+            return None
+        self._cancel_reason = None
+        self.agent.cancelled = lambda: self._cancel_check(action)
+        try:
+            self.agent.handle(body)  # every status comes back through `_on_status`
+        finally:
+            self.agent.cancelled = lambda: None
+
+    def _download(self, deployment: Deployment) -> bytes | None:
+        action = deployment.action_id
+        ours = [a for a in deployment.artifacts if a.filename.endswith((".json", ".swu"))] or deployment.artifacts
+        if not ours:
+            self._close(action, "failure", ["refused: the deployment has no artifact"])
+            return None
+        self._proceeding(action, [f"downloading {ours[0].filename}"])
+        try:
+            return manifest_from_artifact(self.client.download(ours[0]))
+        except ArtifactRefused as exc:
+            self._close(action, "failure", [f"refused: {exc} (expected a signed manifest or a .swu with "
+                                            f"{SWU_MANIFEST})"])
+        except DdiError as exc:
+            tries = self._download_tries.get(action, 0) + 1
+            self._download_tries[action] = tries
+            if exc.retry and tries < MAX_DOWNLOAD_TRIES:
+                raise  # back off; the action is offered again at the next poll
+            prefix = "refused" if not exc.retry else "download failed"
+            self._close(action, "failure", [f"{prefix}: {exc}"])
+        return None
+
+    # ---- cancel -----------------------------------------------------------------------------------------
+
+    def _cancel_check(self, action: str) -> str | None:
+        """Asked by the agent about once a second until the swap starts: has the server cancelled or
+        withdrawn the action? Polls at most once per interval."""
+        if self._cancel_reason or time.monotonic() - self._last_check < min(self.interval_s, 30.0):
+            return self._cancel_reason
+        self._last_check = time.monotonic()
+        try:
+            base = self.client.poll()
+            if base.cancel_href:
+                cancel = self.client.cancel_action(base.cancel_href)
+                if cancel.stop_id == action:
+                    self._cancel_reason = f"cancelled by the server (cancelAction {cancel.action_id})"
+                    self._cancel_id = cancel.action_id
+            elif not _offers(base, action):
+                self._cancel_reason = "withdrawn by the server (no longer offered)"
+                self._cancel_id = None
+        except DdiError as exc:
+            self._warn.log(logging.WARNING, "ota: DDI poll while waiting failed: %s", exc)
+        return self._cancel_reason
+
+    def _answer_cancel(self, href: str) -> None:
+        cancel = self.client.cancel_action(href)
+        if cancel.action_id in self._cancels_answered:
+            return
+        known = self.state().get("action") or {}
+        if known.get("id") == cancel.stop_id and known.get("final"):
+            # Too late: the update finished (and was reported). DDI's answer for that is `rejected`.
+            self.client.feedback(cancel.action_id, "rejected", "none", ["the update had already finished"],
+                                 cancel=True)
+        else:  # nothing of it runs here (a running one is cancelled through `_cancel_check`)
+            self.client.feedback(cancel.action_id, "closed", "success", ["cancelled; nothing was changed"],
+                                 cancel=True)
+            if known.get("id") == cancel.stop_id:
+                self._save()
+        self._cancels_answered.add(cancel.action_id)
+
+    # ---- feedback ---------------------------------------------------------------------------------------
+
+    def _on_status(self, status: dict[str, Any]) -> None:
+        """The agent's publish callback: mirrored to MQTT, and turned into DDI feedback."""
+        if self.mirror is not None:
+            self.mirror(status)
+        action = (self.state().get("action") or {}).get("id")
+        if action is None:
+            return
+        phase = str(status.get("phase"))
+        if self._recovering and phase == "failed":  # interrupted before anything changed: take it again
+            self._save()
+            self._proceeding(action, ["the agent was interrupted before anything changed; trying again"])
+            return
+        if phase == "canceled":
+            return self._cancelled(action, status)
+        if phase in FINAL:
+            finished, details = final_feedback(phase, status)
+            return self._close(action, finished, details)
+        detail = phase + (f": {status['reason']}" if status.get("reason") else
+                          f" {status['version']}" if status.get("version") else "")
+        self._proceeding(action, [detail])
+
+    def _cancelled(self, action: str, status: dict[str, Any]) -> None:
+        cancel_id = self._cancel_id
+        self._save()  # the action is over on this device
+        if cancel_id is not None:
+            try:
+                self.client.feedback(cancel_id, "closed", "success", [f"cancelled before the swap: "
+                                                                      f"{status.get('reason', '')}"], cancel=True)
+                self._cancels_answered.add(cancel_id)
+            except DdiError as exc:
+                self._warn.log(logging.WARNING, "ota: confirming the cancel failed: %s", exc)
+
+    def _proceeding(self, action: str, details: list[str]) -> None:
+        try:  # intermediate steps are best effort: the closing feedback is the one that must arrive
+            self.client.feedback(action, "proceeding", "none", details)
+        except DdiError as exc:
+            self._warn.log(logging.WARNING, "ota: DDI feedback for action %s failed: %s", action, exc)
+
+    def _close(self, action: str, finished: str, details: list[str]) -> None:
+        self._save(action={"id": action, "final": {"finished": finished, "details": details}, "sent": False})
+        self._flush_final()
+
+    def _flush_final(self) -> bool:
+        """Send a recorded closing feedback that has not got through; False while it cannot."""
+        known = self.state().get("action") or {}
+        final = known.get("final")
+        if not final or known.get("sent"):
+            return True
+        try:
+            self.client.feedback(known["id"], "closed", final["finished"], final["details"])
+        except DdiError as exc:
+            if exc.status in (404, 410):  # the server forgot the action: nothing left to tell it
+                log.warning("ota: action %s is gone on the server; its result (%s) stays in the log",
+                            known["id"], final["finished"])
+            else:
+                self._warn.log(logging.WARNING, "ota: closing action %s failed: %s (will retry)", known["id"], exc)
+                return False
+        self._save(action={**known, "sent": True})
+        log.info("ota: action %s closed: %s (%s)", known["id"], final["finished"], "; ".join(final["details"]))
+        return True
+
+    def _send_config_data(self) -> None:
+        try:
+            self.client.config_data(self.config_data())
+        except DdiError as exc:  # the server keeps asking until it has them
+            self._warn.log(logging.WARNING, "ota: sending configData failed: %s", exc)
+
+    def _recover(self) -> None:
+        """The agent's crash recovery, its statuses going to the action it belonged to."""
+        self._recovering = True
+        try:
+            self.agent.recover()
+        except Exception:
+            log.exception("ota: recovering the interrupted update failed")
+        finally:
+            self._recovering = False
+        known = self.state().get("action") or {}
+        if known and not known.get("final") and self.agent.state().get("phase", "idle") == "idle":
+            self._save()  # killed before the agent recorded a step: the server offers the action again
+
+
+def _offers(base: ControllerBase, action: str) -> bool:
+    if base.deployment_href is None:
+        return False
+    m = _ACTION_IN_HREF.search(base.deployment_href)
+    return m is None or m.group(1) == action
