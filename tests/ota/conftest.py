@@ -1,5 +1,6 @@
-"""The OTA tests need root, a Docker engine and a registry: they run with `make test-ota`
-(EDGE_TEST_OTA=1), not in `make test`, so CI does not depend on a container engine."""
+"""The Docker suites need root, a Docker engine and a registry: they run with `make test-ota`
+(EDGE_TEST_OTA=1), not in `make test`, so CI does not depend on a container engine. The DDI client,
+update lock and upload tests beside them need none of that and run in `make test`."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import os
 
 import pytest
 
+DOCKER_SUITES = ("test_ota.py", "test_hawkbit_fleet.py")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("EDGE_TEST_OTA") == "1":
         return
     skip = pytest.mark.skip(reason="OTA tests need a Docker engine: run `make test-ota`")
     for item in items:
-        if "tests/ota/" in str(item.fspath):
+        if "tests/ota/" in str(item.fspath) and item.fspath.basename in DOCKER_SUITES:
             item.add_marker(skip)

@@ -1,0 +1,117 @@
+"""A recorded DDI server for the unit tests: answers shaped exactly like hawkBit's documented examples
+(DdiControllerBase, DdiDeploymentBase, DdiCancel), served by a real local http.server, with hostile
+modes (oversized, malformed, redirect loop, slow drip) and a record of every request it got."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+TENANT, CONTROLLER = "DEFAULT", "press-7"
+
+
+def controller_base(base: str, sleep: str = "00:00:01", deployment: str | None = None, cancel: str | None = None,
+                    config_data: bool = False) -> dict[str, Any]:
+    """hawkBit's DdiControllerBase example, with the links this test wants."""
+    links: dict[str, Any] = {}
+    if deployment is not None:
+        links["deploymentBase"] = {"href": f"{base}/deploymentBase/{deployment}?c=-2127183556"}
+    if cancel is not None:
+        links["cancelAction"] = {"href": f"{base}/cancelAction/{cancel}"}
+    if config_data:
+        links["configData"] = {"href": f"{base}/configData"}
+    return {"config": {"polling": {"sleep": sleep}}, "_links": links}
+
+
+def deployment_base(server: str, action: str, artifact: bytes, filename: str = "manifest.signed.json",
+                    update: str = "forced", size: int | None = None) -> dict[str, Any]:
+    """hawkBit's DdiDeploymentBase example (one chunk, one artifact) with our manifest as the artifact."""
+    url = f"{server}/{TENANT}/controller/v1/{CONTROLLER}/softwaremodules/23/artifacts/{filename}"
+    return {
+        "id": action,
+        "deployment": {
+            "download": "forced", "update": update, "maintenanceWindow": "available",
+            "chunks": [{
+                "part": "bApp", "version": "2.0.0", "name": "edge-runtime",
+                "artifacts": [{
+                    "filename": filename,
+                    "hashes": {"sha1": hashlib.sha1(artifact).hexdigest(), "md5": hashlib.md5(artifact).hexdigest(),
+                               "sha256": hashlib.sha256(artifact).hexdigest()},
+                    "size": len(artifact) if size is None else size,
+                    "_links": {"download": {"href": url}, "download-http": {"href": url},
+                               "md5sum-http": {"href": url + ".MD5SUM"}}}],
+                "metadata": [{"key": "aMetadataKey", "value": "Metadata value as defined in software module"}]}]},
+        "actionHistory": {"status": "RUNNING", "messages": ["Assignment initiated by user 'TestPrincipal'"]}}
+
+
+@dataclass
+class Recorded:
+    """What the server answers (path -> (status, body bytes, headers)) and what it was sent."""
+
+    routes: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)
+    drip_s: float = 0.0  # > 0: send the body one byte per drip_s
+    requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def json(self, path: str, value: Any, status: int = 200) -> None:
+        self.routes[path] = (status, json.dumps(value).encode(), {"Content-Type": "application/hal+json"})
+
+    def raw(self, path: str, body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        self.routes[path] = (status, body, headers or {"Content-Type": "application/octet-stream"})
+
+    def feedbacks(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [json.loads(b) for m, p, _h, b in self.requests if m == "POST" and p.endswith("/feedback")]
+
+    def sent(self, method: str, suffix: str) -> list[tuple[str, str, dict[str, str], bytes]]:
+        with self.lock:
+            return [r for r in self.requests if r[0] == method and r[1].split("?")[0].endswith(suffix)]
+
+
+@contextmanager
+def ddi_server(recorded: Recorded) -> Iterator[str]:
+    """Serves `recorded` on 127.0.0.1; yields the base URL (http://127.0.0.1:PORT)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(min(length, 1 << 20)) if length else b""
+            with recorded.lock:
+                recorded.requests.append((self.command, self.path, dict(self.headers), body))
+            status, payload, headers = recorded.routes.get(self.path.split("?")[0], (200, b"{}", {}))
+            if self.command in ("POST", "PUT") and self.path.split("?")[0] not in recorded.routes:
+                status, payload, headers = 200, b"", {}
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if recorded.drip_s:
+                for i in range(len(payload)):
+                    self.wfile.write(payload[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(recorded.drip_s)
+            else:
+                self.wfile.write(payload)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

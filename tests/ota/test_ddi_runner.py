@@ -1,0 +1,255 @@
+"""The DDI loop around the real agent (manifest checks, update lock, state files) against a recorded
+DDI server. Only the Docker engine is a stand-in here (the swap itself is `make test-ota`'s): a pulled
+image and an old container, and a swap whose outcome the test picks."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+
+from edge_runtime.config import Config
+from edge_runtime.config.ota import HawkbitConfig
+from edge_runtime.lineio.ota_lock import LineJobsLock
+from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
+from edge_runtime.ota.ddi.artifact import build_swu
+from edge_runtime.ota.ddi.attributes import device_attributes
+from edge_runtime.ota.ddi.client import DdiClient
+from edge_runtime.ota.ddi.runner import DdiSource, backoff_s
+from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
+from edge_runtime.ota.update_lock import UpdateLock
+from tests.ota.ddi_server import CONTROLLER, TENANT, Recorded, controller_base, ddi_server, deployment_base
+from tests.ota.test_update_lock import signals
+
+BASE_PATH = f"/{TENANT}/controller/v1/{CONTROLLER}"
+IMAGE = "registry.plant.local/edge-runtime@sha256:" + "ab" * 32
+ARTIFACT = f"{BASE_PATH}/softwaremodules/23/artifacts/manifest.signed.json"
+
+
+class Engine:
+    """The Docker engine as the agent sees it before a swap: one old container, pulls recorded."""
+
+    def __init__(self) -> None:
+        self.pulls: list[str] = []
+        old = type("Container", (), {"id": "old-id", "name": "edge-runtime",
+                                     "image": type("Image", (), {"labels": {VERSION_LABEL: "1.0.0"}})()})()
+        self.containers = type("Containers", (), {"get": self._get})()
+        self.api = type("Api", (), {"pull": lambda _s, repo, tag: self.pulls.append(f"{repo}@{tag}")})()
+        self.images = type("Images", (), {"get": lambda _s, ref: None})()
+        self._old = old
+
+    def _get(self, name: str) -> Any:
+        if name in ("edge-runtime", "old-id"):
+            return self._old
+        raise docker.errors.NotFound(name)
+
+
+class Agent(OtaAgent):
+    """The real agent up to the swap; the swap's outcome is the test's (`outcome`)."""
+
+    outcome = "committed"
+    swaps = 0
+
+    def _start(self, manifest: Manifest, old: Any) -> str:
+        self.swaps += 1
+        self._status("starting", manifest)
+        if self.outcome == "committed":
+            self._status("healthy", manifest)
+            self._save(phase="idle", version=manifest.version)
+            self._status("committed", manifest)
+        else:
+            self._save(phase="idle", version="1.0.0")
+            self._status("rolled_back", manifest, "candidate unhealthy")
+        return self.outcome
+
+
+@pytest.fixture
+def keys() -> tuple[str, str]:
+    return generate_keypair()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Recorded, str]]:
+    recorded = Recorded()
+    with ddi_server(recorded) as url:
+        yield recorded, url
+
+
+def release(private: str, version: str = "2.0.0", tamper: bool = False) -> bytes:
+    manifest = sign(Manifest(image=IMAGE, version=version, notes="new prompt"), private)
+    data = json.loads(manifest.model_dump_json(exclude_none=True))
+    if tamper:
+        data["image"] = "evil.example/x@sha256:" + "cd" * 32
+    return json.dumps(data).encode()
+
+
+def offer(recorded: Recorded, url: str, artifact: bytes, action: str = "8", **base: Any) -> None:
+    recorded.json(BASE_PATH, controller_base(url + BASE_PATH, deployment=action, **base))
+    recorded.json(f"{BASE_PATH}/deploymentBase/{action}", deployment_base(url, action, artifact))
+    recorded.raw(ARTIFACT, artifact)
+
+
+def make(tmp_path: Path, url: str, public: str, lock: UpdateLock | None = None,
+         stop: threading.Event | None = None) -> tuple[DdiSource, Agent, Engine]:
+    engine = Engine()
+    agent = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], lambda s: None, lock=lock)
+    cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+    config = Config.model_validate({"device_id": CONTROLLER, "data_dir": str(tmp_path)})
+    source = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json",
+                       lambda: device_attributes(config, agent.current_version()), stop or threading.Event())
+    return source, agent, engine
+
+
+def executions(recorded: Recorded) -> list[tuple[str, str, str]]:
+    return [(f["status"]["execution"], f["status"]["result"]["finished"], "; ".join(f["status"]["details"]))
+            for f in recorded.feedbacks()]
+
+
+def test_a_signed_release_is_applied_and_closed_with_success(served: tuple[Recorded, str], keys: tuple[str, str],
+                                                             tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, build_swu(release(keys[0]), "2.0.0"), config_data=True)  # as goosebit hands it out
+    source, _agent, engine = make(tmp_path, url, keys[1])
+    assert source.step() == 1.0  # the server's polling sleep
+    assert engine.pulls == [IMAGE]
+    steps = executions(recorded)
+    assert all(s[:2] == ("proceeding", "none") for s in steps[:-1])
+    assert [d.split(":")[0].split(" ")[0] for _e, _f, d in steps[:-1]] == [
+        "downloading", "received", "verified", "pulling", "starting", "healthy"]
+    assert steps[-1] == ("closed", "success", "committed 2.0.0")
+    [config] = [json.loads(r[3])["data"] for r in recorded.sent("PUT", "/configData")]
+    assert config["device_id"] == CONTROLLER and config["running_version"] == "1.0.0"
+    assert set(config) >= {"agent_version", "model_bundle", "model_bundle_sha256"}
+
+
+def test_a_tampered_release_is_closed_as_refused_and_nothing_is_pulled(served: tuple[Recorded, str],
+                                                                       keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0], tamper=True))
+    source, agent, engine = make(tmp_path, url, keys[1])
+    source.step()
+    assert engine.pulls == [] and agent.swaps == 0
+    assert executions(recorded)[-1][:2] == ("closed", "failure")
+    assert executions(recorded)[-1][2].startswith("refused: the signature does not match any trusted fleet key")
+
+
+def test_a_rollback_is_closed_as_failure_with_the_reason(served: tuple[Recorded, str], keys: tuple[str, str],
+                                                         tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    source, agent, _engine = make(tmp_path, url, keys[1])
+    agent.outcome = "rolled_back"
+    source.step()
+    assert executions(recorded)[-1] == ("closed", "failure", "rolled back: candidate unhealthy")
+
+
+def test_a_cancel_while_waiting_for_the_line_is_confirmed_and_nothing_is_swapped(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    line = LineJobsLock(tmp_path / "line.lock")
+    line.changed("press", signals(busy=True))  # the daemon has a part in flight
+    source, agent, engine = make(tmp_path, url, keys[1], lock=UpdateLock(tmp_path / "line.lock", [], 60))
+    worker = threading.Thread(target=source.step)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any("waiting for the line" in d for *_, d in executions(recorded)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # The operator cancels: hawkBit's cancelAction (its own id) names the running action as stopId.
+        recorded.json(BASE_PATH, controller_base(url + BASE_PATH, cancel="9"))
+        recorded.json(f"{BASE_PATH}/cancelAction/9", {"id": "9", "cancelAction": {"stopId": "8"}})
+        worker.join(15)
+    finally:
+        line.close()
+    assert not worker.is_alive()
+    assert engine.pulls == [IMAGE] and agent.swaps == 0 and agent.state()["phase"] == "idle"
+    assert ("proceeding", "none", "waiting_line: waiting for the line: a line station has a job in flight") in \
+        executions(recorded)
+    [confirm] = [json.loads(r[3]) for r in recorded.sent("POST", "/cancelAction/9/feedback")]
+    assert confirm["status"]["execution"] == "closed" and confirm["status"]["result"]["finished"] == "success"
+    assert not recorded.sent("POST", "/deploymentBase/8/feedback")[-1][3].count(b'"closed"')
+
+
+def test_a_closing_feedback_that_fails_is_sent_again_after_a_restart(served: tuple[Recorded, str],
+                                                                     keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.raw(f"{BASE_PATH}/deploymentBase/8/feedback", b"busy", status=503)
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    source.step()
+    assert json.loads((tmp_path / "ddi.json").read_text())["action"]["sent"] is False
+    del recorded.routes[f"{BASE_PATH}/deploymentBase/8/feedback"]  # the server is back
+    recorded.requests.clear()
+    restarted, agent2, _ = make(tmp_path, url, keys[1])  # a new process: same state files
+    restarted.step()  # resends the recorded result first; the action still offered is not run again
+    closed = [e for e in executions(recorded) if e[0] == "closed"]
+    assert closed == [("closed", "success", "committed 2.0.0")] and agent2.swaps == 0
+    restarted.step()
+    assert [e for e in executions(recorded) if e[0] == "closed"] == closed  # once
+
+
+def test_an_update_interrupted_before_any_change_is_taken_again(served: tuple[Recorded, str], keys: tuple[str, str],
+                                                                tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    manifest = Manifest.model_validate_json(release(keys[0]))
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "pulling", "manifest": manifest.model_dump(),
+                                                     "old_id": "old-id"}))
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8"}}))
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    source._recover()
+    assert not [e for e in executions(recorded) if e[0] == "closed"]  # not closed as failed
+    assert json.loads((tmp_path / "ddi.json").read_text()) == {}
+    source.step()
+    assert executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
+
+
+def test_a_failing_server_is_retried_with_exponential_backoff(served: tuple[Recorded, str], keys: tuple[str, str],
+                                                              tmp_path: Path) -> None:
+    recorded, url = served
+    recorded.raw(BASE_PATH, b"down for maintenance", status=503)
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    waits = [source.step() for _ in range(4)]
+    assert [round(w / b) for w, b in zip(waits, (5, 10, 20, 40), strict=True)] == [1, 1, 1, 1]
+    assert all(4 <= w / 2 ** i <= 6 for i, w in enumerate(waits))
+    assert backoff_s(50, lambda: 0.5) == 300.0
+    recorded.json(BASE_PATH, controller_base(url + BASE_PATH, sleep="00:05:00"))
+    assert source.step() == 300.0 and source.failures == 0
+
+
+def test_a_download_only_action_is_refused(served: tuple[Recorded, str], keys: tuple[str, str],
+                                           tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", release(keys[0]), update="skip"))
+    source, _agent, engine = make(tmp_path, url, keys[1])
+    source.step()
+    assert engine.pulls == [] and executions(recorded)[-1][:2] == ("closed", "failure")
+    assert "download-only" in executions(recorded)[-1][2]
+
+
+def test_the_loop_outlives_a_broken_agent(served: tuple[Recorded, str], keys: tuple[str, str],
+                                          tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    stop = threading.Event()
+    waits: list[float] = []
+
+    def sleep(s: float) -> bool:
+        waits.append(s)
+        if len(waits) >= 2:
+            stop.set()
+        return stop.is_set()
+
+    source, agent, _engine = make(tmp_path, url, keys[1], stop=stop)
+    source._sleep = sleep
+    agent.handle = lambda payload: (_ for _ in ()).throw(RuntimeError("docker went away"))  # type: ignore[method-assign]
+    source.run()
+    assert len(waits) == 2 and all(4 <= w <= 12 for w in waits)  # backed off, went on
