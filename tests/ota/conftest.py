@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from tests.ota.docker_support import engine, registry  # noqa: F401 - the Docker suites' fixtures
+
 DOCKER_SUITES = ("test_ota.py", "test_hawkbit_fleet.py")
 
 
@@ -18,3 +20,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "tests/ota/" in str(item.fspath) and item.fspath.basename in DOCKER_SUITES:
             item.add_marker(skip)
+
