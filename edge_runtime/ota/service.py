@@ -122,6 +122,7 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
             client.disconnect()
         return
     agent = make_agent(config, docker.from_env(), publish)
+    agent.cancelled = lambda: "the agent is stopping" if stop.is_set() else None  # ends a wait for the line
     agent.recover()
     next_poll = time.monotonic()
     poller = ManifestPoller()

@@ -116,7 +116,14 @@ class Goosebit:
         return int(self.api("PUT", "/rollouts", {"name": name, "feed": feed, "software_id": software_id})["id"])
 
     def pause(self, rollout_id: int) -> None:
-        self.api("PATCH", "/rollouts", {"ids": [rollout_id], "paused": True})
+        """Pause, and make it stick: goosebit saves a rollout's whole row when it counts a device's
+        result, so a feedback handled at the same moment can write `paused` back to false (seen)."""
+        for _ in range(20):
+            self.api("PATCH", "/rollouts", {"ids": [rollout_id], "paused": True})
+            time.sleep(0.5)
+            if self.rollout(rollout_id)["paused"]:
+                return
+        raise AssertionError(f"rollout {rollout_id} does not stay paused")
 
     def requests_from(self, device: str) -> int:
         """DDI requests of one device in the access log so far."""

@@ -253,3 +253,27 @@ def test_the_loop_outlives_a_broken_agent(served: tuple[Recorded, str], keys: tu
     agent.handle = lambda payload: (_ for _ in ()).throw(RuntimeError("docker went away"))  # type: ignore[method-assign]
     source.run()
     assert len(waits) == 2 and all(4 <= w <= 12 for w in waits)  # backed off, went on
+
+
+def test_stopping_the_agent_ends_a_wait_for_the_line_and_leaves_the_action_open(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    line = LineJobsLock(tmp_path / "line.lock")
+    line.changed("press", signals(busy=True))
+    stop = threading.Event()
+    source, agent, _engine = make(tmp_path, url, keys[1], lock=UpdateLock(tmp_path / "line.lock", [], 3600),
+                                  stop=stop)
+    worker = threading.Thread(target=source.step)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while agent.state().get("phase") != "waiting_line" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()  # SIGTERM: the wait must not hold the agent for lock_max_wait_s
+        worker.join(5)
+    finally:
+        line.close()
+    assert not worker.is_alive() and agent.swaps == 0 and agent.state()["phase"] == "idle"
+    assert not [e for e in executions(recorded) if e[0] == "closed"]  # the server offers it again later
+    assert json.loads((tmp_path / "ddi.json").read_text()) == {}

@@ -289,8 +289,8 @@ def test_a_cancel_mid_wave_is_honoured_by_the_devices_still_waiting(fleet: dict[
         gb.api("PATCH", "/devices", {"devices": [d.id for d in wave], "feed": "r4-cancel"})
         rollout = gb.start_rollout("r4-cancel", "r4-cancel", software)
         wait_for("the free devices to commit and the busy ones to wait for the line", lambda: all(
-            "committed" in phases(broker, d.id, "4.0.0") for d in free) and all(
-            "waiting_line" in phases(broker, d.id, "4.0.0") for d in busy), timeout=180)
+            state_of(gb.devices()[d.id]) == "finished" and gb.devices()[d.id]["sw_version"] == "4.0.0"
+            for d in free) and all("waiting_line" in phases(broker, d.id, "4.0.0") for d in busy), timeout=180)
         gb.pause(rollout)  # goosebit's cancel: the deployment is no longer offered
         wait_for("the waiting devices to cancel", lambda: all(
             phases(broker, d.id, "4.0.0")[-1] == "canceled" for d in busy), timeout=60)

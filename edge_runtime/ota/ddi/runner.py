@@ -196,6 +196,8 @@ class DdiSource:
     def _cancel_check(self, action: str) -> str | None:
         """Asked by the agent about once a second until the swap starts: has the server cancelled or
         withdrawn the action? Polls at most once per interval."""
+        if self.stop.is_set():  # SIGTERM while waiting for the line: the server offers it again after the restart
+            return "the agent is stopping; the update is taken again when it starts"
         if self._cancel_reason or time.monotonic() - self._last_check < min(self.interval_s, 30.0):
             return self._cancel_reason
         self._last_check = time.monotonic()
