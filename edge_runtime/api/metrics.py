@@ -83,9 +83,10 @@ class StatusCollector(Collector):
 def health_metrics(health: dict[str, Any] | None) -> Iterator[Any]:
     if not health:
         return
-    yield GaugeMetricFamily("edge_runtime_ready", "1 when ready and not degraded",
+    yield GaugeMetricFamily("edge_runtime_ready", "1 when the device can inspect and journal "
+                            "(what /readyz answers; it stays 1 while only degraded)",
                             value=1.0 if health.get("ready") else 0.0)
-    degraded = GaugeMetricFamily("edge_runtime_degraded", "1 per fault that stops inspection or delivery",
+    degraded = GaugeMetricFamily("edge_runtime_degraded", "1 per open fault (state degraded), named by reason",
                                  labels=["reason"])
     for reason in health.get("reasons") or []:
         degraded.add_metric([str(reason)], 1.0)

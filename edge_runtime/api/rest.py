@@ -141,14 +141,17 @@ def healthz() -> Any:
 
 
 @bp.get("/readyz")
-@doc("Model loaded and warmed up, no fault (else 503 with state and reasons)", response=Readiness,
-     errors=(503,))
+@doc("Ready: the model is loaded and warmed up, and results can be inspected and journaled (200, also "
+     "while `degraded` by a fault that does not stop that, e.g. a webhook receiver or the broker down); "
+     "else 503 with state and reasons", response=Readiness, errors=(503,))
 def readyz() -> Any:
     d = daemon()
     health = d.health()  # cheap by contract: no journal query
     info = d.model_info()
     response = jsonify(**health, model=info.model_name if info else None)
-    response.status_code = 200 if health["ready"] and health["state"] == "ok" else 503
+    # Readiness is "can inspect and journal": a degraded sink shows in the body, status, metrics and
+    # telemetry, never here (the image's HEALTHCHECK and the OTA health gate read this code).
+    response.status_code = 200 if health["ready"] else 503
     if response.status_code == 503:
         response.headers["Retry-After"] = "5"
     return response

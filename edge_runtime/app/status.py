@@ -57,26 +57,34 @@ class DeviceReports:
     def health(self: StatusHost) -> dict[str, Any]:
         """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).
 
-        ``state`` is ``starting`` (model not loaded), ``ok``, or ``degraded`` with one short reason
-        per fault that stops inspection or delivery (e.g. ``disk full``); faults heal by themselves.
+        ``ready`` means the device can inspect and journal: the model is loaded and warmed up, the
+        worker turns, the journal (and the line's job store) can write. ``state`` is ``starting``
+        (model not loaded), ``ok``, or ``degraded`` with one short reason per fault; a fault of a
+        peer (a webhook receiver, the broker, a central server, a PLC link) or of the evidence
+        store degrades the device without making it unready: inspection goes on, the results wait
+        in the journal, and an OTA health gate must not undo a good update for it. Faults heal by
+        themselves.
         """
         # Faults that heal by themselves are re-derived here from their source, so they clear with it.
         if self.journal.full:
             self.faults.add("disk full")
         else:
             self.faults.discard("disk full")
-        ready = bool(self.inspector and self.inspector.ready and self.alive())
+        inspector = self.inspector
+        model_ready = bool(inspector and inspector.ready)
+        alive = self.alive()
+        # What stops inspecting or journaling: only these make /readyz answer 503.
+        store_fault = self.line_io.jobs.fault() if self.line_io else None
+        can_journal = not self.journal.full and not store_fault
         reasons = sorted(self.faults)
-        # A receiver that stops taking deliveries degrades the device without making it unready:
-        # inspection goes on, the rows wait in the journal's file, and a rollout must not undo an
-        # update because one webhook receiver is down.
-        stalled = [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
-                   for blocked in [self.verdicts.webhooks.blocked()] if blocked]
-        stalled += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
-        state = "starting" if not ready and not reasons else ("degraded" if reasons or not ready else "ok")
-        if state == "ok" and stalled:
-            state = "degraded"
-        return {"ready": ready and not reasons, "state": state, "reasons": reasons + stalled}
+        if model_ready and not alive:
+            reasons.insert(0, "inspection stalled (the worker has not turned for 60 s)")
+        reasons += [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
+                    for blocked in [self.verdicts.webhooks.blocked()] if blocked]
+        reasons += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
+        ready = model_ready and alive and can_journal
+        state = "ok" if ready and not reasons else ("starting" if not model_ready and not reasons else "degraded")
+        return {"ready": ready, "state": state, "reasons": reasons}
 
     def alive(self: StatusHost) -> bool:
         """The pipeline really works: the worker turns and no inspection has hung."""
