@@ -57,6 +57,9 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         self.config = config
         self.model_dir = model_dir
         self.config_path = config_path
+        # The last accepted file's settings: a reload that silently loses a protection of it is refused
+        # (app/reload_guard.py).
+        self.file_config = config
         # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
         self.extra_cameras = cameras_not_in_file(config, config_path)
         self.started = time.time()

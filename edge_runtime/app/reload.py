@@ -14,6 +14,7 @@ from typing import Any, Protocol, cast
 from pydantic import BaseModel
 
 from edge_runtime.api import ApiServer
+from edge_runtime.app.reload_guard import refusal
 from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig
 from edge_runtime.config import CameraConfig, Config, load_config
@@ -101,6 +102,7 @@ class ReloadHost(Protocol):
 
     config: Config
     config_path: Any
+    file_config: Config
     extra_cameras: list[CameraConfig]
     inspector: Inspector | None
     journal: Journal
@@ -136,10 +138,15 @@ class Reloading:
         systemd.notify("RELOADING=1")
         try:
             new = load_config(self.config_path)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file: one line, keep running
+            extra = {c.name for c in self.extra_cameras}
+            why = refusal(self.file_config, new, [c.name for c in self.file_config.cameras if c.name not in extra])
+            if why:
+                raise EdgeRuntimeError(f"{self.config_path}: {why}")
+        except Exception as exc:  # noqa: BLE001 - any unreadable or weakening file: one line, keep running
             log.error("daemon: reload refused, keeping the running config: %s", exc)
             systemd.notify("READY=1")
             raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
+        self.file_config = new  # what the next reload is compared with (before command-line cameras)
         if self.extra_cameras:
             names = {c.name for c in new.cameras}
             new = new.model_copy(update={"cameras": new.cameras + [

@@ -125,8 +125,10 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{where}: not valid YAML: {problem}") from None
-    if root is None:
-        return Config()
+    if root is None or root.tag == "tag:yaml.org,2002:null":
+        # 0 bytes, blank lines, comments only, a bare `---`: a file emptied by mistake, never "defaults"
+        raise ConfigError(f"{source}: the config file is empty (no settings); leave out --config to run on "
+                          "the defaults, or write {} to mean them")
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (key: value)")
     try:

@@ -17,8 +17,11 @@ def test_no_file_means_defaults_that_run() -> None:
     assert cfg.model.providers[-1] == "CPUExecutionProvider"
 
 
-def test_empty_file_means_defaults() -> None:
-    assert parse_config("").model.context_size == 2048
+def test_an_empty_mapping_means_defaults_and_an_empty_file_is_refused() -> None:
+    assert parse_config("{}").model.context_size == 2048
+    for text in ("", "\n", "# nothing yet\n", "---\n", "null\n"):
+        with pytest.raises(ConfigError, match="the config file is empty"):
+            parse_config(text, "edge.yaml")
 
 
 def test_unknown_key_names_the_key_and_line() -> None:
