@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # lines are silenced in images.py. A user who sets the variable gets FFmpeg's output back.
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".heic", ".heif"}
 
 
 class RefusedFiles:

@@ -173,7 +173,7 @@ def build_parser() -> Parser:
     run.set_defaults(func=cmd_run)
 
     infer = p.command(sub, "infer", help="inspect one image and print the Result JSON")
-    infer.add_argument("image", help="JPEG, PNG, BMP, TIFF or WebP file")
+    infer.add_argument("image", help="JPEG, PNG, BMP, TIFF, WebP or HEIC file")
     infer.add_argument("--model", metavar="DIR", help="model bundle folder (default: config, then demo)")
     infer.add_argument("--prompt", help="inspection question (default: the bundle's)")
     infer.add_argument("--pretty", action="store_true", help="indent the JSON")

@@ -5,8 +5,10 @@ here. The header is read first (Pillow, no pixel decode) and checked against the
 decompression bomb never allocates its pixels. JPEG is decoded strictly by libjpeg-turbo (simplejpeg):
 a truncated scan is an error, not a picture with a grey tail, even when an end-of-image marker was
 appended. PNG chunks are checked (CRCs, IEND) before OpenCV decodes; BMP, TIFF and WebP decoders
-already fail on missing data. Animated and multi-page images are refused: which frame to inspect
-would be a guess.
+already fail on missing data. HEIC/HEIF (phone photos) is read by pillow-heif (libheif + libde265):
+its header (the `ispe` size) is checked like the others' before a pixel is decoded, and libheif
+refuses a stream whose decoded size differs from the header's. Animated, multi-page and multi-image
+(HEIC bursts) files are refused: which frame to inspect would be a guess.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pillow_heif
 import simplejpeg
 from PIL import Image
 
@@ -32,8 +35,11 @@ if "OPENCV_LOG_LEVEL" not in os.environ:
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
 # Pillow warns (on stderr) about the corrupt files we then refuse with our own one-line reason.
 warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+# HEIC/HEIF through Pillow's Image.open: only the primary images, never the thumbnails, depth maps
+# and auxiliary images a phone stores beside them (each would cost a decode nobody inspects).
+pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
-SUPPORTED_FORMATS = {"JPEG", "PNG", "BMP", "TIFF", "WEBP"}
+SUPPORTED_FORMATS = {"JPEG", "PNG", "BMP", "TIFF", "WEBP", "HEIF"}
 MAX_PIXELS = 50_000_000
 MIN_SIDE = 16
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -41,7 +47,7 @@ _EXIF_ORIENTATION = 0x0112
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> np.ndarray:
-    """Decode JPEG/PNG/BMP/TIFF/WebP bytes to a BGR uint8 frame, or raise ImageError saying why."""
+    """Decode JPEG/PNG/BMP/TIFF/WebP/HEIC bytes to a BGR uint8 frame, or raise ImageError saying why."""
     if not data:
         raise ImageError("the image is empty (0 bytes)")
     try:
@@ -65,6 +71,8 @@ def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_
         return _orient(_decode_jpeg(data), orientation)
     if fmt == "PNG":
         return _decode_png(data)
+    if fmt == "HEIF":
+        return _decode_heif(data)
     try:
         decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     except cv2.error:  # some decoders raise where others return None
@@ -127,6 +135,17 @@ def _decode_png(data: bytes) -> np.ndarray:
             return cv2.cvtColor(np.asarray(png.convert("RGB")), cv2.COLOR_RGB2BGR)
     except Exception as exc:  # noqa: BLE001 - Pillow raises SyntaxError, OSError, struct.error...
         raise ImageError(f"the PNG is corrupt or truncated ({exc})") from None
+
+
+def _decode_heif(data: bytes) -> np.ndarray:
+    """libheif applies the file's rotation and mirroring (irot/imir) and brings 10-bit HEIC to 8 bits."""
+    try:
+        with Image.open(io.BytesIO(data)) as heif:
+            heif.load()
+            return cv2.cvtColor(np.asarray(heif.convert("RGB")), cv2.COLOR_RGB2BGR)
+    except Exception as exc:  # noqa: BLE001 - libheif's errors arrive as ValueError, RuntimeError, OSError
+        reason = " ".join(str(exc).split())[:160].rstrip(".") or "decoder error"
+        raise ImageError(f"the HEIF image is corrupt or truncated ({reason})") from None
 
 
 def _orientation(header: Image.Image) -> int:

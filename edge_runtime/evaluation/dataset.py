@@ -24,7 +24,7 @@ from jsonschema import Draft202012Validator
 
 from edge_runtime.core.errors import EdgeRuntimeError
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".heic", ".heif"}
 MAX_RECORDS = 100_000
 MAX_LINE_BYTES = 64 * 1024
 MAX_INDEX_BYTES = 64 * 1024 * 1024

@@ -22,6 +22,7 @@ from edge_runtime.app.daemon import Daemon
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.samples import part_image
 from tests.api.test_api import running_daemon
+from tests.support.hostile import heic, heic_declaring
 from tests.support.images import encode, png_bomb
 
 JPEG = encode(part_image(3, defect=True), ".jpg")
@@ -203,6 +204,11 @@ CORPUS: dict[str, tuple[bytes, set[int]]] = {
     "jpeg-zip-polyglot": (JPEG + b"PK\x03\x04" + b"\0" * 200, {200}),
     "html-in-png-comment": (_png(32, 32)[:-12] + b"<html><script>x</script></html>" + _png(32, 32)[-12:], {200, 400}),
     "garbage-after-jpeg-header": (JPEG[:200] + bytes(range(256)) * 20, {400}),
+    # HEIC phone photos: inspected like a JPEG, within the same pixel budget, one image at a time
+    "heic-phone-photo": (heic(part_image(3, defect=True)), {200}),
+    "heic-60000x60000-header": (heic_declaring(60000, 60000), {413}),
+    "heic-burst": (heic(part_image(3), part_image(4)), {400}),
+    "heic-truncated": (heic(part_image(3))[:3000], {400}),
 }
 
 

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 
 from edge_runtime.core.samples import part_image
+from tests.support.hostile import heic
 from tests.support.images import encode
 
 
@@ -36,6 +37,15 @@ def test_infer_prints_a_valid_result(ext: str, tmp_path: Path, data_dir: Path, d
     manifest_schema = __import__("yaml").safe_load((demo_dir / "bundle.yaml").read_text())["verdict_schema"]
     jsonschema.validate(result["verdict"], manifest_schema)
     assert result["frame"]["width"] == 640 and result["model"] == "edge-demo-vlm@1.0"
+
+
+def test_infer_reads_a_heic_phone_photo(tmp_path: Path, data_dir: Path, demo_dir: Path) -> None:
+    image = tmp_path / "IMG_0042.HEIC"
+    image.write_bytes(heic(part_image(4, defect=True)))
+    proc = run_cli("infer", str(image), "--model", str(demo_dir), data_dir=data_dir)
+    assert proc.returncode == 0, proc.stderr
+    frame = json.loads(proc.stdout)["frame"]
+    assert (frame["width"], frame["height"]) == (640, 480)
 
 
 def test_infer_builds_the_demo_bundle_when_none_is_given(tmp_path: Path) -> None:

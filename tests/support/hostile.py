@@ -3,7 +3,8 @@
     python tests/support/hostile.py [DIR]      writes every file into DIR (default tests/fixtures/hostile/)
 
 Each entry is (file name, bytes, regex the refusal must match). `odd_but_valid()` gives the unusual
-images that must decode (CMYK, 16-bit, palette, grey+alpha, EXIF-rotated).
+images that must decode (CMYK, 16-bit, palette, grey+alpha, EXIF-rotated, HEIC).
+HEIC files are encoded by pillow-heif itself (libheif + x265), as a phone would write them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pillow_heif
 from PIL import Image
 
 from edge_runtime.core.samples import part_image
@@ -62,6 +64,25 @@ def jpeg_declaring(width: int, height: int) -> bytes:
     return bytes(data)
 
 
+def heic(frame: np.ndarray, *more: np.ndarray, quality: int = 90) -> bytes:
+    """A real HEIC (HEVC in HEIF) of a BGR frame, encoded by libheif's x265; `more` frames make a
+    multi-image file (a phone's burst)."""
+    images = [Image.fromarray(np.ascontiguousarray(f[:, :, ::-1])) for f in (frame, *more)]
+    heif = pillow_heif.from_pillow(images[0])
+    for image in images[1:]:
+        heif.add_from_pillow(image)
+    buf = io.BytesIO()
+    heif.save(buf, quality=quality)
+    return buf.getvalue()
+
+
+def heic_declaring(width: int, height: int, data: bytes | None = None) -> bytes:
+    """A real HEIC whose `ispe` box (the size the header declares) is rewritten."""
+    data = data if data is not None else heic(_part())
+    i = data.index(b"ispe")  # box: size, 'ispe', version+flags, width, height
+    return data[:i + 8] + struct.pack(">II", width, height) + data[i + 16:]
+
+
 def _part(width: int = 320, height: int = 240) -> np.ndarray:
     return part_image(0, width, height)
 
@@ -78,6 +99,7 @@ def corpus() -> list[tuple[str, bytes, str]]:
     bad_crc[100] ^= 0xFF
     raw = b"".join(b"\0" + _part()[y, :, ::-1].tobytes() for y in range(240))
     frames = [_rgb(_part()), _rgb(part_image(1, 320, 240))]
+    photo = heic(_part())
     return [
         ("empty.jpg", b"", "empty"),
         ("text.png", b"hello, this is a text file\n" * 8, "not an image"),
@@ -109,6 +131,12 @@ def corpus() -> list[tuple[str, bytes, str]]:
         ("tiff_truncated.tif", encode(_part(), ".tiff")[:5000], "corrupt or truncated|not an image"),
         ("bmp_truncated.bmp", encode(_part(), ".bmp")[:20000], "corrupt or truncated"),
         ("bmp_bomb.bmp", _bmp_declaring(70000, 70000), "declares 70000x70000 pixels"),
+        ("heic_bomb.heic", heic_declaring(60000, 60000, photo), "declares 60000x60000 pixels, more than the limit"),
+        ("heic_stream_larger_than_header.heic", heic_declaring(64, 48, photo), "HEIF image is corrupt"),
+        ("heic_stream_smaller_than_header.heic", heic_declaring(640, 480, photo), "HEIF image is corrupt"),
+        ("heic_burst.heic", heic(_part(), part_image(1, 320, 240)), "several frames"),
+        ("heic_truncated.heic", photo[:len(photo) // 2], "HEIF image is corrupt or truncated"),
+        ("heic_header_only.heic", photo[:300], "not an image|HEIF image is corrupt"),
     ]
 
 
@@ -138,6 +166,7 @@ def odd_but_valid() -> list[tuple[str, Callable[[], bytes], tuple[int, int]]]:
         ("rgba.webp", lambda: pil_bytes(_rgb(part).convert("RGBA"), "WEBP"), (240, 320)),
         ("rgb16.tif", lambda: encode(part.astype(np.uint16) * 257, ".tiff"), (240, 320)),
         ("jpeg_trailing_bytes.jpg", lambda: encode(part, ".jpg") + b"\0" * 64, (240, 320)),
+        ("photo.heic", lambda: heic(part), (240, 320)),
     ]
 
 
