@@ -37,6 +37,10 @@ class ModelConfig(Section):
     reuse_prefix_cache: bool = Field(
         True, description="Keep the KV cache of the fixed prompt prefix between inspections.")
     verify_checksums: bool = Field(True, description="Check the bundle's sha256 sums at load.")
+    memory_check: bool = Field(
+        True, description="Refuse, before loading, a bundle whose weights, KV cache (context_size x parallel "
+        "sequences), compute buffers and encoder cannot fit the free memory (RAM and cgroup limit, or the GPU's "
+        "by NVML), naming the figures (docs/reliability.md). false: load it anyway.")
     warmup: bool = Field(True, description="Run one inspection at load so the first real one is fast.")
     constraint_engine: Literal["llguidance", "gbnf"] = Field(
         "llguidance", description="JSON constraint engine: llguidance (token masks in Rust, only when the "
