@@ -39,13 +39,14 @@ from typing import Any
 
 from edge_runtime.config import Config
 from edge_runtime.core.bundle import Bundle, Manifest
-from edge_runtime.core.errors import ConfigError
+from edge_runtime.core.errors import BundleError, ConfigError
 from edge_runtime.core.gguf_header import ArrayInfo, GGUFHeader, read_header
 
 log = logging.getLogger(__name__)
 
 _MIN_SLOTS = 4  # the parallel context's fewest slots (llm/parallel.py)
 _KV_BYTES = {"f16": 2, "f32": 4}
+_MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
 _UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a huge number
 
 
@@ -71,8 +72,8 @@ def _first(value: Any, default: int = 0) -> int:
 
 def _per_layer(value: Any, layers: int, default: int) -> list[int]:
     if isinstance(value, list) and len(value) == layers:
-        return [int(v) for v in value]
-    return [_first(value, default)] * layers
+        return [max(int(v), 0) for v in value]
+    return [max(_first(value, default), 0)] * layers
 
 
 def language_shape(header: GGUFHeader) -> LanguageShape:
@@ -81,6 +82,9 @@ def language_shape(header: GGUFHeader) -> LanguageShape:
     arch = header.architecture
     g = lambda key, default=None: header.get(f"{arch}.{key}", default)  # noqa: E731 - a local shorthand
     layers = _first(g("block_count"), 1)
+    if not 0 < layers <= _MAX_LAYERS:  # bounded before any per-layer list is built from it
+        raise BundleError(f"{header.path}: {arch}.block_count {layers} is not a model's (llama.cpp takes at "
+                          f"most {_MAX_LAYERS} layers)")
     n_embd = _first(g("embedding_length"), 1)
     heads = _per_layer(g("attention.head_count"), layers, 1)
     kv_heads = _per_layer(g("attention.head_count_kv"), layers, max(heads))

@@ -17,7 +17,7 @@ import pytest
 
 from edge_runtime.config import Config
 from edge_runtime.core.bundle import load_bundle
-from edge_runtime.core.errors import ConfigError
+from edge_runtime.core.errors import BundleError, ConfigError
 from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.memory_fit import HostMemory, check_fit, host_memory, need_of
@@ -138,3 +138,9 @@ def test_mapped_weights_need_room_in_ram_not_free_memory(demo_dir: Path) -> None
     tight = HostMemory(available=200 * 2**20, total=40 * 2**20, source="MemAvailable")  # a 40 MiB device
     with pytest.raises(ConfigError, match=r"RAM is needed \(the mapped weights included\) but the device has 40 MiB"):
         check_fit(bundle, Config(), gpu_offload=False, host=tight)
+
+
+def test_a_header_declaring_absurd_layers_is_a_bundle_error_not_a_huge_list(tmp_path: Path, demo_dir: Path) -> None:
+    bundle = load_bundle(deepened(demo_dir, tmp_path / "deep", layers=4_000_000_000))
+    with pytest.raises(BundleError, match="block_count 4000000000 is not a model's"):
+        need_of(bundle, Config(), gpu_offload=False)
