@@ -82,6 +82,8 @@ class DeviceReports:
         reasons += [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
                     for blocked in [self.verdicts.webhooks.blocked()] if blocked]
         reasons += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
+        if store_fault and not any(r.startswith("line_io: ") for r in reasons):  # the sink names it first
+            reasons.append(f"line_io: job store: {store_fault}")
         ready = model_ready and alive and can_journal
         state = "ok" if ready and not reasons else ("starting" if not model_ready and not reasons else "degraded")
         return {"ready": ready, "state": state, "reasons": reasons}

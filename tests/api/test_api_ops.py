@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -47,6 +48,13 @@ def test_readiness_is_200_while_degraded_and_503_only_when_results_cannot_be_jou
         assert json_of(unready)["ready"] is False and json_of(unready)["reasons"] == [
             "disk full", "offload endpoints down"]
         assert client.get("/healthz").status_code == 200  # alive all the same
+        monkeypatch.undo()
+        # The line's job store is the journal of line jobs: while it cannot write, the device is unready.
+        writer = SimpleNamespace(fault=lambda: "the line job writer restarted 1 time(s), last 3 s ago: OSError")
+        monkeypatch.setattr(daemon, "line_io", SimpleNamespace(jobs=writer))
+        unready = client.get("/readyz")
+        assert unready.status_code == 503 and json_of(unready)["ready"] is False
+        assert "line_io: job store: the line job writer restarted 1 time(s)" in " ".join(json_of(unready)["reasons"])
     finally:
         daemon.faults.discard("offload endpoints down")
         monkeypatch.undo()
