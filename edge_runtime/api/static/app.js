@@ -124,7 +124,7 @@ async function poll() {
     }
     const s = await res.json();
     $("device").textContent = s.device;
-    const loaded = s.model_loaded ?? s.ready;  // ready is false while degraded: the banner says why
+    const loaded = s.model_loaded ?? s.ready;  // ready is also false while results cannot be journaled: the banner says why
     $("ready").textContent = loaded ? "ready" : "loading";
     $("ready").className = "badge " + (loaded ? "ok" : "warn");
     const m = s.mqtt || {};
