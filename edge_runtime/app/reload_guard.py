@@ -4,7 +4,8 @@ A file that lost lines (cut short by a full disk, a half-finished copy, an edito
 valid YAML, and each missing key reads as its default: no API token, reads open, plain-text MQTT, no
 cameras. Applied by a SIGHUP that would open the device and stop the line without a word. So a reload
 is refused, like a deleted file, when a protection that the last accepted file had is *missing* from
-the new one. An operator who means it writes the key with its new value (`api: {token: null}`,
+the new one (and when the device's name is: a device that renames itself to its host name leaves its
+fleet). An operator who means it writes the key with its new value (`api: {token: null}`,
 `api: {auth: writes}`, `mqtt: {tls: {enabled: false}}`, `cameras: []`): a key written in the file is a
 decision, a key that vanished is not. Rotating a token (a new value) is always accepted.
 
@@ -50,6 +51,9 @@ class Protection:
 
 
 PROTECTIONS = (
+    # Not a protection but the device's name in every topic, result and fleet table: a file that lost it
+    # would rename the device to its host name.
+    Protection(("device_id",), lambda old, new: old != new, "<the new name>"),
     Protection(("api", "token"), lambda old, new: _secret(old) and not _secret(new), "null"),
     Protection(("api", "auth"), lambda old, new: old == "all" and new != "all", "writes"),
     Protection(("api", "host"), lambda old, new: _loopback(old) and not _loopback(new), "0.0.0.0"),

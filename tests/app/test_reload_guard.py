@@ -125,6 +125,7 @@ def test_an_empty_config_file_given_at_start_is_one_line_and_exit_2(content: str
 
 
 BASE = """\
+device_id: press-7
 api: {token: old-token, auth: all, host: 127.0.0.1}
 mqtt: {username: cam7, password: pw-secret-7, tls: {enabled: true, cert_file: /c.pem, key_file: /k.pem}}
 cameras:
@@ -141,6 +142,8 @@ cameras:
     (BASE.replace("tls: {enabled: true, cert_file: /c.pem, key_file: /k.pem}",
                   "tls: {enabled: false, cert_file: null, key_file: null}"), True),
     (BASE[:BASE.index("cameras:")] + "cameras: []\n", True),
+    (BASE.replace("press-7", "press-8"), True),  # renamed on purpose
+    (BASE.replace("device_id: press-7\n", ""), False),  # would become the host name
     ("{}", False),
     (BASE.replace("token: old-token, ", ""), False),
     (BASE.replace("token: old-token, ", "token: '', "), False),  # what an unset ${VAR:-} gives
