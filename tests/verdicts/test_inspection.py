@@ -318,6 +318,7 @@ def test_a_full_evidence_disk_degrades_the_device_and_heals(tmp_path: Path, demo
             assert first.evidence is None and daemon.journal.get(first.id) is not None  # the verdict is kept
             health = daemon.status()["health"]
             assert health["state"] == "degraded" and FAULT in health["reasons"]
+            assert health["ready"] is True  # verdicts are still journaled: /readyz stays 200
             filler.unlink()
             second = daemon.submit_image(frame, journal=True).result(timeout=60)
             assert second.evidence is not None and daemon.health()["state"] == "ok"
