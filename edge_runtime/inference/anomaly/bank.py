@@ -1,0 +1,245 @@
+"""The bank file: the good parts' patch vectors, what made them, and the sha256 of it all.
+
+Layout: 8 bytes `EDGEGATE`, a little-endian u32 format version, a u32 header length, the header
+(UTF-8 JSON, at most 1 MiB), then `patches x dim` float32 values. The header names the encoder file
+and its sha256, the image budget, the crop, the frame size and patch grid, the fit and the threshold.
+`vectors.sha256` covers the header (with that field empty) and every value: one changed byte and the
+file is refused as corrupt. It proves integrity, not origin (anyone can recompute it).
+
+Reading is bounded before it costs: the header's size, then the declared size of the vectors against
+the file's length and the caller's memory bound, then the encoder, budget and crop against what the
+caller runs; only then are the values read, in chunks, hashed and handed to the index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edge_runtime.core import strict_json
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.inference.anomaly.features import GateContext
+from edge_runtime.inference.anomaly.search import PatchIndex, index_bytes
+
+MAGIC = b"EDGEGATE"
+FORMAT = 1
+MAX_HEADER = 1 << 20
+_PREFIX = struct.Struct("<8sII")
+_CHUNK_ROWS_BYTES = 4 << 20
+_SHA = r"^[0-9a-f]{64}$"
+
+
+class BankError(EdgeRuntimeError):
+    """A bank file cannot be used: the message is one line naming the file and why."""
+
+
+class BankCorrupt(BankError):
+    """Not a bank, truncated, or its sha256 does not match its contents."""
+
+
+class BankTooLarge(BankError):
+    """The bank would take more memory than the configured bound."""
+
+
+class BankMismatch(BankError):
+    """The bank was made with another encoder, image budget or crop than the frames it would score."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BankEncoder(_Strict):
+    kind: Literal["onnx", "mmproj"]
+    file: str = Field(max_length=500)
+    sha256: str = Field(pattern=_SHA)
+    bundle: str = Field("", max_length=500)
+
+
+class BankVectors(_Strict):
+    patches: int = Field(ge=1, le=1 << 31)
+    dim: int = Field(ge=3, le=1 << 16)
+    dtype: Literal["float32"] = "float32"
+    sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+
+
+class BankLayout(_Strict):
+    width: int = Field(ge=1, le=1 << 16, description="Frame width the bank was fitted on.")
+    height: int = Field(ge=1, le=1 << 16, description="Frame height the bank was fitted on.")
+    grid: list[tuple[int, int]] = Field(min_length=1, max_length=4096, description="(rows, cols) per block.")
+    embed_dim: int = Field(ge=1, le=1 << 16, description="Width of the encoder's embeddings.")
+    position_weight: float = Field(ge=0, description="Distance one patch of displacement costs (0: none).")
+
+
+class BankThreshold(_Strict):
+    value: float | None = Field(None, ge=0, description="Scores under this are gated as OK; None: not chosen.")
+    method: str = Field("none", max_length=100)
+    target_escape: float | None = Field(None, ge=0, le=1)
+    supported: bool = Field(False, description="The labelled data supports the escape claim.")
+    note: str = Field("", max_length=2000)
+
+
+class BankHeader(_Strict):
+    format: Literal[1] = 1
+    created: str = Field(max_length=64)
+    encoder: BankEncoder
+    budget: dict[str, Any]
+    region: tuple[int, int, int, int] | None = None
+    layout: BankLayout
+    vectors: BankVectors
+    fit: dict[str, Any] = Field(default_factory=dict)
+    threshold: BankThreshold = Field(default_factory=BankThreshold)
+
+
+def _digest(header: BankHeader) -> hashlib._Hash:
+    blank = header.model_copy(update={"vectors": header.vectors.model_copy(update={"sha256": ""})})
+    h = hashlib.sha256(b"edge-runtime gate bank 1\n")
+    h.update(json.dumps(blank.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode())
+    return h
+
+
+def write_bank(path: Path, header: BankHeader, vectors: np.ndarray) -> BankHeader:
+    """Write the bank atomically (a temporary file renamed over `path`); returns the header with its sha256."""
+    data = np.ascontiguousarray(vectors, dtype="<f4")
+    if data.ndim != 2 or data.shape != (header.vectors.patches, header.vectors.dim):
+        raise ValueError(f"vectors {data.shape} do not match the header's "
+                         f"{header.vectors.patches}x{header.vectors.dim}")
+    h = _digest(header)
+    h.update(data.data)
+    header = header.model_copy(update={"vectors": header.vectors.model_copy(update={"sha256": h.hexdigest()})})
+    raw = json.dumps(header.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+    if len(raw) > MAX_HEADER:
+        raise ValueError("the bank's header is over 1 MiB")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_PREFIX.pack(MAGIC, FORMAT, len(raw)))
+            f.write(raw)
+            f.write(data.data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return header
+
+
+def read_header(path: Path) -> tuple[BankHeader, int]:
+    """The header and the offset of the vectors; BankCorrupt when the file is not a whole bank."""
+    with _open(path) as f:
+        return _header(f, path, os.fstat(f.fileno()).st_size)
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise BankError(f"gate bank {path}: no such file") from None
+    except OSError as exc:
+        raise BankError(f"gate bank {path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _header(f: BinaryIO, path: Path, size: int) -> tuple[BankHeader, int]:
+    prefix = f.read(_PREFIX.size)
+    if len(prefix) < _PREFIX.size or prefix[:8] != MAGIC:
+        raise BankCorrupt(f"gate bank {path}: not a gate bank file (made by `edge-runtime gate fit`)")
+    _, version, length = _PREFIX.unpack(prefix)
+    if version != FORMAT:
+        raise BankCorrupt(f"gate bank {path}: format {version} is not one this version reads ({FORMAT})")
+    if length > MAX_HEADER or _PREFIX.size + length > size:
+        raise BankCorrupt(f"gate bank {path}: corrupt (its header runs past the file)")
+    try:
+        header = BankHeader.model_validate(strict_json.loads(f.read(length)))
+    except (strict_json.StrictJsonError, ValidationError) as exc:
+        why = str(exc).splitlines()[0][:160]
+        raise BankCorrupt(f"gate bank {path}: corrupt header ({why})") from None
+    expected = _PREFIX.size + length + header.vectors.patches * header.vectors.dim * 4
+    if size != expected:
+        raise BankCorrupt(f"gate bank {path}: corrupt ({size} bytes where its header declares {expected}: "
+                          "truncated or appended to)")
+    return header, _PREFIX.size + length
+
+
+def check_context(header: BankHeader, context: GateContext, path: Path) -> None:
+    """BankMismatch (one line) unless the bank was made the way `context` makes frames."""
+    enc, want = header.encoder, context.encoder
+    if enc.kind != want.kind or enc.sha256 != want.sha256:
+        raise BankMismatch(f"gate bank {path}: made with another encoder ({enc.kind} {enc.file} sha256 "
+                           f"{enc.sha256[:12]}… of {enc.bundle or 'an unnamed bundle'}); this model's is {want.file} "
+                           f"sha256 {want.sha256[:12]}… of {want.bundle}: fit the gate again for this model")
+    if header.budget != context.budget:
+        keys = sorted(k for k in {*header.budget, *context.budget} if header.budget.get(k) != context.budget.get(k))
+        raise BankMismatch(f"gate bank {path}: made with another image budget ({', '.join(keys)}: "
+                           f"{_short(header.budget, keys)} in the bank, {_short(context.budget, keys)} now): "
+                           "fit the gate again")
+    if (header.region and tuple(header.region)) != (context.region and tuple(context.region)):
+        raise BankMismatch(f"gate bank {path}: fitted on crop {_crop(header.region)}, but these frames are cut "
+                           f"to {_crop(context.region)}: fit the gate again for this crop")
+
+
+def _short(d: dict[str, Any], keys: list[str]) -> str:
+    return json.dumps({k: d.get(k) for k in keys}, sort_keys=True)[:200]
+
+
+def _crop(region: tuple[int, int, int, int] | None) -> str:
+    return "the whole frame" if region is None else "[" + ", ".join(str(v) for v in region) + "]"
+
+
+@dataclass
+class LoadedBank:
+    header: BankHeader
+    index: PatchIndex
+    path: Path
+
+
+def read_bank(path: Path, max_bytes: int, context: GateContext | None = None,
+              progress: Callable[[int], None] | None = None) -> LoadedBank:
+    """Load a bank into a search index, refusing (one line) a file that is not a whole bank, one over
+    `max_bytes` of memory, one of another encoder, budget or crop than `context`."""
+    with _open(path) as f:
+        header, offset = _header(f, path, os.fstat(f.fileno()).st_size)
+        n, dim = header.vectors.patches, header.vectors.dim
+        need = index_bytes(n, dim)
+        if need > max_bytes:
+            raise BankTooLarge(f"gate bank {path}: {n} patches of {dim} values need {need / 2**20:.0f} MiB in "
+                               f"memory, over the bound of {max_bytes / 2**20:.0f} MiB (gate.max_bank_mb): fit a "
+                               "smaller bank (--max-patches) or raise the bound")
+        if dim != header.layout.embed_dim + 2:
+            raise BankCorrupt(f"gate bank {path}: corrupt header (vectors of {dim} values for embeddings of "
+                              f"{header.layout.embed_dim})")
+        if context is not None:
+            check_context(header, context, path)
+        h = _digest(header)
+        index = PatchIndex(n, dim)
+        rows = max(1, _CHUNK_ROWS_BYTES // (dim * 4))
+        f.seek(offset)
+        done = 0
+        while done < n:
+            take = min(rows, n - done)
+            raw = f.read(take * dim * 4)
+            if len(raw) != take * dim * 4:
+                raise BankCorrupt(f"gate bank {path}: corrupt (the file ended early)")
+            h.update(raw)
+            chunk = np.frombuffer(raw, dtype="<f4").reshape(take, dim)
+            if not np.isfinite(chunk).all():
+                raise BankCorrupt(f"gate bank {path}: corrupt (a value is not a finite number)")
+            index.add(chunk)
+            done += take
+            if progress is not None:
+                progress(done)
+    if h.hexdigest() != header.vectors.sha256:
+        raise BankCorrupt(f"gate bank {path}: corrupt (its sha256 does not match its contents)")
+    return LoadedBank(header, index, path)
