@@ -37,6 +37,10 @@ def add_eval_parser(p: Any, sub: Any) -> None:
     ev.add_argument("--confidence-field", default="verdict.confidence", metavar="PATH")
     ev.add_argument("--class-field", metavar="FIELD", help="folder-per-class datasets: the field the folder "
                     "names give (default: guessed from the schema)")
+    ev.add_argument("--gate", metavar="BANK", help="also measure this anomaly gate bank (edge-runtime gate fit) on "
+                    "the first --model: its escape and false-reject rates, the calls it saves, skip_ok's outcome")
+    ev.add_argument("--gate-threshold", type=float, metavar="SCORE", help="the gate's threshold (default: the "
+                    "bank's)")
     ev.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval)
@@ -54,13 +58,16 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
         raise EdgeRuntimeError("--limit must be at least 1")
     if args.dataset and args.from_journal:
         raise EdgeRuntimeError("give a DATASET or --from-journal, not both")
+    if args.gate_threshold is not None and not (args.gate and args.gate_threshold > 0):
+        raise EdgeRuntimeError("--gate-threshold needs --gate and a score over 0")
     opts = EvalOptions(
         dataset=Path(args.dataset) if args.dataset else None, out=Path(args.out),
         models=list(args.model) if args.model else [None],
         prompts=load_prompts(Path(args.prompts)) if args.prompts else [args.prompt],
         from_journal=args.from_journal, camera=args.camera, limit=args.limit, defect=args.defect,
         defect_rule=args.defect_rule, target_escape=parse_rate(args.target_escape),
-        confidence_field=args.confidence_field, class_field=args.class_field, progress=not args.quiet)
+        confidence_field=args.confidence_field, class_field=args.class_field, progress=not args.quiet,
+        gate=Path(args.gate) if args.gate else None, gate_threshold=args.gate_threshold)
     report = evaluate(config, opts)
     issues = report["dataset"]["issues"]
     for line in issues[:MAX_ISSUE_LINES]:
@@ -108,6 +115,8 @@ def render(report: dict[str, Any], out: Path) -> str:
         elif th:
             lines.append(f"  no min_confidence reaches escape <= {th['target']:.2%}: "
                          "bad parts pass with confidence 1")
+    if report.get("gate"):
+        lines += render_gate(report["gate"])
     for c in report["comparisons"]:
         for k in ("escape", "false_reject"):
             t = c[k]
@@ -116,6 +125,21 @@ def render(report: dict[str, Any], out: Path) -> str:
                              f"{t['p_value']:.4f} ({'significant' if t['significant'] else 'not significant'})")
     lines.append(f"report: {out / 'report.html'}  {out / 'report.json'}")
     return "\n".join(lines)
+
+
+def render_gate(g: dict[str, Any]) -> list[str]:
+    s = g["skip_ok"]
+    out = [f"gate {g['bank']} at threshold {g['threshold']:.4g} ({g['threshold_source']}; {g['scored']} images scored"
+           f"{', left out: ' + ', '.join(f'{k} {v}' for k, v in g['left_out'].items()) if g['left_out'] else ''})",
+           f"  gate escape rate        {_rate(g['escape'])}  (defective parts scoring under the threshold)",
+           f"  gate false-reject rate  {_rate(g['false_reject'])}  (good parts flagged: they go to the model)",
+           f"  language-model calls saved  {_rate(g['calls_saved'])}"]
+    if s["judged"]:
+        alone = s["language_model_alone"]
+        out += [f"  skip_ok on this set: escape {_rate(s['escape'])} (model alone {_rate(alone['escape'])})",
+                f"                       false reject {_rate(s['false_reject'])} (model alone "
+                f"{_rate(alone['false_reject'])})"]
+    return out
 
 
 def _f(x: Any) -> str:

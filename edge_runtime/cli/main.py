@@ -288,6 +288,9 @@ def build_parser() -> Parser:
     from edge_runtime.cli.eval import add_eval_parser
 
     add_eval_parser(p, sub)
+    from edge_runtime.cli.gate import add_gate_parser
+
+    add_gate_parser(p, sub)
     return p
 
 

@@ -47,6 +47,8 @@ class EvalOptions:
     confidence_field: str = "verdict.confidence"
     class_field: str | None = None
     progress: bool = True
+    gate: Path | None = None  # a bank of `gate fit`: measured on the first --model (gate_eval.py)
+    gate_threshold: float | None = None
 
 
 def parse_rate(text: str) -> float:
@@ -109,6 +111,10 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
         raise EdgeRuntimeError(f"--model: at most {MAX_MODELS} bundles in one evaluation")
     schema = resolve_bundle(config, opts.models[0]).manifest.verdict_schema  # no engine loaded yet
     rule = _defect_rule(config, opts, schema)
+    if opts.gate is not None:
+        from edge_runtime.evaluation.gate_eval import check_bank
+
+        check_bank(opts.gate)
     ds = read_dataset(config, opts, schema)
     if not ds.samples:
         raise EdgeRuntimeError(f"no usable labelled image in the dataset ({_counts(ds.counts)}); "
@@ -121,6 +127,7 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
     variants: list[dict[str, Any]] = []
     verdicts: dict[str, dict[str, Any]] = {}
     pairs_of: dict[str, list[Pair]] = {}
+    gate: dict[str, Any] | None = None
     try:
         for model in opts.models:
             inspector = open_inspector(config, model)
@@ -140,6 +147,11 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
                     variants.append(_variant(label, key, model, inspector.model_name,
                                              prompt or inspector.default_prompt, pairs, rule, opts, stats,
                                              inspector.bundle.manifest.verdict_schema))
+                if opts.gate is not None and gate is None and variants:
+                    from edge_runtime.evaluation.gate_eval import gate_section
+
+                    gate = gate_section(inspector, opts.gate, opts.gate_threshold, pairs_of[variants[0]["key"]],
+                                        rule, config.images, opts.progress)
             finally:
                 inspector.close()
     finally:
@@ -156,6 +168,8 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
               "dataset": {"path": "journal" if opts.from_journal else str(opts.dataset), "source": ds.source,
                           "samples": len(ds.samples), "issue_counts": dict(ds.counts), "issues": ds.issues[:10_000]},
               "variants": variants, "comparisons": comparisons}
+    if gate is not None:
+        report["gate"] = gate
     write_json(report, opts.out)
     write_atomic(opts.out / "summary.json", json.dumps(summary(report), indent=2, ensure_ascii=False) + "\n")
     register(config.data_dir, opts.out, report)
@@ -215,6 +229,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
                       "images_per_s": v["run"]["images_per_s"]} for v in report["variants"]],
         "comparisons": [{k: c[k] for k in ("a", "b", "paired", "escape", "false_reject")}
                         for c in report["comparisons"]],
+        **({"gate": {k: report["gate"][k] for k in ("bank", "threshold", "escape", "false_reject", "calls_saved",
+                                                     "skip_ok")}} if report.get("gate") else {}),
     }
 
 

@@ -194,6 +194,8 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
         body.append(_gallery("Escapes: bad parts passed", d["escape_ids"], images, verdicts[v["key"]], limits))
         body.append(_gallery("False rejects: good parts rejected", d["false_reject_ids"], images,
                              verdicts[v["key"]], limits))
+    if report.get("gate"):
+        body.append(_gate_html(report["gate"], images, limits))
     for c in report["comparisons"]:
         body.append(f"<h2>{_e(c['b'])} against {_e(c['a'])}</h2><p>{c['paired']} images judged by both</p>"
                     "<table><tr><th></th><th>A</th><th>B</th><th>difference</th><th>only A / only B</th>"
@@ -215,6 +217,28 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
     path = out_dir / "report.html"
     write_atomic(path, page)
     return path
+
+
+def _gate_html(g: dict[str, Any], images: dict[str, Path], limits: ImageLimits) -> str:
+    from edge_runtime.evaluation.gate_eval import gate_plot
+
+    s = g["skip_ok"]
+    alone = s["language_model_alone"]
+    parts = [f"<h2>Anomaly gate</h2><p>bank <code>{_e(g['bank'])}</code> (sha256 {_e(g['sha256'][:16])}…, encoder "
+             f"<code>{_e(g['encoder']['file'])}</code>); threshold {g['threshold']:.4g} ({_e(g['threshold_source'])}); "
+             f"{g['scored']} images scored</p><table>"
+             f"<tr><th>gate escape rate (defective parts under the threshold)</th><td>{_pct(g['escape'])}</td></tr>"
+             f"<tr><th>gate false-reject rate (good parts flagged)</th><td>{_pct(g['false_reject'])}</td></tr>"
+             f"<tr><th>language-model calls saved</th><td>{_pct(g['calls_saved'])}</td></tr>"
+             f"<tr><th>skip_ok escape / model alone</th><td>{_pct(s['escape'])} / {_pct(alone['escape'])}</td></tr>"
+             f"<tr><th>skip_ok false reject / model alone</th><td>{_pct(s['false_reject'])} / "
+             f"{_pct(alone['false_reject'])}</td></tr></table>"]
+    if g["curve"]:
+        parts.append(f'<div class=g><img src="{gate_plot(g)}" alt=""></div>')
+    verdicts = {i: None for i in g["escape_ids"]}
+    parts.append(_gallery("Gate escapes: defective parts under the threshold", g["escape_ids"], images, verdicts,
+                          limits))
+    return "".join(parts)
 
 
 def _num(x: Any) -> str:

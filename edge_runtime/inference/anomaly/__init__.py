@@ -14,6 +14,7 @@ from edge_runtime.inference.anomaly.bank import (
     BankTooLarge,
     read_bank,
     read_header,
+    verify_bank,
     write_bank,
 )
 from edge_runtime.inference.anomaly.features import GateContext, PatchFeatures, gate_context, patch_features
@@ -22,4 +23,4 @@ from edge_runtime.inference.anomaly.heatmap import heat_map, overlay_heat
 
 __all__ = ["AnomalyGate", "BankCorrupt", "BankError", "BankHeader", "BankMismatch", "BankThreshold", "BankTooLarge",
            "FrameMismatch", "GateContext", "GateScore", "PatchFeatures", "gate_context", "heat_map", "overlay_heat",
-           "patch_features", "read_bank", "read_header", "write_bank"]
+           "patch_features", "read_bank", "read_header", "verify_bank", "write_bank"]

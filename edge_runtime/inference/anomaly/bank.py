@@ -137,10 +137,10 @@ def write_bank(path: Path, header: BankHeader, vectors: np.ndarray) -> BankHeade
     return header
 
 
-def read_header(path: Path) -> tuple[BankHeader, int]:
-    """The header and the offset of the vectors; BankCorrupt when the file is not a whole bank."""
+def read_header(path: Path) -> BankHeader:
+    """The header (the values are not read); BankCorrupt when the file is not a bank of its declared size."""
     with _open(path) as f:
-        return _header(f, path, os.fstat(f.fileno()).st_size)
+        return _header(f, path, os.fstat(f.fileno()).st_size)[0]
 
 
 def _open(path: Path) -> BinaryIO:
@@ -243,3 +243,16 @@ def read_bank(path: Path, max_bytes: int, context: GateContext | None = None,
     if h.hexdigest() != header.vectors.sha256:
         raise BankCorrupt(f"gate bank {path}: corrupt (its sha256 does not match its contents)")
     return LoadedBank(header, index, path)
+
+
+def verify_bank(path: Path) -> BankHeader:
+    """The header of a whole, uncorrupted bank (every value read and hashed; nothing kept in memory)."""
+    with _open(path) as f:
+        header, offset = _header(f, path, os.fstat(f.fileno()).st_size)
+        h = _digest(header)
+        f.seek(offset)
+        while block := f.read(_CHUNK_ROWS_BYTES):
+            h.update(block)
+    if h.hexdigest() != header.vectors.sha256:
+        raise BankCorrupt(f"gate bank {path}: corrupt (its sha256 does not match its contents)")
+    return header

@@ -14,6 +14,7 @@ beside llama.cpp's on the thread that calls it (inference/openmp.py says why tha
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -29,6 +30,7 @@ _faiss_ready = False
 def _faiss() -> Any:
     """faiss, imported on first use and set to one OpenMP thread."""
     global _faiss_ready
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which SIMD build it tried, at INFO
     import faiss
 
     with _faiss_lock:

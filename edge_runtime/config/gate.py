@@ -1,0 +1,43 @@
+"""`gate:` of a camera or a recipe: the anomaly gate in front of the language model (docs/inspection.md).
+
+Not read from the YAML file yet: the daemon's wiring (modes in the worker, the Result's `gate` field,
+the evidence heat map) comes with issue 42's second phase, which adds `gate: GateConfig | None` to
+`cameras[]` and to recipes. The model is here so `edge-runtime gate fit` and the docs agree on it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from edge_runtime.config.base import Section
+
+
+class GateConfig(Section):
+    mode: Literal["off", "annotate", "skip_ok"] = Field(
+        "off", description="off: no gate. annotate: every result carries the gate's score and threshold; the "
+        "language model answers every frame as before. skip_ok: a frame scoring under the threshold is an OK "
+        "result without the language model (source.engine: gate), journaled, published and handed to the "
+        "line like any other; the rest go to the language model.")
+    bank: str | None = Field(
+        None, max_length=4096, description="The bank file `edge-runtime gate fit` wrote for this camera (or "
+        "recipe). It must have been made with this model's encoder, image budget and crop: a bank of another "
+        "is refused at load with one line, and the gate stays off for this camera.")
+    threshold: float | None = Field(
+        None, gt=0, description="Scores under this are gated as OK. Unset: the threshold chosen at fit time "
+        "(`gate fit --labelled ... --max-escape`); skip_ok needs one or the other.")
+    audit_every: int = Field(
+        50, ge=1, le=1_000_000, description="skip_ok: 1 in N gated frames still goes to the language model as "
+        "an audit; when it disagrees (calls the part NOK) the disagreement is counted and shown. 1 audits every "
+        "gated frame (no call saved).")
+    max_bank_mb: float = Field(
+        256, gt=0, le=65536, description="Memory bound of the loaded bank (vectors and search index); a larger "
+        "bank is refused at load with one line.")
+    heat_map: bool = Field(True, description="Draw the per-patch distances over the evidence image.")
+
+    @model_validator(mode="after")
+    def _bank_when_on(self) -> GateConfig:
+        if self.mode != "off" and not self.bank:
+            raise ValueError(f"gate.mode {self.mode} needs gate.bank (the file `edge-runtime gate fit` wrote)")
+        return self
