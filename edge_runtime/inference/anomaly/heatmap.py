@@ -45,11 +45,11 @@ def heat_map(result: GateScore) -> np.ndarray:
 def overlay_heat(image: np.ndarray, heat: np.ndarray, threshold: float, alpha: float = 0.6) -> np.ndarray:
     """`image` (BGR uint8, the frame the heat map is of) with the heat map laid over it.
 
-    Colour starts at half the threshold (transparent) and is full at 1.5x the threshold (red, at
-    `alpha` opacity); below half the threshold the image is untouched."""
+    Colour starts at 3/4 of the threshold (transparent) and is full at 1.5x the threshold (red, at
+    `alpha` opacity); below 3/4 of the threshold, where good parts' patches lie, the image is untouched."""
     if image.shape[:2] != heat.shape:
         heat = cv2.resize(heat, (image.shape[1], image.shape[0]), interpolation=cv2.INTER_LINEAR)
-    level = np.clip((heat / max(threshold, 1e-9) - 0.5), 0.0, 1.0)
+    level = np.clip((heat / max(threshold, 1e-9) - 0.75) / 0.75, 0.0, 1.0)
     colour = cv2.applyColorMap((level * 255).astype(np.uint8), cv2.COLORMAP_JET)
     weight = (alpha * level)[..., None]
     base = image if image.ndim == 3 else cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)
