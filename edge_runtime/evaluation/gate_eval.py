@@ -92,25 +92,3 @@ def measure(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
                                              "false_reject": rate(vlm_reject, n_good)}},
         "scores": {"good": good, "bad": bad}, "curve": curve(good, bad),
     }
-
-
-def gate_plot(section: dict[str, Any]) -> str:
-    """The curve as a PNG data URI: escape, false reject and calls saved against the threshold."""
-    from edge_runtime.evaluation.report import _png, _pyplot
-
-    plt = _pyplot()
-    pts = section["curve"]
-    fig, ax = plt.subplots(figsize=(5.2, 3.2))
-    xs = [p["threshold"] for p in pts]
-    for key, label in (("escape", "escape (bad parts gated)"), ("false_reject", "false reject (good parts flagged)"),
-                       ("gated", "language-model calls saved")):
-        ys = [p[key] for p in pts]
-        if any(y is not None for y in ys):
-            ax.plot(xs, [float("nan") if y is None else y for y in ys], label=label)
-    ax.axvline(section["threshold"], color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("gate threshold (score)")
-    ax.set_ylabel("share")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7)
-    ax.set_title("the gate against its threshold", fontsize=9)
-    return _png(fig)

@@ -219,9 +219,27 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
     return path
 
 
-def _gate_html(g: dict[str, Any], images: dict[str, Path], limits: ImageLimits) -> str:
-    from edge_runtime.evaluation.gate_eval import gate_plot
+def _gate_plot(section: dict[str, Any]) -> str:
+    """The gate's curve: escape, false reject and calls saved against the threshold."""
+    plt = _pyplot()
+    pts = section["curve"]
+    fig, ax = plt.subplots(figsize=(5.2, 3.2))
+    xs = [p["threshold"] for p in pts]
+    for key, label in (("escape", "escape (bad parts gated)"), ("false_reject", "false reject (good parts flagged)"),
+                       ("gated", "language-model calls saved")):
+        ys = [p[key] for p in pts]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], label=label)
+    ax.axvline(section["threshold"], color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("gate threshold (score)")
+    ax.set_ylabel("share")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+    ax.set_title("the gate against its threshold", fontsize=9)
+    return _png(fig)
 
+
+def _gate_html(g: dict[str, Any], images: dict[str, Path], limits: ImageLimits) -> str:
     s = g["skip_ok"]
     alone = s["language_model_alone"]
     parts = [f"<h2>Anomaly gate</h2><p>bank <code>{_e(g['bank'])}</code> (sha256 {_e(g['sha256'][:16])}…, encoder "
@@ -234,7 +252,7 @@ def _gate_html(g: dict[str, Any], images: dict[str, Path], limits: ImageLimits) 
              f"<tr><th>skip_ok false reject / model alone</th><td>{_pct(s['false_reject'])} / "
              f"{_pct(alone['false_reject'])}</td></tr></table>"]
     if g["curve"]:
-        parts.append(f'<div class=g><img src="{gate_plot(g)}" alt=""></div>')
+        parts.append(f'<div class=g><img src="{_gate_plot(g)}" alt=""></div>')
     verdicts = {i: None for i in g["escape_ids"]}
     parts.append(_gallery("Gate escapes: defective parts under the threshold", g["escape_ids"], images, verdicts,
                           limits))

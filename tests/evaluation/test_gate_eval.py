@@ -75,7 +75,8 @@ def test_eval_with_a_gate_reports_its_rates_curve_and_calls_saved(demo_dir: Path
     for s in range(3):
         cv2.imwrite(str(tmp_path / f"g{s}.png"), clean_part(500 + s, W, W))
         cv2.imwrite(str(tmp_path / f"b{s}.png"), defective_part(600 + s, "stain", 32, W, W)[0])
-        lines += [json.dumps({"image": f"g{s}.png", "defect": False}), json.dumps({"image": f"b{s}.png", "defect": True})]
+        lines += [json.dumps({"image": f"g{s}.png", "defect": False}),
+                  json.dumps({"image": f"b{s}.png", "defect": True})]
     cv2.imwrite(str(tmp_path / "odd.png"), clean_part(9, 320, 240))
     lines.append(json.dumps({"image": "odd.png", "defect": False}))
     (tmp_path / "labels.jsonl").write_text("\n".join(lines) + "\n")
