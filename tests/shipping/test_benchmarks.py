@@ -27,6 +27,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
                       '"concurrent_over_one"'),
     "daemon_rates.py": (["--seconds", "2"], "per_camera_per_s"),
     "evidence_cost.py": (["--frames", "2", "--inspections", "2"], "difference_ms"),
+    "gate.py": (["--model", "{bundle}", "--frames", "2", "--sizes", "100,500", "--train", "3"], '"share_of_encode"'),
     "governor_run.py": (["--model", "{bundle}", "--gpu-layers", "0", "--seconds", "2", "--replay", "{trace}"],
                         '"governed"'),
     "inspection_queries.py": (["--results", "2000"], "export all defects"),

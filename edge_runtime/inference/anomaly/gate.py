@@ -73,6 +73,15 @@ class AnomalyGate:
     def patches(self) -> int:
         return self._index.size
 
+    @property
+    def search(self) -> str:
+        """How the bank is searched: `exact`, or `projected` (search.py)."""
+        return self._index.kind
+
+    @property
+    def position_weight(self) -> float:
+        return self._weight
+
     def score(self, enc: Encoded, grids: Sequence[tuple[int, int] | None] | None = None) -> GateScore:
         """Score a frame the inspector encoded; FrameMismatch when its size or grid is not the bank's."""
         return self.score_features(patch_features(enc, self.context, grids))

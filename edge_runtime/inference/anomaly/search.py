@@ -63,10 +63,10 @@ class PatchIndex:
 
     Searches may run from several threads at once (faiss's flat search only reads)."""
 
-    def __init__(self, patches: int, dim: int) -> None:
+    def __init__(self, patches: int, dim: int, exact: bool = False) -> None:
         faiss = _faiss()
         self.dim = dim
-        self.kind = index_kind(patches, dim)
+        self.kind = "exact" if exact else index_kind(patches, dim)  # exact=True: for comparisons
         self._full: np.ndarray | None = None
         self._filled = 0
         if self.kind == "exact":
