@@ -6,8 +6,7 @@ from them, and banks of each size in `--sizes` are made from those real patch ve
 a little noise where the parts give fewer patches than the size: the search's cost depends on the
 bank's size and width, not on where its vectors came from). Then, frame by frame and interleaved, the
 encoder's time (`Inspector.encode`) and the gate's (`AnomalyGate.score`: features, the search, the
-score) at each bank size. Also per size: the search kind (exact or projected), the memory it holds,
-the time to load it, and for projected banks how far the scores are from an exact search.
+score) at each bank size. Also per size: the memory the search holds and the time to load the bank.
 
     python benchmarks/gate.py [--model DIR] [--frames 20] [--sizes 1000,10000,100000] [--size 224]
 """
@@ -68,7 +67,6 @@ def run(model: str | None, frames: int, sizes: list[int], size: int, train: int,
                   defective_part(2000 + i, "stain", size // 10, size, size)[0] for i in range(frames)]
         gates: dict[int, Any] = {}
         loads: dict[int, float] = {}
-        kept: dict[int, np.ndarray] = {}
         with tempfile.TemporaryDirectory() as tmp:
             for n in sizes:
                 vectors = bank_of(fit.vectors, n)
@@ -78,17 +76,13 @@ def run(model: str | None, frames: int, sizes: list[int], size: int, train: int,
                 t0 = time.perf_counter()
                 gates[n] = AnomalyGate.load(path, context, 8 << 30)
                 loads[n] = time.perf_counter() - t0
-                if gates[n].search == "projected":
-                    kept[n] = vectors
         inspector.encode(images[0])  # the first encode allocates
         enc_ms: list[float] = []
         gate_ms: dict[int, list[float]] = {n: [] for n in sizes}
-        encoded = []
         for img in images:
             t0 = time.perf_counter()
             enc = inspector.encode(img)
             enc_ms.append((time.perf_counter() - t0) * 1000)
-            encoded.append(enc)
             for n in sizes:  # right after the encode it is measured against: the same load on the machine
                 t0 = time.perf_counter()
                 gates[n].score(enc)
@@ -97,33 +91,15 @@ def run(model: str | None, frames: int, sizes: list[int], size: int, train: int,
         out["encode_ms"] = {"p50": round(enc50, 2), "p95": pct(enc_ms, 0.95)}
         rows = []
         for n in sizes:
-            g = gates[n]
-            row = {"bank_patches": n, "search": g.search, "memory_mib": round(index_bytes(n, out["width"]) / 2**20, 1),
+            row = {"bank_patches": n, "memory_mib": round(index_bytes(n, out["width"]) / 2**20, 1),
                    "load_s": round(loads[n], 2), "gate_ms_p50": round(statistics.median(gate_ms[n]), 3),
                    "gate_ms_p95": pct(gate_ms[n], 0.95),
                    "share_of_encode": round(statistics.median(gate_ms[n]) / enc50, 4)}
-            if n in kept:
-                row["projected_over_exact"] = projected_error(g, kept.pop(n), encoded[:3], context)
             rows.append(row)
         out["banks"] = rows
     finally:
         inspector.close()
     return out
-
-
-def projected_error(gate: Any, vectors: np.ndarray, encoded: list[Any], context: Any) -> dict[str, float]:
-    """Scores of the projected search over an exact search of the same bank, on a few frames."""
-    from edge_runtime.inference.anomaly.features import patch_features, with_positions
-    from edge_runtime.inference.anomaly.search import PatchIndex
-
-    exact = PatchIndex(*vectors.shape, exact=True)
-    exact.add(vectors)
-    ratios = []
-    for enc in encoded:
-        f = patch_features(enc, context)
-        best = float(exact.nearest(with_positions(f.vectors, f.layout, gate.position_weight)).max())
-        ratios.append(gate.score(enc).score / max(best, 1e-9))
-    return {"min": round(min(ratios), 4), "max": round(max(ratios), 4)}
 
 
 def main() -> None:
@@ -140,7 +116,7 @@ def main() -> None:
     print(f"\n{out['bundle']} ({out['kind']}), {out['frame']} frames, {out['patches_per_frame']} patches of "
           f"{out['width']} values; encoder p50 {out['encode_ms']['p50']} ms")
     for r in out["banks"]:
-        print(f"  bank {r['bank_patches']:>7} patches ({r['search']}, {r['memory_mib']} MiB, load {r['load_s']} s): "
+        print(f"  bank {r['bank_patches']:>7} patches ({r['memory_mib']} MiB, load {r['load_s']} s): "
               f"gate {r['gate_ms_p50']} ms p50 = {r['share_of_encode']:.1%} of the encoder")
 
 

@@ -199,7 +199,7 @@ def encode_all(inspector: Any, context: GateContext, reader: FrameReader, paths:
 
 
 def in_memory_gate(fit: FitResult, context: GateContext, header: Any) -> AnomalyGate:
-    index = PatchIndex(fit.vectors.shape[0], fit.vectors.shape[1])
+    index = PatchIndex(fit.vectors.shape[1])
     index.add(fit.vectors)
     return AnomalyGate(LoadedBank(header, index, Path("(being fitted)")), context)
 

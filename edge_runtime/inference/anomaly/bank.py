@@ -223,7 +223,7 @@ def read_bank(path: Path, max_bytes: int, context: GateContext | None = None,
         if context is not None:
             check_context(header, context, path)
         h = _digest(header)
-        index = PatchIndex(n, dim)
+        index = PatchIndex(dim)
         rows = max(1, _CHUNK_ROWS_BYTES // (dim * 4))
         f.seek(offset)
         done = 0

@@ -52,7 +52,7 @@ def typical_distance(features: Sequence[PatchFeatures], seed: int = 0) -> float:
     probe = np.concatenate([f.vectors for f in features[1::2]])
     if probe.shape[0] > _TYPICAL_SAMPLE:
         probe = probe[rng.choice(probe.shape[0], _TYPICAL_SAMPLE, replace=False)]
-    index = PatchIndex(ref.shape[0], ref.shape[1])
+    index = PatchIndex(ref.shape[1])
     index.add(ref)
     return max(float(np.median(index.nearest(probe))), 1e-6)
 

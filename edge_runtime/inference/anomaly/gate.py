@@ -74,11 +74,6 @@ class AnomalyGate:
         return self._index.size
 
     @property
-    def search(self) -> str:
-        """How the bank is searched: `exact`, or `projected` (search.py)."""
-        return self._index.kind
-
-    @property
     def position_weight(self) -> float:
         return self._weight
 
