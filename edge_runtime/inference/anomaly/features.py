@@ -3,8 +3,8 @@ made them (the encoder file, its preprocessing or image budget, the crop).
 
 Vectors are compared by direction (each embedding scaled to length 1, so the distance of two is
 sqrt(2 - 2 cos)): a language model's input embeddings differ in length from patch to patch for
-reasons that say nothing about the part, and on the synthetic parts the unit vectors caught
-scratches of 32 px where raw ones needed 48 (docs/inspection.md, "The anomaly gate").
+reasons that say nothing about the part, and in one comparison on the synthetic parts unit vectors
+caught scratches from 32 px where raw ones needed 48 (docs/decisions.md, issue 42).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Where a patch lies counts (`position_weight`, default 4): on a station whose parts sit in a fixture,
 a patch is compared with the good patches at the same place, so a hole that was not drilled is not
-matched by plain metal from elsewhere on the plate (PatchCore alone, which ignores position, missed
-every missing hole on the synthetic parts; with the place weighed it found all of them). The weight
+matched by plain metal from elsewhere on the plate (PatchCore alone, which ignores position, let an
+undrilled hole of every size pass on some synthetic parts; with the place weighed it caught all). The weight
 is in units of the good parts' typical patch distance, measured on the fit images themselves: one
 patch of displacement costs `position_weight` typical distances. 0 ignores the place (parts that lie
 anywhere in the frame).
