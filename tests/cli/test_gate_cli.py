@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import cv2
+import numpy as np
 import pytest
 
 from edge_runtime.cli.main import main
@@ -62,7 +63,7 @@ def test_gate_score_scores_an_image_and_draws_its_heat_map(bank: Path, demo_dir:
     out = json.loads(capsys.readouterr().out)
     assert out["score"] > out["threshold"] and out["gated"] is False
     drawn = cv2.imread(str(png))
-    assert drawn.shape == image.shape and (drawn != image).any()
+    assert drawn is not None and drawn.shape == image.shape and bool(np.any(drawn != image))
 
 
 @pytest.mark.parametrize(("case", "says"), [
