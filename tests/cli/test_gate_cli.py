@@ -220,3 +220,21 @@ def test_fit_from_the_journal_uses_the_results_reviewed_as_ok(demo_dir: Path, tm
     assert "6 results reviewed as OK from the journal" in capsys.readouterr().out
     header = read_header(out)
     assert header.fit["source"] == "journal" and header.fit["images"] + header.fit["held_out"]["images"] == 6
+
+
+def test_a_cameras_roi_is_cut_for_the_bank_and_a_bank_of_that_crop_is_refused_without_it(
+        good_dir: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("cameras:\n  - name: station-a\n    source: /dev/null\n    roi: [16, 16, 192, 192]\n")
+    out = tmp_path / "roi.bank"
+    common = ["--model", str(demo_dir), "--config", str(config), "--data-dir", str(tmp_path)]
+    assert main(["gate", "fit", str(good_dir), str(out), "--camera", "station-a", "--quiet", *common]) == 0
+    header = read_header(out)
+    assert header.region == (16, 16, 192, 192) and (header.layout.width, header.layout.height) == (192, 192)
+    cv2.imwrite(str(tmp_path / "part.png"), clean_part(40, W, W))
+    capsys.readouterr()
+    assert main(["gate", "score", str(tmp_path / "part.png"), "--bank", str(out), "--camera", "station-a",
+                 *common]) == 0
+    assert json.loads(capsys.readouterr().out)["score"] > 0
+    assert main(["gate", "score", str(tmp_path / "part.png"), "--bank", str(out), *common]) == 2
+    assert "fitted on crop [16, 16, 192, 192], but these frames are cut to the whole frame" in _one_line(capsys)
