@@ -219,6 +219,8 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
     held_every = max(2, round(1 / opts.holdout)) if opts.holdout > 0 else 0
     held = [p for i, p in enumerate(usable) if held_every and i % held_every == held_every - 1]
     train = [p for i, p in enumerate(usable) if not (held_every and i % held_every == held_every - 1)]
+    if not held and len(usable) >= MIN_IMAGES:  # a handful of images: still hold one out to check the bank
+        held, train = usable[-1:], usable[:-1]
     if len(train) < 2 or not held:
         raise EdgeRuntimeError(f"{len(usable)} usable good images: too few to fit on and hold out (--holdout)")
     settings = config.model.model_copy(update={"warmup": False})

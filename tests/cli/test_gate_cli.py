@@ -238,3 +238,15 @@ def test_a_cameras_roi_is_cut_for_the_bank_and_a_bank_of_that_crop_is_refused_wi
     assert json.loads(capsys.readouterr().out)["score"] > 0
     assert main(["gate", "score", str(tmp_path / "part.png"), "--bank", str(out), *common]) == 2
     assert "fitted on crop [16, 16, 192, 192], but these frames are cut to the whole frame" in _one_line(capsys)
+
+
+def test_three_good_images_are_enough_to_fit_and_hold_one_out(demo_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for s in range(3):
+        cv2.imwrite(str(folder / f"p{s}.png"), clean_part(s, W, W))
+    out = tmp_path / "three.bank"
+    assert main(["gate", "fit", str(folder), str(out), "--model", str(demo_dir), "--quiet",
+                 "--data-dir", str(tmp_path)]) == 0
+    header = read_header(out)
+    assert header.fit["images"] == 2 and header.fit["held_out"]["images"] == 1
