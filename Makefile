@@ -13,10 +13,16 @@ EXPORT_STAMP := $(VENV)/.installed-export
 TORCH ?= torch==2.13.0
 # Debian packages the tests talk to for real (broker, browser, RTSP server).
 SYSTEM_PACKAGES := mosquitto mosquitto-clients chromium shellcheck openssl
-# llama.cpp builds with -march=native; on VMs that advertise AMX but fault on its instructions
-# (seen on this project's 2-core machines: a segfault at ldtilecfg in ggml_backend_amx_mul_mat) the
-# AMX kernels must stay out. Undefining the macro that guards them keeps every other native feature.
+# llama.cpp builds with -march=native (-mcpu=native on ARM). On x86 VMs that advertise AMX but fault on
+# its instructions (seen on this project's 2-core machines: a segfault at ldtilecfg in
+# ggml_backend_amx_mul_mat) the AMX kernels must stay out: undefining the macro that guards them keeps
+# every other native feature. AMX is x86-only, so other machines (a Jetson, any aarch64 box) get no flag.
+HOST_ARCH ?= $(shell uname -m)
+ifneq ($(filter x86_64 amd64,$(HOST_ARCH)),)
 LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__
+else
+LLAMA_CMAKE_ARGS ?=
+endif
 
 .PHONY: venv export-deps demo test lint typecheck system-deps clean bench test-image test-ota test-robustness test-nemo
 
@@ -62,6 +68,18 @@ typecheck: venv
 
 test: venv export-deps system-deps lint typecheck
 	$(BIN)/python -m pytest
+
+# Slow, not part of `make test`: the daemon on aarch64 code (docs/deploy.md, "Proven on aarch64 here"). An
+# arm64 Debian tree run under qemu-user, every dependency as an aarch64 wheel from the index, llama-cpp-python
+# cross-compiled for the Jetson Orin's CPU; then doctor, models demo, infer, run --demo and the tiny
+# Qwen2.5-VL pair emulated. First run ~1 h on 2 cores (the cross build); cached in ~/.cache/edge-runtime/arm64.
+ARM64_PACKAGES := crossbuild-essential-arm64 qemu-user mmdebstrap cmake
+.PHONY: test-arm64
+test-arm64: venv export-deps
+	@missing=""; for p in $(ARM64_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; fi
+	$(BIN)/python build/arm64/test_arm64.py
 
 # Slow, not part of `make test`: the robustness suites (large fuzzing runs, attacks, soak). Mark a
 # slow test `@pytest.mark.robustness` (tests/robustness/ holds them) and it runs here, not in `make test`.

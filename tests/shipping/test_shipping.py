@@ -108,7 +108,7 @@ def test_onnxruntime_script_picks_the_jetpack_index_and_never_leaves_both(tmp_pa
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_shell_scripts_are_shellcheck_clean() -> None:
-    scripts = [*BUILD.glob("*.sh"), ROOT / "systemd/install.sh", ROOT / "benchmarks/gpu_run.sh",
+    scripts = [*BUILD.rglob("*.sh"), ROOT / "systemd/install.sh", ROOT / "benchmarks/gpu_run.sh",
                ROOT / "l4t_docker/check_x86_image.sh"]
     proc = subprocess.run(["shellcheck", "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
