@@ -18,6 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.config import Config
+from edge_runtime.core.cpuinfo import read_cpuinfo
+
+# llama.cpp's name for an instruction set its CPU backend was compiled to use -> the word /proc/cpuinfo
+# lists when the CPU has it (x86 `flags`, aarch64 `Features`). A build that uses one the CPU lacks dies
+# with SIGILL at the first inference: a wheel built on another machine (`-march=native` on a newer x86, the
+# Orin's armv8.2-a+dotprod on a Xavier, whose Carmel cores have no dot product).
+CPU_FEATURES = {
+    "SSE3": "pni", "SSSE3": "ssse3", "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2",
+    "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16",
+    "AVX_VNNI": "avx_vnni", "AMX_INT8": "amx_int8",
+    "NEON": "asimd", "DOTPROD": "asimddp", "FP16_VA": "asimdhp", "SVE": "sve", "MATMUL_INT8": "i8mm", "SME": "sme",
+}
 
 # L4T release -> JetPack (major lines; NVIDIA's release notes).
 JETPACK = {"36.4": "6.1/6.2", "36.3": "6.0", "36.2": "6.0 DP", "35.6": "5.1.4", "35.5": "5.1.3",
@@ -40,6 +52,24 @@ def llama_cpp_probe() -> tuple[str, bool]:
     return str(info["llama_cpp_python"]), bool(info["gpu_offload"])
 
 
+def llama_cpp_system_info() -> str:
+    from edge_runtime.inference.llm.handles import system_info
+
+    return system_info()
+
+
+def compiled_cpu_features(system_info: str) -> list[str]:
+    """The instruction sets llama.cpp's CPU backend was built with, from its `CPU : AVX = 1 | ...` section."""
+    section, out = "", []
+    for token in system_info.split("|"):
+        m = re.fullmatch(r"(?:(\w+) : )?(\w+) = (\S+)", token.strip())
+        if m:
+            section = m.group(1) or section
+            if section == "CPU" and m.group(3) == "1":
+                out.append(m.group(2))
+    return out
+
+
 def jtop_client() -> Any:
     from jtop import jtop
 
@@ -53,17 +83,19 @@ class Doctor:
     def __init__(self, config: Config, model_dir: str | None = None, root: Path = Path("/"),
                  find_library: Callable[[str], str | None] = ctypes.util.find_library,
                  llama_probe: Callable[[], tuple[str, bool]] = llama_cpp_probe,
-                 jtop: Callable[[], Any] = jtop_client) -> None:
+                 jtop: Callable[[], Any] = jtop_client,
+                 llama_system_info: Callable[[], str] = llama_cpp_system_info) -> None:
         self.config = config
         self.model_dir = model_dir
         self.root = root
         self.find_library = find_library
         self.llama_probe = llama_probe
         self.jtop_client = jtop
+        self.llama_system_info = llama_system_info
 
     def run(self) -> list[Check]:
         checks: list[Callable[[], Check]] = [
-            self.platform, self.nvidia_driver, self.cuda_libraries, self.onnxruntime, self.llama_cpp,
+            self.platform, self.cpu, self.nvidia_driver, self.cuda_libraries, self.onnxruntime, self.llama_cpp,
             self.jtop, self.sensors, self.cameras, self.broker, self.line_io, self.disk, self.bundle]
         out = []
         for check in checks:
@@ -95,6 +127,20 @@ class Doctor:
             return Check("platform", "ok", f"{model or 'Jetson'}, L4T {release} (JetPack {jetpack})")
         return Check("platform", "ok", f"{platform.machine()} {platform.system()} {platform.release()} "
                      f"({model or 'not a Jetson'})")
+
+    def cpu(self) -> Check:
+        info = read_cpuinfo(self.root)
+        if info is None:
+            return Check("cpu", "skip", "/proc/cpuinfo lists no processor")
+        built = [f for f in compiled_cpu_features(self.llama_system_info()) if f in CPU_FEATURES]
+        detail = f"{info.describe()}; llama.cpp's CPU backend built for {', '.join(built) or 'the baseline'}"
+        missing = [f"{f} ({CPU_FEATURES[f]})" for f in built if CPU_FEATURES[f] not in info.features]
+        if missing:
+            return Check("cpu", "fail", f"{detail}; this CPU lacks {', '.join(missing)}: the first inference would "
+                         "die with an illegal instruction",
+                         "install a llama-cpp-python built for this CPU: pip builds one on the device itself, or "
+                         "cross-build with build/arm64/llama_wheel.sh --arch naming only what this CPU has")
+        return Check("cpu", "ok", detail)
 
     def nvidia_driver(self) -> Check:
         version = _read(self.root / "proc/driver/nvidia/version")

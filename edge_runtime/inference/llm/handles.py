@@ -408,3 +408,9 @@ class Sampler(_Handle):
 def engine_info() -> dict[str, object]:
     """The llama.cpp build: the binding's version and whether it offloads to a GPU."""
     return {"llama_cpp_python": llama_cpp.__version__, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}
+
+
+def system_info() -> str:
+    """llama.cpp's own line about its build: per backend, e.g. `CPU : NEON = 1 | DOTPROD = 1 | ...`, the
+    instruction sets its CPU backend was compiled to use (ggml's `ggml_cpu_has_*`, compile-time answers)."""
+    return bytes(llama_cpp.llama_print_system_info()).decode(errors="replace")
