@@ -36,10 +36,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# The CPU backend's instruction sets (what runs on the CPU: layers not offloaded, sampling, the image
+# preprocessing): with GGML_NATIVE=OFF ggml would build for plain armv8-a. Orin's Cortex-A78AE has the
+# dot product and FP16 (build/arm64/llama_wheel.sh cross-builds and emulates the same flags); Xavier's
+# Carmel cores have FP16 but no dot product (`doctor` fails a build that needs what the CPU lacks).
 case "$TARGET" in
-  orin) ARCHS=${ARCHS:-87}; JETSON=1 ;;
-  xavier) ARCHS=${ARCHS:-72}; JETSON=1 ;;
-  x86) [ -n "$ARCHS" ] || die "--target x86 needs --archs, e.g. \"86;89;90\""; JETSON=0 ;;
+  orin) ARCHS=${ARCHS:-87}; JETSON=1; CPU_ARCH=armv8.2-a+dotprod+fp16 ;;
+  xavier) ARCHS=${ARCHS:-72}; JETSON=1; CPU_ARCH=armv8.2-a+fp16 ;;
+  x86) [ -n "$ARCHS" ] || die "--target x86 needs --archs, e.g. \"86;89;90\""; JETSON=0; CPU_ARCH="" ;;
   *) die "unknown --target '$TARGET' (orin, xavier or x86)" ;;
 esac
 [[ "$ARCHS" =~ ^[0-9]+(\;[0-9]+)*$ ]] || die "--archs must look like 87 or \"86;89;90\", got '$ARCHS'"
@@ -47,7 +51,7 @@ esac
 CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$ARCHS -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF"
 if [ "$JETSON" = 1 ]; then
   # Jetson: no virtual memory management in the integrated GPU driver; unified memory for big contexts.
-  CMAKE_ARGS="$CMAKE_ARGS -DGGML_CUDA_NO_VMM=ON"
+  CMAKE_ARGS="$CMAKE_ARGS -DGGML_CUDA_NO_VMM=ON -DGGML_CPU_ARM_ARCH=$CPU_ARCH"
 fi
 JOBS=${JOBS:-$(nproc)}
 STAMP="$WHEELHOUSE/.llama_cpp_python-$VERSION-cuda-${ARCHS//;/_}"

@@ -46,6 +46,11 @@ print(json.dumps({"env": {
 """
 
 
+# The Pythons the Jetson images run (docs/deploy.md): JetPack 6 is Ubuntu 22.04 (CPython 3.10, glibc 2.35);
+# Dockerfile.jp5 puts CPython 3.10 on JetPack 5's Ubuntu 20.04 (glibc 2.31). Resolved (not installed) too.
+JETSON_TARGETS = {"JetPack 6": ("3.10.12", (2, 35)), "JetPack 5 image": ("3.10.12", (2, 31))}
+
+
 class NoWheel(RuntimeError):
     """Packages without a wheel for the target, by name."""
 
@@ -66,6 +71,12 @@ def target_environment(tree: Path) -> tuple[dict[str, str], tuple[int, int]]:
     info = json.loads(out)
     major, minor = (int(x) for x in info["glibc"].split(".")[:2])
     return info["env"], (major, minor)
+
+
+def for_python(env: dict[str, str], full_version: str) -> dict[str, str]:
+    """`env` with another CPython version (for resolving what a Jetson's own Python gets)."""
+    return {**env, "python_full_version": full_version, "implementation_version": full_version,
+            "python_version": ".".join(full_version.split(".")[:2])}
 
 
 def platform_tags(glibc: tuple[int, int], arch: str = "aarch64") -> list[str]:

@@ -167,6 +167,19 @@ def main() -> int:
                 f"glibc {glibc[0]}.{glibc[1]}; " + ("; ".join(lags) if lags else "same versions as x86_64"))
     steps("resolve (index)", resolve_step)
 
+    for name, (python, libc) in resolve.JETSON_TARGETS.items():
+        def jetson_step(python: str = python, libc: tuple[int, int] = libc, name: str = name) -> str:
+            jenv = resolve.for_python(env, python)
+            reqs = resolve.requirements(Path(str(state["wheel"])), Path(str(state["sdist"])), jenv)
+            wheels = resolve.download(reqs, work / f"wheelhouse-{name.replace(' ', '-')}",
+                                      resolve.pip_target_args(jenv, resolve.platform_tags(libc)))
+            mine = resolve.resolved_versions(list(map(Path, state["wheels"])))  # type: ignore[call-overload]
+            other = resolve.resolved_versions(wheels)
+            differ = [f"{n} {v} (tree: {mine.get(n, '-')})" for n, v in sorted(other.items()) if mine.get(n) != v]
+            return (f"{len(wheels)} aarch64 wheels for CPython {jenv['python_version']}, glibc {libc[0]}.{libc[1]}"
+                    + (f"; other versions: {', '.join(differ)}" if differ else ""))
+        steps(f"resolve ({name})", jetson_step)
+
     llama_key = digest((HERE / "llama_wheel.sh").read_bytes(), (HERE / "aarch64-linux-gnu.cmake").read_bytes(),
                        env["python_version"], LLAMA_VERSION)
     llama_dir = cache / f"llama-{llama_key}"

@@ -81,7 +81,14 @@ def test_llama_build_script_dry_run_for_orin(tmp_path: Path) -> None:
     proc = run_script("llama_cpp_cuda.sh", "--target", "orin", "--wheelhouse", str(tmp_path), "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "-DCMAKE_CUDA_ARCHITECTURES=87" in proc.stdout and "-DGGML_CUDA_NO_VMM=ON" in proc.stdout
+    assert "-DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod+fp16" in proc.stdout  # the Orin's Cortex-A78AE
     assert "llama-cpp-python==0.3.36" in proc.stdout
+
+
+def test_llama_build_script_leaves_the_dot_product_out_for_xavier(tmp_path: Path) -> None:
+    proc = run_script("llama_cpp_cuda.sh", "--target", "xavier", "--wheelhouse", str(tmp_path), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "-DGGML_CPU_ARM_ARCH=armv8.2-a+fp16 " in proc.stdout  # Carmel: FP16, no dot product
 
 
 def test_llama_build_script_rejects_bad_arguments() -> None:
@@ -91,6 +98,7 @@ def test_llama_build_script_rejects_bad_arguments() -> None:
     assert bad.returncode == 2 and "--archs must look like" in bad.stderr
     x86 = run_script("llama_cpp_cuda.sh", "--target", "x86", "--archs", "86;90", "--dry-run")
     assert "-DCMAKE_CUDA_ARCHITECTURES=86;90" in x86.stdout and "NO_VMM" not in x86.stdout
+    assert "GGML_CPU_ARM_ARCH" not in x86.stdout
 
 
 def test_onnxruntime_script_picks_the_jetpack_index_and_never_leaves_both(tmp_path: Path) -> None:
