@@ -65,7 +65,11 @@ def machine_info() -> dict[str, Any]:
 
     import onnxruntime as ort
 
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    from edge_runtime.core.cpuinfo import read_cpuinfo
+
+    cpu = read_cpuinfo()  # names the cores on ARM too (no `model name` there); platform.processor() is empty
+    return {"cpu": cpu.describe() if cpu else platform.machine(), "arch": platform.machine(),
+            "cores": os.cpu_count(),
             "python": platform.python_version(), "onnxruntime": ort.__version__,
             **engine_info(),
             "date": time.strftime("%Y-%m-%d")}

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 from edge_runtime.cli.bench import _raw_llama
+from edge_runtime.core.cpuinfo import read_cpuinfo
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import synthetic_frames
 
@@ -34,6 +36,10 @@ def test_bench_reports_stages_ratios_and_a_plot(tmp_path: Path, demo_dir: Path) 
     assert report["prefix_cache"]["fixed_prompt_tokens"] > 200
     assert report["throughput"]["sequential_per_s"] > 0 and report["peak_rss_mb"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The CPU by name (cpuinfo, x86 and ARM alike), not just the architecture platform.processor() gave.
+    cpu = read_cpuinfo()
+    assert report["machine"]["cpu"] == (cpu.describe() if cpu else platform.machine())
+    assert report["machine"]["arch"] == platform.machine()
 
 
 def test_raw_engine_run_leaves_the_inspector_answering_as_before(inspector: Inspector) -> None:
