@@ -79,7 +79,7 @@ def check_imports(emu: Emulator, resolve_py: Path, site: list[Path]) -> str:
     checked = emu.run(str(resolve_py), "--check-installed", *map(str, site), timeout=900)
     if checked.returncode != 0:
         raise Failed(f"requirements not met on aarch64:\n{checked.stdout}{checked.stderr[-2000:]}")
-    return line
+    return f"{line}; {checked.stdout.strip()}"
 
 
 def check_doctor(emu: Emulator, config: Path, bundle: Path) -> str:
@@ -94,7 +94,7 @@ def check_doctor(emu: Emulator, config: Path, bundle: Path) -> str:
         raise Failed("doctor found problems:\n" + "\n".join(bad))
     if not checks["platform"]["detail"].startswith("aarch64"):
         raise Failed(f"doctor's platform is {checks['platform']['detail']!r}, not aarch64")
-    return f"0 failed; {checks['platform']['detail']}; {checks['llama.cpp']['detail']}"
+    return f"0 failed; {checks['platform']['detail']}; cpu: {checks['cpu']['detail']}"
 
 
 def valid_verdict(result: dict[str, Any], schema: dict[str, Any]) -> str:
@@ -133,31 +133,15 @@ def _get(url: str) -> Any:
 
 def check_run_demo(emu: Emulator, config: Path, port: int, schema: dict[str, Any], log: Path,
                    timeout: float = 1800) -> str:
-    """`run --demo` until /readyz answers and the journal holds a schema-valid verdict; then SIGTERM."""
+    """`run --demo` until /readyz answers and the journal holds a schema-valid verdict; then SIGTERM, which
+    must end the daemon cleanly (exit 0) as systemd's stop does."""
     base = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(emu.argv("-m", "edge_runtime", "--config", str(config), "run", "--demo"),
                                 stdout=out, stderr=subprocess.STDOUT, env=emu.env, cwd=emu.home)
     try:
-        ready_s = None
-        while time.monotonic() - started < timeout:
-            if proc.poll() is not None:
-                raise Failed(f"run --demo exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if ready_s is None and _get(base + "/readyz").get("ready"):
-                    ready_s = time.monotonic() - started
-                if ready_s is not None:
-                    results = _get(base + "/api/v1/results?limit=1").get("results") or []
-                    if results:
-                        verdict = valid_verdict(results[0], schema)
-                        return (f"/readyz after {ready_s:.0f} s, first journaled verdict after "
-                                f"{time.monotonic() - started:.0f} s: {verdict}")
-            except OSError:
-                pass  # not listening yet, or /readyz still 503
-            time.sleep(2)
-        raise Failed(f"no journaled verdict within {timeout:.0f} s (ready after {ready_s} s):\n"
-                     f"{log.read_text()[-3000:]}")
+        found = _wait_for_verdict(proc, base, schema, started, timeout, log)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -165,3 +149,27 @@ def check_run_demo(emu: Emulator, config: Path, port: int, schema: dict[str, Any
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if proc.returncode != 0:
+        raise Failed(f"run --demo exited {proc.returncode} on SIGTERM:\n{log.read_text()[-3000:]}")
+    return f"{found}; SIGTERM -> exit 0"
+
+
+def _wait_for_verdict(proc: subprocess.Popen[bytes], base: str, schema: dict[str, Any], started: float,
+                      timeout: float, log: Path) -> str:
+    ready_s = None
+    while time.monotonic() - started < timeout:
+        if proc.poll() is not None:
+            raise Failed(f"run --demo exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if ready_s is None and _get(base + "/readyz").get("ready"):
+                ready_s = time.monotonic() - started
+            if ready_s is not None:
+                results = _get(base + "/api/v1/results?limit=1").get("results") or []
+                if results:
+                    verdict = valid_verdict(results[0], schema)
+                    return (f"/readyz after {ready_s:.0f} s, first journaled verdict after "
+                            f"{time.monotonic() - started:.0f} s: {verdict}")
+        except OSError:
+            pass  # not listening yet, or /readyz still 503
+        time.sleep(2)
+    raise Failed(f"no journaled verdict within {timeout:.0f} s (ready after {ready_s} s):\n{log.read_text()[-3000:]}")

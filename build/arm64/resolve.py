@@ -123,11 +123,17 @@ def named_in_pip_error(stderr: str) -> list[str]:
     return sorted({Requirement(m).name for m in re.findall(r"No matching distribution found for (\S+)", stderr)})
 
 
-def download(reqs: list[str], out: Path, target: list[str], python: str = sys.executable) -> list[Path]:
-    """pip download `reqs` and their dependencies as target wheels into `out`; NoWheel names what has none:
-    the package pip stopped at and, checked one by one without dependencies, every top-level one."""
+def download(reqs: list[str], out: Path, target: list[str], python: str = sys.executable,
+             pins: dict[str, str] | None = None) -> list[Path]:
+    """pip download `reqs` and their dependencies as target wheels into `out` (at the `pins` versions where
+    given); NoWheel names what has none: the package pip stopped at and, checked one by one without
+    dependencies, every top-level one."""
     out.mkdir(parents=True, exist_ok=True)
     base = [python, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "-d", str(out), *target]
+    if pins:
+        constraints = out / "constraints.txt"
+        constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
+        base += ["-c", str(constraints)]
     proc = subprocess.run([*base, *reqs], capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         missing = set(named_in_pip_error(proc.stderr))

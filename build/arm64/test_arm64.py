@@ -67,10 +67,10 @@ class Steps:
         print(f"    {time.monotonic() - t0:7.1f} s  {note}", flush=True)
 
     def table(self) -> None:
-        print("\nstep                      wall s  result")
+        print(f"\n{'step':<38} {'wall s':>8}  result")
         for name, secs, note in self.rows:
-            print(f"{name:<24} {secs:8.1f}  {note[:150]}")
-        print(f"{'total':<24} {sum(r[1] for r in self.rows):8.1f}")
+            print(f"{name:<38} {secs:8.1f}  {note[:150]}")
+        print(f"{'total':<38} {sum(r[1] for r in self.rows):8.1f}")
 
 
 def sh(*cmd: str | Path, timeout: float = 3600, **kw: object) -> str:
@@ -78,10 +78,10 @@ def sh(*cmd: str | Path, timeout: float = 3600, **kw: object) -> str:
     return proc.stdout
 
 
-def keep_only(cache: Path, kind: str, used: Path) -> None:
+def keep_only(cache: Path, kind: str, used: list[Path]) -> None:
     """Drop the other cache entries of one kind (older inputs), so the cache does not grow."""
     for old in cache.glob(f"{kind}-*"):
-        if old != used:
+        if old not in used:
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -175,6 +175,7 @@ def main() -> int:
                                       resolve.pip_target_args(jenv, resolve.platform_tags(libc)))
             mine = resolve.resolved_versions(list(map(Path, state["wheels"])))  # type: ignore[call-overload]
             other = resolve.resolved_versions(wheels)
+            state[f"versions {name}"] = other
             differ = [f"{n} {v} (tree: {mine.get(n, '-')})" for n, v in sorted(other.items()) if mine.get(n) != v]
             return (f"{len(wheels)} aarch64 wheels for CPython {jenv['python_version']}, glibc {libc[0]}.{libc[1]}"
                     + (f"; other versions: {', '.join(differ)}" if differ else ""))
@@ -209,9 +210,12 @@ def main() -> int:
     steps("emulated: imports", lambda: emulated.check_imports(emu, HERE / "resolve.py", [product, site]))
 
     demo = work / "demo-bundle"
-    steps("emulated: models demo", lambda: emu.cli("models", "demo", str(demo), timeout=3600).stdout.strip()[-150:])
+    def demo_step() -> str:
+        made = json.loads(emu.cli("models", "demo", str(demo), timeout=3600).stdout)
+        return f"{made['kind']} bundle, {made['quantization']}, {made['image_tokens']} image tokens"
+    steps("emulated: models demo", demo_step)
     from edge_runtime.core.bundle import load_bundle
-    schema = load_bundle(demo).verdict_schema
+    schema = load_bundle(demo).manifest.verdict_schema
 
     port = emulated.free_port()
     config = emulated.write_config(work / "edge.yaml", work / "data", port)
@@ -225,6 +229,23 @@ def main() -> int:
     steps("emulated: infer (demo)", lambda: emulated.check_infer(emu, image, demo, schema))
     steps("emulated: run --demo", lambda: emulated.check_run_demo(emu, config, port, schema, work / "daemon.log"))
 
+    def jetson_versions_step() -> str:
+        """The demo inference again with the versions a JetPack 6 Python gets (older onnxruntime, numpy, ...),
+        installed for the tree's Python: what the index serves a Jetson, run as aarch64 code."""
+        pins = dict(state["versions JetPack 6"])  # type: ignore[call-overload]
+        reqs = resolve.requirements(Path(str(state["wheel"])), Path(str(state["sdist"])), env)
+        wheels = sorted([*resolve.download(reqs, work / "wheelhouse-jp6-pins", target, pins=pins),
+                         Path(str(state["llama"]))])
+        jsite = cache / f"site-{digest(*(w.name for w in wheels), llama_key)}"
+        if not jsite.is_dir():
+            install(jsite, wheels, target)
+        state["site-jp6"] = jsite
+        versions = resolve.resolved_versions(wheels)
+        jemu = emulated.Emulator(tree, [product, jsite], work)
+        found = emulated.check_infer(jemu, image, demo, schema)
+        return f"onnxruntime {versions['onnxruntime']}, numpy {versions['numpy']}: {found}"
+    steps("emulated: infer (JetPack 6 versions)", jetson_versions_step)
+
     def tiny_import() -> str:
         bundle, tiny_schema = tiny_pair_bundle(emu, work)
         state["tiny"], state["tiny_schema"] = bundle, tiny_schema
@@ -233,8 +254,8 @@ def main() -> int:
     steps("emulated: infer (tiny pair)", lambda: emulated.check_infer(
         emu, image, Path(str(state["tiny"])), state["tiny_schema"]))  # type: ignore[arg-type]
 
-    for kind, used in (("tree", tree), ("llama", llama_dir), ("site", site)):
-        keep_only(cache, kind, used)
+    for kind, used in (("tree", [tree]), ("llama", [llama_dir]), ("site", [site, state["site-jp6"]])):
+        keep_only(cache, kind, used)  # type: ignore[arg-type]
     steps.table()
     if args.keep:
         print(f"work folder: {work}")
