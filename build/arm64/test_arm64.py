@@ -141,6 +141,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs of the cross build (default 2)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, bundles) and print its path")
     args = ap.parse_args()
+    started = time.monotonic()
     cache = args.cache
     cache.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="edge-arm64-"))
@@ -148,8 +149,13 @@ def main() -> int:
     state: dict[str, object] = {}
 
     tree = cache / f"tree-{digest((HERE / 'tree.sh').read_bytes())}"
-    steps("tree", lambda: sh("bash", HERE / "tree.sh", "--out", tree).strip().splitlines()[-1])
-    env, glibc = resolve.target_environment(tree)
+
+    def tree_step() -> str:
+        made = sh("bash", HERE / "tree.sh", "--out", tree).strip().splitlines()[-1]
+        state["target"] = resolve.target_environment(tree)  # asks the tree's python, emulated
+        return made
+    steps("tree", tree_step)
+    env, glibc = state["target"]  # type: ignore[misc]
     target = resolve.pip_target_args(env, resolve.platform_tags(glibc))
 
     def wheel_step() -> str:
@@ -256,11 +262,12 @@ def main() -> int:
 
     for kind, used in (("tree", [tree]), ("llama", [llama_dir]), ("site", [site, state["site-jp6"]])):
         keep_only(cache, kind, used)  # type: ignore[arg-type]
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     steps.table()
+    print(f"{'whole run (with imports, cleanup)':<38} {time.monotonic() - started:8.1f}")
     if args.keep:
         print(f"work folder: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
