@@ -32,8 +32,9 @@ def client_certificate(folder: Path, application_uri: str) -> tuple[Path, Path]:
 
 
 def trust(pki_dir: Path, cert: Path) -> None:
+    """Put `cert` in the trust list, named after its client's folder (every client's file is client.pem)."""
     (pki_dir / "trusted").mkdir(parents=True, exist_ok=True)
-    shutil.copy(cert, pki_dir / "trusted" / cert.name)
+    shutil.copy(cert, pki_dir / "trusted" / f"{cert.parent.name}-{cert.name}")
 
 
 class NodeClient:
