@@ -15,6 +15,8 @@ go through `_GuardedProcessor`, which refuses, unless the config lists security 
   closed), and a CreateSession naming another certificate than its channel's (BadCertificateInvalid);
 and, whatever the config, a password that is not encrypted over a channel that does not encrypt
 (BadSecurityModeInsufficient: the client may try again on that connection, as after a wrong password).
+Sessions (unguessable tokens, each bound to its secure channel, subscriptions to their session) are
+opcua_sessions.py's rules, checked here for every request.
 Each refusal is counted and logged with the peer's address: the first of a kind at once, then at most
 one line a minute with the count. asyncua's own WARNING/ERROR lines (one ERROR per refused login) go
 through `tame_asyncua_logs`: those that repeat a refusal logged here are dropped, the others limited.
@@ -36,10 +38,19 @@ from asyncua.crypto.security_policies import SecurityPolicyNone
 from asyncua.server.binary_server_asyncio import BinaryServer, OPCUAProtocol
 from asyncua.server.uaprocessor import UaProcessor
 from asyncua.ua.ua_binary import struct_from_binary, uatcp_to_binary
+from cryptography.exceptions import InvalidSignature
 
 from edge_runtime.config.line_io import OpcUaConfig
 from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.lineio.opcua_pki import CertificateRefused, TrustList, ensure_server_certificate, fingerprint
+from edge_runtime.lineio.opcua_sessions import (
+    SESSIONLESS,
+    KeyedInternalServer,
+    MoveUndo,
+    SessionBindings,
+    SessionRefused,
+    identity,
+)
 
 log = logging.getLogger(__name__)
 LOG_INTERVAL_S = 60.0
@@ -55,7 +66,10 @@ _DISCOVERY = frozenset({ua.NodeId(ua.Int32(ua.ObjectIds.GetEndpointsRequest_Enco
 # Refusal kind -> what was refused, for the log line.
 KINDS = {"none_policy": "a request over SecurityPolicy None", "no_channel": "a request before any secure channel",
          "bad_channels": "a secure channel", "certificates": "a client certificate",
-         "clear_passwords": "a password sent in clear", "logins": "a login"}
+         "clear_passwords": "a password sent in clear", "logins": "a login",
+         "sessions": "a request for a session or subscription not its own"}
+# Refusals after which the client may try again on the same connection (the others close it).
+_RETRY = frozenset({"logins", "clear_passwords", "sessions"})
 
 
 class Refused(Exception):
@@ -87,6 +101,7 @@ class Door:
         self.offered = " and ".join(_POLICY_NAMES[s] for s in cfg.security if s != "none") or "None"
         self.trust = trust
         self.refusals = Refusals()
+        self.sessions = SessionBindings()
 
     def check_channel(self, policy_uri: str | None, sender_certificate: bytes | None) -> None:
         """An OpenSecureChannel that opens a channel (not a renewal); a None one is checked per request."""
@@ -171,10 +186,18 @@ class _GuardedProcessor(UaProcessor):
                 self.door.check_create(channel, params)
             elif typeid == _ACTIVATE:
                 params = struct_from_binary(ua.ActivateSessionParameters, body.copy())
+            if typeid not in SESSIONLESS:
+                self._check_session(typeid, requesthdr.AuthenticationToken, body, params)
+            if typeid == _ACTIVATE:
                 self.door.check_activate(channel, params)
-            return await super()._process_message(typeid, requesthdr, seqhdr, body)
+            return await self._serve(typeid, requesthdr, seqhdr, body, params)
         except Refused as exc:
             refused = exc
+        except SessionRefused as exc:
+            refused = Refused("sessions", exc.code, exc.why)
+        except InvalidSignature:  # asyncua's check of ActivateSession's client signature
+            refused = Refused("sessions", ua.StatusCodes.BadApplicationSignatureInvalid,
+                              "ActivateSession: the client signature does not verify")
         except CertificateRefused as exc:  # asyncua's call of the trust list at CreateSession
             refused = Refused("certificates", exc.code, exc.why)
         except (ServiceError, ua.UaStatusCodeError) as exc:
@@ -185,9 +208,46 @@ class _GuardedProcessor(UaProcessor):
         fault = ua.ServiceFault()
         fault.ResponseHeader.ServiceResult = _status(refused.code)
         self.send_response(requesthdr.RequestHandle, seqhdr, fault)
-        # A refused login may be tried again on the same connection, as OPC UA allows; any other refusal
-        # closes it (a refused CreateSession leaves asyncua's half-made session: it goes with the connection).
-        return refused.kind in ("logins", "clear_passwords")
+        # A refused login may be tried again on the same connection, as OPC UA allows (a client whose
+        # session could not move opens a new one there); any other refusal closes it (a refused
+        # CreateSession leaves asyncua's half-made session: it goes with the connection).
+        return refused.kind in _RETRY
+
+    def _certificate(self) -> str | None:
+        """SHA-256 of this channel's client certificate (None on a channel without security)."""
+        cert = _leaf(self._connection.security_policy.peer_certificate)
+        return fingerprint(cert) if cert is not None else None
+
+    def _check_session(self, typeid: ua.NodeId, token: ua.NodeId, body: Buffer, params: Any) -> None:
+        found = self.iserver.lookup_external_session(token)
+        user, cert = (identity(params.UserIdentityToken), self._certificate()) if typeid == _ACTIVATE else (None, None)
+        self.door.sessions.check(self, self.session, found, typeid, token, cert, user)
+        if self.session is not None and self.session.is_activated():
+            self.door.sessions.check_subscriptions(self.iserver, self.session, typeid, body)
+
+    async def _serve(self, typeid: ua.NodeId, requesthdr: Any, seqhdr: Any, body: Buffer, params: Any) -> Any:
+        """asyncua's handling, and the sessions' bindings kept after it."""
+        before = self.session
+        moving = self.iserver.lookup_external_session(requesthdr.AuthenticationToken) \
+            if typeid == _ACTIVATE and before is None else None
+        undo = MoveUndo(self, moving) if moving is not None else None
+        try:
+            answered = await super()._process_message(typeid, requesthdr, seqhdr, body)
+        except BaseException:
+            if undo is not None:
+                undo.apply()  # asyncua moved the session here before its checks failed
+            raise
+        if typeid == _CREATE and self.session is not None and self.session is not before:
+            self.door.sessions.created(self.session, self, self._certificate())
+            if before is not None and not before.is_activated():
+                # asyncua serves one session a connection and times out only activated ones: the
+                # replaced one would stay registered for good
+                await before.close_session(True)
+        elif typeid == _ACTIVATE and self.session is not None:
+            left = self.door.sessions.activated(self.session, self, identity(params.UserIdentityToken))
+            if left is not None:
+                left.session = None  # the connection it left serves it no more
+        return answered
 
     def _close(self, refused: Refused) -> bool:
         self.door.refusals.refuse(refused, self.peer)
@@ -221,8 +281,8 @@ class _GuardedBinaryServer(BinaryServer):
 class GuardedServer(Server):
     """asyncua's Server whose connections go through `door` (its `start` with the guarded socket server)."""
 
-    def __init__(self, door: Door, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, door: Door, user_manager: Any = None) -> None:
+        super().__init__(iserver=KeyedInternalServer(user_manager=user_manager))  # random session tokens
         self.door = door
 
     async def start(self) -> None:
