@@ -176,7 +176,10 @@ class ModbusConfig(Section):
         default_factory=lambda: ["127.0.0.1/32", "::1/128"], min_length=1, max_length=64,
         description="Client addresses or networks (CIDR) allowed to connect; a connection from any "
                     "other address is closed at once.")
-    max_clients: int = Field(4, ge=1, le=64, description="Connections held at once; one more is closed.")
+    max_clients: int = Field(4, ge=1, le=64, description=(
+        "Connections held at once. When all are held, a new one from an allowed address takes the place of "
+        "the connection silent longest (no request for at least 1 s, none in progress); if none is, the new "
+        "one is closed. A connection without a request for 60 s is closed anyway."))
     stride: int = Field(100, ge=100, le=1000, description="Registers between two stations' blocks "
                         "(station n starts at n * stride).")
 
