@@ -93,6 +93,7 @@ def _once(method: str, url: str, body: bytes | None, headers: Mapping[str, str],
     phase = "name lookup"
     sock: socket.socket | None = None
     guard: _Guard | None = None
+    resp: http.client.HTTPResponse | None = None
     try:
         addresses = _resolve(host, port, deadline)
         phase = "connect"
@@ -136,6 +137,10 @@ def _once(method: str, url: str, body: bytes | None, headers: Mapping[str, str],
     finally:
         if guard is not None:
             guard.disarm()  # before the close: the watchdog never shuts down a socket that is gone
+        if resp is not None:
+            # The response's file holds the descriptor open past sock.close(); after a failure the
+            # traceback keeps the response alive, and only the garbage collector would close it.
+            resp.close()
         if sock is not None:
             sock.close()
 
