@@ -68,8 +68,6 @@ KINDS = {"none_policy": "a request over SecurityPolicy None", "no_channel": "a r
          "bad_channels": "a secure channel", "certificates": "a client certificate",
          "clear_passwords": "a password sent in clear", "logins": "a login",
          "sessions": "a request for a session or subscription not its own"}
-# Refusals after which the client may try again on the same connection (the others close it).
-_RETRY = frozenset({"logins", "clear_passwords", "sessions"})
 
 
 class Refused(Exception):
@@ -208,10 +206,10 @@ class _GuardedProcessor(UaProcessor):
         fault = ua.ServiceFault()
         fault.ResponseHeader.ServiceResult = _status(refused.code)
         self.send_response(requesthdr.RequestHandle, seqhdr, fault)
-        # A refused login may be tried again on the same connection, as OPC UA allows (a client whose
-        # session could not move opens a new one there); any other refusal closes it (a refused
-        # CreateSession leaves asyncua's half-made session: it goes with the connection).
-        return refused.kind in _RETRY
+        # A refused login or session request may be tried again on the same connection, as OPC UA allows
+        # (a client whose session could not move opens a new one there); any other refusal closes it (a
+        # refused CreateSession leaves asyncua's half-made session: it goes with the connection).
+        return refused.kind in ("logins", "clear_passwords", "sessions")
 
     def _certificate(self) -> str | None:
         """SHA-256 of this channel's client certificate (None on a channel without security)."""
