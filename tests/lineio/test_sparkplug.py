@@ -189,7 +189,7 @@ def test_a_rebirth_of_the_wrong_type_and_an_empty_dcmd_are_refused_and_counted(
         host.command(topic("NCMD"), [(spb.REBIRTH, spb.INT32, 1)])
         host.command(topic("NCMD"), [(spb.REBIRTH, spb.STRING, "true")])
         host.command(topic("DCMD", "st1"), [])
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 20  # generous: a loaded 2-core machine
         while node.counters["refused_commands"] < refused + 3 and time.monotonic() < deadline:
             time.sleep(0.02)
     assert node.counters["refused_commands"] == refused + 3

@@ -105,7 +105,9 @@ class SparkplugNode:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pub_lock = threading.Lock()
+        # Connection trouble and refused commands are limited apart: one must not hide the other's first line.
         self._log = RateLimitedLog(log)
+        self._command_log = RateLimitedLog(log)
         self._threads = [SupervisedThread("lineio-sparkplug", self._connection_loop, self._stop, log),
                          SupervisedThread("lineio-sparkplug-publish", self._publish_loop, self._stop, log)]
 
@@ -295,10 +297,10 @@ class SparkplugNode:
                 self._device_command(dev, metrics)
         except spb.CommandError as exc:
             self.counters["refused_commands"] += 1
-            self._log.log(logging.WARNING, "sparkplug: command on %s refused: %s", msg.topic[:200], exc)
+            self._command_log.log(logging.WARNING, "sparkplug: command on %s refused: %s", msg.topic[:200], exc)
         except Exception:  # noqa: BLE001 - a bad command never ends paho's thread
             self.counters["refused_commands"] += 1
-            self._log.log(logging.ERROR, "sparkplug: command on %s failed", msg.topic[:200], exc_info=True)
+            self._command_log.log(logging.ERROR, "sparkplug: command on %s failed", msg.topic[:200], exc_info=True)
 
     def _node_command(self, metrics: dict[str, Any]) -> None:
         if spb.REBIRTH not in metrics:
