@@ -96,7 +96,7 @@ class SparkplugNode:
         self.connected = False
         self.last_error: str | None = None
         self.current_bdseq: int | None = None
-        self.counters = {"connects": 0, "births": 0, "ddata": 0, "dropped": 0, "commands": 0,
+        self.counters = {"connects": 0, "births": 0, "ddata": 0, "dropped": 0, "superseded": 0, "commands": 0,
                          "refused_commands": 0, "triggers": 0, "acks": 0}
         self._seq = 0
         self._client: mqtt.Client | None = None
@@ -241,7 +241,7 @@ class SparkplugNode:
             client = self._client
             if client is None or not self.connected:
                 for dev in self.devices.values():
-                    dev.pending.clear()  # the next DBIRTH carries the state then current
+                    self._supersede(dev)  # the next DBIRTH carries the state then current
                 continue
             with self._pub_lock:
                 if self._birth_due.is_set():
@@ -249,12 +249,18 @@ class SparkplugNode:
                     self._births(client)
                 self._data(client)
 
+    def _supersede(self, dev: _Device) -> None:
+        """Drop the queued changes a birth replaces with the whole current state (counted)."""
+        n = len(dev.pending)
+        dev.pending.clear()
+        self.counters["superseded"] += n
+
     def _births(self, client: mqtt.Client) -> None:
         self._seq = 0
         bdseq = self.current_bdseq if self.current_bdseq is not None else 0
         client.publish(self.topics["NBIRTH"], spb.node_birth(self._next_seq(), bdseq), qos=0)
         for name, dev in self.devices.items():
-            dev.pending.clear()
+            self._supersede(dev)
             values = spb.station_values(dev.station.signals(), dev.last_refusal)
             dev.refusal_changed = False
             client.publish(self._topic("DBIRTH", name), spb.device_birth(self._next_seq(), values), qos=0)
@@ -272,8 +278,9 @@ class SparkplugNode:
             for snap in snapshots:
                 values = spb.station_values(snap, dev.last_refusal)
                 body = spb.device_data(self._next_seq(), dev.published, values)
-                if body is None:
+                if body is None:  # what it held was already published (a dropped change in between)
                     self._seq = (self._seq - 1) % 256  # nothing sent: the number is not used
+                    self.counters["superseded"] += 1
                     continue
                 client.publish(self._topic("DDATA", name), body, qos=0)
                 dev.published = values
