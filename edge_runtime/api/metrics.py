@@ -62,6 +62,7 @@ class StatusCollector(Collector):
                                       "token than it saved", value=draft["slow_pauses"])
             yield CounterMetricFamily("edge_draft_failures", "Draft proposals that failed (answers went on "
                                       "without them)", value=draft["failures"])
+        yield from encoder_cache_metrics(s["inspection"].get("encoder_cache"))
         yield GaugeMetricFamily("edge_journal_results", "Results in the journal", value=s["journal"]["total"])
         yield GaugeMetricFamily("edge_outbox_backlog", "Results not yet acknowledged by the broker",
                                 value=s["journal"]["unsent"])
@@ -78,6 +79,21 @@ class StatusCollector(Collector):
         yield from governor_metrics(s.get("governor"))
         yield from offload_metrics(s.get("offload"))
         yield from line_io_metrics(s.get("line_io"))
+
+
+def encoder_cache_metrics(cache: dict[str, Any] | None) -> Iterator[Any]:
+    """The encoder cache (model.encoder_cache_mb): lookups by outcome, what it holds."""
+    if not cache:
+        return
+    lookups = CounterMetricFamily("edge_encoder_cache_lookups", "Image encodings looked up by content, by "
+                                  "outcome (a hit is an encode saved)", labels=["outcome"])
+    lookups.add_metric(["hit"], cache["hits"])
+    lookups.add_metric(["miss"], cache["misses"])
+    yield lookups
+    yield GaugeMetricFamily("edge_encoder_cache_bytes", "Bytes of image embeddings the encoder cache holds",
+                            value=cache["bytes"])
+    yield GaugeMetricFamily("edge_encoder_cache_entries", "Image encodings the encoder cache holds",
+                            value=cache["entries"])
 
 
 def health_metrics(health: dict[str, Any] | None) -> Iterator[Any]:

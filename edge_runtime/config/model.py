@@ -74,6 +74,11 @@ class ModelConfig(Section):
     token_cache_bytes: int = Field(
         4 * 1024 * 1024, ge=0, le=1 << 30,
         description="Memory for tokenized prompt texts kept between inspections (bytes; LRU).")
+    encoder_cache_mb: int = Field(
+        64, ge=0, le=16384,
+        description="Memory for image embeddings kept by image content (MiB; LRU): a repeated API image, a "
+        "reference or a re-ask is encoded once. Keyed by the decoded pixels' sha256, the encoder's file and "
+        "settings, the crop and the image token budget. 0: off.")
 
     def flash_attention_on(self) -> bool:
         """Whether llama.cpp's contexts use fused attention (`flash_attention`, resolving auto)."""

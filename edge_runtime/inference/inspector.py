@@ -15,6 +15,7 @@ from edge_runtime.inference import engines  # noqa: F401
 
 # isort: split
 
+import dataclasses
 import json
 import logging
 import threading
@@ -36,6 +37,7 @@ from edge_runtime.core.bundle import Bundle, Manifest
 from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded  # moved there: used without the engines
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
 from edge_runtime.inference.llm.feed import Generation, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from edge_runtime.inference.llm.model import LanguageModel
@@ -79,10 +81,49 @@ class MediaEncoded(Encoded):
     parts: list[Segment] = field(default_factory=list)
 
 
+def check_crop(frame: np.ndarray, crop: Box) -> None:
+    """A crop box must lie inside the frame and hold at least one pixel (InputError naming `crop`)."""
+    x, y, w, h = crop
+    fh, fw = frame.shape[:2]
+    if w < 1 or h < 1 or x < 0 or y < 0 or x + w > fw or y + h > fh:
+        raise InputError(f"crop: [{x}, {y}, {w}, {h}] is not inside the {fw}x{fh} frame", field="crop")
+
+
+def encoded_bytes(enc: Encoded) -> int:
+    """What an encoding holds in memory: its embeddings, and for libmtmd its chunks' blocks and positions."""
+    total = enc.embeds.nbytes + 256
+    if isinstance(enc, MediaEncoded):
+        for part in enc.parts:
+            if isinstance(part, MediaEmbeds):
+                total += part.embeds.nbytes
+                total += sum(a.nbytes for a in (part.mrope, part.mrope_shift) if a is not None)
+            elif isinstance(part, np.ndarray):
+                total += part.nbytes
+            else:
+                total += 8 * len(part)
+    return total
+
+
+def freeze(enc: Encoded) -> Encoded:
+    """The encoding with its arrays read-only: the cache hands the same arrays to every hit."""
+    frozen(enc.embeds)
+    if isinstance(enc, MediaEncoded):
+        for part in enc.parts:
+            if isinstance(part, MediaEmbeds):
+                frozen(part.embeds)
+                for a in (part.mrope, part.mrope_shift):
+                    if a is not None:
+                        frozen(a)
+            elif isinstance(part, np.ndarray):
+                frozen(part)
+    return enc
+
+
 class Inspector:
     """One loaded bundle serving every camera and API request."""
 
-    def __init__(self, bundle: Bundle, settings: ModelConfig, device_id: str) -> None:
+    def __init__(self, bundle: Bundle, settings: ModelConfig, device_id: str,
+                 encoder_cache: EncoderCache[Encoded] | None = None) -> None:
         self.bundle = bundle
         self.settings = settings
         self.device_id = device_id
@@ -114,6 +155,10 @@ class Inspector:
                 assert vision_path is not None
                 self.vision = stack.enter_context(VisionEncoder(vision_path, onnx.vision.input, onnx.vision.output,
                                                                 settings.providers, settings.threads))
+            self.encoder_id = self._encoder_identity()
+            self.encoder_cache: EncoderCache[Encoded] = (
+                encoder_cache if encoder_cache is not None
+                else EncoderCache(settings.encoder_cache_mb * 1024 * 1024, encoded_bytes))
             self.default_prompt = settings.prompt or m.prompt.default
             self.max_tokens = settings.max_tokens or m.generation.max_tokens
             try:  # a schema the grammar cannot hold the model to, or the engine cannot take
@@ -159,7 +204,42 @@ class Inspector:
         self.inspect(np.full((height, width, 3), 127, np.uint8), camera="warmup")
         log.info("inspector: warmed up in %.0f ms", (time.perf_counter() - t0) * 1000)
 
-    def encode(self, frame: np.ndarray) -> Encoded:
+    def _encoder_identity(self) -> str:
+        """What, besides the pixels, crop and token budget, decides this encoder's output."""
+        m = self.bundle.manifest
+        if self.mtmd is not None:
+            assert m.mtmd is not None and not isinstance(m, Manifest)
+            return (f"mtmd:{m.files.mmproj.sha256}:{m.files.language.sha256}:"
+                    f"gpu={int(not self.mtmd.on_cpu)}:{m.mtmd.projector}")
+        assert isinstance(m, Manifest) and self.vision is not None
+        fp16 = self.settings.vision_precision == "fp16" and m.files.vision_fp16 is not None
+        vision = m.files.vision_fp16 if fp16 and m.files.vision_fp16 is not None else m.files.vision
+        return f"onnx:{vision.sha256}:{','.join(self.vision.providers)}:{m.preprocess.model_dump_json()}"
+
+    @property
+    def image_budget(self) -> int:
+        """The image token budget the encoder runs under (libmtmd's image_max_tokens; 0: fixed)."""
+        return self.mtmd.image_max_tokens if self.mtmd is not None else 0
+
+    def encode(self, frame: np.ndarray, crop: Box | None = None) -> Encoded:
+        """The frame's (or its `crop`'s) image embeddings: from the encoder cache when these pixels were
+        encoded the same way before (encoder_cache.py), else encoded and kept."""
+        t0 = time.perf_counter()
+        if crop is not None:
+            check_crop(frame, crop)
+        key = EncodeKey(pixels_digest(frame), self.encoder_id, crop, self.image_budget)
+        t1 = time.perf_counter()
+        hit = self.encoder_cache.get(key) if self.encoder_cache.budget > 0 else None
+        if hit is not None:  # what the frame cost: hashing its pixels (preprocess), the lookup (encode)
+            return dataclasses.replace(hit, preprocess_ms=(t1 - t0) * 1000,
+                                       encode_ms=(time.perf_counter() - t1) * 1000)
+        x, y, w, h = crop if crop is not None else (0, 0, frame.shape[1], frame.shape[0])
+        enc = self._encode(frame[y:y + h, x:x + w])
+        if self.encoder_cache.budget > 0:
+            self.encoder_cache.put(key, freeze(enc))
+        return enc
+
+    def _encode(self, frame: np.ndarray) -> Encoded:
         if self.mtmd is not None:
             return self._encode_mtmd(frame)
         assert self.preprocessor is not None and self.vision is not None
