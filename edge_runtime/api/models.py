@@ -14,7 +14,7 @@ from edge_runtime.core.contracts import TIMESTAMP
 
 MAX_PROMPT_CHARS = 4000  # REST and trigger prompts: an inspection question, not a document
 MAX_MESSAGES = 64
-MAX_PARTS = 16
+MAX_PARTS = 512  # one message's parts: room for api.max_images_per_request (<= 256) images and text
 MAX_TEXT_CHARS = 262_144  # absolute cap on one OpenAI request's text; the context bound is usually lower
 CHARS_PER_TOKEN = 8  # generous: real text averages ~4, so a text over ctx*8 chars cannot fit
 INT64_MAX = 2**63 - 1

@@ -1,6 +1,7 @@
 """OpenAI-compatible `/v1/chat/completions` and `/v1/models`, as vLLM and llama.cpp's server accept them.
 
-Messages carry text and `image_url` parts (data URLs; http(s) only when enabled). The conversation is
+Messages carry text and `image_url` parts (data URLs; http(s) only when enabled; several in order with a
+GGUF + mmproj bundle, bounded before any is decoded). The conversation is
 laid into the bundle's prompt template with the image embeddings at its image slot. `response_format`
 json_schema/json_object constrain the output with the same strict grammar as inspections.
 """
@@ -122,12 +123,32 @@ def _check_text(messages: list[Message], context: int) -> None:
                       f"takes at most about {limit}")
 
 
-def _conversation(messages: list[Message], rails: Rails, rid: str
-                  ) -> tuple[str | None, str, tuple[bytes, str] | None]:
-    """(system text, conversation text for the prompt slot, the image bytes and their field if any)."""
+def _image_fields(messages: list[Message]) -> list[tuple[ContentPart, str]]:
+    """Every image_url part with its field, in order."""
+    return [(part, f"messages.{i}.content.{j}.image_url.url")
+            for i, m in enumerate(messages) if not isinstance(m.content, str)
+            for j, part in enumerate(m.content or []) if part.type == "image_url" and part.image_url is not None]
+
+
+def _check_image_count(messages: list[Message], several: bool, limit: int) -> None:
+    """Refuse too many images, or several where the model takes one, before any is fetched or decoded."""
+    fields = [f for _, f in _image_fields(messages)]
+    if len(fields) > limit:
+        raise invalid(fields[limit], f"the request has {len(fields)} images; at most {limit} are taken "
+                      "(api.max_images_per_request)")
+    if len(fields) > 1 and not several:
+        raise invalid(fields[1], "this model takes one image per request (an ONNX-encoder bundle; several "
+                      "images need a GGUF + mmproj bundle, docs/models.md)")
+
+
+def _conversation(messages: list[Message], rails: Rails, rid: str, max_pixels: int
+                  ) -> tuple[str | None, str, list[tuple[bytes, str]]]:
+    """(system text, conversation text for the prompt slot, each image's bytes and field, in order).
+    The images' pixels, read from their headers, are bounded together by `max_pixels`."""
     system: list[str] = []
     turns: list[str] = []
-    image: tuple[bytes, str] | None = None
+    images: list[tuple[bytes, str]] = []
+    pixels = 0
     for i, m in enumerate(messages):
         parts = [ContentPart(type="text", text=m.content)] if isinstance(m.content, str) else (m.content or [])
         text = []
@@ -136,11 +157,14 @@ def _conversation(messages: list[Message], rails: Rails, rid: str
                 text.append(part.text)
             elif part.type == "image_url" and part.image_url is not None:
                 field = f"messages.{i}.content.{j}.image_url.url"
-                if image is not None:
-                    raise invalid(field, "this model takes one image per request")
                 data = _image_bytes(part.image_url.url, field)
-                rails.check_image(image_size(data), field, rid)  # from the header: nothing decoded yet
-                image = (data, field)
+                size = image_size(data)
+                rails.check_image(size, field, rid)  # from the header: nothing decoded yet
+                pixels += size[0] * size[1] if size is not None else 0
+                if pixels > max_pixels:
+                    raise ApiError(413, "image_too_large", f"{field}: the request's images declare {pixels} "
+                                   f"pixels together, more than api.max_request_pixels ({max_pixels})", field=field)
+                images.append((data, field))
         joined = "\n".join(text)
         if m.role in ("system", "developer"):
             system.append(joined)
@@ -148,7 +172,7 @@ def _conversation(messages: list[Message], rails: Rails, rid: str
             turns.append(f"Assistant: {joined}")
         else:
             turns.append(joined if len(messages) <= 2 else f"User: {joined}")
-    return ("\n".join(system) or None), "\n".join(turns), image
+    return ("\n".join(system) or None), "\n".join(turns), images
 
 
 @bp.post("/v1/chat/completions")
@@ -188,9 +212,11 @@ def _chat(ticket: Ticket) -> Any:
     rails = live_rails(d.config.rails)
     rewrites = rails.check_input(chat_request(req.messages, rid, req.model or info.name, schema_name(fmt)))
     rewrite_messages(req.messages, rewrites.texts)
-    system, prompt, image_bytes = _conversation(req.messages, rails, rid)
+    api = d.config.api
+    _check_image_count(req.messages, info.several_images, api.max_images_per_request)
+    system, prompt, image_bytes = _conversation(req.messages, rails, rid, api.max_request_pixels)
     system = "\n".join([s for s in (system, *rewrites.system) if s]) or None
-    frame = decode_upload(image_bytes[0], ticket, image_bytes[1]) if image_bytes is not None else None
+    frames = [decode_upload(data, ticket, field) for data, field in image_bytes]
     grammar = _grammar(fmt)
     max_tokens = asked or info.max_tokens
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
@@ -200,8 +226,9 @@ def _chat(ticket: Ticket) -> Any:
     temperature = req.temperature if req.temperature >= MIN_TEMPERATURE else 0.0
     deltas: queue.Queue[str | None] = queue.Queue()
     live = req.stream and not rails.output  # output rails hold a stream until the whole answer passed them
-    job = ChatJob(prompt, system, frame, grammar, max_tokens, temperature, req.top_p, seed, stops,
-                  on_text=deltas.put if live else None, on_end=lambda: deltas.put(None))
+    job = ChatJob(prompt, system, frames[0] if frames else None, grammar, max_tokens, temperature, req.top_p, seed,
+                  stops, on_text=deltas.put if live else None, on_end=lambda: deltas.put(None),
+                  more_images=frames[1:])
     future = submit(d.chat, job)
     created = int(time.time())
     if live:

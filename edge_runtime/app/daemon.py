@@ -246,7 +246,7 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
             return None
         return ModelInfo(str(inspector.bundle.manifest.name), inspector.model_name, inspector.ready,
                          inspector.max_tokens, self.config.model.context_size,
-                         inspector.bundle.manifest.verdict_schema)
+                         inspector.bundle.manifest.verdict_schema, inspector.several_images)
 
     def get_result(self, result_id: str) -> dict[str, Any] | None:
         return self.journal.get(result_id)

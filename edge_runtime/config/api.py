@@ -30,3 +30,11 @@ class ApiConfig(Section):
     connections_per_client: int = Field(
         64, ge=1, le=500, description="Most connections one client address may hold open; more are "
         "refused at once. 127.0.0.1 and ::1 are exempt (local health checks).")
+    max_images_per_request: int = Field(
+        8, ge=1, le=256, description="Most image_url parts one /v1/chat/completions request may carry (in order, "
+        "as llama.cpp's server and vLLM take them); more are a 400 naming the first part over the limit, "
+        "before any image is fetched or decoded.")
+    max_request_pixels: int = Field(
+        64_000_000, ge=1, le=1_000_000_000, description="Most pixels all images of one chat request may "
+        "declare together (read from their headers; each image is bounded by images.max_pixels too); more "
+        "are a 413 naming the image that crossed it, before any is decoded.")

@@ -93,6 +93,7 @@ class ModelInfo:
     max_tokens: int
     context_size: int
     verdict_schema: dict[str, Any]  # the JSON schema every verdict (and a reviewer's correction) follows
+    several_images: bool = False  # a prompt may hold several images (a GGUF + mmproj bundle)
 
 
 STATES = ("pending", "confirmed", "corrected")
@@ -170,6 +171,7 @@ class ChatJob:
     stops: list[str] = field(default_factory=list)
     on_text: Callable[[str], None] | None = None  # each decoded piece, as it is generated (streaming)
     on_end: Callable[[], None] | None = None  # once the job ran, whatever happened (ends a stream)
+    more_images: list[np.ndarray] = field(default_factory=list)  # the request's further images, in order
 
 
 @dataclass

@@ -119,6 +119,35 @@ def freeze(enc: Encoded) -> Encoded:
     return enc
 
 
+def media_parts(encs: Sequence[Encoded]) -> tuple[list[int], list[Segment], list[int]]:
+    """libmtmd encodings in order as (tokens before, segments, tokens after).
+
+    The projector's begin and end markers go with the text around the images, as
+    mtmd_helper_eval_chunks decodes them: two llama_decode calls fewer per image, and the first begin
+    marker joins the cached prefix. Between two images, one's end marker and the next one's begin
+    marker are one token run, as libmtmd tokenizes the (empty) text between two media markers."""
+    head: list[int] = []
+    middle: list[Segment] = []
+    tail: list[int] = []
+    for k, enc in enumerate(encs):
+        if not isinstance(enc, MediaEncoded):
+            raise InferenceError("this bundle's images are encoded by libmtmd: use Inspector.encode()")
+        parts = list(enc.parts)
+        begin: list[int] = []
+        end: list[int] = []
+        if parts and isinstance(first := parts[0], list):
+            begin, parts = first, parts[1:]
+        if parts and isinstance(last := parts[-1], list):
+            end, parts = last, parts[:-1]
+        if k == 0:
+            head = begin
+        elif tail or begin:
+            middle.append(tail + begin)
+        middle.extend(parts)
+        tail = end
+    return head, middle, tail
+
+
 class Inspector:
     """One loaded bundle serving every camera and API request."""
 
@@ -269,14 +298,26 @@ class Inspector:
         return MediaEncoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000,
                             parts=parts)
 
-    def sequence(self, prompt: str, enc: Encoded | None, system: str | None = None, field: str = "messages"
-                 ) -> tuple[list[int], ImagePart, list[int]]:
+    @property
+    def several_images(self) -> bool:
+        """Whether a prompt may hold several images: a GGUF + mmproj bundle's (libmtmd lays out any
+        number, each with its projector's markers); an ONNX-encoder bundle's template has one image slot."""
+        return self.mtmd is not None
+
+    def sequence(self, prompt: str, enc: Encoded | Sequence[Encoded] | None, system: str | None = None,
+                 field: str = "messages") -> tuple[list[int], ImagePart, list[int]]:
         """(prefix, image part, suffix) of one inspection: the prompt template with the image in place.
 
         Bundles with an image token (exported models) tokenize the whole prompt with the image
         expanded to image tokens, as the model's own processor does, then put an embedding at each
-        image token; the tokens before the first one are the cached prefix.
+        image token; the tokens before the first one are the cached prefix. Several encodings (a
+        GGUF + mmproj bundle only) go at the image slot in order, as libmtmd lays out one media
+        marker per image there.
         """
+        encs = [] if enc is None else [enc] if isinstance(enc, Encoded) else list(enc)
+        if len(encs) > 1 and not self.several_images:
+            raise InputError(f"{field}: this model ({self.bundle.kind} bundle) takes one image per request; "
+                             "several images need a GGUF + mmproj bundle (docs/models.md)", field=field)
         m = self.bundle.manifest
         p = m.prompt
         layout = m.vision.layout if isinstance(m, Manifest) else None
@@ -284,32 +325,22 @@ class Inspector:
             text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
             before, after = text.split(_IMAGE)
             prefix = self._tokenize(before, field)
-            image: ImagePart = None if enc is None else enc.embeds
+            image: ImagePart = encs[0].embeds if encs else None
             if self.mtmd is not None:  # the GGUF's own BOS (llama.cpp adds it where the vocabulary asks)
                 prefix = self.language.with_bos(prefix)
-                if enc is not None:
-                    if not isinstance(enc, MediaEncoded):
-                        raise InferenceError("this bundle's images are encoded by libmtmd: use Inspector.encode()")
-                    # The projector's begin and end markers go with the text around the image, as
-                    # mtmd_helper_eval_chunks decodes them: two llama_decode calls fewer per frame,
-                    # and the begin marker joins the cached prefix.
-                    parts = list(enc.parts)
-                    head: list[int] = []
-                    tail: list[int] = []
-                    if parts and isinstance(first := parts[0], list):
-                        head, parts = first, parts[1:]
-                    if parts and isinstance(last := parts[-1], list):
-                        tail, parts = last, parts[:-1]
+                if encs:
+                    head, parts, tail = media_parts(encs)
                     return prefix + head, parts, tail + self._tokenize(after, field)
             return prefix, image, self._tokenize(after, field)
         assert isinstance(m, Manifest)
-        image_text = "" if enc is None else image_prompt(layout, m.vision.image_tokens, enc.grid)
+        first = encs[0] if encs else None
+        image_text = "" if first is None else image_prompt(layout, m.vision.image_tokens, first.grid)
         ids = self._tokenize(
             p.template.format(system=p.system if system is None else system, image=image_text, prompt=prompt),
             field)
-        if enc is None:
+        if first is None:
             return ids, None, []
-        return split_at_image_tokens(ids, self._image_token, enc.embeds)
+        return split_at_image_tokens(ids, self._image_token, first.embeds)
 
     def _tokenize(self, text: str, field: str = "messages") -> list[int]:
         """The same prompt texts come back every frame (one per question and tile grid): tokenize once.
@@ -467,7 +498,8 @@ class Inspector:
         enc = w.encoded
         if enc is None and job.image is not None:
             enc = self.encode(job.image)  # not encoded ahead (overlap off, or a reload meanwhile)
-        prefix, image, suffix = self.sequence(job.prompt, enc, job.system)
+        encs = ([] if enc is None else [enc]) + [self.encode(img) for img in job.more_images]
+        prefix, image, suffix = self.sequence(job.prompt, encs, job.system)
         return Prompt(prefix, image, suffix, job.grammar, job.max_tokens or self.max_tokens,
                       Sampling(job.temperature, job.top_p, job.seed), tuple(job.stops), job.on_text, tag=(w, None))
 

@@ -1,0 +1,142 @@
+"""Several `image_url` parts in one /v1/chat/completions request, through the official `openai` client
+against a real daemon on the tiny Qwen2.5-VL pair (libmtmd); the bounds (api.max_images_per_request,
+api.max_request_pixels) refuse before any image is decoded; an ONNX-encoder bundle refuses a second
+image in one line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import jsonschema
+import numpy as np
+import pytest
+
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import Config
+from tests.support.images import encode
+from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+
+SCHEMA = {"type": "object", "properties": {"same": {"type": "boolean"}}, "required": ["same"],
+          "additionalProperties": False}
+MAX_PIXELS = 3 * 128 * 96 - 1  # two 128x96 images fit, a third does not
+
+
+def start(tmp: Path, bundle: Path) -> Daemon:
+    cfg = Config(device_id="images-test", data_dir=tmp / "data")
+    cfg.model.path = bundle
+    cfg.model.threads = 2
+    cfg.mqtt.enabled = False
+    cfg.api.port = 0
+    cfg.api.host = "127.0.0.1"
+    cfg.api.max_request_pixels = MAX_PIXELS
+    cfg.cameras = []
+    d = Daemon(cfg)
+    d.start()
+    return d
+
+
+@pytest.fixture(scope="module")
+def pair_daemon(tiny_pairs: Callable[[str], TinyPair], tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("images")
+    d = start(tmp, write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp / "bundle"))
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def openai_client(pair_daemon: Daemon) -> Iterator[Any]:
+    from openai import OpenAI
+    assert pair_daemon.api is not None
+    with OpenAI(base_url=f"http://127.0.0.1:{pair_daemon.api.port}/v1", api_key="unused", max_retries=0) as client:
+        yield client
+
+
+def data_url(image: np.ndarray) -> str:
+    return "data:image/png;base64," + base64.b64encode(encode(image, ".png")).decode()
+
+
+def png_header_only(width: int, height: int) -> str:
+    """A PNG whose header declares width x height and whose pixels are missing: decoding it fails,
+    reading its header does not."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr))
+    idat = struct.pack(">I", 4096) + b"IDAT" + b"\x78\x9c" + b"\x00" * 14  # cut short: no pixels follow
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + chunk + idat).decode()
+
+
+def images(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (96, 128, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def body(caught: pytest.ExceptionInfo[Any]) -> dict[str, Any]:
+    """The OpenAI error object of a refused request."""
+    return cast(dict[str, Any], caught.value.body)
+
+
+def ask(parts: list[dict[str, Any]]) -> Any:
+    return [{"role": "user", "content": [{"type": "text", "text": "Are the two parts the same?"}, *parts]}]
+
+
+def test_the_openai_client_sends_two_images_and_gets_a_schema_valid_answer(openai_client: Any,
+                                                                           pair_daemon: Daemon) -> None:
+    a, b = images(2, seed=31)
+    parts = [{"type": "image_url", "image_url": {"url": data_url(img)}} for img in (a, b)]
+    answer = openai_client.chat.completions.create(
+        model="default", messages=ask(parts), max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "same", "schema": SCHEMA}})
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    # Both images are in the prompt: the prompt is longer than with one of them.
+    one = openai_client.chat.completions.create(model="default", messages=ask(parts[:1]), max_tokens=4)
+    assert answer.usage.prompt_tokens > one.usage.prompt_tokens
+
+
+def test_64_images_are_a_400_naming_the_first_part_over_the_limit(openai_client: Any) -> None:
+    """Garbage data URLs: were any decoded first, the error would be about an unreadable image."""
+    import openai
+    parts = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}} for _ in range(64)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.chat.completions.create(model="default", messages=ask(parts), max_tokens=4)
+    error = body(caught)
+    assert error["param"] == "messages.0.content.9.image_url.url"  # the ninth image (part 0 is the text)
+    assert "api.max_images_per_request" in error["message"] and "64 images" in error["message"]
+
+
+def test_images_over_the_request_pixel_bound_are_a_413_before_decoding(openai_client: Any) -> None:
+    import openai
+    a, b = images(2, seed=32)
+    parts = [{"type": "image_url", "image_url": {"url": url}}
+             for url in (data_url(a), data_url(b), png_header_only(128, 96))]
+    with pytest.raises(openai.APIStatusError) as caught:
+        openai_client.chat.completions.create(model="default", messages=ask(parts), max_tokens=4)
+    assert caught.value.status_code == 413
+    assert body(caught)["param"] == "messages.0.content.3.image_url.url"
+    assert "api.max_request_pixels" in body(caught)["message"]
+
+
+@pytest.fixture(scope="module")
+def demo_daemon(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = start(tmp_path_factory.mktemp("demo"), demo_dir)
+    yield d
+    d.stop()
+
+
+def test_an_onnx_bundle_refuses_a_second_image_in_one_line(demo_daemon: Daemon) -> None:
+    from openai import BadRequestError, OpenAI
+    assert demo_daemon.api is not None
+    parts = [{"type": "image_url", "image_url": {"url": data_url(img)}} for img in images(2, seed=33)]
+    with OpenAI(base_url=f"http://127.0.0.1:{demo_daemon.api.port}/v1", api_key="unused", max_retries=0) as client, \
+            pytest.raises(BadRequestError) as caught:
+        client.chat.completions.create(model="default", messages=ask(parts), max_tokens=4)
+    assert body(caught)["param"] == "messages.0.content.2.image_url.url"
+    assert "one image per request" in body(caught)["message"]
+    assert "\n" not in body(caught)["message"]
