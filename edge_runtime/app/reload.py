@@ -38,6 +38,8 @@ LIVE = (
     "ota",  # read by the update agent, a separate process
     "rules", "rules_budget",  # re-evaluated from the next verdict on (verdicts.py)
     "rails",  # read per request by the API (api/rails.py)
+    "api.max_images_per_request", "api.max_request_pixels",  # read per request (api/openai.py)
+    "programs",  # references encoded again through the encoder cache (inspector.use_programs)
 )
 
 
@@ -63,6 +65,12 @@ def _is_live(key: str) -> bool:
 def _top(key: str) -> str:
     """Cameras are reported as one setting: the list's items have no stable dotted names."""
     return "cameras" if key.startswith("cameras") else key
+
+
+def _programs_changed(old: Config, new: Config) -> bool:
+    """Whether the inspection programs, or which camera runs which, differ."""
+    return old.programs != new.programs or ({c.name: c.program for c in old.cameras}
+                                            != {c.name: c.program for c in new.cameras})
 
 
 def describe_changes(old: Config, new: Config) -> Changes:
@@ -166,6 +174,13 @@ class Reloading:
                 old, self.inspector = self.inspector, fresh
                 if old is not None:
                     old.close()  # waits for the inspection in progress (inspector lock)
+        elif self.inspector is not None and _programs_changed(self.config, new):
+            try:  # references through the encoder cache: unchanged ones are not encoded again
+                self.inspector.use_programs(new.programs, new.cameras, new.images)
+            except EdgeRuntimeError as exc:
+                log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
+                new = new.model_copy(update={"programs": self.config.programs})
+                changes.applied = [k for k in changes.applied if not k.startswith("programs")]
         old_cams = {c.name: c for c in self.config.cameras}
         new_cams = {c.name: c for c in new.cameras}
         for name, cfg in old_cams.items():

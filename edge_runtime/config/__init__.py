@@ -12,6 +12,7 @@ from edge_runtime.config.journal import EvidenceConfig, JournalConfig
 from edge_runtime.config.model import DEFAULT_PROVIDERS, ModelConfig
 from edge_runtime.config.mqtt import HomeAssistantConfig, MqttConfig, TlsConfig
 from edge_runtime.config.ota import OtaConfig
+from edge_runtime.config.programs import ProgramConfig, ReferenceConfig
 from edge_runtime.config.rails import RailsConfig
 from edge_runtime.config.schema import (
            MAX_CONFIG_BYTES,
@@ -24,5 +25,6 @@ from edge_runtime.config.schema import (
 
 __all__ = ["DEFAULT_PROVIDERS", "MAX_CONFIG_BYTES", "ApiConfig", "CameraConfig", "Config", "CsiConfig",
            "EvidenceConfig", "GovernorConfig", "HomeAssistantConfig", "ImageLimits", "InspectionConfig",
-           "JetsonActions", "JournalConfig", "ModelConfig", "MqttConfig", "OtaConfig", "RailsConfig", "TlsConfig",
+           "JetsonActions", "JournalConfig", "ModelConfig", "MqttConfig", "OtaConfig", "ProgramConfig", "RailsConfig",
+           "ReferenceConfig", "TlsConfig",
            "TriggerConfig", "config_schema", "default_data_dir", "load_config", "parse_config"]

@@ -44,6 +44,8 @@ class CameraConfig(Section):
     roi: tuple[int, int, int, int] | None = Field(
         None, description="Region of interest [x, y, width, height] cropped before inspection.")
     prompt: str | None = Field(None, description="Inspection question for this camera.")
+    program: str | None = Field(None, pattern=NAME, description="The inspection program (under programs:) "
+                                "whose references go before this camera's frames.")
     remote: bool = Field(False, description="Inspect every frame on the central server (offload:).")
     trigger: TriggerConfig = Field(default_factory=TriggerConfig, description="When to inspect.")
     open_timeout_s: float = Field(10, gt=0, description="Give up opening a stream after this long.")

@@ -7,6 +7,7 @@ fresh machine (the demo bundle, CPU, loopback API).
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from edge_runtime.config.api import ApiConfig
-from edge_runtime.config.base import DEVICE_ID, Section
+from edge_runtime.config.base import DEVICE_ID, NAME, Section
 from edge_runtime.config.cameras import CameraConfig
 from edge_runtime.config.governor import GovernorConfig
 from edge_runtime.config.inspection import ImageLimits, InspectionConfig
@@ -26,6 +27,7 @@ from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.config.ota import OtaConfig
+from edge_runtime.config.programs import ProgramConfig, check_references
 from edge_runtime.config.rails import RailsConfig
 from edge_runtime.config.rules import Rule, RulesBudget, validate_rules
 from edge_runtime.core.errors import ConfigError
@@ -57,6 +59,9 @@ class Config(Section):
     offload: OffloadConfig = Field(default_factory=OffloadConfig,
                                    description="Offload and escalation to central servers (docs/scale-out.md).")
     evidence: EvidenceConfig = Field(default_factory=EvidenceConfig, description="Images kept with verdicts.")
+    programs: dict[str, ProgramConfig] = Field(
+        default_factory=dict, max_length=64, description="Inspection programs by name (references before the "
+        "frame); a camera names one with `program` (docs/inspection.md).")
     rules: list[Rule] = Field(default_factory=list, max_length=100, description="Rules evaluated on every "
                               "verdict (docs/inspection.md).")
     rules_budget: RulesBudget = Field(default_factory=RulesBudget, description="What all rules together may "
@@ -86,6 +91,20 @@ class Config(Section):
         if reserved:
             raise ValueError(f"camera name {reserved[0]!r} is reserved: results of REST uploads and chat "
                              "requests carry it")
+        return self
+
+    @model_validator(mode="after")
+    def _programs_exist_and_read(self) -> Config:
+        for name in self.programs:
+            if not re.fullmatch(NAME, name):
+                raise ValueError(f"programs.{name[:64]}: a program name is 1-48 letters, digits, '_' or '-'")
+        users: dict[str, list[str]] = {}
+        for cam in self.cameras:
+            if cam.program is not None:
+                if cam.program not in self.programs:
+                    raise ValueError(f"cameras.{cam.name}.program: no program {cam.program!r} under programs:")
+                users.setdefault(cam.program, []).append(cam.name)
+        check_references(self.programs, users, self.images)
         return self
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -32,18 +32,20 @@ import numpy as np
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from edge_runtime.config import ModelConfig
+from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
+from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.bundle import Bundle, Manifest
 from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded  # moved there: used without the engines
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
-from edge_runtime.inference.llm.feed import Generation, ImagePart, Segment
+from edge_runtime.inference.llm.feed import Generation, Head, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
+from edge_runtime.inference.programs import LoadedProgram, load_programs
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
 from edge_runtime.inference.token_cache import TokenCache
 from edge_runtime.inference.vision import Preprocessor, VisionEncoder
@@ -201,6 +203,8 @@ class Inspector:
             self._rules: OrderedDict[str, VerdictRules] = OrderedDict()  # per-request schemas (verdict_rules)
             self._rules_lock = threading.Lock()
             self._token_cache = TokenCache(settings.token_cache_bytes)
+            # Inspection programs (programs.py): by name, and the one each camera names; replaced whole.
+            self._programs: tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]] = ({}, {})
             self.max_prompt_bytes = self.language.n_ctx * self.language.max_token_bytes
             self._image_token = -1
             if onnx is not None and onnx.vision.layout is not None:
@@ -342,6 +346,31 @@ class Inspector:
             return ids, None, []
         return split_at_image_tokens(ids, self._image_token, first.embeds)
 
+    def use_programs(self, programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig],
+                     limits: ImageLimits) -> None:
+        """Load the config's inspection programs: every reference read and encoded (through the encoder
+        cache: a reload with the same references encodes nothing). All or nothing: on a ConfigError
+        (one line naming the program and the file) the programs in use stay."""
+        self._programs = load_programs(programs, cameras, limits, self.encode, self.several_images,
+                                       self.bundle.name)
+
+    def program_of(self, camera: str) -> LoadedProgram | None:
+        return self._programs[1].get(camera)
+
+    def frame_sequence(self, camera: str, prompt: str, enc: Encoded, field: str = "prompt"
+                       ) -> tuple[Head, ImagePart, list[int]]:
+        """A camera's frame as a prompt: under its program (references before the frame, all of it up
+        to the frame one shared `Prefix`), or the plain layout of `sequence`."""
+        program = self._programs[1].get(camera)
+        if program is None or not program.references:
+            return self.sequence(prompt, enc, field=field)
+        p = self.bundle.manifest.prompt
+        before, after = p.template.format(system=p.system, image=_IMAGE, prompt=prompt).split(_IMAGE)
+        begin, parts, end = media_parts([enc])
+        prefix = program.prefix(before, begin, lambda text: self._tokenize(text, field), self.language.with_bos,
+                                media_parts)
+        return prefix, parts, end + self._tokenize(after, field)
+
     def _tokenize(self, text: str, field: str = "messages") -> list[int]:
         """The same prompt texts come back every frame (one per question and tile grid): tokenize once.
 
@@ -373,7 +402,7 @@ class Inspector:
         self.language.check_grammar(grammar)
         return grammar
 
-    def generate(self, prefix: list[int], image: ImagePart, suffix: list[int],
+    def generate(self, prefix: Head, image: ImagePart, suffix: list[int],
                  grammar: str | None, max_tokens: int, sampling: Sampling = GREEDY,
                  on_text: Callable[[str], None] | None = None, stop: list[str] | None = None) -> Generation:
         with self._lock:
@@ -424,7 +453,7 @@ class Inspector:
         enc = encoded or self.encode(frame)
         t0 = time.perf_counter()
         question = prompt or self.default_prompt
-        prefix, image, suffix = self.sequence(question, enc, field="prompt")
+        prefix, image, suffix = self.frame_sequence(camera, question, enc)
         gen = self.generate(prefix, image, suffix, rules.grammar, self.max_tokens)
         return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0, rules)
 
@@ -441,7 +470,8 @@ class Inspector:
             except SchemaRefused as exc:
                 out[i] = exc
                 continue
-            prompts.append(Prompt(*self.sequence(question, job.encoded), rules.grammar, self.max_tokens))
+            prompts.append(Prompt(*self.frame_sequence(job.camera, question, job.encoded), rules.grammar,
+                                  self.max_tokens))
             ruled.append((i, rules))
         gens = self.generate_batch(prompts, self.grammar, self.max_tokens) if prompts else []
         for (i, rules), gen in zip(ruled, gens, strict=True):
@@ -492,7 +522,7 @@ class Inspector:
         if isinstance(w, BatchJob):
             rules = self.verdict_rules(w.schema)
             question = w.prompt or self.default_prompt
-            return Prompt(*self.sequence(question, w.encoded, field="prompt"), rules.grammar, self.max_tokens,
+            return Prompt(*self.frame_sequence(w.camera, question, w.encoded), rules.grammar, self.max_tokens,
                           tag=(w, rules))
         job = w.job
         enc = w.encoded

@@ -52,4 +52,10 @@ def open_inspector(config: Config, model_dir: str | None) -> Inspector:
         from edge_runtime.inference.memory_fit import check_fit
 
         check_fit(bundle, config, gpu_offload=bool(engine_info()["gpu_offload"]))
-    return on_passing_thread(Inspector, bundle, config.model, config.device_id, name="model-load")
+    inspector = on_passing_thread(Inspector, bundle, config.model, config.device_id, name="model-load")
+    try:  # the programs' references, encoded once (a missing or unusable one: one ConfigError line)
+        inspector.use_programs(config.programs, config.cameras, config.images)
+    except BaseException:
+        inspector.close()
+        raise
+    return inspector

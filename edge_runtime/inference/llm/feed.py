@@ -45,6 +45,46 @@ Segment = np.ndarray | list[int] | MediaEmbeds
 ImagePart = np.ndarray | Sequence[Segment] | None
 
 
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """A prompt's fixed head that holds images besides tokens (an inspection program's system text,
+    reference images and captions): its KV is decoded once and kept, reused and copied between slots
+    like a token prefix. `len()` is the positions it takes (where the rest of the prompt starts, what
+    a slot is cut back to); `cells` the KV cells it fills. Two prefixes with one `key` hold the same KV."""
+
+    key: str
+    segments: tuple[Segment, ...]
+
+    def __len__(self) -> int:
+        return sum(seg.n_pos if isinstance(seg, MediaEmbeds) else len(seg) for seg in self.segments)
+
+    @property
+    def cells(self) -> int:
+        return sum(len(seg) for seg in self.segments)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Prefix) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+Head = list[int] | Prefix  # what comes before a prompt's image: tokens, or a Prefix holding images too
+
+
+def head_cells(head: Head) -> int:
+    """KV cells the head fills (a Prefix's images may fill more cells than they take positions)."""
+    return head.cells if isinstance(head, Prefix) else len(head)
+
+
+def head_tokens(head: Head) -> list[int]:
+    """The head's token ids where it is plain tokens; a Prefix's text pieces run together (what a
+    text-only draft model reads of it)."""
+    if isinstance(head, Prefix):
+        return [t for seg in head.segments if isinstance(seg, list) for t in seg]
+    return head
+
+
 def image_segments(image: ImagePart) -> list[Segment]:
     if image is None:
         return []
@@ -84,6 +124,12 @@ class Feed:
             else:
                 pos = self.token_ids(ctx, seg, pos, last, seq)
         return pos
+
+    def head(self, ctx: Context, head: Head, seq: int = 0) -> int:
+        """A prompt's head at positions 0.. of `seq` (no logits kept); returns the next position."""
+        if isinstance(head, Prefix):
+            return self.segments(ctx, [s for s in head.segments if len(s)], 0, False, seq)
+        return self.token_ids(ctx, head, 0, False, seq)
 
     def token_ids(self, ctx: Context, tokens: list[int], pos: int, want_last_logits: bool, seq: int = 0) -> int:
         """Decode `tokens` at positions pos.. of sequence `seq`; return the next position."""

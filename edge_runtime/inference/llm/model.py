@@ -21,7 +21,16 @@ import numpy as np
 from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
 from edge_runtime.inference.llm.draft import Drafter
-from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, Segment, image_segments
+from edge_runtime.inference.llm.feed import (
+    Feed,
+    Generation,
+    Head,
+    ImagePart,
+    Prefix,
+    Segment,
+    head_cells,
+    image_segments,
+)
 from edge_runtime.inference.llm.handles import Context, Llama, Model, Vocab
 from edge_runtime.inference.llm.parallel import Admit, Finished, Item, ParallelSequences, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
@@ -48,7 +57,7 @@ class LanguageModel:
         self.n_batch = batch_size
         self.threads = threads
         self.reuse_prefix = reuse_prefix
-        self._cached_prefix: list[int] = []
+        self._cached_prefix: Head = []
         self._llm: Llama | None = None
         self.drafter: Drafter | None = None
         with ExitStack() as stack:
@@ -156,7 +165,7 @@ class LanguageModel:
         return [bos, *prefix]
 
     # -- per-stage API: prefill, then generate from the logits it left ---------------------------
-    def prefill(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int = 1) -> tuple[int, int]:
+    def prefill(self, prefix: Head, image: ImagePart, suffix: list[int], max_tokens: int = 1) -> tuple[int, int]:
         """Decode the prompt into the main context (reusing the cached prefix when it matches), leaving
         the logits of its last token; return (prompt tokens, prompt tokens whose KV cache was reused)."""
         prefix, segments, suffix = self._check_prompt(prefix, image, suffix, max_tokens)
@@ -176,7 +185,7 @@ class LanguageModel:
         return self.feed.token_ids(self.ctx, tokens, pos, want_last_logits)
 
     def generate(
-        self, prefix: list[int], image: ImagePart, suffix: list[int],
+        self, prefix: Head, image: ImagePart, suffix: list[int],
         grammar: str | None, max_tokens: int, sampling: Sampling | None = None,
         on_text: Callable[[str], None] | None = None, stop: list[str] | None = None,
     ) -> Generation:
@@ -240,7 +249,7 @@ class LanguageModel:
             raise outcome[0]
         return outcome[0]
 
-    def prompt_logits(self, prefix: list[int], image: ImagePart, suffix: list[int]) -> np.ndarray:
+    def prompt_logits(self, prefix: Head, image: ImagePart, suffix: list[int]) -> np.ndarray:
         """The logits after the whole prompt (a copy): what the first generated token is chosen from."""
         self.prefill(prefix, image, suffix)
         return self.ctx.logits_ith(-1).copy()
@@ -283,10 +292,10 @@ class LanguageModel:
         more = None if admit is None else (lambda n: checked(admit(n)))
         return self.parallel.serve(checked(prompts), finished, more)
 
-    def _check_prompt(self, prefix: list[int], image: ImagePart, suffix: list[int], max_tokens: int
-                      ) -> tuple[list[int], list[Segment], list[int]]:
+    def _check_prompt(self, prefix: Head, image: ImagePart, suffix: list[int], max_tokens: int
+                      ) -> tuple[Head, list[Segment], list[int]]:
         segments = image_segments(image)
-        prompt_tokens = len(prefix) + sum(len(seg) for seg in segments) + len(suffix)
+        prompt_tokens = head_cells(prefix) + sum(len(seg) for seg in segments) + len(suffix)
         if prompt_tokens >= self.n_ctx:
             raise InputError(f"messages: the prompt is {prompt_tokens} tokens, the context holds "
                              f"{self.n_ctx}", field="messages")
@@ -294,7 +303,7 @@ class LanguageModel:
             raise InputError(f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
                              f"exceeds the context size {self.n_ctx}; at most {self.n_ctx - prompt_tokens} "
                              "fit", field="max_tokens")
-        for seg in segments:
+        for seg in [*segments, *(prefix.segments if isinstance(prefix, Prefix) else ())]:
             if isinstance(seg, np.ndarray) and self.mrope:
                 raise InferenceError("this language model uses M-RoPE: its images must come from libmtmd "
                                      "(MediaEmbeds with positions), not as a bare embedding block")
@@ -302,12 +311,14 @@ class LanguageModel:
                 raise InferenceError(f"image embeddings are {seg.shape[1]} wide, the language "
                                      f"model expects {self.n_embd}")
         if not suffix and not segments:
+            if isinstance(prefix, Prefix):
+                raise InferenceError("a prompt with a fixed Prefix needs a suffix (the last token's logits)")
             if not prefix:
                 raise InferenceError("the prompt is empty")
             prefix, suffix = prefix[:-1], prefix[-1:]  # the last prompt token must yield logits
         return prefix, segments, suffix
 
-    def _prefill_prefix(self, prefix: list[int]) -> int:
+    def _prefill_prefix(self, prefix: Head) -> int:
         """Reuse the cached prefix KV when the prompt starts the same way; return tokens reused."""
         ctx = self.ctx
         if self.reuse_prefix and prefix and prefix == self._cached_prefix:
@@ -316,8 +327,8 @@ class LanguageModel:
                 return len(prefix)
         ctx.memory_clear()
         self._cached_prefix = []
-        self.feed.token_ids(self.ctx, prefix, 0, want_last_logits=False)
-        self._cached_prefix = list(prefix)
+        self.feed.head(self.ctx, prefix)
+        self._cached_prefix = prefix if isinstance(prefix, Prefix) else list(prefix)
         return 0
 
     def borrow_candidates(self) -> Candidates:

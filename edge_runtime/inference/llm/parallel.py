@@ -41,7 +41,7 @@ import numpy as np
 
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.inference.llm.draft import Drafter
-from edge_runtime.inference.llm.feed import Feed, Generation, ImagePart, image_segments
+from edge_runtime.inference.llm.feed import Feed, Generation, Head, ImagePart, Prefix, head_cells, image_segments
 from edge_runtime.inference.llm.handles import Context, Model
 from edge_runtime.inference.llm.picker import GREEDY, PickerHost, Sampling, TokenPicker
 
@@ -53,14 +53,14 @@ _PARALLEL_PICK_VOCAB = 16_384
 _MIN_SLOTS = 4
 _MIN_SLOT_CELLS = 512  # a slot's KV room at least, so a short chat can join a batch of short verdicts
 
-Item = tuple[list[int], ImagePart, list[int]]
+Item = tuple[Head, ImagePart, list[int]]
 
 
 @dataclass
 class Prompt:
     """One sequence to generate and how: its grammar, sampling, length, stop strings and stream."""
 
-    prefix: list[int]
+    prefix: Head
     image: ImagePart
     suffix: list[int]
     grammar: str | None
@@ -72,7 +72,8 @@ class Prompt:
 
     def cells(self) -> int:
         """KV cells the whole sequence may take: prompt plus answer."""
-        return len(self.prefix) + sum(len(s) for s in image_segments(self.image)) + len(self.suffix) + self.max_tokens
+        return (head_cells(self.prefix) + sum(len(s) for s in image_segments(self.image)) + len(self.suffix)
+                + self.max_tokens)
 
 
 # Called once for every prompt served (first or joined): its Generation, or why it failed.
@@ -159,7 +160,7 @@ class ParallelSequences:
         self.lm = lm
         self._ctx: Context | None = None
         self._slot_cells = 0  # KV cells each slot may take in the current context
-        self._holds: list[list[int] | None] = []  # per slot: the prefix its KV holds at 0..len
+        self._holds: list[Head | None] = []  # per slot: the prefix its KV holds at 0..len
         self._pool: ThreadPoolExecutor | None = None
         self.pick_threads: bool | None = None  # None: the engine's choice (above); benchmarks force it
         self.joined = 0  # prompts that joined a batch already running
@@ -291,7 +292,7 @@ class ParallelSequences:
         seq.t_decode = time.perf_counter()
         seq.calls0, seq.llama0 = feed.decode_calls, feed.decode_s
 
-    def _place_prefix(self, slot: int, prefix: list[int]) -> int:
+    def _place_prefix(self, slot: int, prefix: Head) -> int:
         """Make `slot` hold `prefix` at positions 0..len: kept, copied from another slot, or decoded.
         Returns the prefix tokens not decoded."""
         ctx, holds = self._live_ctx, self._holds
@@ -311,8 +312,8 @@ class ParallelSequences:
                 self.prefix_copies += 1
                 return len(prefix)
             ctx.memory_seq_rm(slot, 0, -1)
-        self.lm.feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=slot)
-        holds[slot] = list(prefix)
+        self.lm.feed.head(ctx, prefix, seq=slot)
+        holds[slot] = prefix if isinstance(prefix, Prefix) else list(prefix)
         return 0
 
     def _end(self, seq: _Running, finish: str, finished: Finished) -> None:
@@ -402,7 +403,10 @@ class ParallelSequences:
         if n <= 0:
             return False
         try:
-            drafts = drafter.propose(seq, (p.prefix, image_segments(p.image), p.suffix), seq.ids, n, seq.picker)
+            # A Prefix holding images goes to the draft as segments (it keeps no KV of its own for it).
+            head, segs = (([], [*p.prefix.segments, *image_segments(p.image)]) if isinstance(p.prefix, Prefix)
+                          else (p.prefix, image_segments(p.image)))
+            drafts = drafter.propose(seq, (head, segs, p.suffix), seq.ids, n, seq.picker)
         except Exception:  # noqa: BLE001 - the draft's own failure (its context full, a decode error) is no
             # reason to fail the answer: this step runs without guesses, the draft starts over next time
             drafter.failed()
@@ -477,17 +481,17 @@ class ParallelSequences:
         `serve` does; without it every sequence decodes its own prefix. A difference from the
         one-at-a-time context here comes from the context (unified KV, shared-prefix copy, size)."""
         feed = self.lm.feed
-        own = [len(pre) + sum(len(s) for s in image_segments(im)) + len(sf) + 1 for pre, im, sf in items]
+        own = [head_cells(pre) + sum(len(s) for s in image_segments(im)) + len(sf) + 1 for pre, im, sf in items]
         ctx = self._context(len(items), max(own))
         self._forget()
         if copy_prefix:
-            feed.token_ids(ctx, items[0][0], 0, want_last_logits=False, seq=0)
+            feed.head(ctx, items[0][0], seq=0)
             for seq in range(1, len(items)):
                 ctx.memory_seq_cp(0, seq)
         logits = []
         for seq, (prefix, image, suffix) in enumerate(items):
             if not copy_prefix:
-                feed.token_ids(ctx, prefix, 0, want_last_logits=False, seq=seq)
+                feed.head(ctx, prefix, seq=seq)
             p = feed.segments(ctx, image_segments(image), len(prefix), want_last_logits=not suffix, seq=seq)
             feed.token_ids(ctx, suffix, p, want_last_logits=True, seq=seq)
             logits.append(ctx.logits_ith(-1).copy())

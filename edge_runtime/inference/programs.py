@@ -1,0 +1,121 @@
+"""Inspection programs as the inspector holds them: each reference read, bounded and encoded once
+(through the encoder cache), and the fixed prefix they make (system text, then each reference's
+caption and image, then the frame's introduction) built once per program and system text.
+
+The prompt of a frame under a program (at the template's image slot, libmtmd's markers around each
+image, as `mtmd_tokenize` lays out one media marker per image):
+
+    {text before the image}Reference (golden OK sample):
+    <image>
+    Reference (known NOK: missing screw):
+    <image>
+    Image to inspect:
+    <frame>{question and the rest of the template}
+
+Everything up to the frame is a `Prefix` (llm/feed.py): its KV is decoded once and reused by every
+frame of every camera that shares it (kept in a parallel slot, copied to the others).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edge_runtime.config import CameraConfig, ImageLimits
+from edge_runtime.config.programs import ProgramConfig
+from edge_runtime.core.contracts import Encoded
+from edge_runtime.core.errors import ConfigError, ImageError, InputError
+from edge_runtime.core.images import read_image_file
+from edge_runtime.inference.llm.feed import Prefix, Segment
+
+REFERENCE_TEXT = "Reference ({caption}):\n"
+BETWEEN_TEXT = "\n"  # after each image, before the next caption
+FRAME_TEXT = "Image to inspect:\n"
+_PREFIXES_KEPT = 8  # per program: one per system text in use (cameras share the bundle's)
+_uids = itertools.count(1)
+
+# What a program needs of the inspector: libmtmd encodings split into (begin tokens, segments, end tokens).
+Split = Callable[[Sequence[Encoded]], tuple[list[int], list[Segment], list[int]]]
+
+
+@dataclass(frozen=True)
+class Reference:
+    caption: str
+    path: Path
+    encoded: Encoded
+
+
+@dataclass
+class LoadedProgram:
+    """One program with its references encoded; `uid` tells its prefix's KV apart from an older
+    load of the same name (a reload with a changed reference never reuses the old KV)."""
+
+    name: str
+    references: tuple[Reference, ...]
+    uid: int = field(default_factory=lambda: next(_uids))
+    _prefixes: dict[tuple[str, tuple[int, ...]], Prefix] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def prefix(self, before: str, frame_begin: list[int], tokenize: Callable[[str], list[int]],
+               with_bos: Callable[[list[int]], list[int]], split: Split) -> Prefix:
+        """The fixed head of a frame's prompt: `before` (the template's text before the image slot)
+        then the references, ending with the frame's begin marker. Built once per `before` and
+        marker; the text between two images is tokenized as one string, as libmtmd tokenizes it."""
+        key = (before, tuple(frame_begin))
+        with self._lock:
+            found = self._prefixes.get(key)
+        if found is not None:
+            return found
+        segments: list[Segment] = []
+        text, run = before, list[int]()
+        for ref in self.references:
+            begin, middle, end = split([ref.encoded])
+            tokens = tokenize(text + REFERENCE_TEXT.format(caption=ref.caption))
+            segments.append((with_bos(tokens) if not segments else run + tokens) + begin)
+            segments.extend(middle)
+            text, run = BETWEEN_TEXT, end
+        tokens = tokenize(text + FRAME_TEXT)
+        segments.append((with_bos(tokens) if not segments else run + tokens) + frame_begin)
+        digest = hashlib.sha256(repr((key, [list(s) for s in segments if isinstance(s, list)])).encode())
+        built = Prefix(f"program:{self.name}:{self.uid}:{digest.hexdigest()[:16]}",
+                       tuple(s for s in segments if len(s)))
+        with self._lock:
+            if len(self._prefixes) >= _PREFIXES_KEPT:
+                self._prefixes.pop(next(iter(self._prefixes)))
+            self._prefixes[key] = built
+        return built
+
+
+def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], limits: ImageLimits,
+                  encode: Callable[[np.ndarray], Encoded], several_images: bool, bundle: str
+                  ) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
+    """(programs by name, the program of each camera that names one); ConfigError in one line naming
+    the program, its cameras and the reference file that cannot be used."""
+    users: dict[str, list[str]] = {}
+    for cam in cameras:
+        if cam.program is not None:
+            users.setdefault(cam.program, []).append(cam.name)
+    loaded: dict[str, LoadedProgram] = {}
+    for name, cfg in programs.items():
+        used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
+        if cfg.references and not several_images:
+            raise ConfigError(f"programs.{name}{used}: references need a bundle that takes several images "
+                              f"(a GGUF + mmproj pair); {bundle} takes one (docs/models.md)")
+        refs = []
+        for i, ref in enumerate(cfg.references):
+            try:
+                frame = read_image_file(ref.image, limits.max_pixels, limits.min_side, int(limits.max_file_mb * 2**20))
+                enc = encode(frame)
+            except (ImageError, InputError) as exc:
+                why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")
+                raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
+            refs.append(Reference(ref.caption, ref.image, enc))
+        loaded[name] = LoadedProgram(name, tuple(refs))
+    by_camera = {cam.name: loaded[cam.program] for cam in cameras if cam.program is not None and cam.program in loaded}
+    return loaded, by_camera

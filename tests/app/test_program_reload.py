@@ -1,0 +1,73 @@
+"""Inspection programs in a running daemon (tiny Qwen2.5-VL pair): the references are encoded at start,
+a camera's verdict runs under its program, a reload with a corrupt reference is refused in one line and
+the running program keeps serving, and a reload that only changes a caption encodes nothing again
+(the references come from the encoder cache)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, Config, ProgramConfig, ReferenceConfig, TriggerConfig
+from edge_runtime.core.errors import EdgeRuntimeError
+from tests.support.images import encode
+from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+from tests.support.waiting import wait_for
+
+
+def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    rng = np.random.default_rng(51)
+    images = [rng.integers(0, 256, (96, 128, 3), dtype=np.uint8) for _ in range(3)]
+    paths = []
+    for i, img in enumerate(images):
+        paths.append(tmp_path / f"img{i}.png")
+        paths[-1].write_bytes(encode(img, ".png"))
+    cfg = Config(device_id="programs-test", data_dir=tmp_path / "data")
+    cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="belt", source=str(paths[2]), program="housing",
+                                trigger=TriggerConfig(mode="on_demand"))]
+    cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=paths[0], caption="golden OK sample"),
+                                                         ReferenceConfig(image=paths[1], caption="known NOK")])}
+    path = tmp_path / "edge.yaml"
+    path.write_text(cfg.model_dump_json())
+    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
+    daemon.start()
+    try:
+        ins = daemon.inspector
+        assert ins is not None
+        program = ins.program_of("belt")
+        assert program is not None and [r.caption for r in program.references] == ["golden OK sample", "known NOK"]
+        wait_for(lambda: daemon.rigs["belt"].camera.slot.peek() is not None, what="the camera's first frame")
+        result = daemon.trigger("belt").result(timeout=60)
+        assert set(result.verdict) == {"defect", "category"}
+
+        data = json.loads(path.read_text())
+        broken = tmp_path / "broken.png"
+        broken.write_bytes(paths[0].read_bytes()[:50])
+        data["programs"]["housing"]["references"][1]["image"] = str(broken)
+        path.write_text(json.dumps(data))
+        with pytest.raises(EdgeRuntimeError, match="reload refused") as caught:
+            daemon.reload()
+        assert f"references.1.image {broken}" in str(caught.value) and "\n" not in str(caught.value)
+        assert ins.program_of("belt") is program  # the old program keeps running
+        assert daemon.trigger("belt").result(timeout=60).verdict == result.verdict
+
+        misses = ins.encoder_cache.stats()["misses"]
+        data["programs"]["housing"]["references"][1] = {"image": str(paths[1]), "caption": "known NOK: missing screw"}
+        path.write_text(json.dumps(data))
+        assert any(k.startswith("programs") for k in daemon.reload()["applied"])
+        fresh = ins.program_of("belt")
+        assert fresh is not None and fresh is not program and fresh.references[1].caption == "known NOK: missing screw"
+        assert ins.encoder_cache.stats()["misses"] == misses  # both references were cache hits
+        daemon.trigger("belt").result(timeout=60)
+    finally:
+        daemon.stop()
