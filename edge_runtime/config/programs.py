@@ -9,13 +9,16 @@ refuses the whole file in one line naming the program, the cameras that use it a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from edge_runtime.config.base import Section
+from edge_runtime.config.base import NAME, Section
 from edge_runtime.config.inspection import ImageLimits
 
 MAX_REFERENCES = 8  # each reference is a whole image's tokens in every prompt of the program
+MAX_REGIONS = 32  # regions (named and tiles) of one frame: each is a sequence of the frame's batch
+MAX_TILES_PER_SIDE = 8
 
 
 class ReferenceConfig(Section):
@@ -25,12 +28,58 @@ class ReferenceConfig(Section):
                          "'known NOK: missing screw'; written before its image in the prompt.")
 
 
+class RegionConfig(Section):
+    name: str = Field(pattern=NAME, description="The region's name in results (letters, digits, _ and -).")
+    box: tuple[int, int, int, int] = Field(
+        description="[x, y, width, height] in the camera's frame (after its roi), in pixels.")
+    prompt: str | None = Field(None, max_length=4000, description="This region's question; empty: the camera's.")
+    verdict_schema: dict[str, Any] | None = Field(
+        None, description="This region's verdict JSON schema; empty: the bundle's.")
+
+    @model_validator(mode="after")
+    def _box_has_pixels(self) -> RegionConfig:
+        x, y, w, h = self.box
+        if x < 0 or y < 0 or w < 1 or h < 1:
+            raise ValueError(f"region {self.name}: box [{x}, {y}, {w}, {h}] needs x, y >= 0 and width, height >= 1")
+        return self
+
+
+class TilingConfig(Section):
+    rows: int = Field(ge=1, le=MAX_TILES_PER_SIDE, description="Tiles down the frame.")
+    cols: int = Field(ge=1, le=MAX_TILES_PER_SIDE, description="Tiles across the frame.")
+    overlap: float = Field(0.0, ge=0.0, le=0.5, description="How much neighbouring tiles overlap, as a share "
+                           "of a tile's size (0.1: each tile grows by 10% into its neighbours).")
+
+
 class ProgramConfig(Section):
     references: list[ReferenceConfig] = Field(
         default_factory=list, max_length=MAX_REFERENCES,
         description="Reference images with captions, placed in this order before the frame. Their KV "
         "(with the system text) is computed once and shared by every frame and camera of the program. "
         "Needs a GGUF + mmproj bundle (one that takes several images).")
+    regions: list[RegionConfig] = Field(
+        default_factory=list, max_length=MAX_REGIONS,
+        description="Named crops of the frame, each inspected as a sequence of the frame's batch with its own "
+        "question and schema; the result holds a verdict per region and the overall one.")
+    tiling: TilingConfig | None = Field(
+        None, description="The frame cut into rows x cols tiles (named tile_r<row>_c<col>), inspected like regions.")
+    overall: Literal["nok_if_any_nok"] = Field(
+        "nok_if_any_nok", description="How the regions' verdicts make the frame's: NOK when any region is NOK; "
+        "all OK only when every region has a verdict and each is OK.")
+    nok_field: str = Field(
+        "defect", min_length=1, max_length=64, description="The verdict field whose truth makes a region NOK; a "
+        "region whose verdict lacks it has no verdict (never a default OK).")
+
+    @model_validator(mode="after")
+    def _regions_bounded_and_named_once(self) -> ProgramConfig:
+        tiles = self.tiling.rows * self.tiling.cols if self.tiling else 0
+        if len(self.regions) + tiles > MAX_REGIONS:
+            raise ValueError(f"{len(self.regions)} regions and {tiles} tiles are more than {MAX_REGIONS} per frame")
+        names = [r.name for r in self.regions]
+        dupes = sorted({n for n in names if names.count(n) > 1 or (self.tiling and n.startswith("tile_r"))})
+        if dupes:
+            raise ValueError(f"region names must be unique (tile_r* are the tiles'); repeated: {', '.join(dupes)}")
+        return self
 
 
 def check_references(programs: dict[str, ProgramConfig], users: dict[str, list[str]], limits: ImageLimits) -> None:
@@ -48,3 +97,12 @@ def check_references(programs: dict[str, ProgramConfig], users: dict[str, list[s
                 used = f" (cameras: {', '.join(cams)})" if cams else ""
                 why = str(exc).removeprefix(f"{ref.image}: ").removeprefix(f"{ref.image} ")
                 raise ValueError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
+
+
+def check_regions_inside(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:
+    """ValueError naming the program, the camera and the first region outside its width x height frame."""
+    for r in cfg.regions:
+        x, y, w, h = r.box
+        if x + w > width or y + h > height:
+            raise ValueError(f"programs.{program} (camera {camera}): region {r.name} [{x}, {y}, {w}, {h}] is "
+                             f"outside the camera's {width}x{height} frame")

@@ -55,6 +55,9 @@ class Result:
     part_id: str | None = None
     recipe: str | None = None
     inspection_seq: int | None = None
+    # An inspection program's regions (docs/inspection.md): name, box, verdict, text, outcome (ok, nok or
+    # none) and error per region; `verdict` is the overall one. None without regions.
+    regions: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.source.get("engine") == "edge" and self.source.get("model") is None:

@@ -47,6 +47,7 @@ from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from edge_runtime.inference.programs import LoadedProgram, load_programs
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
+from edge_runtime.inference.regions import RegionOutcome, RegionsEncoded, RegionSpec, frame_regions, judge, overall
 from edge_runtime.inference.token_cache import TokenCache
 from edge_runtime.inference.vision import Preprocessor, VisionEncoder
 
@@ -148,6 +149,31 @@ def media_parts(encs: Sequence[Encoded]) -> tuple[list[int], list[Segment], list
         middle.extend(parts)
         tail = end
     return head, middle, tail
+
+
+class _Collected:
+    """A frame's regions as their sequences finish (serve's `done` hears of them one by one)."""
+
+    def __init__(self, enc: RegionsEncoded, nok_field: str,
+                 parse: Callable[[Generation, VerdictRules | None], dict[str, Any]]) -> None:
+        self.enc, self.nok_field, self.parse = enc, nok_field, parse
+        self.outcomes: list[RegionOutcome | None] = [None] * len(enc.regions)
+        self.gens: list[Generation] = []
+        self.pending = 0
+
+    def add(self, k: int, rules: VerdictRules | None, outcome: Generation | Exception) -> None:
+        spec = self.enc.regions[k][0]
+        self.pending -= 1
+        if isinstance(outcome, Exception):
+            self.outcomes[k] = judge(spec, None, "", self.nok_field, str(outcome))
+            return
+        self.gens.append(outcome)
+        try:
+            verdict = self.parse(outcome, rules)
+        except InferenceError as exc:
+            self.outcomes[k] = judge(spec, None, outcome.text, self.nok_field, str(exc))
+            return
+        self.outcomes[k] = judge(spec, verdict, outcome.text, self.nok_field)
 
 
 class Inspector:
@@ -254,13 +280,13 @@ class Inspector:
         """The image token budget the encoder runs under (libmtmd's image_max_tokens; 0: fixed)."""
         return self.mtmd.image_max_tokens if self.mtmd is not None else 0
 
-    def encode(self, frame: np.ndarray, crop: Box | None = None) -> Encoded:
+    def encode(self, frame: np.ndarray, crop: Box | None = None, digest: str | None = None) -> Encoded:
         """The frame's (or its `crop`'s) image embeddings: from the encoder cache when these pixels were
         encoded the same way before (encoder_cache.py), else encoded and kept."""
         t0 = time.perf_counter()
         if crop is not None:
             check_crop(frame, crop)
-        key = EncodeKey(pixels_digest(frame), self.encoder_id, crop, self.image_budget)
+        key = EncodeKey(digest or pixels_digest(frame), self.encoder_id, crop, self.image_budget)
         t1 = time.perf_counter()
         hit = self.encoder_cache.get(key) if self.encoder_cache.budget > 0 else None
         if hit is not None:  # what the frame cost: hashing its pixels (preprocess), the lookup (encode)
@@ -449,8 +475,16 @@ class Inspector:
                 encoded: Encoded | None = None, schema: dict[str, Any] | None = None) -> Result:
         """Run the whole pipeline on one BGR frame and return a Result valid against `schema`
         (None: the bundle's verdict_schema)."""
-        rules = self.verdict_rules(schema)
-        enc = encoded or self.encode(frame)
+        rules = self.verdict_rules(schema)  # a refused schema costs no encode
+        enc = encoded or self.encode_frame(camera, frame)
+        if isinstance(enc, RegionsEncoded):  # every region a sequence of one batch
+            served: list[Result | Generation | Exception] = []
+            self.serve([BatchJob(enc, camera, prompt, seq, capture_ms, governor, schema)],
+                       lambda _w, outcome: served.append(outcome))
+            if isinstance(served[0], Exception):
+                raise served[0]
+            assert isinstance(served[0], Result)
+            return served[0]
         t0 = time.perf_counter()
         question = prompt or self.default_prompt
         prefix, image, suffix = self.frame_sequence(camera, question, enc)
@@ -460,6 +494,15 @@ class Inspector:
     def inspect_batch(self, jobs: list[BatchJob]) -> list[Result | InferenceError]:
         """Several encoded frames (e.g. from different cameras) generated as parallel sequences, each
         under its own job's schema. A job whose schema is refused fails alone (InputError inside)."""
+        if any(isinstance(job.encoded, RegionsEncoded) for job in jobs):  # frames of several sequences each
+            served: dict[int, Result | InferenceError] = {}
+
+            def finished(w: Work, outcome: Result | Generation | Exception) -> None:
+                served[id(w)] = outcome if isinstance(outcome, Result | InferenceError) else \
+                    InferenceError(str(outcome))
+
+            self.serve(jobs, finished)
+            return [served[id(job)] for job in jobs]
         t0 = time.perf_counter()
         questions = [job.prompt or self.default_prompt for job in jobs]
         out: list[Result | InferenceError | None] = [None] * len(jobs)
@@ -496,13 +539,25 @@ class Inspector:
             for w in batch:
                 started[id(w)] = time.perf_counter()
                 try:
-                    out.append(self._prompt(w))
+                    if isinstance(w, BatchJob) and isinstance(w.encoded, RegionsEncoded):
+                        regions, collected = self._region_prompts(w, w.encoded)
+                        if not regions:  # no region could be asked: the frame's outcome is known now
+                            finished(w, self._settled(w, collected, started.pop(id(w))))
+                        out.extend(regions)
+                    else:
+                        out.append(self._prompt(w))
                 except (InputError, InferenceError) as exc:
                     finished(w, exc)
             return out
 
         def done(prompt: Prompt, outcome: Generation | Exception) -> None:
-            w, rules = prompt.tag
+            w, rules, *region = prompt.tag
+            if region:  # one region of a frame: the frame is finished with its last region
+                collected: _Collected = region[0]
+                collected.add(region[1], rules, outcome)
+                if collected.pending == 0:
+                    finished(w, self._settled(w, collected, started.pop(id(w), time.perf_counter())))
+                return
             t0 = started.pop(id(w), time.perf_counter())
             served: Result | Generation | Exception = outcome
             if isinstance(w, BatchJob) and isinstance(outcome, Generation):
@@ -516,6 +571,70 @@ class Inspector:
         more = None if admit is None else (lambda n: prompts(admit(n)))
         with self._lock:
             return self.language.serve(prompts(work), done, more)
+
+    def encode_frame(self, camera: str, frame: np.ndarray) -> Encoded:
+        """A camera's frame encoded as its program asks: each region's crop (the frame hashed once for
+        the encoder cache), or the whole frame."""
+        program = self.program_of(camera)
+        cfg = program.config if program is not None else None
+        if cfg is None or not (cfg.regions or cfg.tiling):
+            return self.encode(frame)
+        t0 = time.perf_counter()
+        digest = pixels_digest(frame)
+        height, width = frame.shape[:2]
+        regions: list[tuple[RegionSpec, Encoded | Exception]] = []
+        pre = enc_ms = 0.0
+        for spec in frame_regions(cfg, width, height):
+            try:
+                enc = self.encode(frame, crop=spec.box, digest=digest)
+            except InputError as exc:  # e.g. a region outside this frame: that region has no verdict
+                regions.append((spec, exc))
+                continue
+            pre, enc_ms = pre + enc.preprocess_ms, enc_ms + enc.encode_ms
+            regions.append((spec, enc))
+        hashed = (time.perf_counter() - t0) * 1000 - pre - enc_ms
+        return RegionsEncoded(np.zeros((0, self.language.n_embd), np.float32), width, height, pre + max(0.0, hashed),
+                              enc_ms, regions=regions)
+
+    def _region_prompts(self, w: BatchJob, enc: RegionsEncoded) -> tuple[list[Prompt], _Collected]:
+        """One prompt per region that has an encoding, tagged with what collects the frame's regions."""
+        program = self.program_of(w.camera)
+        nok_field = program.config.nok_field if program is not None and program.config is not None else "defect"
+        collected = _Collected(enc, nok_field, self.parse_verdict)
+        prompts = []
+        for k, (spec, renc) in enumerate(enc.regions):
+            if isinstance(renc, Exception):
+                collected.outcomes[k] = judge(spec, None, "", nok_field, str(renc))
+                continue
+            try:
+                rules = self.verdict_rules(spec.schema if spec.schema is not None else w.schema)
+                question = spec.prompt or w.prompt or self.default_prompt
+                prompts.append(Prompt(*self.frame_sequence(w.camera, question, renc, field="prompt"), rules.grammar,
+                                      self.max_tokens, tag=(w, rules, collected, k)))
+            except (InputError, InferenceError) as exc:
+                collected.outcomes[k] = judge(spec, None, "", nok_field, str(exc))
+        collected.pending = len(prompts)
+        return prompts, collected
+
+    def _settled(self, w: BatchJob, collected: _Collected, t0: float) -> Result | Exception:
+        """A frame's Result from its regions' outcomes (or why it has none: no region NOK, one without a verdict)."""
+        enc, gens = collected.enc, collected.gens
+        outcomes = [o for o in collected.outcomes if o is not None]
+        try:
+            best = overall(outcomes)
+        except InferenceError as exc:
+            return exc
+        total = w.capture_ms + enc.preprocess_ms + enc.encode_ms + (time.perf_counter() - t0) * 1000
+        timings = {
+            "capture": round(w.capture_ms, 3), "preprocess": round(enc.preprocess_ms, 3),
+            "encode": round(enc.encode_ms, 3), "prefill": round(sum(g.prefill_ms for g in gens), 3),
+            "decode": round(sum(g.decode_ms for g in gens), 3), "total": round(total, 3),
+        }
+        assert best.verdict is not None
+        return Result(device=self.device_id, camera=w.camera, frame=FrameInfo(w.seq, enc.width, enc.height),
+                      verdict=best.verdict, text=best.text, model=self.model_name, timings_ms=timings,
+                      prompt=w.prompt or self.default_prompt, governor=w.governor,
+                      regions=[o.to_dict() for o in outcomes])
 
     def _prompt(self, w: Work) -> Prompt:
         """The sequence of one piece of work with how it is generated."""

@@ -58,6 +58,7 @@ class LoadedProgram:
 
     name: str
     references: tuple[Reference, ...]
+    config: ProgramConfig | None = None  # regions, tiling and the overall rule (regions.py)
     uid: int = field(default_factory=lambda: next(_uids))
     _prefixes: dict[tuple[str, tuple[int, ...]], Prefix] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -116,6 +117,6 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
                 why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")
                 raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
             refs.append(Reference(ref.caption, ref.image, enc))
-        loaded[name] = LoadedProgram(name, tuple(refs))
+        loaded[name] = LoadedProgram(name, tuple(refs), cfg)
     by_camera = {cam.name: loaded[cam.program] for cam in cameras if cam.program is not None and cam.program in loaded}
     return loaded, by_camera

@@ -114,7 +114,7 @@ class InspectionWorker:
             if self.overlap and request.job is None and request.image is not None:
                 try:
                     inspector = self.get_inspector()
-                    encoded = (inspector, inspector.encode(request.image))
+                    encoded = (inspector, inspector.encode_frame(request.camera, request.image))
                 except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
                     encoded = exc
             request.encoded.set()

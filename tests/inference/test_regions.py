@@ -1,0 +1,122 @@
+"""Regions and tiling of an inspection program (inference/regions.py) on the real demo bundle (ONNX
+Runtime + llama.cpp): every region of a frame is a sequence of one batch and its verdict tokens equal
+that crop inspected alone; the overall verdict is NOK when any region is NOK and never a default OK
+when a region has no verdict; the bounds refuse a config in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, load_config
+from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.contracts import BatchJob
+from edge_runtime.core.errors import ConfigError, InferenceError
+from edge_runtime.core.result import Result
+from edge_runtime.core.samples import part_image
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.regions import RegionOutcome, RegionSpec, frame_regions, judge, overall
+
+PROGRAM = ProgramConfig.model_validate({
+    "regions": [{"name": "screw", "box": [10, 20, 120, 90]},
+                {"name": "label", "box": [300, 200, 200, 150], "prompt": "Is the label straight? Answer in JSON."}],
+    "tiling": {"rows": 1, "cols": 2, "overlap": 0.1},
+})
+def synthetic_frames(n: int, seed: int) -> list[np.ndarray]:
+    """Parts on a belt, 640x480, every other one defective."""
+    return [part_image(seed + i, defect=i % 2 == 0) for i in range(n)]
+
+
+CAMERAS = [CameraConfig(name=n, source="x.png", program="housing") for n in ("left", "right")]
+
+
+@pytest.fixture(scope="module")
+def ins(demo_bundle: Bundle, config: Config) -> Iterator[Inspector]:
+    inspector = Inspector(demo_bundle, config.model.model_copy(update={"warmup": False}), config.device_id)
+    inspector.use_programs({"housing": PROGRAM}, CAMERAS, ImageLimits())
+    yield inspector
+    inspector.close()
+
+
+def alone(ins: Inspector, frame: np.ndarray, box: list[int], prompt: str | None = None) -> Result:
+    x, y, w, h = box
+    return ins.inspect(frame[y:y + h, x:x + w], camera="nobody", prompt=prompt)
+
+
+def test_each_regions_verdict_tokens_equal_that_crop_inspected_alone(ins: Inspector) -> None:
+    frame = synthetic_frames(1, seed=61)[0]
+    result = ins.inspect(frame, camera="left")
+    assert result.regions is not None
+    names = [r["name"] for r in result.regions]
+    assert names == ["screw", "label", "tile_r1_c1", "tile_r1_c2"]
+    assert (result.frame.width, result.frame.height) == (frame.shape[1], frame.shape[0])
+    for region in result.regions:
+        own = alone(ins, frame, region["box"],
+                    "Is the label straight? Answer in JSON." if region["name"] == "label" else None)
+        assert region["text"] == own.text and region["verdict"] == own.verdict, region["name"]
+        assert region["outcome"] == ("nok" if own.verdict["defect"] else "ok")
+    # The tiles cover the frame with their overlap, clipped at its edges.
+    tiles = {r["name"]: r["box"] for r in result.regions}
+    w = frame.shape[1]
+    assert tiles["tile_r1_c1"][:2] == [0, 0] and tiles["tile_r1_c2"][0] + tiles["tile_r1_c2"][2] == w
+    assert tiles["tile_r1_c1"][2] > w // 2  # grown into its neighbour
+    nok = [r for r in result.regions if r["outcome"] == "nok"]
+    assert result.verdict == (nok[0]["verdict"] if nok else result.regions[0]["verdict"])
+
+
+def test_two_cameras_regions_in_one_batch_equal_one_at_a_time(ins: Inspector) -> None:
+    frames = synthetic_frames(2, seed=62)
+    one = [ins.inspect(f, camera=c) for f, c in zip(frames, ("left", "right"), strict=True)]
+    batched = ins.inspect_batch([BatchJob(ins.encode_frame(c, f), camera=c)
+                                 for f, c in zip(frames, ("left", "right"), strict=True)])
+    for a, b in zip(one, batched, strict=True):
+        assert isinstance(b, Result) and a.regions == b.regions and a.verdict == b.verdict
+
+
+def test_a_region_without_a_verdict_is_never_a_default_ok(ins: Inspector, demo_bundle: Bundle, config: Config) -> None:
+    ok = RegionOutcome(RegionSpec("a", (0, 0, 1, 1)), {"defect": False}, "", False)
+    nok = RegionOutcome(RegionSpec("b", (0, 0, 1, 1)), {"defect": True}, "", True)
+    none = judge(RegionSpec("c", (0, 0, 1, 1)), None, "", "defect", "outside the frame")
+    assert overall([ok, nok, none]) is nok  # any NOK decides
+    with pytest.raises(InferenceError, match=r"not OK: c \(outside the frame\)"):
+        overall([ok, none])
+    # In a real run: no region has the NOK field, so no region has a verdict, and the frame fails.
+    odd = PROGRAM.model_copy(update={"nok_field": "missing_field"})
+    with Inspector(demo_bundle, config.model.model_copy(update={"warmup": False}), "t") as other:
+        other.use_programs({"housing": odd}, CAMERAS, ImageLimits())
+        with pytest.raises(InferenceError, match="regions without a verdict and none NOK"):
+            other.inspect(synthetic_frames(1, seed=63)[0], camera="left")
+
+
+def test_a_region_outside_a_smaller_frame_has_no_verdict(ins: Inspector) -> None:
+    small = synthetic_frames(1, seed=64)[0][:120, :200]
+    specs = frame_regions(PROGRAM, 200, 120)
+    enc = ins.encode_frame("left", small)
+    assert [type(e).__name__ for _, e in enc.regions][:2] == ["Encoded", "InputError"]  # type: ignore[attr-defined]
+    assert len(specs) == 4
+    try:
+        result = ins.inspect(small, camera="left", encoded=enc)
+    except InferenceError as exc:  # no region NOK: the frame is not OK
+        assert "label" in str(exc)
+    else:
+        label = next(r for r in result.regions or [] if r["name"] == "label")
+        assert label["outcome"] == "none" and "not inside" in label["error"] and result.verdict["defect"] is True
+
+
+@pytest.mark.parametrize(("program", "why"), [
+    ("{regions: [" + ", ".join(f"{{name: r{i}, box: [0, 0, 8, 8]}}" for i in range(1000)) + "]}",
+     "at most 32 items"),
+    ("{tiling: {rows: 50, cols: 50}}", "less than or equal to 8"),
+    ("{regions: [{name: far, box: [600, 400, 100, 100]}]}", "region far [600, 400, 100, 100] is outside the "
+                                                            "camera's 640x480 frame"),
+])
+def test_bad_regions_refuse_the_config_in_one_line(tmp_path: Path, program: str, why: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"programs:\n  housing: {program}\n"
+                   "cameras:\n  - {name: belt, source: x.png, width: 640, height: 480, program: housing}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(cfg)
+    assert why in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
