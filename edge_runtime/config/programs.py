@@ -51,6 +51,19 @@ class TilingConfig(Section):
                            "of a tile's size (0.1: each tile grows by 10% into its neighbours).")
 
 
+class ImageTokens(Section):
+    min: int | None = Field(None, ge=1, le=65536, description="Fewest image tokens a frame is given (it is "
+                            "enlarged until libmtmd makes at least this many, within the bundle's ceiling).")
+    max: int | None = Field(None, ge=1, le=65536, description="Most image tokens a frame is given (it is "
+                            "shrunk until libmtmd makes at most this many); at most the bundle's image_max_tokens.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ImageTokens:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"image_tokens: min {self.min} is more than max {self.max}")
+        return self
+
+
 class ProgramConfig(Section):
     references: list[ReferenceConfig] = Field(
         default_factory=list, max_length=MAX_REFERENCES,
@@ -63,6 +76,10 @@ class ProgramConfig(Section):
         "question and schema; the result holds a verdict per region and the overall one.")
     tiling: TilingConfig | None = Field(
         None, description="The frame cut into rows x cols tiles (named tile_r<row>_c<col>), inspected like regions.")
+    image_tokens: ImageTokens | None = Field(
+        None, description="This program's image token budget (frames and references) for dynamic-resolution "
+        "families (Qwen2.5/3-VL, ...): the image is resized until libmtmd's count is within it. GGUF + mmproj "
+        "bundles only; the bundle's image_max_tokens is the ceiling.")
     overall: Literal["nok_if_any_nok"] = Field(
         "nok_if_any_nok", description="How the regions' verdicts make the frame's: NOK when any region is NOK; "
         "all OK only when every region has a verdict and each is OK.")

@@ -41,7 +41,7 @@ class EncodeKey:
     pixels: str  # pixels_digest of the frame the crop is cut from
     encoder: str  # the encoder's identity: file sha256 and the settings that change its output
     crop: Box | None  # the box cut from the frame before encoding; None: the whole frame
-    budget: int  # the image token budget the encoder ran under (0: fixed by the encoder)
+    budget: int | tuple[int, int]  # the image token budget the encoder ran under: its ceiling, or (min, max)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from edge_runtime.inference import engines  # noqa: F401
 import dataclasses
 import json
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -42,7 +43,7 @@ from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, f
 from edge_runtime.inference.llm.feed import Generation, Head, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from edge_runtime.inference.llm.model import LanguageModel
-from edge_runtime.inference.llm.mtmd import MediaEmbeds, MtmdContext
+from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from edge_runtime.inference.programs import LoadedProgram, load_programs
@@ -280,27 +281,31 @@ class Inspector:
         """The image token budget the encoder runs under (libmtmd's image_max_tokens; 0: fixed)."""
         return self.mtmd.image_max_tokens if self.mtmd is not None else 0
 
-    def encode(self, frame: np.ndarray, crop: Box | None = None, digest: str | None = None) -> Encoded:
+    def encode(self, frame: np.ndarray, crop: Box | None = None, digest: str | None = None,
+               tokens: tuple[int, int] | None = None) -> Encoded:
         """The frame's (or its `crop`'s) image embeddings: from the encoder cache when these pixels were
         encoded the same way before (encoder_cache.py), else encoded and kept."""
         t0 = time.perf_counter()
         if crop is not None:
             check_crop(frame, crop)
-        key = EncodeKey(digest or pixels_digest(frame), self.encoder_id, crop, self.image_budget)
+        key = EncodeKey(digest or pixels_digest(frame), self.encoder_id, crop, tokens or self.image_budget)
         t1 = time.perf_counter()
         hit = self.encoder_cache.get(key) if self.encoder_cache.budget > 0 else None
         if hit is not None:  # what the frame cost: hashing its pixels (preprocess), the lookup (encode)
             return dataclasses.replace(hit, preprocess_ms=(t1 - t0) * 1000,
                                        encode_ms=(time.perf_counter() - t1) * 1000)
         x, y, w, h = crop if crop is not None else (0, 0, frame.shape[1], frame.shape[0])
-        enc = self._encode(frame[y:y + h, x:x + w])
+        enc = self._encode(frame[y:y + h, x:x + w], tokens)
         if self.encoder_cache.budget > 0:
             self.encoder_cache.put(key, freeze(enc))
         return enc
 
-    def _encode(self, frame: np.ndarray) -> Encoded:
+    def _encode(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> Encoded:
         if self.mtmd is not None:
-            return self._encode_mtmd(frame)
+            return self._encode_mtmd(frame, tokens)
+        if tokens is not None:
+            raise InputError("image_tokens: this bundle's ONNX encoder makes a fixed number of image tokens",
+                             field="image_tokens")
         assert self.preprocessor is not None and self.vision is not None
         t0 = time.perf_counter()
         pixels, grid = self.preprocessor.process(frame)
@@ -310,7 +315,7 @@ class Inspector:
         t2 = time.perf_counter()
         return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
 
-    def _encode_mtmd(self, frame: np.ndarray) -> MediaEncoded:
+    def _encode_mtmd(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> MediaEncoded:
         """libmtmd's half: its own preprocessing (resize, normalise, tiles) and the mmproj's encoder."""
         assert self.mtmd is not None
         t0 = time.perf_counter()
@@ -320,6 +325,8 @@ class Inspector:
             rgb = cv2.cvtColor(frame, cv2.COLOR_BGRA2RGB)
         else:
             rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+        if tokens is not None:
+            rgb = self._fit_tokens(rgb, *tokens)
         t1 = time.perf_counter()
         parts = self.mtmd.image_segments(rgb)
         t2 = time.perf_counter()
@@ -333,6 +340,28 @@ class Inspector:
         """Whether a prompt may hold several images: a GGUF + mmproj bundle's (libmtmd lays out any
         number, each with its projector's markers); an ONNX-encoder bundle's template has one image slot."""
         return self.mtmd is not None
+
+    def _fit_tokens(self, rgb: np.ndarray, low: int, high: int) -> np.ndarray:
+        """`rgb` resized until libmtmd makes low..high image tokens of it (a dynamic-resolution projector;
+        a few tries, each scaled by the square root of the miss). InputError naming `image_tokens` when the
+        projector cannot go under `high` (its own floor, or a fixed size); under `low` it stays as it can."""
+        assert self.mtmd is not None
+        for _ in range(6):
+            n = self.mtmd.image_tokens(rgb)
+            if low <= n <= high or n == 0:
+                break
+            factor = math.sqrt(high / n) * 0.97 if n > high else math.sqrt(low / n) * 1.03
+            h, w = rgb.shape[:2]
+            size = (max(1, round(w * factor)), max(1, round(h * factor)))
+            if size == (w, h) or size[0] * size[1] > MAX_IMAGE_PIXELS:
+                break
+            rgb = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_CUBIC)
+        else:
+            n = self.mtmd.image_tokens(rgb)
+        if n > high:  # the projector's own floor (or a fixed size) is above the budget
+            raise InputError(f"image_tokens: the projector makes at least {n} image tokens of this image, more "
+                             f"than the budget's max of {high}", field="image_tokens")
+        return rgb
 
     def sequence(self, prompt: str, enc: Encoded | Sequence[Encoded] | None, system: str | None = None,
                  field: str = "messages") -> tuple[list[int], ImagePart, list[int]]:
@@ -377,8 +406,8 @@ class Inspector:
         """Load the config's inspection programs: every reference read and encoded (through the encoder
         cache: a reload with the same references encodes nothing). All or nothing: on a ConfigError
         (one line naming the program and the file) the programs in use stay."""
-        self._programs = load_programs(programs, cameras, limits, self.encode, self.several_images,
-                                       self.bundle.name)
+        self._programs = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
+                                       self.several_images, self.bundle.name, self.image_budget)
 
     def program_of(self, camera: str) -> LoadedProgram | None:
         return self._programs[1].get(camera)
@@ -577,8 +606,9 @@ class Inspector:
         the encoder cache), or the whole frame."""
         program = self.program_of(camera)
         cfg = program.config if program is not None else None
+        tokens = program.tokens if program is not None else None
         if cfg is None or not (cfg.regions or cfg.tiling):
-            return self.encode(frame)
+            return self.encode(frame, tokens=tokens)
         t0 = time.perf_counter()
         digest = pixels_digest(frame)
         height, width = frame.shape[:2]
@@ -586,7 +616,7 @@ class Inspector:
         pre = enc_ms = 0.0
         for spec in frame_regions(cfg, width, height):
             try:
-                enc = self.encode(frame, crop=spec.box, digest=digest)
+                enc = self.encode(frame, crop=spec.box, digest=digest, tokens=tokens)
             except InputError as exc:  # e.g. a region outside this frame: that region has no verdict
                 regions.append((spec, exc))
                 continue

@@ -59,6 +59,7 @@ class LoadedProgram:
     name: str
     references: tuple[Reference, ...]
     config: ProgramConfig | None = None  # regions, tiling and the overall rule (regions.py)
+    tokens: tuple[int, int] | None = None  # the image token budget (min, max) of its frames and references
     uid: int = field(default_factory=lambda: next(_uids))
     _prefixes: dict[tuple[str, tuple[int, ...]], Prefix] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,8 +95,8 @@ class LoadedProgram:
 
 
 def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], limits: ImageLimits,
-                  encode: Callable[[np.ndarray], Encoded], several_images: bool, bundle: str
-                  ) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
+                  encode: Callable[[np.ndarray, tuple[int, int] | None], Encoded], several_images: bool, bundle: str,
+                  ceiling: int) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
     """(programs by name, the program of each camera that names one); ConfigError in one line naming
     the program, its cameras and the reference file that cannot be used."""
     users: dict[str, list[str]] = {}
@@ -108,15 +109,25 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
         if cfg.references and not several_images:
             raise ConfigError(f"programs.{name}{used}: references need a bundle that takes several images "
                               f"(a GGUF + mmproj pair); {bundle} takes one (docs/models.md)")
+        tokens = None
+        if cfg.image_tokens is not None and (cfg.image_tokens.min or cfg.image_tokens.max):
+            if ceiling <= 0:
+                raise ConfigError(f"programs.{name}{used}: image_tokens needs a GGUF + mmproj bundle; {bundle}'s "
+                                  "ONNX encoder makes a fixed number of image tokens")
+            high = cfg.image_tokens.max or ceiling
+            if high > ceiling:
+                raise ConfigError(f"programs.{name}{used}: image_tokens.max {high} is more than {bundle}'s "
+                                  f"image_max_tokens {ceiling}")
+            tokens = (cfg.image_tokens.min or 1, high)
         refs = []
         for i, ref in enumerate(cfg.references):
             try:
                 frame = read_image_file(ref.image, limits.max_pixels, limits.min_side, int(limits.max_file_mb * 2**20))
-                enc = encode(frame)
+                enc = encode(frame, tokens)
             except (ImageError, InputError) as exc:
                 why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")
                 raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
             refs.append(Reference(ref.caption, ref.image, enc))
-        loaded[name] = LoadedProgram(name, tuple(refs), cfg)
+        loaded[name] = LoadedProgram(name, tuple(refs), cfg, tokens)
     by_camera = {cam.name: loaded[cam.program] for cam in cameras if cam.program is not None and cam.program in loaded}
     return loaded, by_camera

@@ -170,6 +170,11 @@ class MtmdContext(Handle):
         at0, at1 = decoder_positions(chunk, 0), decoder_positions(chunk, 1)
         return MediaEmbeds(embeds, n_pos, non_causal, at0, at1 - at0)
 
+    def image_tokens(self, rgb: np.ndarray) -> int:
+        """How many image tokens libmtmd makes of `rgb` (its preprocessing, no encode)."""
+        with self.tokenize(self.marker, [rgb]) as chunks:
+            return sum(int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c)) for c in chunks if chunk_is_image(c))
+
     def image_segments(self, rgb: np.ndarray) -> list[np.ndarray | list[int] | MediaEmbeds]:
         """One image as prompt segments: the projector's tokens and each chunk's encoded embeddings.
 
