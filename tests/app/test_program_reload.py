@@ -1,7 +1,7 @@
 """Inspection programs in a running daemon (tiny Qwen2.5-VL pair): the references are encoded at start,
-a camera's verdict runs under its program, a reload with a corrupt reference is refused in one line and
-the running program keeps serving, and a reload that only changes a caption encodes nothing again
-(the references come from the encoder cache)."""
+a camera's verdict runs under its program, a tiled camera's result holds a verdict per tile, a reload
+with a corrupt reference is refused in one line and the running program keeps serving, and a reload
+that only changes a caption encodes nothing again (the references come from the encoder cache)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, ProgramConfig, ReferenceConfig, TriggerConfig
-from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.errors import EdgeRuntimeError, InferenceError
 from tests.support.images import encode
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 from tests.support.waiting import wait_for
@@ -34,9 +34,12 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
     cfg.api.enabled = False
     cfg.mqtt.enabled = False
     cfg.cameras = [CameraConfig(name="belt", source=str(paths[2]), program="housing",
+                                trigger=TriggerConfig(mode="on_demand")),
+                   CameraConfig(name="cover", source=str(paths[2]), program="halves",
                                 trigger=TriggerConfig(mode="on_demand"))]
     cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=paths[0], caption="golden OK sample"),
-                                                         ReferenceConfig(image=paths[1], caption="known NOK")])}
+                                                         ReferenceConfig(image=paths[1], caption="known NOK")]),
+                    "halves": ProgramConfig.model_validate({"tiling": {"rows": 1, "cols": 2}})}
     path = tmp_path / "edge.yaml"
     path.write_text(cfg.model_dump_json())
     daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
@@ -48,7 +51,17 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
         assert program is not None and [r.caption for r in program.references] == ["golden OK sample", "known NOK"]
         wait_for(lambda: daemon.rigs["belt"].camera.slot.peek() is not None, what="the camera's first frame")
         result = daemon.trigger("belt").result(timeout=60)
-        assert set(result.verdict) == {"defect", "category"}
+        assert set(result.verdict) == {"defect", "category"} and result.regions is None
+        # A tiled camera through the worker's two stages: a verdict per tile, journaled with the result.
+        wait_for(lambda: daemon.rigs["cover"].camera.slot.peek() is not None, what="the cover camera's frame")
+        try:
+            tiled = daemon.trigger("cover").result(timeout=60)
+        except InferenceError as exc:  # random weights: no tile NOK and one without a verdict
+            assert "regions without a verdict" in str(exc)
+        else:
+            assert [r["name"] for r in tiled.regions or []] == ["tile_r1_c1", "tile_r1_c2"]
+            stored = daemon.journal.get(tiled.id)
+            assert stored is not None and stored["regions"] == tiled.regions
 
         data = json.loads(path.read_text())
         broken = tmp_path / "broken.png"
