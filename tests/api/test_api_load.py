@@ -143,7 +143,12 @@ def test_a_stream_ends_after_its_lifetime_and_resumes_without_a_gap(base: str, d
             assert time.monotonic() - started < 5 and lines[0].startswith("retry: ")
         last = seen[-1][0] if seen else requests.get(f"{base}/api/v1/results?limit=1", timeout=5).json()[
             "last_event_id"]
-        time.sleep(0.8)  # results made while no stream is open (as between browser reconnects)
+        # results made while no stream is open (as between browser reconnects): wait for one, since a
+        # loaded 2-core machine can take seconds per demo verdict
+        deadline = time.monotonic() + 30
+        while (requests.get(f"{base}/api/v1/results?limit=1", timeout=5).json()["last_event_id"] <= last
+               and time.monotonic() < deadline):
+            time.sleep(0.1)
         resumed = requests.get(f"{base}/api/v1/events", headers={"Last-Event-ID": str(last)}, stream=True,
                                timeout=(5, 30))
         with resumed:
