@@ -506,7 +506,11 @@ class Inspector:
         (None: the bundle's verdict_schema)."""
         rules = self.verdict_rules(schema)  # a refused schema costs no encode
         enc = encoded or self.encode_frame(camera, frame)
-        if isinstance(enc, RegionsEncoded):  # every region a sequence of one batch
+        program = self.program_of(camera)
+        if isinstance(enc, RegionsEncoded) or (program is not None and program.references):
+            # Regions: every region a sequence of one batch. References: the parallel slots keep the
+            # program's prefix KV beside other prefixes (the main context keeps one: a camera without
+            # references, or an API request, between two frames would make it decode the references again).
             served: list[Result | Generation | Exception] = []
             self.serve([BatchJob(enc, camera, prompt, seq, capture_ms, governor, schema)],
                        lambda _w, outcome: served.append(outcome))

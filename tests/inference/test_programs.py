@@ -161,3 +161,23 @@ def test_an_onnx_bundle_refuses_references_in_one_line(inspector: Inspector, tmp
                                           "that takes several images"):
         inspector.use_programs({"housing": program(write_references(tmp_path))}, CAMERAS, ImageLimits())
     assert inspector.program_of("left") is None
+
+
+def test_the_references_are_decoded_once_across_interleaved_cameras(ins: Inspector,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A camera without references (or an API request) between two frames of the program's camera does
+    not make the references' KV be decoded again: the parallel slots keep both prefixes."""
+    feed = ins.language.feed
+    decoded: list[object] = []
+    real = feed.head
+
+    def counting(ctx: object, head: object, seq: int = 0) -> int:
+        if isinstance(head, Prefix):
+            decoded.append(head)
+        return real(ctx, head, seq)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(feed, "head", counting)
+    for i, frame in enumerate(frames(3, seed=46)):
+        ins.inspect(frame, camera="left")
+        ins.inspect(frame, camera="nobody")
+        assert len(decoded) <= 1, i
