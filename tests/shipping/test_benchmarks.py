@@ -37,6 +37,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
     "parallel_profile.py": (["{bundle}"], "one camera"),
+    "programs.py": (["{pair}", "--frames", "1", "--requests", "3", "--threads", "2"], '"hit_rate"'),
     "rails_overhead.py": (["--iterations", "20", "--requests", "3"], "with 20 rails"),
     "realistic_pair.py": (["{tmp}/pair", "--converter", "{converter}", "--smoke", "--image-max-tokens", "16"],
                           '"quantize_s"'),
@@ -96,7 +97,10 @@ def test_benchmark_runs_on_the_demo_bundle(script: str, demo_dir: Path, broker: 
                              for t in range(6)))
     args, expected = SMOKE[script]
     converter = tiny_pairs.converter_dir() if "{converter}" in args else ""
-    argv = [a.format(bundle=demo_dir, port=broker.port, trace=trace, tmp=tmp_path, converter=converter)
+    # a GGUF + mmproj bundle where the script needs one (references: programs.py)
+    pair = (tiny_pairs.write_pair_bundle(tiny_pairs.tiny_pair("qwen2.5-vl"), tmp_path / "pair")
+            if "{pair}" in args else "")
+    argv = [a.format(bundle=demo_dir, port=broker.port, trace=trace, tmp=tmp_path, converter=converter, pair=pair)
             for a in args]
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "EDGE_RUNTIME_DATA": str(tmp_path / "data")}
