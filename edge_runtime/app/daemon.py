@@ -39,6 +39,7 @@ from edge_runtime.core.result import Result
 from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery
 from edge_runtime.delivery.mqtt.commands import command_table
 from edge_runtime.fleet.offload.router import Offloader
+from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.model_source import open_inspector
 from edge_runtime.inference.worker import InspectionWorker
@@ -79,6 +80,7 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
                                        self.pipeline.deliver, self.gate, self._stats_for,
                                        overlap=config.inspection.overlap_stages,
                                        max_batch=config.inspection.max_batch)
+        self.gates = self.worker.gates = GateStep()  # the anomaly gate per camera (inference/anomaly/step.py)
         self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
         self.governor: GovernorService | None = None
         if config.governor.enabled:
@@ -151,6 +153,7 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
     def start(self) -> None:
         t0 = time.perf_counter()
         self.inspector = self._load_inspector(self.config)
+        self.gates.install(gates_for(self.inspector.bundle, self.config))  # a bank that does not fit: one line
         self.worker.start()
         for service in self.services:  # governor first: cameras start behind its gate
             service.start()

@@ -21,6 +21,7 @@ from edge_runtime.config import CameraConfig, Config, load_config
 from edge_runtime.core import systemd
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.delivery.mqtt.client import MqttService
+from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.verdicts.journal import Journal
 
@@ -118,6 +119,7 @@ class ReloadHost(Protocol):
     api: ApiServer | None
     mqtt: MqttService | None
     rigs: dict[str, CameraRig]
+    gates: GateStep
     _reload_lock: threading.Lock
 
     def _reload_locked(self) -> dict[str, Any]: ...
@@ -150,6 +152,10 @@ class Reloading:
             why = refusal(self.file_config, new, [c.name for c in self.file_config.cameras if c.name not in extra])
             if why:
                 raise EdgeRuntimeError(f"{self.config_path}: {why}")
+            # The gates' banks against the running model (a bank that does not fit refuses the file);
+            # a new model's are loaded with it below.
+            same_model = self.inspector is not None and new.model == self.config.model
+            gates = gates_for(self.inspector.bundle, new) if same_model and self.inspector is not None else None
         except Exception as exc:  # noqa: BLE001 - any unreadable or weakening file: one line, keep running
             log.error("daemon: reload refused, keeping the running config: %s", exc)
             systemd.notify("READY=1")
@@ -181,6 +187,13 @@ class Reloading:
                 log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
                 new = new.model_copy(update={"programs": self.config.programs})
                 changes.applied = [k for k in changes.applied if not k.startswith("programs")]
+        if gates is None and self.inspector is not None:
+            try:
+                gates = gates_for(self.inspector.bundle, new)
+            except EdgeRuntimeError as exc:
+                log.error("daemon: the anomaly gates do not fit the new model and are off: %s", exc)
+                gates = {}
+        self.gates.install(gates or {})
         old_cams = {c.name: c for c in self.config.cameras}
         new_cams = {c.name: c for c in new.cameras}
         for name, cfg in old_cams.items():

@@ -211,6 +211,11 @@ def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_config_validate(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.inference.anomaly.step import any_gate, gates_for
+    from edge_runtime.inference.model_source import resolve_bundle
+
+    if any_gate(config):  # each camera's bank against the bundle it would score (one line, exit 2)
+        gates_for(resolve_bundle(config, getattr(args, "model", None)), config)
     print(f"{args.file}: ok")
     return 0
 

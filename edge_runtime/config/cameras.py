@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.gate import GateConfig
 
 
 class TriggerConfig(Section):
@@ -47,6 +48,8 @@ class CameraConfig(Section):
     program: str | None = Field(None, pattern=NAME, description="The inspection program (under programs:) "
                                 "whose references go before this camera's frames.")
     remote: bool = Field(False, description="Inspect every frame on the central server (offload:).")
+    gate: GateConfig | None = Field(None, description="The anomaly gate in front of the language model for "
+                                    "this camera's frames (docs/inspection.md#the-anomaly-gate).")
     trigger: TriggerConfig = Field(default_factory=TriggerConfig, description="When to inspect.")
     open_timeout_s: float = Field(10, gt=0, description="Give up opening a stream after this long.")
     read_timeout_s: float = Field(5, gt=0, description="A stream silent this long counts as failed.")

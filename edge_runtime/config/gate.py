@@ -1,13 +1,12 @@
-"""`gate:` of a camera or a recipe: the anomaly gate in front of the language model (docs/inspection.md).
+"""`cameras[].gate`: the anomaly gate in front of the language model (docs/inspection.md).
 
-Not read from the YAML file yet: the daemon's wiring (modes in the worker, the Result's `gate` field,
-the evidence heat map) comes with issue 42's second phase, which adds `gate: GateConfig | None` to
-`cameras[]` and to recipes. The model is here so `edge-runtime gate fit` and the docs agree on it.
+The daemon loads each camera's bank at start and reload (inference/anomaly/step.py); a bank made with
+another encoder, budget or crop refuses the config in one line.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -35,6 +34,10 @@ class GateConfig(Section):
         256, gt=0, le=65536, description="Memory bound of the loaded bank (vectors and search index); a larger "
         "bank is refused at load with one line.")
     heat_map: bool = Field(True, description="Draw the per-patch distances over the evidence image.")
+    verdict: dict[str, Any] | None = Field(
+        None, description="skip_ok: the verdict a gated frame carries, checked against the verdict schema at "
+        "load. Unset: the schema's NOK field false and each string field whose enum holds \"none\" set to "
+        "it; a schema that needs more (e.g. a required confidence) is refused until this is set.")
 
     @model_validator(mode="after")
     def _bank_when_on(self) -> GateConfig:

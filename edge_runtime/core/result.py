@@ -58,13 +58,19 @@ class Result:
     # An inspection program's regions (docs/inspection.md): name, box, verdict, text, outcome (ok, nok or
     # none) and error per region; `verdict` is the overall one. None without regions.
     regions: list[dict[str, Any]] | None = None
+    # The anomaly gate's look at the frame (docs/inspection.md#the-anomaly-gate): mode, score, threshold,
+    # gated, audit (and disagree on an audit). Left out of the JSON when the camera has no gate.
+    gate: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.source.get("engine") == "edge" and self.source.get("model") is None:
             self.source = {**self.source, "model": self.model}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["gate"] is None:  # consumers of cameras without a gate see the JSON they always saw
+            del out["gate"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)

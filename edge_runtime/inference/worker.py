@@ -22,6 +22,7 @@ from edge_runtime.core.result import Result
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 
 if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typing needs no engines
+    from edge_runtime.inference.anomaly.step import GateStep
     from edge_runtime.inference.inspector import Inspector, Work
     from edge_runtime.inference.llm.feed import Generation
 
@@ -53,6 +54,7 @@ class InspectionWorker:
         self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
         self.last_energy_j: float | None = None
         self.overlap = overlap
+        self.gates: GateStep | None = None  # the anomaly gate in front of the model (inference/anomaly/step.py)
         self.max_batch = max_batch if overlap else 1  # batching needs frames encoded ahead of generation
         self._stop = threading.Event()
         # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,
@@ -142,6 +144,9 @@ class InspectionWorker:
             self.busy_since = time.monotonic()
             try:
                 work = [(request, self._usable(encoded)) for request, encoded in ready]
+                if self.gates is not None:  # skip_ok's gated frames are answered here, without the model
+                    work = self.gates.sift(work, self.get_inspector(), self.gate.decision().state,
+                                           self._deliver, self._failed)
                 if any(request.chat is not None for request, _ in work):
                     self._serve(work)
                     continue
@@ -176,6 +181,8 @@ class InspectionWorker:
             request.future.set_result(result)
 
     def _failed(self, request: InspectionRequest, exc: Exception) -> None:
+        if self.gates is not None:
+            self.gates.forget(request)
         if isinstance(exc, StorageFull):
             self._storage_full(request, exc)
             return
@@ -331,6 +338,8 @@ class InspectionWorker:
         return self._deliver(request, result)
 
     def _deliver(self, request: InspectionRequest, result: Result) -> Result:
+        if self.gates is not None:
+            result = self.gates.annotate(request, result)
         delivered = self.deliver(request, result)
         self._full_log.reset()  # the journal took a row again: the next full disk is logged at once
         return delivered

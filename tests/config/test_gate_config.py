@@ -26,4 +26,4 @@ def test_a_mode_that_uses_the_gate_needs_a_bank() -> None:
 
 def test_every_gate_key_is_in_the_configuration_doc() -> None:
     doc = (ROOT / "docs/configuration.md").read_text()
-    assert [k for k in keys(GateConfig, "gate.") if f"`{k}`" not in doc] == []
+    assert [k for k in keys(GateConfig, "cameras[].gate.") if f"`{k}`" not in doc] == []

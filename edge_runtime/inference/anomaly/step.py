@@ -1,0 +1,332 @@
+"""The anomaly gate in the daemon: each camera's bank, the decision per frame, audits and counters.
+
+The inspection worker hands each batch of encoded frames to `GateStep.sift` before the language model
+sees them: a gated frame in `skip_ok` (score under the threshold, not picked for an audit) becomes an
+OK Result here (`source.engine: gate`) and is delivered like any other; every other frame goes on,
+and `annotate` puts the gate's look on its Result before it is journaled. The frame's own encoder
+output is scored, so the gate costs a search, never a second encode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from jsonschema import Draft202012Validator
+
+from edge_runtime.config import CameraConfig, Config, ModelConfig
+from edge_runtime.config.gate import GateConfig
+from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.contracts import Encoded
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.core.supervise import RateLimitedLog
+from edge_runtime.inference.anomaly.bank import BankError
+from edge_runtime.inference.anomaly.features import gate_context
+from edge_runtime.inference.anomaly.gate import AnomalyGate, GateScore
+from edge_runtime.inference.anomaly.heatmap import heat_map, overlay_heat
+
+if TYPE_CHECKING:
+    from edge_runtime.core.inspection_queue import InspectionRequest
+
+log = logging.getLogger(__name__)
+
+# Score histogram buckets, as score / threshold: one histogram reads the same for every camera's bank.
+RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
+_MAX_PENDING = 4096  # looks kept for frames still with the language model (a leak guard, never reached)
+
+
+class FrameSource(Protocol):
+    """What the gate needs of the inspector that serves the frames."""
+
+    device_id: str
+    default_prompt: str
+
+    @property
+    def model_name(self) -> str: ...
+
+    def encode_frame(self, camera: str, frame: np.ndarray) -> Encoded: ...
+
+
+class GateLoadError(EdgeRuntimeError):
+    """A camera's gate cannot be used: one line naming the camera and why."""
+
+
+@dataclass(frozen=True)
+class CameraGate:
+    """One camera's loaded bank with how it is used."""
+
+    camera: str
+    config: GateConfig
+    gate: AnomalyGate
+    threshold: float
+    verdict: dict[str, Any]  # what a gated frame is answered with (valid against the bundle's schema)
+    nok_field: str
+
+
+@dataclass
+class GateCounts:
+    """One camera's decisions since start: `gated` scored under the threshold (`skipped` of them
+    answered without the language model, `audits` sent to it anyway), `passed` at or over it."""
+
+    gated: int = 0
+    passed: int = 0
+    skipped: int = 0
+    audits: int = 0
+    disagreements: int = 0  # audits the language model called NOK
+    errors: int = 0  # frames the gate could not score (another size, a failed search): sent on
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(RATIO_BUCKETS) + 1))
+    score_sum: float = 0.0
+    last_disagreement: str | None = None  # the result id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gated": self.gated, "passed": self.passed, "skipped": self.skipped, "audits": self.audits,
+                "disagreements": self.disagreements, "errors": self.errors,
+                "last_disagreement": self.last_disagreement}
+
+
+@dataclass
+class GateLook:
+    """The gate's look at one frame, carried from `sift` to the frame's Result."""
+
+    camera: CameraGate
+    score: GateScore
+    gated: bool
+    audit: bool
+
+    def field(self) -> dict[str, Any]:
+        box = self.score.worst_box()
+        return {"mode": self.camera.config.mode, "score": round(self.score.score, 6),
+                "threshold": self.camera.threshold, "gated": self.gated, "audit": self.audit,
+                "search_ms": round(self.score.search_ms, 3), "worst_box": list(box) if box is not None else None}
+
+
+def ok_verdict(cfg: GateConfig, schema: Mapping[str, Any], nok_field: str) -> dict[str, Any]:
+    """The verdict of a gated frame: the configured one, or the schema's NOK field false and each
+    string field whose enum holds "none" set to it."""
+    if cfg.verdict is not None:
+        return dict(cfg.verdict)
+    out: dict[str, Any] = {nok_field: False}
+    for name, prop in (schema.get("properties") or {}).items():
+        if name != nok_field and isinstance(prop, dict) and "none" in (prop.get("enum") or []):
+            out[name] = "none"
+    return out
+
+
+def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraConfig],
+               nok_fields: Mapping[str, str] | None = None) -> dict[str, CameraGate]:
+    """Each gated camera's bank, checked against the encoder, budget and crop its frames get.
+    Raises GateLoadError (one line) for the first camera whose gate cannot be used."""
+    schema = bundle.manifest.verdict_schema
+    validator = Draft202012Validator(schema)
+    out: dict[str, CameraGate] = {}
+    for cam in cameras:
+        cfg = cam.gate
+        if cfg is None or cfg.mode == "off" or not cam.enabled:
+            continue
+        assert cfg.bank is not None  # GateConfig refuses a mode without a bank
+        why = f"cameras.{cam.name}.gate"
+        try:
+            gate = AnomalyGate.load(cfg.bank, gate_context(bundle, settings, region=cam.roi),
+                                    int(cfg.max_bank_mb * 2**20))
+        except BankError as exc:
+            raise GateLoadError(f"{why}: {exc}") from None
+        except OSError as exc:
+            raise GateLoadError(f"{why}: cannot read the bank {cfg.bank}: {exc.strerror or exc}") from None
+        threshold = cfg.threshold if cfg.threshold is not None else gate.threshold
+        if threshold is None:
+            raise GateLoadError(f"{why}: the bank {cfg.bank} holds no threshold; set gate.threshold or fit "
+                                "with --labelled DIR --max-escape RATE")
+        nok_field = (nok_fields or {}).get(cam.name, "defect")
+        verdict = ok_verdict(cfg, schema, nok_field)
+        errors = sorted(validator.iter_errors(verdict), key=str)
+        if cfg.mode == "skip_ok" and errors:
+            raise GateLoadError(f"{why}.verdict: the gated OK verdict {verdict} does not match the bundle's "
+                                f"schema ({errors[0].message}); set gate.verdict to a whole OK verdict")
+        if cfg.mode == "skip_ok" and cfg.threshold is None and not gate.header.threshold.supported:
+            log.warning("%s: skip_ok on the bank's threshold %.4g, which makes no escape claim (%s); "
+                        "run annotate until labelled data supports it", why, threshold,
+                        gate.header.threshold.method)
+        out[cam.name] = CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field)
+    return out
+
+
+class GateStep:
+    """The worker's gate: which cameras have one, each frame's look, and the counters."""
+
+    def __init__(self) -> None:
+        self._gates: dict[str, CameraGate] = {}
+        self._counts: dict[str, GateCounts] = {}
+        self._looks: dict[int, GateLook] = {}  # id(request) -> look, until its Result is delivered
+        self._scores: dict[str, GateScore] = {}  # result id -> score, for the evidence heat map
+        self._lock = threading.Lock()
+        self._log = RateLimitedLog(log)
+
+    def install(self, gates: Mapping[str, CameraGate]) -> None:
+        """Replace the gates (start, reload); counters of cameras that keep a gate go on."""
+        self._gates = dict(gates)
+        for name in gates:
+            self._counts.setdefault(name, GateCounts())
+
+    @property
+    def cameras(self) -> dict[str, CameraGate]:
+        return self._gates
+
+    def counts(self) -> dict[str, GateCounts]:
+        return {name: c for name, c in self._counts.items() if name in self._gates}
+
+    # ---- the worker's hooks ------------------------------------------------------------------
+
+    def sift(self, work: list[tuple[InspectionRequest, Encoded | Exception | None]],
+             inspector: FrameSource, governor: dict[str, Any] | None,
+             deliver: Callable[[InspectionRequest, Result], Result],
+             failed: Callable[[InspectionRequest, Exception], None]
+             ) -> list[tuple[InspectionRequest, Encoded | Exception | None]]:
+        """Look at each camera frame with a gate; answer the gated ones of skip_ok here. Returns the
+        work that still goes to the language model (frames not encoded ahead come back encoded)."""
+        if not self._gates:
+            return work
+        rest = []
+        for request, encoded in work:
+            cam = self._gates.get(request.camera)
+            if cam is None or request.job is not None or request.chat is not None or request.image is None \
+                    or isinstance(encoded, Exception):
+                rest.append((request, encoded))
+                continue
+            if encoded is None:  # not encoded ahead (overlap off, or a reload meanwhile): encode once, here
+                try:
+                    encoded = inspector.encode_frame(request.camera, request.image)
+                except Exception as exc:  # noqa: BLE001 - reported by the worker like any encoder failure
+                    rest.append((request, exc))
+                    continue
+            look = self._look(cam, request, encoded)
+            if look is None or not look.gated or look.audit or cam.config.mode != "skip_ok":
+                if look is not None:
+                    self._keep(request, look)
+                rest.append((request, encoded))
+                continue
+            try:
+                result = deliver(request, self._ok_result(look, request, encoded, governor, inspector))
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it
+                failed(request, exc)
+            else:
+                request.future.set_result(result)
+        return rest
+
+    def annotate(self, request: InspectionRequest, result: Result) -> Result:
+        """Put the gate's look on a Result the language model made (before it is journaled)."""
+        with self._lock:
+            look = self._looks.pop(id(request), None)
+        if look is None or result.camera != look.camera.camera:
+            return result
+        result.gate = look.field()
+        if look.audit:
+            nok = bool(result.verdict.get(look.camera.nok_field))
+            result.gate["disagree"] = nok
+            if nok:
+                counts = self._counts[look.camera.camera]
+                counts.disagreements += 1
+                counts.last_disagreement = result.id
+                log.warning("gate: camera %s: audit %s: the gate scored %.4g (under %.4g) and the language model "
+                            "called the part NOK", look.camera.camera, result.id, look.score.score,
+                            look.camera.threshold)
+        self._remember(result.id, look)
+        return result
+
+    def forget(self, request: InspectionRequest) -> None:
+        """The frame failed: its look goes with it."""
+        with self._lock:
+            self._looks.pop(id(request), None)
+
+    def overlay(self, image: np.ndarray, result: Result) -> np.ndarray:
+        """The evidence image with the gate's heat map over it (the image itself when there is none)."""
+        with self._lock:
+            kept = self._scores.pop(result.id, None)
+        cam = self._gates.get(result.camera)
+        if kept is None or cam is None or not cam.config.heat_map:
+            return image
+        lay = kept.layout
+        if image.shape[1] != lay.width or image.shape[0] != lay.height:
+            return image  # not the frame the gate saw (a full-frame evidence of a cropped camera)
+        return overlay_heat(image, heat_map(kept), cam.threshold)
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _look(self, cam: CameraGate, request: InspectionRequest, encoded: Encoded) -> GateLook | None:
+        counts = self._counts.setdefault(cam.camera, GateCounts())
+        if getattr(encoded, "regions", None) is not None:
+            return None  # regions or tiles: several crops, no one frame for the bank
+        try:
+            score = cam.gate.score(encoded)
+        except Exception as exc:  # noqa: BLE001 - a frame the gate cannot judge goes to the language model
+            counts.errors += 1
+            self._log.log(logging.ERROR, "gate: camera %s: frame %d not scored, sent to the language model: %s",
+                          cam.camera, request.seq, exc)
+            return None
+        gated = score.score < cam.threshold
+        ratio = score.score / cam.threshold
+        counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
+        counts.score_sum += score.score
+        audit = False
+        if gated:
+            counts.gated += 1
+            if cam.config.mode == "skip_ok":
+                if request.schema is not None and not Draft202012Validator(request.schema).is_valid(cam.verdict):
+                    audit = True  # a recipe's own schema the OK verdict does not fit: the model answers
+                else:
+                    audit = counts.gated % cam.config.audit_every == 0
+                if audit:
+                    counts.audits += 1
+                else:
+                    counts.skipped += 1
+        else:
+            counts.passed += 1
+        return GateLook(cam, score, gated, audit)
+
+    def _keep(self, request: InspectionRequest, look: GateLook) -> None:
+        with self._lock:
+            if len(self._looks) >= _MAX_PENDING:
+                self._looks.clear()
+            self._looks[id(request)] = look
+
+    def _remember(self, result_id: str, look: GateLook) -> None:
+        if not look.camera.config.heat_map:
+            return
+        with self._lock:
+            if len(self._scores) >= _MAX_PENDING:
+                self._scores.clear()
+            self._scores[result_id] = look.score
+
+    def _ok_result(self, look: GateLook, request: InspectionRequest, enc: Encoded,
+                   governor: dict[str, Any] | None, inspector: FrameSource) -> Result:
+        cam, model = look.camera, inspector.model_name
+        total = request.capture_ms + enc.preprocess_ms + enc.encode_ms + look.score.search_ms
+        timings = {"capture": round(request.capture_ms, 3), "preprocess": round(enc.preprocess_ms, 3),
+                   "encode": round(enc.encode_ms, 3), "prefill": 0.0, "decode": 0.0, "total": round(total, 3)}
+        result = Result(device=inspector.device_id, camera=request.camera,
+                        frame=FrameInfo(request.seq, enc.width, enc.height), verdict=dict(cam.verdict),
+                        text=json.dumps(cam.verdict, separators=(",", ":")), model=model, timings_ms=timings,
+                        prompt=request.prompt or inspector.default_prompt, governor=governor,
+                        source={"engine": "gate", "endpoint": None, "model": model,
+                                "score": round(look.score.score, 6)})
+        result.gate = look.field()
+        self._remember(result.id, look)
+        return result
+
+
+
+
+def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate]:
+    """`load_gates` for a whole config: each camera's NOK field from its program (default `defect`)."""
+    nok = {c.name: config.programs[c.program].nok_field for c in config.cameras
+           if c.program is not None and c.program in config.programs}
+    return load_gates(bundle, config.model, config.cameras, nok)
+
+
+def any_gate(config: Config) -> bool:
+    return any(c.gate is not None and c.gate.mode != "off" for c in config.cameras)

@@ -1,0 +1,191 @@
+"""The anomaly gate in the running daemon (issue 42, phase 2): a real demo bundle (ONNX encoder,
+llama.cpp), a bank fitted on synthetic good parts, a folder camera, the real journal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import pytest
+import yaml
+
+from edge_runtime.app.daemon import Daemon
+from edge_runtime.config import CameraConfig, Config, TriggerConfig
+from edge_runtime.config.gate import GateConfig
+from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.inspection_queue import InspectionRequest
+from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
+from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
+from edge_runtime.inference.anomaly.step import GateLoadError
+from edge_runtime.inference.inspector import Inspector
+from tests.inference.test_anomaly_gate import _bundle_with_another_encoder
+from tests.support.parts import clean_part
+from tests.support.waiting import wait_for
+
+OK = {"defect": False, "category": "none", "confidence": 1, "notes": "surface clean"}
+# A request schema under which the language model can only call the part NOK (a recipe's own schema).
+NOK_SCHEMA = {"type": "object", "properties": {"defect": {"const": True}, "category": {"enum": ["scratch"]}},
+              "required": ["defect", "category"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def bank(inspector: Inspector, demo_bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    context = gate_context(demo_bundle, inspector.settings)
+    feats = [patch_features(inspector.encode(clean_part(s)), context) for s in range(12)]
+    fit = fit_bank(feats)
+    path = tmp_path_factory.mktemp("gate") / "parts.bank"
+    write_bank(path, bank_header(fit, context, feats[0]), fit.vectors)
+    return path
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("parts")
+    for s in range(6):
+        cv2.imwrite(str(folder / f"part-{s:02d}.png"), clean_part(100 + s))
+    return folder
+
+
+def camera(parts: Path, gate: GateConfig | None, name: str = "belt", mode: str = "interval") -> CameraConfig:
+    return CameraConfig(name=name, source=str(parts), kind="folder", fps=20, gate=gate,
+                        trigger=TriggerConfig(mode=mode, interval_s=0.05))  # type: ignore[arg-type]
+
+
+def config(tmp_path: Path, demo_dir: Path, *cameras: CameraConfig) -> Config:
+    cfg = Config(device_id="line-1", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = list(cameras)
+    return cfg
+
+
+@pytest.fixture
+def run_daemon() -> Iterator[Callable[[Config], Daemon]]:
+    started: list[Daemon] = []
+
+    def start(cfg: Config, path: Path | None = None) -> Daemon:
+        daemon = Daemon(cfg, config_path=path)
+        started.append(daemon)
+        daemon.start()
+        return daemon
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def rows(daemon: Daemon, camera: str = "belt") -> list[dict[str, Any]]:
+    return daemon.journal.query(camera=camera, limit=500)
+
+
+def quiesce(daemon: Daemon) -> None:
+    """Cameras stopped and every frame the gate looked at journaled."""
+    for rig in daemon.rigs.values():
+        rig.stop()
+    counts = daemon.gates.counts()
+    wait_for(lambda: all(c.gated + c.passed + c.errors == len(rows(daemon, name)) for name, c in counts.items()),
+             what="every scored frame journaled", timeout=30)
+
+
+def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_audits_one_in_n(
+        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=3, verdict=OK)
+    daemon = run_daemon(config(tmp_path, demo_dir, camera(parts, gate)))
+    wait_for(lambda: len(rows(daemon)) >= 9, what="9 results", timeout=60)
+    quiesce(daemon)
+    got = rows(daemon)
+    counts = daemon.gates.counts()["belt"]
+    gated = [r for r in got if r["source"]["engine"] == "gate"]
+    audits = [r for r in got if r["source"]["engine"] == "edge"]
+    assert len(gated) + len(audits) == len(got) == counts.gated
+    assert counts.audits == len(audits) == counts.gated // 3 and counts.skipped == len(gated)
+    assert all(r["gate"]["audit"] and r["gate"]["gated"] and "disagree" in r["gate"] for r in audits)
+    g, m = gated[0], audits[0]
+    assert g["verdict"] == OK and g["timings_ms"]["prefill"] == g["timings_ms"]["decode"] == 0
+    assert g["source"]["score"] == g["gate"]["score"] < g["gate"]["threshold"] == 100.0
+    assert g["gate"]["mode"] == "skip_ok" and not g["gate"]["audit"]
+    # Field by field, the gated OK is the record a model OK is, but for who answered and what it cost.
+    assert set(g) == set(m) and set(g["verdict"]) == set(m["verdict"])
+    differ = {"id", "ts", "journal_seq", "frame", "timings_ms", "energy_j", "text", "verdict", "source", "gate"}
+    assert {k: g[k] for k in set(g) - differ} == {k: m[k] for k in set(m) - differ}
+    assert g["frame"]["width"] == m["frame"]["width"] == 224 and g["verdict"]["defect"] == m["verdict"]["defect"]
+
+
+def test_annotate_scores_every_frame_and_the_model_answers_each(
+        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    gate = GateConfig(mode="annotate", bank=str(bank), threshold=100.0)
+    daemon = run_daemon(config(tmp_path, demo_dir, camera(parts, gate), camera(parts, None, "plain")))
+    wait_for(lambda: len(rows(daemon)) >= 3 and len(rows(daemon, "plain")) >= 1, what="results", timeout=60)
+    quiesce(daemon)
+    got = rows(daemon)
+    assert all(r["source"]["engine"] == "edge" and r["gate"]["mode"] == "annotate" and r["gate"]["gated"]
+               and not r["gate"]["audit"] for r in got)
+    assert daemon.gates.counts()["belt"].skipped == 0
+    assert all("gate" not in r for r in rows(daemon, "plain"))  # a camera without a gate: the JSON as before
+
+
+def test_an_audit_the_model_calls_nok_is_counted_as_a_disagreement(
+        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path) -> None:
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1, verdict=OK)
+    daemon = run_daemon(config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand")))
+    result = daemon.inspections.submit(InspectionRequest(clean_part(7), "belt", schema=NOK_SCHEMA)).result(60)
+    assert result.source["engine"] == "edge" and result.verdict["defect"] is True
+    assert result.gate is not None and result.gate["audit"] and result.gate["disagree"]
+    counts = daemon.gates.counts()["belt"]
+    assert counts.disagreements == 1 and counts.last_disagreement == result.id
+
+
+def test_a_bank_of_another_encoder_refuses_start_and_config_validate_in_one_line(
+        tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    other = _bundle_with_another_encoder(demo_dir, tmp_path)
+    cfg = config(tmp_path, other, camera(parts, GateConfig(mode="annotate", bank=str(bank), threshold=1.0)))
+    daemon = Daemon(cfg)
+    try:
+        with pytest.raises(GateLoadError, match=r"cameras\.belt\.gate: .*another encoder") as err:
+            daemon.start()
+        assert "\n" not in str(err.value)
+    finally:
+        daemon.stop()
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=True)))
+    proc = subprocess.run([sys.executable, "-m", "edge_runtime", "config", "validate", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "another encoder" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_corrupt_or_oversized_bank_is_one_line_and_a_bad_reload_keeps_the_running_gate(
+        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    corrupt = tmp_path / "corrupt.bank"
+    data = bytearray(bank.read_bytes())
+    data[-5] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    for gate, why in ((GateConfig(mode="annotate", bank=str(corrupt), threshold=1.0), "sha256"),
+                      (GateConfig(mode="annotate", bank=str(bank), threshold=1.0, max_bank_mb=0.001), "memory")):
+        daemon = Daemon(config(tmp_path, demo_dir, camera(parts, gate)))
+        try:
+            with pytest.raises(GateLoadError, match=why) as err:
+                daemon.start()
+            assert "\n" not in str(err.value) and str(err.value).startswith("cameras.belt.gate: ")
+        finally:
+            daemon.stop()
+    good = config(tmp_path, demo_dir, camera(parts, GateConfig(mode="annotate", bank=str(bank), threshold=1.0),
+                                             mode="on_demand"))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(good.model_dump(mode="json", exclude_defaults=True)))
+    daemon = run_daemon(good, path)
+    running = daemon.gates.cameras["belt"]
+    bad = good.model_copy(deep=True)
+    assert bad.cameras[0].gate is not None
+    bad.cameras[0].gate.bank = str(corrupt)
+    path.write_text(yaml.safe_dump(bad.model_dump(mode="json", exclude_defaults=True)))
+    with pytest.raises(EdgeRuntimeError, match=r"reload refused.*sha256"):
+        daemon.reload()
+    assert daemon.gates.cameras["belt"] is running and daemon.config.cameras[0].gate.bank == str(bank)  # type: ignore[union-attr]
