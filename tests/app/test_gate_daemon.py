@@ -53,7 +53,7 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def camera(parts: Path, gate: GateConfig | None, name: str = "belt", mode: str = "interval") -> CameraConfig:
     return CameraConfig(name=name, source=str(parts), kind="folder", fps=20, gate=gate,
-                        trigger=TriggerConfig(mode=mode, interval_s=0.05))  # type: ignore[arg-type]
+                        trigger=TriggerConfig(mode=mode, interval_s=0.05))
 
 
 def config(tmp_path: Path, demo_dir: Path, *cameras: CameraConfig) -> Config:
@@ -67,7 +67,7 @@ def config(tmp_path: Path, demo_dir: Path, *cameras: CameraConfig) -> Config:
 
 
 @pytest.fixture
-def run_daemon() -> Iterator[Callable[[Config], Daemon]]:
+def run_daemon() -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def start(cfg: Config, path: Path | None = None) -> Daemon:
@@ -95,7 +95,7 @@ def quiesce(daemon: Daemon) -> None:
 
 
 def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_audits_one_in_n(
-        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=3, verdict=OK)
     daemon = run_daemon(config(tmp_path, demo_dir, camera(parts, gate)))
     wait_for(lambda: len(rows(daemon)) >= 9, what="9 results", timeout=60)
@@ -119,7 +119,7 @@ def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_aud
 
 
 def test_annotate_scores_every_frame_and_the_model_answers_each(
-        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
     gate = GateConfig(mode="annotate", bank=str(bank), threshold=100.0)
     daemon = run_daemon(config(tmp_path, demo_dir, camera(parts, gate), camera(parts, None, "plain")))
     wait_for(lambda: len(rows(daemon)) >= 3 and len(rows(daemon, "plain")) >= 1, what="results", timeout=60)
@@ -132,7 +132,7 @@ def test_annotate_scores_every_frame_and_the_model_answers_each(
 
 
 def test_an_audit_the_model_calls_nok_is_counted_as_a_disagreement(
-        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path) -> None:
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1, verdict=OK)
     daemon = run_daemon(config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand")))
     result = daemon.inspections.submit(InspectionRequest(clean_part(7), "belt", schema=NOK_SCHEMA)).result(60)
@@ -162,7 +162,7 @@ def test_a_bank_of_another_encoder_refuses_start_and_config_validate_in_one_line
 
 
 def test_a_corrupt_or_oversized_bank_is_one_line_and_a_bad_reload_keeps_the_running_gate(
-        run_daemon: Callable[[Config], Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
     corrupt = tmp_path / "corrupt.bank"
     data = bytearray(bank.read_bytes())
     data[-5] ^= 0xFF
