@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from edge_runtime.api.gate_metrics import gate_metrics
 from edge_runtime.core.result import STAGES, Result
 from edge_runtime.fleet.offload.metrics import offload_metrics
 from edge_runtime.lineio.metrics import line_io_metrics
@@ -79,6 +80,7 @@ class StatusCollector(Collector):
         yield from governor_metrics(s.get("governor"))
         yield from offload_metrics(s.get("offload"))
         yield from line_io_metrics(s.get("line_io"))
+        yield from gate_metrics(s.get("gate"))
 
 
 def encoder_cache_metrics(cache: dict[str, Any] | None) -> Iterator[Any]:

@@ -131,6 +131,7 @@ class DeviceReports:
             "governor": self.gate.decision().state,
             "offload": self.offload.status() if self.offload else {"enabled": False},
             "line_io": self.line_io.status() if self.line_io else {"enabled": False},
+            "gate": self.worker.gates.status() if self.worker.gates else {},  # per gated camera
             **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
         }
 
@@ -139,4 +140,9 @@ class DeviceReports:
         now, inspected = time.monotonic(), self.pipeline.delivered
         then, before = self._telemetry_mark
         self._telemetry_mark = (now, inspected)
-        return telemetry_message(self.status(), (inspected - before) * 60 / max(now - then, 1e-6))
+        status = self.status()
+        message = telemetry_message(status, (inspected - before) * 60 / max(now - then, 1e-6))
+        if status["gate"]:  # the anomaly gate's decisions per camera (no histogram: that is /metrics)
+            message["gate"] = {name: {k: v for k, v in g.items() if k not in ("histogram", "bank")}
+                               for name, g in status["gate"].items()}
+        return message

@@ -3,6 +3,7 @@ llama.cpp), a bank fitted on synthetic good parts, a folder camera, the real jou
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -12,7 +13,9 @@ from typing import Any
 import cv2
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 
+from edge_runtime.api.metrics import StatusCollector
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.config.gate import GateConfig
@@ -116,6 +119,18 @@ def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_aud
     differ = {"id", "ts", "journal_seq", "frame", "timings_ms", "energy_j", "text", "verdict", "source", "gate"}
     assert {k: g[k] for k in set(g) - differ} == {k: m[k] for k in set(m) - differ}
     assert g["frame"]["width"] == m["frame"]["width"] == 224 and g["verdict"]["defect"] == m["verdict"]["defect"]
+    # The counts reach /api/v1/status, the MQTT telemetry message and /metrics.
+    status = daemon.status()["gate"]["belt"]
+    assert (status["gated"], status["audits"], status["skipped"]) == (counts.gated, counts.audits, counts.skipped)
+    assert status["histogram"]["count"] == counts.gated and status["histogram"]["buckets"][-1][1] == counts.gated
+    assert daemon.telemetry()["gate"]["belt"]["audits"] == counts.audits
+    json.dumps(daemon.status(), allow_nan=False)  # strict JSON for REST
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(daemon.status))
+    text = generate_latest(registry).decode()
+    assert f'edge_gate_decisions_total{{camera="belt",decision="gated"}} {float(counts.gated)}' in text
+    assert f'edge_gate_audits_total{{camera="belt"}} {float(counts.audits)}' in text
+    assert f'edge_gate_score_ratio_count{{camera="belt"}} {float(counts.gated)}' in text
 
 
 def test_annotate_scores_every_frame_and_the_model_answers_each(
@@ -140,6 +155,7 @@ def test_an_audit_the_model_calls_nok_is_counted_as_a_disagreement(
     assert result.gate is not None and result.gate["audit"] and result.gate["disagree"]
     counts = daemon.gates.counts()["belt"]
     assert counts.disagreements == 1 and counts.last_disagreement == result.id
+    assert daemon.status()["gate"]["belt"]["disagreements"] == 1
 
 
 def test_a_bank_of_another_encoder_refuses_start_and_config_validate_in_one_line(

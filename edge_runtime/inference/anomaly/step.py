@@ -81,7 +81,7 @@ class GateCounts:
     disagreements: int = 0  # audits the language model called NOK
     errors: int = 0  # frames the gate could not score (another size, a failed search): sent on
     buckets: list[int] = field(default_factory=lambda: [0] * (len(RATIO_BUCKETS) + 1))
-    score_sum: float = 0.0
+    ratio_sum: float = 0.0  # of score / threshold, the histogram's sum
     last_disagreement: str | None = None  # the result id
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,6 +180,22 @@ class GateStep:
     def counts(self) -> dict[str, GateCounts]:
         return {name: c for name, c in self._counts.items() if name in self._gates}
 
+    def status(self) -> dict[str, Any]:
+        """Per gated camera: how it is used, its decisions, and the score histogram (score / threshold,
+        cumulative counts per upper bound as Prometheus keeps them)."""
+        out: dict[str, Any] = {}
+        for name, cam in self._gates.items():
+            c = self._counts.get(name) or GateCounts()
+            running, cumulative = 0, list[list[float | str | int]]()
+            bounds: list[float | str] = [*RATIO_BUCKETS, "+Inf"]  # JSON has no infinity
+            for bound, n in zip(bounds, c.buckets, strict=True):
+                running += n
+                cumulative.append([bound, running])
+            out[name] = {"mode": cam.config.mode, "threshold": cam.threshold, "bank": str(cam.gate.path),
+                         "audit_every": cam.config.audit_every, "patches": cam.gate.patches, **c.to_dict(),
+                         "histogram": {"buckets": cumulative, "sum": round(c.ratio_sum, 6), "count": running}}
+        return out
+
     # ---- the worker's hooks ------------------------------------------------------------------
 
     def sift(self, work: list[tuple[InspectionRequest, Encoded | Exception | None]],
@@ -271,7 +287,7 @@ class GateStep:
         gated = score.score < cam.threshold
         ratio = score.score / cam.threshold
         counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
-        counts.score_sum += score.score
+        counts.ratio_sum += ratio
         audit = False
         if gated:
             counts.gated += 1
