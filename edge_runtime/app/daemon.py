@@ -101,6 +101,8 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         self.pipeline.in_journal.append(self.verdicts.in_journal)
         self.pipeline.after_journal.append(self.verdicts.after_journal)
         self.services.append(self.verdicts)
+        self.gates.heat_wanted = self.verdicts.evidence is not None
+        self.verdicts.evidence_overlay = self.gates.overlay  # the gate's heat map on the evidence image
         if config.mqtt.enabled:
             self._add_mqtt(config)
         self.api: ApiServer | None = None

@@ -66,6 +66,8 @@ class VerdictServices:
                  budget: RulesBudget | None = None) -> None:
         self.evidence_cfg = evidence
         self.evidence: EvidenceStore | None = None
+        # Draws over the evidence image before it is kept (the anomaly gate's heat map); None: as captured.
+        self.evidence_overlay: Callable[[np.ndarray, Result], np.ndarray] | None = None
         if evidence.enabled:
             root = evidence.path or data_dir / "evidence"
             try:
@@ -128,6 +130,8 @@ class VerdictServices:
         if self.evidence is not None and image is not None:
             try:
                 kept = full_frame(image) if self.evidence_cfg.full_frame else image
+                if self.evidence_overlay is not None:  # the anomaly gate's heat map (inference/anomaly/step.py)
+                    kept = self.evidence_overlay(kept, result)
                 result.evidence = self.evidence.save(kept, result.id, result.verdict)
             except Exception:  # evidence is an extra: the verdict goes on without it
                 log.exception("evidence: saving %s failed", result.id)

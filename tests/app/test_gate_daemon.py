@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
@@ -205,3 +206,27 @@ def test_a_corrupt_or_oversized_bank_is_one_line_and_a_bad_reload_keeps_the_runn
     with pytest.raises(EdgeRuntimeError, match=r"reload refused.*sha256"):
         daemon.reload()
     assert daemon.gates.cameras["belt"] is running and daemon.config.cameras[0].gate.bank == str(bank)  # type: ignore[union-attr]
+
+
+def test_the_evidence_image_carries_the_heat_map_where_the_gate_scored_high(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path) -> None:
+    # A threshold far under every score: every patch is over 1.5x it, so the whole frame is coloured.
+    cfg = config(tmp_path, demo_dir, camera(tmp_path, GateConfig(mode="annotate", bank=str(bank), threshold=1e-4),
+                                            mode="on_demand"),
+                 camera(tmp_path, GateConfig(mode="annotate", bank=str(bank), threshold=1e-4, heat_map=False),
+                        name="plain", mode="on_demand"))
+    cfg.evidence.keep_passes = 1
+    daemon = run_daemon(cfg)
+    part = clean_part(500)  # not one of the bank's parts
+    kept: dict[str, np.ndarray] = {}
+    for name in ("belt", "plain"):
+        result = daemon.inspections.submit(InspectionRequest(part, name)).result(60)
+        assert result.evidence is not None and result.gate is not None and not result.gate["gated"]
+        assert daemon.verdicts.evidence is not None
+        found = daemon.verdicts.evidence.lookup(result.id)
+        assert found is not None
+        image = cv2.imread(str(found.path))
+        assert image is not None
+        kept[name] = image.astype(int)
+    assert np.abs(kept["plain"] - part).mean() < 5  # heat_map: false keeps the frame as captured (JPEG aside)
+    assert np.abs(kept["belt"] - part).mean() > 20

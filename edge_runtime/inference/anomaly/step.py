@@ -166,6 +166,7 @@ class GateStep:
         self._scores: dict[str, GateScore] = {}  # result id -> score, for the evidence heat map
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)
+        self.heat_wanted = False  # set when evidence is kept: only then are scores kept for `overlay`
 
     def install(self, gates: Mapping[str, CameraGate]) -> None:
         """Replace the gates (start, reload); counters of cameras that keep a gate go on."""
@@ -260,16 +261,24 @@ class GateStep:
             self._looks.pop(id(request), None)
 
     def overlay(self, image: np.ndarray, result: Result) -> np.ndarray:
-        """The evidence image with the gate's heat map over it (the image itself when there is none)."""
+        """The evidence image with the gate's heat map over the part it scored: the whole image when it
+        is the frame the gate saw, the camera's crop (`roi`) of it when it is the full frame."""
         with self._lock:
             kept = self._scores.pop(result.id, None)
         cam = self._gates.get(result.camera)
         if kept is None or cam is None or not cam.config.heat_map:
             return image
-        lay = kept.layout
-        if image.shape[1] != lay.width or image.shape[0] != lay.height:
-            return image  # not the frame the gate saw (a full-frame evidence of a cropped camera)
-        return overlay_heat(image, heat_map(kept), cam.threshold)
+        lay, roi = kept.layout, cam.gate.context.region
+        heat = heat_map(kept)
+        if image.shape[:2] == (lay.height, lay.width):
+            return overlay_heat(image, heat, cam.threshold)
+        if roi is not None and (roi[2], roi[3]) == (lay.width, lay.height) \
+                and image.shape[0] >= roi[1] + roi[3] and image.shape[1] >= roi[0] + roi[2]:
+            x, y, w, h = roi
+            out = image.copy()
+            out[y:y + h, x:x + w] = overlay_heat(image[y:y + h, x:x + w], heat, cam.threshold)
+            return out
+        return image  # not a frame the gate saw
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -311,7 +320,7 @@ class GateStep:
             self._looks[id(request)] = look
 
     def _remember(self, result_id: str, look: GateLook) -> None:
-        if not look.camera.config.heat_map:
+        if not (self.heat_wanted and look.camera.config.heat_map):
             return
         with self._lock:
             if len(self._scores) >= _MAX_PENDING:
