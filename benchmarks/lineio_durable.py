@@ -34,11 +34,12 @@ sys.path.insert(0, str(ROOT))
 from pymodbus.client import ModbusTcpClient  # noqa: E402
 
 from edge_runtime.config.line_io import ModbusConfig, StationConfig  # noqa: E402
-from edge_runtime.core.result import FrameInfo  # noqa: E402
-from edge_runtime.core.result import Result as Inspection  # noqa: E402
+from edge_runtime.core.result import FrameInfo, Result  # noqa: E402
 from edge_runtime.lineio import modbus_map as rm  # noqa: E402
 from edge_runtime.lineio.modbus import ModbusServer  # noqa: E402
-from edge_runtime.lineio.station import JobRequest, Station, tagged  # noqa: E402
+from edge_runtime.lineio.recipes import tagged  # noqa: E402
+from edge_runtime.lineio.signals import JobRequest  # noqa: E402
+from edge_runtime.lineio.station import Station  # noqa: E402
 from edge_runtime.verdicts.line_jobs import LineJobs  # noqa: E402
 
 
@@ -80,14 +81,14 @@ class Delivery:
         self.station: Station | None = None
         self.notify_ms: list[float] = []
 
-    def start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Inspection]:
-        future: Future[Inspection] = Future()
+    def start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Result]:
+        future: Future[Result] = Future()
         on_acquired()
         threading.Timer(self.inference_s, self._deliver, (job, future)).start()
         return future
 
-    def _deliver(self, job: JobRequest, future: Future[Inspection]) -> None:
-        result = tagged(Inspection(device="bench", camera=job.camera, frame=FrameInfo(job.seq, 64, 64),
+    def _deliver(self, job: JobRequest, future: Future[Result]) -> None:
+        result = tagged(Result(device="bench", camera=job.camera, frame=FrameInfo(job.seq, 64, 64),
                                    verdict={"defect": False}, text="", model="stand-in",
                                    timings_ms={"total": 1.0}, prompt=""), job)
         assert self.station is not None

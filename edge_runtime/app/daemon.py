@@ -6,11 +6,6 @@ inspection in progress finishes and is journaled), SIGHUP reloads the config fil
 
 from __future__ import annotations
 
-# The native engines load first, in their one safe order (engines.py).
-from edge_runtime.inference import engines  # noqa: F401
-
-# isort: split
-
 import logging
 import signal
 import threading

@@ -27,7 +27,8 @@ from edge_runtime.core.result import Result
 from edge_runtime.core.sink import Sink, SinkHealth
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.lineio.ota_lock import LineJobsLock
-from edge_runtime.lineio.station import JobRequest, Station
+from edge_runtime.lineio.signals import JobRequest
+from edge_runtime.lineio.station import Station
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.line_jobs import LineJobs
 from edge_runtime.verdicts.pipeline import VerdictPipeline

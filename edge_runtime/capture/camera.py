@@ -16,11 +16,8 @@ from enum import Enum
 
 import numpy as np
 
-from edge_runtime.capture.sources import IMAGE_SUFFIXES, RefusedFiles, Source, crop, csi_pipeline, redact, source_kind
+from edge_runtime.capture.sources import RefusedFiles, Source, crop, redact, source_kind
 from edge_runtime.config import CameraConfig, ImageLimits
-
-__all__ = ["IMAGE_SUFFIXES", "Camera", "CameraState", "CameraStats", "CameraStatus", "Frame", "LatestFrame",
-           "RefusedFiles", "Source", "csi_pipeline", "redact", "source_kind"]
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ import numpy as np
 
 from edge_runtime.capture.camera import Camera, Frame
 from edge_runtime.config import TriggerConfig
-
-# These lived here; re-exported so that old import paths keep working.
 from edge_runtime.core.contracts import Gate, GateDecision, QueueFull
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.inspection_queue import FrameRouter, InspectionQueue, InspectionRequest, ScheduleStats

@@ -8,8 +8,6 @@ inspections/s sequentially and with the encoder of frame N+1 overlapped with gen
 
 from __future__ import annotations
 
-from edge_runtime.inference import engines  # noqa: F401  # isort: skip - onnxruntime, then llama_cpp (engines.py)
-
 import json
 import resource
 import statistics

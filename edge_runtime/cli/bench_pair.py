@@ -8,8 +8,6 @@ then our prefill (prefix reuse on) and generation (llguidance, forced tokens).
 
 from __future__ import annotations
 
-from edge_runtime.inference import engines  # noqa: F401  # isort: skip - onnxruntime, then llama_cpp (engines.py)
-
 import resource
 import statistics
 import time

@@ -235,7 +235,7 @@ class Doctor:
                      "restart the sensor service (jtop) or check driver permissions" if snap.error else "")
 
     def cameras(self) -> Check:
-        from edge_runtime.capture.camera import source_kind
+        from edge_runtime.capture.sources import source_kind
 
         if not self.config.cameras:
             return Check("cameras", "skip", "no cameras configured")

@@ -49,8 +49,8 @@ def setup_logging(level: str) -> None:
 # ---- commands -------------------------------------------------------------------------------
 
 def cmd_infer(args: argparse.Namespace, config: Config) -> int:
+    from edge_runtime.core.images import read_image_file
     from edge_runtime.inference.model_source import open_inspector
-    from edge_runtime.inference.vision import read_image_file
 
     # Read the image before loading the model: a wrong path fails fast.
     lim = config.images

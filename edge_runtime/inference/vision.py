@@ -1,6 +1,6 @@
 """OpenCV preprocessing and the ONNX Runtime vision encoder.
 
-`decode_image` (in images.py, re-exported here) turns untrusted bytes into a BGR frame or raises
+`decode_image` (core/images.py) turns untrusted bytes into a BGR frame or raises
 ImageError with a clear reason; `Preprocessor` makes the encoder's input tensor; `VisionEncoder`
 owns (and closes) the ORT session.
 """
@@ -17,10 +17,6 @@ import numpy as np
 from PIL import Image
 
 from edge_runtime.core.bundle import Preprocess
-from edge_runtime.core.images import SUPPORTED_FORMATS, decode_image, read_image_file
-
-__all__ = ["SUPPORTED_FORMATS", "Preprocessor", "VisionEncoder", "choose_providers", "decode_image",
-           "read_image_file"]
 
 log = logging.getLogger(__name__)
 _INTERPOLATION = {

@@ -26,7 +26,8 @@ from gpiod.line import Bias, Direction, Edge, Value
 from edge_runtime.config.line_io import GpioCellConfig, GpioConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
-from edge_runtime.lineio.station import LineRefused, Result, Signals, Station
+from edge_runtime.lineio.signals import LineOutcome, LineRefused, Signals
+from edge_runtime.lineio.station import Station
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class GpioCell:
         self.error: str | None = None
         self.counters = {"edges": 0, "bounces": 0, "triggers": 0, "refused": 0, "outputs": 0, "acks": 0,
                          "dropped": 0}
-        self._results: deque[tuple[int, Result]] = deque(maxlen=64)
+        self._results: deque[tuple[int, LineOutcome]] = deque(maxlen=64)
         self._cond = threading.Condition()
         self._last_out = -1  # the last InspectionSeq put on the outputs
         self._unacked: int | None = None  # an auto-ack whose write failed, to ask again
@@ -138,7 +139,7 @@ class GpioCell:
 
     def _seen(self, s: Signals) -> None:
         """Watch callback (the station's thread): queue a new result, never block."""
-        if not s.result_valid or s.result == Result.NONE:
+        if not s.result_valid or s.result == LineOutcome.NONE:
             return
         with self._cond:
             if s.inspection_seq <= self._last_out or (self._results and self._results[-1][0] == s.inspection_seq):
@@ -169,20 +170,20 @@ class GpioCell:
         else:
             self._levels(req, stop)
 
-    def _next(self, timeout: float, ready: bool) -> tuple[int, Result] | None:
+    def _next(self, timeout: float, ready: bool) -> tuple[int, LineOutcome] | None:
         """The next queued result, or None after `timeout` s; with `ready` false only waits."""
         with self._cond:
             if (not ready or not self._results) and not self._triggered.is_set():
                 self._cond.wait(timeout)
             return self._results.popleft() if ready and self._results else None
 
-    def _line_for(self, item: tuple[int, Result] | None) -> tuple[int, int | None] | None:
+    def _line_for(self, item: tuple[int, LineOutcome] | None) -> tuple[int, int | None] | None:
         """(seq, output line) of a result not yet on the outputs; ERROR counts as NOK."""
         if item is None or item[0] <= self._last_out:
             return None
         seq, result = item
         self._last_out = seq
-        return seq, self.cfg.ok_line if result == Result.OK else self.cfg.nok_line
+        return seq, self.cfg.ok_line if result == LineOutcome.OK else self.cfg.nok_line
 
     def _ack(self, seq: int) -> None:
         if not self.cfg.auto_ack:

@@ -31,7 +31,8 @@ from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio import modbus_map as rm
 from edge_runtime.lineio.modbus_link import EVICT_AFTER_S, IDLE_TIMEOUT_S, Link, sweep
-from edge_runtime.lineio.station import LineRefused, Station
+from edge_runtime.lineio.signals import LineRefused
+from edge_runtime.lineio.station import Station
 
 WRITE_WAIT_S = 10.0  # a control write is answered after its trigger / ack is durable, or after this
 

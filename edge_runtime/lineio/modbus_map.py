@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edge_runtime.lineio.station import Signals
+from edge_runtime.lineio.signals import Signals
 
 CONTROL = 0
 PART_ID = 1

@@ -33,7 +33,8 @@ from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.lineio.opcua_guard import Door, GuardedServer, only_good_writes, secure, tame_asyncua_logs
 from edge_runtime.lineio.opcua_pki import ConfiguredUsers, TrustList
-from edge_runtime.lineio.station import LineRefused, Result, Signals, Station
+from edge_runtime.lineio.signals import LineOutcome, LineRefused, Signals
+from edge_runtime.lineio.station import Station
 
 log = logging.getLogger(__name__)
 NAMESPACE = "urn:edge-runtime:lineio"
@@ -340,7 +341,7 @@ class OpcUaServer:
             event.PartId, event.RecipeId, event.Station = signals.part_id, signals.recipe, nodes.station.name
             event.Result = ua.Variant(int(signals.result), ua.VariantType.Int32)
             event.DefectCode = ua.Variant(signals.defect_code, ua.VariantType.Int32)
-            event.Severity = 500 if signals.result != Result.OK else 100
+            event.Severity = 500 if signals.result != LineOutcome.OK else 100
             await nodes.events.trigger(message=f"job {signals.inspection_seq} {signals.result.name}")
             self.counters["events"] += 1
         nodes.valid_head = head
@@ -379,4 +380,4 @@ async def _add_method(obj: Node, idx: int, name: str, func: Any, inputs: list[tu
 
 def _value(signals: Signals, name: str) -> Any:
     value = getattr(signals, name)
-    return int(value) if isinstance(value, Result) else value
+    return int(value) if isinstance(value, LineOutcome) else value

@@ -11,14 +11,14 @@ import regex
 
 from edge_runtime.config.line_io import PART_ID_MAX, StationConfig
 from edge_runtime.config.rules import REGEX_TIMEOUT_S, Condition
-from edge_runtime.core.result import Result as Inspection
+from edge_runtime.core.result import Result
 from edge_runtime.lineio.signals import (
     DEFECT_NO_VERDICT,
     DEFECT_NOK,
     DEFECT_UNDECIDED,
     JobRequest,
+    LineOutcome,
     LineRefused,
-    Result,
 )
 from edge_runtime.verdicts.rules import condition_holds, lookup
 
@@ -45,24 +45,24 @@ def job_request(cfg: StationConfig, seq: int, part_id: str, recipe: str, deadlin
                       chosen.verdict_schema if chosen is not None else None)
 
 
-def judge(cfg: StationConfig, result: Inspection) -> tuple[Result, int]:
+def judge(cfg: StationConfig, result: Result) -> tuple[LineOutcome, int]:
     """OK / NOK (with its defect code) / ERROR for one verdict, by the recipe's or station's rule."""
     if not isinstance(result.verdict, dict) or not result.verdict:
-        return Result.ERROR, DEFECT_NO_VERDICT
+        return LineOutcome.ERROR, DEFECT_NO_VERDICT
     recipe = cfg.recipes.get(result.recipe or "")
     conditions = (recipe.nok_when if recipe is not None and recipe.nok_when else None) or cfg.nok_when
     data = result.to_dict()
     holds = [_holds(c, data) for c in conditions]
     if False in holds:
-        return Result.OK, 0
+        return LineOutcome.OK, 0
     if None in holds:  # the rule could not say: never a default OK
-        return Result.ERROR, DEFECT_UNDECIDED
+        return LineOutcome.ERROR, DEFECT_UNDECIDED
     code = DEFECT_NOK
     if cfg.defect_code_field:
         value = lookup(data, cfg.defect_code_field)
         if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 900:
             code = value
-    return Result.NOK, code
+    return LineOutcome.NOK, code
 
 
 def _holds(cond: Condition, data: dict[str, Any]) -> bool | None:
@@ -79,6 +79,6 @@ def _holds(cond: Condition, data: dict[str, Any]) -> bool | None:
         return None
 
 
-def tagged(result: Inspection, job: JobRequest) -> Inspection:
+def tagged(result: Result, job: JobRequest) -> Result:
     """The result of a station's job, carrying station, part id, recipe and job id."""
     return replace(result, station=job.station, part_id=job.part_id, recipe=job.recipe, inspection_seq=job.seq)

@@ -1,6 +1,6 @@
 """The line's signal model, shared by the station and every protocol adapter (docs/line-io.md):
-`Result`, the `Signals` snapshot, refusals, what a job asks of the capture side, and the job store's
-interface. `lineio/station.py` re-exports all of it (the contract names it there)."""
+`LineOutcome` (the OK/NOK a station shows), the `Signals` snapshot, refusals, what a job asks of the
+capture side, and the job store's interface."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Protocol
 
-from edge_runtime.core.result import Result as Inspection
+from edge_runtime.core.result import Result
 from edge_runtime.verdicts.line_jobs import StoredJob
 
 # DefectCode values the station itself gives (a NOK verdict gives 1 or its defect_code_field).
@@ -24,7 +24,7 @@ DEFECT_UNDECIDED = 905  # the NOK rule could not be evaluated (a regex condition
 HEARTBEAT_MOD = 1 << 16
 
 
-class Result(IntEnum):
+class LineOutcome(IntEnum):
     NONE = 0
     OK = 1
     NOK = 2
@@ -46,7 +46,7 @@ class Signals:
     inspection_seq: int
     part_id: str
     recipe: str
-    result: Result
+    result: LineOutcome
     defect_code: int
     heartbeat: int
     fault: bool
@@ -93,9 +93,9 @@ class JobStore(Protocol):
 
     def last_seq(self, station: str) -> int: ...
 
-    def journaled_result(self, station: str, seq: int) -> Inspection | None: ...
+    def journaled_result(self, station: str, seq: int) -> Result | None: ...
 
 
 # start(job, on_acquired) takes the frame (may block until job.deadline), calls on_acquired() the moment
 # it is taken, and returns the Future of the journaled Result; raising means no frame.
-StartJob = Callable[[JobRequest, Callable[[], None]], "Future[Inspection]"]
+StartJob = Callable[[JobRequest, Callable[[], None]], "Future[Result]"]

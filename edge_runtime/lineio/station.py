@@ -26,34 +26,24 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from edge_runtime.config.line_io import PART_ID_MAX, TEXT_ID, StationConfig
-from edge_runtime.core.result import Result as Inspection
+from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio import recipes
-from edge_runtime.lineio.recipes import tagged
 from edge_runtime.lineio.signals import (
     DEFECT_INSPECTION_FAILED,
     DEFECT_INTERRUPTED,
     DEFECT_NO_FRAME,
-    DEFECT_NO_VERDICT,
-    DEFECT_NOK,
     DEFECT_TIMEOUT,
     HEARTBEAT_MOD,
-    JobRequest,
     JobStore,
+    LineOutcome,
     LineRefused,
-    Result,
     Signals,
     StartJob,
 )
-from edge_runtime.verdicts.line_jobs import StoredJob
 
 log = logging.getLogger(__name__)
-__all__ = [  # the contract's names (the signal model lives in signals.py)
-    "DEFECT_INSPECTION_FAILED", "DEFECT_INTERRUPTED", "DEFECT_NOK", "DEFECT_NO_FRAME", "DEFECT_NO_VERDICT",
-    "DEFECT_TIMEOUT", "HEARTBEAT_MOD", "JobRequest", "JobStore", "LineRefused", "Result", "Signals", "StartJob",
-    "Station", "StoredJob", "tagged",
-]
 
 @dataclass
 class _Job:
@@ -63,7 +53,7 @@ class _Job:
     deadline: float  # monotonic: the verdict must be decided by then
     triggered: float = field(default_factory=time.monotonic)
     acquired: bool = False
-    result: Result = Result.NONE
+    result: LineOutcome = LineOutcome.NONE
     defect_code: int = 0
     result_id: str | None = None
     deciding: bool = False  # its outcome is being written (shown once durable)
@@ -221,7 +211,7 @@ class Station:
         a second edge means the same result); the head leaves the FIFO once the ack is durable."""
         with self._lock:
             head = self._fifo[0] if self._fifo else None
-            if (head is None or head.result == Result.NONE or head.acking
+            if (head is None or head.result == LineOutcome.NONE or head.acking
                     or (seq is not None and seq != head.seq)):
                 return None
             head.acking = True
@@ -256,18 +246,19 @@ class Station:
     def signals(self) -> Signals:
         with self._lock:
             head = self._fifo[0] if self._fifo else None
-            valid = head is not None and head.result != Result.NONE
+            valid = head is not None and head.result != LineOutcome.NONE
             shown = head if valid else self._last
-            decided = sum(1 for j in self._fifo if j.result != Result.NONE)
+            decided = sum(1 for j in self._fifo if j.result != LineOutcome.NONE)
             ready = (self._ready_now and self._fault_now is None and self._enabled and self._acquiring is None
                      and len(self._fifo) < self.cfg.fifo_depth)
             return Signals(
                 trigger_enable=self._enabled, ready=ready, trigger_ack=self._trigger_ack,
-                busy=any(j.result == Result.NONE for j in self._fifo) or (self._busy_until_acked and bool(self._fifo)),
+                busy=any(j.result == LineOutcome.NONE for j in self._fifo)
+                or (self._busy_until_acked and bool(self._fifo)),
                 acquisition_done=self._last is not None and self._last.acquired,
                 result_valid=valid, inspection_seq=shown.seq if shown else 0,
                 part_id=shown.part_id if shown else "", recipe=shown.recipe if shown else "",
-                result=shown.result if (shown is not None and valid) else Result.NONE,
+                result=shown.result if (shown is not None and valid) else LineOutcome.NONE,
                 defect_code=shown.defect_code if (shown is not None and valid) else 0,
                 heartbeat=self._heartbeat, fault=self._fault_now is not None,
                 buffer_count=decided, overrun=self._overrun)
@@ -301,7 +292,7 @@ class Station:
         for t in self._threads:
             t.join(2.0)
 
-    def notify(self, result: Inspection) -> None:
+    def notify(self, result: Result) -> None:
         """A journaled verdict; only this station's are taken. Returns at once, never raises."""
         if result.station != self.name or result.inspection_seq is None:
             return
@@ -326,15 +317,15 @@ class Station:
     def _find(self, seq: int) -> _Job | None:
         return next((j for j in self._fifo if j.seq == seq), None)
 
-    def _verdict(self, seq: int, result: Inspection) -> None:
+    def _verdict(self, seq: int, result: Result) -> None:
         outcome, code = recipes.judge(self.cfg, result)
         self._decide(seq, outcome, code, result.id)
 
-    def _decide(self, seq: int, outcome: Result, code: int, result_id: str | None) -> bool:
+    def _decide(self, seq: int, outcome: LineOutcome, code: int, result_id: str | None) -> bool:
         """Record a job's outcome; the line sees it once it is durable. False: decided already."""
         with self._lock:
             job = self._find(seq)
-            if job is None or job.result != Result.NONE or job.deciding:
+            if job is None or job.result != LineOutcome.NONE or job.deciding:
                 # Already decided: a verdict for a job its deadline turned NOK is late (counted once);
                 # the same on-time verdict coming a second way (sink, then the future) is not.
                 if result_id is not None and seq in self._timed_out:
@@ -350,7 +341,7 @@ class Station:
         written.add_done_callback(lambda f: self._decision_written(job, outcome, code, result_id, f))
         return True
 
-    def _decision_written(self, job: _Job, outcome: Result, code: int, result_id: str | None,
+    def _decision_written(self, job: _Job, outcome: LineOutcome, code: int, result_id: str | None,
                           written: Future[None]) -> None:
         error = written.exception()
         with self._lock:
@@ -359,9 +350,10 @@ class Station:
                 self._timed_out.pop(job.seq, None)
             else:
                 job.result, job.defect_code, job.result_id = outcome, code, result_id
-                if not job.acquired and outcome != Result.OK and self._acquiring is job:
+                if not job.acquired and outcome != LineOutcome.OK and self._acquiring is job:
                     self._acquiring = None  # it will never be taken; let the next part come
-                self.counters[{Result.OK: "results_ok", Result.NOK: "results_nok"}.get(outcome, "results_error")] += 1
+                counter = {LineOutcome.OK: "results_ok", LineOutcome.NOK: "results_nok"}.get(outcome, "results_error")
+                self.counters[counter] += 1
                 if code == DEFECT_TIMEOUT:
                     self.counters["timeouts"] += 1
         if error is not None:
@@ -377,14 +369,14 @@ class Station:
                 self._acquiring = None
         self._changed()
 
-    def _done(self, seq: int, future: Future[Inspection]) -> None:
+    def _done(self, seq: int, future: Future[Result]) -> None:
         """The inspection's future resolved. In the daemon the sink (`notify`) has usually decided the
         job already; this decides only a job still open (or a failed inspection) and takes a late
         verdict the sink has not brought yet."""
         exc = future.exception()
         if exc is not None:
             log.warning("station %s: inspection of job %d failed: %s", self.name, seq, exc)
-            self._decide(seq, Result.ERROR, DEFECT_INSPECTION_FAILED, None)
+            self._decide(seq, LineOutcome.ERROR, DEFECT_INSPECTION_FAILED, None)
             return
         self._verdict(seq, future.result())  # decided already (by notify): _decide knows, late or not
 
@@ -396,7 +388,7 @@ class Station:
                 job = self._captures.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if job.result != Result.NONE:
+            if job.result != LineOutcome.NONE:
                 continue
             deadline = min(job.deadline, time.monotonic() + self.cfg.acquisition_timeout_ms / 1000)
             request = recipes.job_request(self.cfg, job.seq, job.part_id, job.recipe, deadline, self._camera_prompt)
@@ -404,7 +396,7 @@ class Station:
                 future = self._start(request, lambda j=job: self._acquired(j))  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - any capture failure is this part's ERROR, not the thread's
                 log.warning("station %s: no frame for job %d: %s", self.name, job.seq, exc)
-                self._decide(job.seq, Result.ERROR, DEFECT_NO_FRAME, None)
+                self._decide(job.seq, LineOutcome.ERROR, DEFECT_NO_FRAME, None)
                 continue
             future.add_done_callback(lambda f, s=job.seq: self._done(s, f))  # type: ignore[misc]
 
@@ -414,10 +406,11 @@ class Station:
         while not self._stop.is_set():
             now = time.monotonic()
             with self._lock:
-                due = [j.seq for j in self._fifo if j.result == Result.NONE and not j.deciding and j.deadline <= now]
-                pending = [j.deadline for j in self._fifo if j.result == Result.NONE and not j.deciding]
+                due = [j.seq for j in self._fifo
+                       if j.result == LineOutcome.NONE and not j.deciding and j.deadline <= now]
+                pending = [j.deadline for j in self._fifo if j.result == LineOutcome.NONE and not j.deciding]
             for seq in due:
-                self._decide(seq, Result.NOK, DEFECT_TIMEOUT, None)  # never a default OK
+                self._decide(seq, LineOutcome.NOK, DEFECT_TIMEOUT, None)  # never a default OK
             if now >= next_beat:
                 next_beat = max(next_beat + period, now)
                 with self._lock:
@@ -443,11 +436,12 @@ class Station:
         for stored in self._jobs.open_jobs(self.name):
             job = _Job(stored.seq, stored.part_id, stored.recipe, deadline=0.0, acquired=True)
             if stored.result is not None:
-                job.result, job.defect_code, job.result_id = Result(stored.result), stored.defect_code, stored.result_id
+                job.result, job.defect_code = LineOutcome(stored.result), stored.defect_code
+                job.result_id = stored.result_id
             else:
                 found = self._jobs.journaled_result(self.name, stored.seq)
                 outcome, code = (recipes.judge(self.cfg, found) if found is not None
-                                 else (Result.ERROR, DEFECT_INTERRUPTED))
+                                 else (LineOutcome.ERROR, DEFECT_INTERRUPTED))
                 self._jobs.wait(self._jobs.decided(self.name, stored.seq, int(outcome), code,
                                                    found.id if found else None))
                 job.result, job.defect_code, job.result_id = outcome, code, found.id if found else None

@@ -14,10 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.power.snapshot import (
-    Sensor,  # their old home; jetson.py imports snapshot
-    Snapshot,
-)
+from edge_runtime.power.snapshot import Sensor, Snapshot
 
 log = logging.getLogger(__name__)
 

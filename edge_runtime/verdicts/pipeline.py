@@ -24,7 +24,7 @@ from edge_runtime.core.result import Result
 from edge_runtime.core.sink import Sink, SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog
 
-log = logging.getLogger("edge_runtime.inference.worker")  # the result lines tests count by this name
+log = logging.getLogger(__name__)
 
 
 class VerdictPipeline:

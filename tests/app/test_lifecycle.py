@@ -74,7 +74,7 @@ def test_sigterm_mid_inspection_exits_cleanly_with_the_journal_intact(setup, tmp
     assert "daemon: stopped" in log and "Traceback" not in log
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    logged = log.count("INFO edge_runtime.inference.worker: result ")
+    logged = log.count("INFO edge_runtime.verdicts.pipeline: result ")
     assert journal_rows(db) == logged  # every finished (logged) result is in the journal
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_runtime.capture.camera import IMAGE_SUFFIXES, Camera
+from edge_runtime.capture.camera import Camera
+from edge_runtime.capture.sources import IMAGE_SUFFIXES
 from edge_runtime.config import CameraConfig, ImageLimits
 from edge_runtime.core.samples import part_image, write_sample_video
 from tests.support.hostile import corpus, encode, png_zero_bomb, write_corpus
@@ -123,7 +124,7 @@ def test_opencv_and_ffmpeg_lines_stay_out_of_stderr() -> None:
     script = textwrap.dedent(f"""
         import logging, time
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        from edge_runtime.capture.camera import IMAGE_SUFFIXES, Camera
+        from edge_runtime.capture.camera import Camera
         from edge_runtime.config import CameraConfig
         cams = [Camera(CameraConfig(name="index", source=42, reconnect_min_s=5)),
                 Camera(CameraConfig(name="rtsp", source="rtsp://127.0.0.1:{free_port()}/x", reconnect_min_s=5))]

@@ -17,9 +17,10 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from edge_runtime.config.line_io import StationConfig
-from edge_runtime.core.result import FrameInfo
-from edge_runtime.core.result import Result as Inspection
-from edge_runtime.lineio.station import JobRequest, Station, tagged
+from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.lineio.recipes import tagged
+from edge_runtime.lineio.signals import JobRequest
+from edge_runtime.lineio.station import Station
 from edge_runtime.verdicts.line_jobs import LineJobs
 
 jobs = LineJobs(Path(sys.argv[1]))
@@ -28,14 +29,14 @@ cfg = StationConfig.model_validate({"name": "s1", "camera": "cam", "heartbeat_ms
 requests: dict[int, JobRequest] = {}
 
 
-def start(job: JobRequest, on_acquired: object) -> Future[Inspection]:
+def start(job: JobRequest, on_acquired: object) -> Future[Result]:
     requests[job.seq] = job
     on_acquired()  # type: ignore[operator]
     return Future()
 
 
-def verdict(seq: int, defect: bool) -> Inspection:
-    return tagged(Inspection(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict={"defect": defect},
+def verdict(seq: int, defect: bool) -> Result:
+    return tagged(Result(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict={"defect": defect},
                              text="", model="m", timings_ms={}, prompt=""), requests[seq])
 
 

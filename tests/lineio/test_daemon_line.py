@@ -26,7 +26,7 @@ from edge_runtime.core.errors import ConfigError
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.lineio.metrics import line_io_metrics
 from edge_runtime.lineio.passwords import hash_password
-from edge_runtime.lineio.station import Result, Signals
+from edge_runtime.lineio.signals import LineOutcome, Signals
 from tests.support.mjpeg import free_port
 from tests.support.opcua_peer import client_certificate, trust
 from tests.support.waiting import wait_for
@@ -57,9 +57,9 @@ def daemon(tmp_path: Path, demo_dir: Path, video: Path) -> Iterator[Daemon]:
     d.stop()
 
 
-@pytest.mark.parametrize("recipe,expected", [("pass", Result.OK), ("reject", Result.NOK)])
+@pytest.mark.parametrize("recipe,expected", [("pass", LineOutcome.OK), ("reject", LineOutcome.NOK)])
 def test_a_line_trigger_is_captured_inspected_journaled_and_reported(daemon: Daemon, recipe: str,
-                                                                     expected: Result) -> None:
+                                                                     expected: LineOutcome) -> None:
     assert daemon.line_io is not None
     station = daemon.line_io.stations[0]
     wait_for(lambda: station.signals().ready, timeout=30, what="the station ready (model warm, camera up)")
@@ -89,7 +89,7 @@ def test_a_line_trigger_is_captured_inspected_journaled_and_reported(daemon: Dae
     assert line_status["job_store"] == {"fault": None}
     samples = {(m.name, tuple(sorted(x.labels.items()))): x.value
                for m in line_io_metrics(daemon.status()["line_io"]) for x in m.samples}
-    outcome = "ok" if expected == Result.OK else "nok"
+    outcome = "ok" if expected == LineOutcome.OK else "nok"
     assert samples[("edge_line_triggers", (("station", "st1"),))] == 1
     assert samples[("edge_line_acks", (("station", "st1"),))] == 1
     assert samples[("edge_line_results", (("result", outcome), ("station", "st1")))] == 1
@@ -138,7 +138,7 @@ def test_each_recipe_selects_its_schema_and_its_rule_reads_that_verdict(tmp_path
             assert set(verdict) == set(schema["properties"]), f"{recipe}: not the bundle's verdict: {verdict}"
             s = station.signals()
             assert (s.inspection_seq, s.recipe) == (seq, recipe)
-            assert s.result == (Result.NOK if nok(verdict) else Result.OK), (recipe, verdict, s)
+            assert s.result == (LineOutcome.NOK if nok(verdict) else LineOutcome.OK), (recipe, verdict, s)
             assert station.ack_result(seq)
     finally:
         daemon.stop()
@@ -237,7 +237,7 @@ def test_kill_9_between_verdict_and_ack_keeps_the_result_and_does_not_repeat_the
         names = ["ResultValid", "InspectionSeq", "PartId", "Result", "BufferCount"]
         before, acked, after, nxt = asyncio.run(_opcua(endpoint, cert, key, [
             ("read", names), ("ack", seq), ("read", ["ResultValid", "BufferCount"]), ("start", "KILL-2")]))
-        assert before == {"ResultValid": True, "InspectionSeq": seq, "PartId": "KILL-1", "Result": int(Result.NOK),
+        assert before == {"ResultValid": True, "InspectionSeq": seq, "PartId": "KILL-1", "Result": int(LineOutcome.NOK),
                           "BufferCount": 1}
         assert acked is True and after == {"ResultValid": False, "BufferCount": 0}
         assert nxt == seq + 1  # numbering continues: no job id is handed out twice
@@ -295,6 +295,6 @@ def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None
         def refused(seq: int = seq) -> bool:
             return station.signals().result_valid and station.signals().inspection_seq == seq
         wait_for(refused, timeout=30, what="the refused job's ERROR result")
-        assert station.signals().result == Result.ERROR
+        assert station.signals().result == LineOutcome.ERROR
         assert station.ack_result(seq)
     assert daemon.line_io._tags == {}  # no frame kept for a verdict that will never come

@@ -13,7 +13,7 @@ import pytest
 
 from edge_runtime.config.line_io import GpioConfig
 from edge_runtime.lineio.gpio import GpioService
-from edge_runtime.lineio.station import JobRequest
+from edge_runtime.lineio.signals import JobRequest
 from tests.support.fake_gpiod import FakeChip
 from tests.support.line_station import Line
 

@@ -20,7 +20,7 @@ from pymodbus.client import ModbusTcpClient
 from edge_runtime.config.line_io import ModbusConfig
 from edge_runtime.lineio import modbus_map as rm
 from edge_runtime.lineio.modbus import ModbusServer
-from edge_runtime.lineio.station import JobRequest
+from edge_runtime.lineio.signals import JobRequest
 from tests.support.line_station import Line
 from tests.support.npm import npm_package
 from tests.support.waiting import wait_for

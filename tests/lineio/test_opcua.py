@@ -14,7 +14,7 @@ import pytest
 from edge_runtime.config.line_io import OpcUaConfig
 from edge_runtime.lineio.opcua import OpcUaServer
 from edge_runtime.lineio.passwords import hash_password
-from edge_runtime.lineio.station import DEFECT_TIMEOUT, Result
+from edge_runtime.lineio.signals import DEFECT_TIMEOUT, LineOutcome
 from tests.support.cut_proxy import CutProxy
 from tests.support.line_station import Line
 from tests.support.mjpeg import free_port
@@ -98,11 +98,11 @@ def read(plc: NodeClient, station: str, *names: str) -> dict[str, Any]:
     return dict(answer["values"])
 
 
-@pytest.mark.parametrize("defect,expected", [(False, Result.OK), (True, Result.NOK)])
+@pytest.mark.parametrize("defect,expected", [(False, LineOutcome.OK), (True, LineOutcome.NOK)])
 def test_handshake_over_opcua_start_job_acquisition_result_ack(plant: Plant, plc: NodeClient, defect: bool,
-                                                                 expected: Result) -> None:
+                                                                 expected: LineOutcome) -> None:
     since = len(plc.notes)
-    if expected == Result.OK:
+    if expected == LineOutcome.OK:
         assert plc.request("subscribe", station="hand", names=SIGNALS, interval=10, events=True)["ok"]
     call = plc.request("call", station="hand", method="StartSingleJob", args=[f"PART-{defect}", ""])
     assert call["status"] == "Good", call
@@ -162,7 +162,7 @@ def test_deadline_gives_nok_timeout_over_opcua(plc: NodeClient) -> None:
     seq = plc.request("call", station="slow", method="StartSingleJob", args=["SLOW", ""])["out"][0]
     event = plc.wait_note(lambda n: plc.notes.index(n) >= since and n.get("event") == "ResultReady"
                           and n["station"] == "slow", timeout=5)
-    assert (event["jobId"], event["result"], event["defectCode"]) == (seq, int(Result.NOK), DEFECT_TIMEOUT)
+    assert (event["jobId"], event["result"], event["defectCode"]) == (seq, int(LineOutcome.NOK), DEFECT_TIMEOUT)
 
 
 def test_wrong_credentials_untrusted_certificate_and_no_security_are_refused(plant: Plant,

@@ -17,7 +17,8 @@ from asyncua import Client, ua
 from edge_runtime.config.line_io import OpcUaConfig
 from edge_runtime.lineio.opcua import NAMESPACE, OpcUaServer
 from edge_runtime.lineio.passwords import hash_password
-from edge_runtime.lineio.station import Result, Station
+from edge_runtime.lineio.signals import LineOutcome
+from edge_runtime.lineio.station import Station
 from tests.support.line_station import Line
 from tests.support.mjpeg import free_port
 from tests.support.opcua_peer import client_certificate, trust
@@ -139,7 +140,7 @@ async def _client_across_restart(port: int, cert: Path, key: Path,
 
         first = await job("OK-1")
         event = next(e for e in handler.events if e.get("JobId") == first)
-        assert (event["PartId"], event["Result"], event["Station"]) == ("OK-1", int(Result.OK), "st1")
+        assert (event["PartId"], event["Result"], event["Station"]) == ("OK-1", int(LineOutcome.OK), "st1")
 
         stop()  # the daemon restarts: every session and subscription on the server is gone
         await asyncio.sleep(1.0)
@@ -152,6 +153,6 @@ async def _client_across_restart(port: int, cert: Path, key: Path,
         second = await job("NOK-2")
         assert second == first + 1
         event = next(e for e in handler.events if e.get("JobId") == second)
-        assert (event["PartId"], event["Result"]) == ("NOK-2", int(Result.NOK))
+        assert (event["PartId"], event["Result"]) == ("NOK-2", int(LineOutcome.NOK))
     finally:
         await client.disconnect()

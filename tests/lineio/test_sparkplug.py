@@ -23,9 +23,9 @@ from pydantic import SecretStr
 from edge_runtime.config.line_io import SparkplugConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.delivery.mqtt.client import configure_client
+from edge_runtime.lineio.signals import JobRequest
 from edge_runtime.lineio.sparkplug import payload as spb
 from edge_runtime.lineio.sparkplug.node import SparkplugNode
-from edge_runtime.lineio.station import JobRequest
 from tests.support.broker import Broker
 from tests.support.line_station import Line
 

@@ -18,21 +18,20 @@ from typing import Any
 import pytest
 
 from edge_runtime.config.line_io import StationConfig
-from edge_runtime.core.result import FrameInfo
-from edge_runtime.core.result import Result as Inspection
-from edge_runtime.lineio.station import (
+from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.lineio.recipes import tagged
+from edge_runtime.lineio.signals import (
     DEFECT_INTERRUPTED,
     DEFECT_NO_FRAME,
     DEFECT_NO_VERDICT,
     DEFECT_NOK,
     DEFECT_TIMEOUT,
     JobRequest,
+    LineOutcome,
     LineRefused,
-    Result,
     Signals,
-    Station,
-    tagged,
 )
+from edge_runtime.lineio.station import Station
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.line_jobs import LineJobs
 
@@ -48,24 +47,24 @@ class Line:
     """The capture side: records each job, takes the frame when told, resolves verdicts by hand."""
 
     def __init__(self, acquire_at_once: bool = True, fail: bool = False) -> None:
-        self.jobs: dict[int, tuple[JobRequest, Future[Inspection], Callable[[], None]]] = {}
+        self.jobs: dict[int, tuple[JobRequest, Future[Result], Callable[[], None]]] = {}
         self.acquire_at_once = acquire_at_once
         self.fail = fail
         self.started = threading.Event()
 
-    def start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Inspection]:
+    def start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Result]:
         if self.fail:
             raise RuntimeError("camera is down")
-        future: Future[Inspection] = Future()
+        future: Future[Result] = Future()
         self.jobs[job.seq] = (job, future, on_acquired)
         if self.acquire_at_once:
             on_acquired()
         self.started.set()
         return future
 
-    def verdict(self, seq: int, verdict: dict[str, Any]) -> Inspection:
+    def verdict(self, seq: int, verdict: dict[str, Any]) -> Result:
         job, future, _ = self.jobs[seq]
-        result = tagged(Inspection(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict=verdict,
+        result = tagged(Result(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict=verdict,
                                    text="", model="m", timings_ms={}, prompt=""), job)
         future.set_result(result)
         return result
@@ -111,12 +110,12 @@ def test_ok_handshake_trigger_acquisition_result_ack(jobs: LineJobs) -> None:
         line.verdict(seq, {"defect": False})
         wait_for(lambda: station.signals().result_valid)
         s = station.signals()
-        assert (s.result, s.defect_code, s.buffer_count, s.busy) == (Result.OK, 0, 1, False)
+        assert (s.result, s.defect_code, s.buffer_count, s.busy) == (LineOutcome.OK, 0, 1, False)
         assert not s.trigger_ack
         assert station.ack_result(seq + 1) is False  # another job's ack does not clear this one
         assert station.ack_result(seq) is True
         s = station.signals()
-        assert not s.result_valid and s.buffer_count == 0 and s.result == Result.NONE
+        assert not s.result_valid and s.buffer_count == 0 and s.result == LineOutcome.NONE
         assert [x.acquisition_done for x in seen].index(True) < [x.result_valid for x in seen].index(True)
         row = jobs.job("s1", seq)
         assert row is not None and row["result"] == 1 and row["acked"] is not None
@@ -133,7 +132,7 @@ def test_nok_by_the_station_rule_with_its_defect_code(jobs: LineJobs) -> None:
         wait_for(lambda: seq in line.jobs)
         line.verdict(seq, {"defect": True, "code": 17})
         wait_for(lambda: station.signals().result_valid)
-        assert (station.signals().result, station.signals().defect_code) == (Result.NOK, 17)
+        assert (station.signals().result, station.signals().defect_code) == (LineOutcome.NOK, 17)
         assert station.health().counters["results_nok"] == 1
     finally:
         station.stop()
@@ -152,7 +151,7 @@ def test_recipe_selects_prompt_and_nok_rule(jobs: LineJobs) -> None:
         assert line.jobs[seq][0].schema == schema  # the inspection is asked for the recipe's verdict
         line.verdict(seq, {"present": False, "defect": False})
         wait_for(lambda: station.signals().result_valid)
-        assert station.signals().result == Result.NOK and station.signals().recipe == "bolt"
+        assert station.signals().result == LineOutcome.NOK and station.signals().recipe == "bolt"
         with pytest.raises(LineRefused) as refused:
             station.trigger("P", "nut")
         assert refused.value.reason == "bad_recipe"
@@ -174,10 +173,10 @@ def test_results_leave_in_trigger_order(jobs: LineJobs) -> None:
         line.verdict(first, {"defect": False})
         wait_for(lambda: station.signals().result_valid)
         s = station.signals()
-        assert (s.inspection_seq, s.part_id, s.result, s.buffer_count) == (first, "A", Result.OK, 2)
+        assert (s.inspection_seq, s.part_id, s.result, s.buffer_count) == (first, "A", LineOutcome.OK, 2)
         assert station.ack_result()
         s = station.signals()
-        assert (s.inspection_seq, s.part_id, s.result) == (second, "B", Result.NOK)
+        assert (s.inspection_seq, s.part_id, s.result) == (second, "B", LineOutcome.NOK)
     finally:
         station.stop()
 
@@ -211,10 +210,10 @@ def test_a_verdict_past_the_deadline_is_nok_timeout_never_ok(jobs: LineJobs) -> 
         seq = station.trigger("SLOW")
         wait_for(lambda: station.signals().result_valid, timeout=2)
         s = station.signals()
-        assert (s.result, s.defect_code, s.inspection_seq) == (Result.NOK, DEFECT_TIMEOUT, seq)
+        assert (s.result, s.defect_code, s.inspection_seq) == (LineOutcome.NOK, DEFECT_TIMEOUT, seq)
         line.verdict(seq, {"defect": False})  # the late OK changes nothing
         time.sleep(0.05)
-        assert station.signals().result == Result.NOK
+        assert station.signals().result == LineOutcome.NOK
         assert station.health().counters["timeouts"] == 1
         assert station.health().counters["late_verdicts"] == 1
     finally:
@@ -226,7 +225,7 @@ def test_no_frame_and_empty_verdicts_are_errors(jobs: LineJobs) -> None:
     try:
         station.trigger("X")
         wait_for(lambda: station.signals().result_valid)
-        assert (station.signals().result, station.signals().defect_code) == (Result.ERROR, DEFECT_NO_FRAME)
+        assert (station.signals().result, station.signals().defect_code) == (LineOutcome.ERROR, DEFECT_NO_FRAME)
         assert station.signals().ready  # the failed acquisition does not hold the station busy
     finally:
         station.stop()
@@ -237,7 +236,7 @@ def test_no_frame_and_empty_verdicts_are_errors(jobs: LineJobs) -> None:
         wait_for(lambda: seq in line.jobs)
         line.verdict(seq, {})
         wait_for(lambda: station.signals().result_valid)
-        assert (station.signals().result, station.signals().defect_code) == (Result.ERROR, DEFECT_NO_VERDICT)
+        assert (station.signals().result, station.signals().defect_code) == (LineOutcome.ERROR, DEFECT_NO_VERDICT)
     finally:
         station.stop()
 
@@ -331,14 +330,14 @@ def test_restart_restores_the_fifo_without_duplicating_a_part(tmp_path: Path) ->
     station = running(station_config(), again, line2)
     try:
         s = station.signals()
-        assert s.result_valid and (s.inspection_seq, s.part_id, s.result) == (decided, "DECIDED", Result.NOK)
+        assert s.result_valid and (s.inspection_seq, s.part_id, s.result) == (decided, "DECIDED", LineOutcome.NOK)
         assert s.buffer_count == 3
         assert station.ack_result()
         s = station.signals()
-        assert (s.inspection_seq, s.part_id, s.result) == (journaled, "JOURNALED", Result.OK)
+        assert (s.inspection_seq, s.part_id, s.result) == (journaled, "JOURNALED", LineOutcome.OK)
         assert station.ack_result()
         s = station.signals()
-        assert (s.inspection_seq, s.result, s.defect_code) == (cut, Result.ERROR, DEFECT_INTERRUPTED)
+        assert (s.inspection_seq, s.result, s.defect_code) == (cut, LineOutcome.ERROR, DEFECT_INTERRUPTED)
         assert station.ack_result()
         assert station.trigger("NEXT") == cut + 1  # numbering continues: no job id is reused
     finally:
@@ -379,13 +378,13 @@ def test_late_verdicts_counts_only_a_verdict_after_the_deadline_in_the_daemons_o
         seq = station.trigger("ON-TIME")
         wait_for(lambda: seq in line.jobs)
         job, future, _ = line.jobs[seq]
-        result = tagged(Inspection(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict={"defect": True},
+        result = tagged(Result(device="d", camera="cam", frame=FrameInfo(seq, 8, 8), verdict={"defect": True},
                                    text="", model="m", timings_ms={}, prompt=""), job)
         station.notify(result)  # the journal's delivery first ...
         future.set_result(result)  # ... then the future's done callback
         wait_for(lambda: station.signals().result_valid)
         s = station.signals()
-        assert (s.result_valid, s.result, s.inspection_seq) == (True, Result.NOK, seq)
+        assert (s.result_valid, s.result, s.inspection_seq) == (True, LineOutcome.NOK, seq)
         assert station.health().counters["late_verdicts"] == 0
         assert station.health().counters["results_nok"] == 1
         assert station.ack_result(seq)
@@ -393,16 +392,16 @@ def test_late_verdicts_counts_only_a_verdict_after_the_deadline_in_the_daemons_o
         late = station.trigger("LATE")
         wait_for(lambda: late in line.jobs)
         wait_for(lambda: station.signals().result_valid, timeout=2)
-        assert (station.signals().result, station.signals().defect_code) == (Result.NOK, DEFECT_TIMEOUT)
+        assert (station.signals().result, station.signals().defect_code) == (LineOutcome.NOK, DEFECT_TIMEOUT)
         job, future, _ = line.jobs[late]
-        result = tagged(Inspection(device="d", camera="cam", frame=FrameInfo(late, 8, 8), verdict={"defect": False},
+        result = tagged(Result(device="d", camera="cam", frame=FrameInfo(late, 8, 8), verdict={"defect": False},
                                    text="", model="m", timings_ms={}, prompt=""), job)
         station.notify(result)
         future.set_result(result)
         wait_for(lambda: station.health().counters["late_verdicts"] == 1)
         counters = station.health().counters
         assert counters["late_verdicts"] == 1 and counters["timeouts"] == 1
-        assert station.signals().result == Result.NOK  # the late OK changes nothing
+        assert station.signals().result == LineOutcome.NOK  # the late OK changes nothing
     finally:
         station.stop()
 
@@ -425,7 +424,8 @@ def test_kill_9_with_the_disk_stalled_loses_nothing_the_line_saw(tmp_path: Path)
         assert report["signals_ms"] < 500, "reading the signals waited for the stalled disk"
         assert report["ack_pending"], "the ack of B cannot be durable on a hung disk"
         seen = report["seen"]
-        assert (seen["result_valid"], seen["inspection_seq"], seen["result"]) == (True, report["b"], int(Result.NOK))
+        expected = (True, report["b"], int(LineOutcome.NOK))
+        assert (seen["result_valid"], seen["inspection_seq"], seen["result"]) == expected
         assert seen["buffer_count"] == 1 and seen["busy"], "C's verdict is not shown before it is durable"
     finally:
         child.send_signal(signal.SIGKILL)
@@ -437,12 +437,12 @@ def test_kill_9_with_the_disk_stalled_loses_nothing_the_line_saw(tmp_path: Path)
     station = running(station_config(), again, Line())
     try:
         s = station.signals()
-        assert (s.result_valid, s.inspection_seq, s.part_id, s.result) == (True, report["b"], "B", Result.NOK)
+        assert (s.result_valid, s.inspection_seq, s.part_id, s.result) == (True, report["b"], "B", LineOutcome.NOK)
         assert s.buffer_count == 2
         assert station.ack_result(report["b"])
         s = station.signals()
         assert (s.inspection_seq, s.part_id, s.result, s.defect_code) == \
-            (report["c"], "C", Result.ERROR, DEFECT_INTERRUPTED)
+            (report["c"], "C", LineOutcome.ERROR, DEFECT_INTERRUPTED)
         assert station.ack_result(report["c"])
         assert station.trigger("D") == report["c"] + 1
     finally:
@@ -543,15 +543,15 @@ def test_a_nok_rule_whose_regex_does_not_finish_is_error_never_ok() -> None:
     cfg = station_config(nok_when=[{"field": "verdict.notes", "regex": "^(a|a)+$"}])  # exponential on a…!
     job = JobRequest("s1", 1, "P", "", "cam", None, 0.0)
 
-    def judged(notes: str) -> tuple[Result, int]:
-        return recipes.judge(cfg, tagged(Inspection(device="d", camera="cam", frame=FrameInfo(1, 8, 8),
+    def judged(notes: str) -> tuple[LineOutcome, int]:
+        return recipes.judge(cfg, tagged(Result(device="d", camera="cam", frame=FrameInfo(1, 8, 8),
                                                     verdict={"notes": notes}, text="", model="m",
                                                     timings_ms={}, prompt=""), job))
-    assert judged("a" * 40 + "!") == (Result.ERROR, DEFECT_UNDECIDED)
-    assert judged("aaaa") == (Result.NOK, DEFECT_NOK)
-    assert judged("b") == (Result.OK, 0)
+    assert judged("a" * 40 + "!") == (LineOutcome.ERROR, DEFECT_UNDECIDED)
+    assert judged("aaaa") == (LineOutcome.NOK, DEFECT_NOK)
+    assert judged("b") == (LineOutcome.OK, 0)
     long = station_config(nok_when=[{"field": "verdict.notes", "regex": "crack"}])
     verdict = {"notes": "x" * 12_000 + " crack"}  # past the 10,000 characters a rule reads
-    assert recipes.judge(long, tagged(Inspection(device="d", camera="cam", frame=FrameInfo(1, 8, 8), verdict=verdict,
+    assert recipes.judge(long, tagged(Result(device="d", camera="cam", frame=FrameInfo(1, 8, 8), verdict=verdict,
                                                  text="", model="m", timings_ms={}, prompt=""), job)) == \
-        (Result.NOK, DEFECT_NOK)
+        (LineOutcome.NOK, DEFECT_NOK)

@@ -13,13 +13,13 @@ import pytest
 
 from edge_runtime.config import Config
 from edge_runtime.lineio.ota_lock import LineJobsLock
-from edge_runtime.lineio.signals import Result, Signals
+from edge_runtime.lineio.signals import LineOutcome, Signals
 from edge_runtime.ota.update_lock import LINE_BUSY, UpdateLock, window_open
 
 
 def signals(busy: bool = False, buffered: int = 0) -> Signals:
     return Signals(trigger_enable=True, ready=not busy, trigger_ack=False, busy=busy, acquisition_done=False,
-                   result_valid=buffered > 0, inspection_seq=1, part_id="p", recipe="", result=Result.NONE,
+                   result_valid=buffered > 0, inspection_seq=1, part_id="p", recipe="", result=LineOutcome.NONE,
                    defect_code=0, heartbeat=0, fault=False, buffer_count=buffered, overrun=False)
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.config.line_io import StationConfig
-from edge_runtime.core.result import FrameInfo
-from edge_runtime.core.result import Result as Inspection
-from edge_runtime.lineio.station import JobRequest, Station, tagged
+from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.lineio.recipes import tagged
+from edge_runtime.lineio.signals import JobRequest
+from edge_runtime.lineio.station import Station
 from edge_runtime.verdicts.line_jobs import LineJobs
 
 
@@ -26,12 +27,12 @@ class Line:
         self.cfg = StationConfig.model_validate(settings)
         self.jobs = LineJobs(tmp / f"{name}-jobs.sqlite3")
         self.auto = auto
-        self.pending: dict[int, tuple[JobRequest, Future[Inspection]]] = {}
+        self.pending: dict[int, tuple[JobRequest, Future[Result]]] = {}
         self._lock = threading.Lock()
         self.station = Station(self.cfg, self.jobs, self._start)
 
-    def _start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Inspection]:
-        future: Future[Inspection] = Future()
+    def _start(self, job: JobRequest, on_acquired: Callable[[], None]) -> Future[Result]:
+        future: Future[Result] = Future()
         on_acquired()
         with self._lock:
             self.pending[job.seq] = (job, future)
@@ -45,7 +46,7 @@ class Line:
         """The model's verdict for job `seq` (defect true is NOK by this station's rule)."""
         with self._lock:
             job, future = self.pending.pop(seq)
-        result = Inspection(device="test", camera=job.camera, frame=FrameInfo(seq, 64, 64),
+        result = Result(device="test", camera=job.camera, frame=FrameInfo(seq, 64, 64),
                             verdict={"defect": defect, "category": "scratch" if defect else "none"},
                             text="", model="stand-in", timings_ms={"total": 1.0}, prompt="")
         future.set_result(tagged(result, job))

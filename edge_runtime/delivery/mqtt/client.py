@@ -23,7 +23,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_runtime.config import MqttConfig
 from edge_runtime.core import strict_json
-from edge_runtime.core.contracts import CommandError  # re-exported: it was defined here
+from edge_runtime.core.contracts import CommandError
 from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread

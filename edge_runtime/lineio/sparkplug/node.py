@@ -33,8 +33,9 @@ from edge_runtime.config.line_io import SparkplugConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.lineio.signals import LineRefused, Signals
 from edge_runtime.lineio.sparkplug import payload as spb
-from edge_runtime.lineio.station import LineRefused, Signals, Station
+from edge_runtime.lineio.station import Station
 
 log = logging.getLogger(__name__)
 

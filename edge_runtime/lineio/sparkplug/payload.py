@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from edge_runtime.lineio.signals import Signals
 from edge_runtime.lineio.sparkplug import sparkplug_b_pb2 as pb
-from edge_runtime.lineio.station import Signals
 
 NAMESPACE = "spBv1.0"
 BDSEQ = "bdSeq"
