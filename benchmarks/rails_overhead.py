@@ -21,7 +21,8 @@ from typing import Any
 import cv2
 
 import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
-from edge_runtime.api.rails import Answer, RailRequest, Rails, ReaskWindow, TextPart
+from edge_runtime.api.rails.engine import Rails, ReaskWindow
+from edge_runtime.api.rails.request import Answer, RailRequest, TextPart
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import Config, RailsConfig
 from edge_runtime.core.samples import part_image

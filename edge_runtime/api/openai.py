@@ -31,8 +31,10 @@ from edge_runtime.api.models import (
     ModelList,
 )
 from edge_runtime.api.openapi import doc
-from edge_runtime.api.rails import RailRefused, Rails, live_rails, refusal_response, request_id
-from edge_runtime.api.rails_http import chat_request, checked_chat, rewrite_messages, schema_name
+from edge_runtime.api.rails.engine import Rails
+from edge_runtime.api.rails.http import chat_request, checked_chat, rewrite_messages, schema_name
+from edge_runtime.api.rails.live import live_rails
+from edge_runtime.api.rails.request import RailRefused, refusal_response, request_id
 from edge_runtime.api.rest import (
     Closing,
     admission,

@@ -2,7 +2,7 @@
 
 A rail checks one thing and names itself in every refusal (`rail_input_<name>`, `rail_output_<name>`).
 Regexes are user input: at most 200 characters, compiled here at load, and run by the `regex` engine
-with a time limit (`api/rails_text.py`); the evaluator is `api/rails.py`.
+with a time limit (`api/rails/text.py`); the evaluator is `api/rails/engine.py`.
 """
 
 from __future__ import annotations

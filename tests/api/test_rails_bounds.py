@@ -1,5 +1,5 @@
 """Output rails fail closed on what they could not check: a long field, a schema's patterns, a schema
-that never ends. The evaluator on its own (`api/rails.Rails`), on answers a test could not make the
+that never ends. The evaluator on its own (`api/rails/engine.Rails`), on answers a test could not make the
 demo model write (10,000 characters of one field, arrays of hostile strings)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.api.rails import Answer, RailRefused, RailRequest, Rails, ReaskWindow, TextPart
+from edge_runtime.api.rails.engine import Rails, ReaskWindow
+from edge_runtime.api.rails.request import Answer, RailRefused, RailRequest, TextPart
 from edge_runtime.config import RailsConfig
 
 
@@ -99,7 +100,7 @@ def test_output_rails_see_through_zero_width_text_and_a_filter_that_cannot_redac
 
 
 def test_a_reasked_answer_carries_its_own_finish_reason_and_both_usages() -> None:
-    from edge_runtime.api.rails_http import checked_chat
+    from edge_runtime.api.rails.http import checked_chat
     from edge_runtime.inference.llm.feed import Generation
 
     def gen(text: str, finish: str, tokens: int) -> Generation:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import regex
 
-if TYPE_CHECKING:  # the budget object is handed in by rails.py
+if TYPE_CHECKING:  # the budget object is handed in by engine.py
     from edge_runtime.verdicts.rules import RegexBudget
 
 

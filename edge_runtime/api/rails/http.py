@@ -1,6 +1,6 @@
 """What the two guarded endpoints hand the rails and take back: `/v1/chat/completions` (messages,
 response formats, generations) and `POST /api/v1/infer` (a prompt and a Result). The rails
-themselves are `rails.py`."""
+themselves are `engine.py`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 from flask import request
 
 from edge_runtime.api.models import Message
-from edge_runtime.api.rails import Answer, RailRequest, Rails, TextPart
+from edge_runtime.api.rails.engine import Rails
+from edge_runtime.api.rails.request import Answer, RailRequest, TextPart
 from edge_runtime.core.contracts import ChatOutput
 from edge_runtime.core.result import Result
 

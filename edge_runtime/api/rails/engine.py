@@ -1,124 +1,26 @@
-"""Rails of `/v1/chat/completions` and `POST /api/v1/infer` (config `rails:`, config/rails.py).
-
-Input rails run on the request before an image is decoded or a token generated; output rails on the
-answer before a byte of it is sent. Every refusal is a `RailRefused` whose code names the rail
-(`rail_input_text_length`); it is logged once at INFO with the request id and counted on /metrics per
-rail and action (`edge_rail_fired_total`). The rails are compiled once per config object and read
-from the live config per request, so a reload that changes them applies from the next request.
-JSON-field conditions are the rules engine's own (`verdicts/rules.condition_holds`).
-"""
+"""The rails evaluator: one rails config compiled once, its input checks on a request and its
+output checks (refuse, filter, redact, reask) on an answer."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any
 
 import regex
-from flask import current_app, jsonify
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError
 from referencing.exceptions import Unresolvable
 
-from edge_runtime.api import rails_text
-from edge_runtime.api.rails_text import Unfinished
+from edge_runtime.api.rails import text as rails_text
+from edge_runtime.api.rails.request import Answer, RailRefused, RailRequest, Rewrites, TextPart
+from edge_runtime.api.rails.schema import SCHEMA_BUDGET, SchemaValidator
+from edge_runtime.api.rails.text import Unfinished
 from edge_runtime.config.rails import InputRail, OutputRail, RailsConfig
-from edge_runtime.config.rules import REGEX_TIMEOUT_S, Condition
-from edge_runtime.core import strict_json
+from edge_runtime.config.rules import Condition
 from edge_runtime.verdicts.rules import RegexBudget, condition_holds, lookup
-
-log = logging.getLogger(__name__)
-MAX_ANSWER_DEPTH = 32
-_UNPARSED: Any = object()
-
-
-# The regex budget of the output check now running on this thread (set around a schema validation).
-_SCHEMA_BUDGET: ContextVar[RegexBudget | None] = ContextVar("rails_schema_budget", default=None)
-
-
-def _pattern_keyword(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
-    """JSON Schema `pattern` on the `regex` engine within the request's regex budget (jsonschema's uses
-    `re`, which holds the GIL while it backtracks). A search that does not finish raises `Unfinished`
-    out of the validation: an error here would count as "no match", which `not` or `anyOf` turn into
-    a pass, and every string of the answer would get a fresh time limit."""
-    if not validator.is_type(instance, "string"):
-        return
-    budget = _SCHEMA_BUDGET.get() or RegexBudget(REGEX_TIMEOUT_S, 1)
-    if rails_text.search(regex.compile(pattern), instance, budget) is None:
-        yield ValidationError(f"does not match {pattern[:40]!r}")
-
-
-SchemaValidator = validators.extend(Draft202012Validator, {"pattern": _pattern_keyword})
-
-
-class RailRefused(Exception):
-    """A rail refused the request or its answer: an OpenAI-style error whose `code` names the rail."""
-
-    def __init__(self, code: str, status: int, message: str, field: str | None, request_id: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.status, self.field, self.request_id = code, status, field, request_id
-
-
-def refusal_response(exc: RailRefused) -> Any:
-    """The error body OpenAI clients read (`error.code` is the rail), plus our `field`."""
-    error: dict[str, Any] = {"message": str(exc), "type": "rail_refused", "code": exc.code, "param": exc.field}
-    if exc.field is not None:
-        error["field"] = exc.field
-    response = jsonify(error=error)
-    response.status_code = exc.status
-    response.headers["X-Request-Id"] = exc.request_id
-    return response
-
-
-@dataclass
-class TextPart:
-    field: str  # where the client put it (`messages.0.content.1.text`, `prompt`)
-    role: str
-    text: str
-
-
-@dataclass
-class RailRequest:
-    """What the input rails read of a request (text parts only: image data is never text)."""
-
-    request_id: str
-    texts: list[TextPart]
-    images: int
-    model: str  # the model asked for (the served one when the request names none)
-    schema: str  # the response format: a json_schema's name, `text`, `json_object`; REST infer `verdict`
-    token: str | None  # the Bearer token presented, if any
-
-
-@dataclass
-class Rewrites:
-    texts: dict[str, str] = field(default_factory=dict)  # field -> the text that replaces it
-    system: list[str] = field(default_factory=list)  # instructions to add
-
-
-@dataclass
-class Answer:
-    """An answer as output rails see it: its text and its JSON (parsed on first need)."""
-
-    text: str
-    data: Any = _UNPARSED
-
-    def json(self, limit: int) -> Any:
-        if self.data is _UNPARSED:
-            self.data = None
-            if len(self.text) <= limit and self.text.lstrip()[:1] in ("{", "["):
-                try:
-                    self.data = strict_json.loads(self.text, MAX_ANSWER_DEPTH)
-                except strict_json.StrictJsonError:
-                    pass  # not JSON: conditions never hold, a schema rail fires
-        return self.data
 
 
 class ReaskWindow:
@@ -330,7 +232,7 @@ class Rails:
         return isinstance(value, str) and rails_text.search(self.conditions[cond.regex], value, budget) is not None
 
     def _schema_valid(self, name: str, data: Any, budget: RegexBudget) -> bool:
-        token = _SCHEMA_BUDGET.set(budget)
+        token = SCHEMA_BUDGET.set(budget)
         try:
             return bool(self.validators[name].is_valid(data))
         except RecursionError:  # a schema that refers to itself on the same value (`$ref: "#"`)
@@ -338,7 +240,7 @@ class Rails:
         except Unresolvable as exc:  # the config refuses these; a refusal, never a 500, if one slips by
             raise Unfinished(f"the schema's $ref does not resolve ({str(exc)[:80]})") from None
         finally:
-            _SCHEMA_BUDGET.reset(token)
+            SCHEMA_BUDGET.reset(token)
 
     def _filter(self, rails: list[OutputRail], answer: Answer, rid: str) -> Answer:
         for rail in rails:
@@ -379,54 +281,3 @@ def _set(data: dict[str, Any], path: str, value: str) -> None:
     holder = lookup(data, ".".join(parents)) if parents else data
     if isinstance(holder, dict) and last in holder:
         holder[last] = value
-
-
-# ---- per request, from the live config -------------------------------------------------------------
-
-class RailsState:
-    """The app's rails: compiled once per config object (a reload brings a new one); the last few are
-    kept, so requests that straddle a reload do not compile twice."""
-
-    KEEP = 4
-
-    def __init__(self, fire: Fire) -> None:
-        self.window = ReaskWindow()
-        self.fire = fire
-        self._built: list[tuple[RailsConfig, Rails]] = []  # newest first; holds the configs alive (ids unique)
-
-    def rails_for(self, cfg: RailsConfig) -> Rails:
-        built = self._built
-        for known, rails in built:
-            if known is cfg:
-                return rails
-        rails = Rails(cfg, self.window, self.fire)
-        self._built = [(cfg, rails), *built[: self.KEEP - 1]]
-        return rails
-
-
-_REQUEST_ID = regex.compile(r"[A-Za-z0-9._:-]{1,64}")
-
-
-def request_id(header: str | None, prefix: str) -> str:
-    """The client's X-Request-Id when it is a plain token, else a new one."""
-    if header and _REQUEST_ID.fullmatch(header):
-        return header
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def live_rails(cfg: RailsConfig) -> Rails:
-    """The rails for this request (the app's compiled copy of the live `rails:` section)."""
-    state: RailsState | None = current_app.extensions.get("edge_runtime_rails")
-    if state is None:
-        metrics = current_app.extensions.get("edge_runtime_metrics")
-        state = current_app.extensions.setdefault("edge_runtime_rails", RailsState(_firing(metrics)))
-    return state.rails_for(cfg)
-
-
-def _firing(metrics: Any) -> Fire:
-    def fire(code: str, action: str, rid: str, detail: str) -> None:
-        log.info("rails: %s %s request %s: %s", code, action, rid, detail)
-        if metrics is not None:
-            metrics.rail_fired(code, action)
-
-    return fire
