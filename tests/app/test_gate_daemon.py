@@ -20,6 +20,8 @@ from edge_runtime.api.metrics import StatusCollector
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.config.gate import GateConfig
+from edge_runtime.config.line_io import LineIOConfig
+from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.core.bundle import Bundle
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.inspection_queue import InspectionRequest
@@ -27,7 +29,10 @@ from edge_runtime.inference.anomaly import gate_context, patch_features, write_b
 from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
 from edge_runtime.inference.anomaly.step import GateLoadError
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.lineio.signals import LineOutcome
+from tests.delivery.test_mqtt import Subscriber
 from tests.inference.test_anomaly_gate import _bundle_with_another_encoder
+from tests.support.broker import Broker
 from tests.support.parts import clean_part
 from tests.support.waiting import wait_for
 
@@ -230,3 +235,51 @@ def test_the_evidence_image_carries_the_heat_map_where_the_gate_scored_high(
         kept[name] = image.astype(int)
     assert np.abs(kept["plain"] - part).mean() < 5  # heat_map: false keeps the frame as captured (JPEG aside)
     assert np.abs(kept["belt"] - part).mean() > 20
+
+
+def test_a_gated_ok_is_published_and_handed_to_the_line_like_a_model_ok(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    broker = Broker(tmp_path / "broker").start()
+    sub = Subscriber(broker.port, "edge/line-1/#")
+    try:
+        gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=2, verdict=OK)
+        cfg = config(tmp_path, demo_dir, camera(parts, gate, name="cam", mode="on_demand"))
+        cfg.mqtt = MqttConfig.model_validate({**cfg.mqtt.model_dump(), "enabled": True, "host": "127.0.0.1",
+                                              "port": broker.port, "telemetry_interval_s": 1})
+        cfg.line_io = LineIOConfig.model_validate({"stations": [{
+            "name": "st1", "camera": "cam", "result_deadline_ms": 60_000, "heartbeat_ms": 100,
+            "nok_when": [{"field": "verdict.defect", "equals": True}]}]})
+        daemon = run_daemon(cfg)
+        assert daemon.line_io is not None
+        station = daemon.line_io.stations[0]
+        wait_for(lambda: station.signals().ready, timeout=30, what="the station ready")
+        seqs = []
+        for part in ("P-1", "P-2"):  # the 1st gated frame is answered by the gate, the 2nd is audited
+            seqs.append(station.trigger(part, ""))
+            wait_for(lambda: station.signals().result_valid, timeout=60, what="ResultValid")
+            assert station.signals().result == LineOutcome.OK
+            assert station.ack_result(seqs[-1])
+        by_part = {r["part_id"]: r for r in rows(daemon, "cam")}
+        g, m = by_part["P-1"], by_part["P-2"]
+        assert (g["source"]["engine"], m["source"]["engine"]) == ("gate", "edge") and m["gate"]["audit"]
+        for seq, r in zip(seqs, (g, m), strict=True):
+            job = daemon.line_io.jobs.job("st1", seq)
+            assert job is not None and (job["result_id"], job["result"]) == (r["id"], int(LineOutcome.OK))
+        differ = {"id", "ts", "journal_seq", "frame", "timings_ms", "energy_j", "text", "verdict", "source", "gate",
+                  "part_id", "inspection_seq", "evidence"}
+        assert set(g) == set(m) and {k: g[k] for k in set(g) - differ} == {k: m[k] for k in set(m) - differ}
+        assert g["station"] == m["station"] == "st1"
+        topic = "edge/line-1/cam/result"
+        wait_for(lambda: len(sub.on(topic)) >= 2, timeout=30, what="both results on MQTT")
+        published = {json.loads(p)["id"]: json.loads(p) for p in sub.on(topic)}
+        assert published[g["id"]]["source"] == g["source"] and published[g["id"]]["gate"] == g["gate"]
+        assert set(published[g["id"]]) == set(published[m["id"]])
+
+        def counted() -> bool:  # a telemetry message sent after both inspections
+            gates = [json.loads(p).get("gate", {}).get("cam", {}) for p in sub.on("edge/line-1/telemetry")]
+            return any(g.get("skipped") == 1 and g.get("audits") == 1 for g in gates)
+
+        wait_for(counted, timeout=30, what="telemetry with the gate's counts")
+    finally:
+        sub.close()
+        broker.stop()
