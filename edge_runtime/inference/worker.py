@@ -120,6 +120,9 @@ class InspectionWorker:
                 except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
                     encoded = exc
             request.encoded.set()
+            if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
+                    [(request, encoded[1])], encoded[0], self.gate.decision().state, self._deliver, self._failed):
+                continue  # skip_ok answered it here, overlapping the generation in stage 2
             while not self._stop.is_set():
                 try:
                     self._handoff.put((request, encoded), timeout=0.5)

@@ -103,10 +103,15 @@ def quiesce(daemon: Daemon) -> None:
              what="every scored frame journaled", timeout=30)
 
 
+# Overlapped, stage 1 answers a gated frame right after its encode; without, stage 2 encodes and answers it.
+@pytest.mark.parametrize("overlap", [True, False])
 def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_audits_one_in_n(
-        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path,
+        overlap: bool) -> None:
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=3, verdict=OK)
-    daemon = run_daemon(config(tmp_path, demo_dir, camera(parts, gate)))
+    cfg = config(tmp_path, demo_dir, camera(parts, gate))
+    cfg.inspection.overlap_stages = overlap
+    daemon = run_daemon(cfg)
     wait_for(lambda: len(rows(daemon)) >= 9, what="9 results", timeout=60)
     quiesce(daemon)
     got = rows(daemon)

@@ -162,7 +162,8 @@ class GateStep:
     def __init__(self) -> None:
         self._gates: dict[str, CameraGate] = {}
         self._counts: dict[str, GateCounts] = {}
-        self._looks: dict[int, GateLook] = {}  # id(request) -> look, until its Result is delivered
+        # id(request) -> look (None: not scored), until its Result is delivered or it fails
+        self._looks: dict[int, GateLook | None] = {}
         self._scores: dict[str, GateScore] = {}  # result id -> score, for the evidence heat map
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)
@@ -205,14 +206,19 @@ class GateStep:
              failed: Callable[[InspectionRequest, Exception], None]
              ) -> list[tuple[InspectionRequest, Encoded | Exception | None]]:
         """Look at each camera frame with a gate; answer the gated ones of skip_ok here. Returns the
-        work that still goes to the language model (frames not encoded ahead come back encoded)."""
+        work that still goes to the language model (frames not encoded ahead come back encoded).
+
+        The worker calls it in stage 1 right after the encode (a gated frame is then answered while
+        stage 2 generates) and again in stage 2, which passes on the frames stage 1 looked at."""
         if not self._gates:
             return work
         rest = []
         for request, encoded in work:
             cam = self._gates.get(request.camera)
+            with self._lock:
+                seen = id(request) in self._looks
             if cam is None or request.job is not None or request.chat is not None or request.image is None \
-                    or isinstance(encoded, Exception):
+                    or isinstance(encoded, Exception) or seen:
                 rest.append((request, encoded))
                 continue
             if encoded is None:  # not encoded ahead (overlap off, or a reload meanwhile): encode once, here
@@ -223,8 +229,7 @@ class GateStep:
                     continue
             look = self._look(cam, request, encoded)
             if look is None or not look.gated or look.audit or cam.config.mode != "skip_ok":
-                if look is not None:
-                    self._keep(request, look)
+                self._keep(request, look)
                 rest.append((request, encoded))
                 continue
             try:
@@ -313,7 +318,7 @@ class GateStep:
             counts.passed += 1
         return GateLook(cam, score, gated, audit)
 
-    def _keep(self, request: InspectionRequest, look: GateLook) -> None:
+    def _keep(self, request: InspectionRequest, look: GateLook | None) -> None:
         with self._lock:
             if len(self._looks) >= _MAX_PENDING:
                 self._looks.clear()
