@@ -21,7 +21,7 @@ from edge_runtime.api.guard import ConnectionMetrics, Limits, create_guarded_ser
 from edge_runtime.api.memory import fix_mmap_threshold
 from edge_runtime.api.metrics import Metrics
 from edge_runtime.config import ApiConfig
-from edge_runtime.core.contracts import Device
+from edge_runtime.core.device import Device
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth

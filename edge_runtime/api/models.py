@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edge_runtime.core.contracts import TIMESTAMP
+from edge_runtime.core.result_filter import TIMESTAMP
 
 MAX_PROMPT_CHARS = 4000  # REST and trigger prompts: an inspection question, not a document
 MAX_MESSAGES = 64

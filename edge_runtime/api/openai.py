@@ -46,7 +46,7 @@ from edge_runtime.api.rest import (
     validate,
     wait_result,
 )
-from edge_runtime.core.contracts import ChatJob, ChatOutput
+from edge_runtime.core.device import ChatJob, ChatOutput
 from edge_runtime.core.errors import EdgeRuntimeError, InputError
 
 bp = Blueprint("openai", __name__)

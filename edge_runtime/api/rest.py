@@ -40,8 +40,8 @@ from edge_runtime.api.openapi import doc, openapi_document
 from edge_runtime.api.rails.http import checked_result, infer_prompt
 from edge_runtime.api.rails.live import live_rails
 from edge_runtime.api.rails.request import request_id
-from edge_runtime.core.contracts import Device, QueueFull
-from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, StorageFull
+from edge_runtime.core.device import Device
+from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, QueueFull, StorageFull
 from edge_runtime.core.images import decode_image
 
 bp = Blueprint("rest", __name__)

@@ -27,7 +27,8 @@ from edge_runtime.api.admission import parse_json
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError
 from edge_runtime.api.metrics import webhook_metrics
-from edge_runtime.core.contracts import Device, ResultFilter, ReviewError
+from edge_runtime.core.device import Device
+from edge_runtime.core.result_filter import ResultFilter, ReviewError
 
 bp = Blueprint("inspection", __name__)
 MAX_REVIEW_BYTES = 64 * 1024

@@ -27,8 +27,9 @@ from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig, cameras_not_in_file
 from edge_runtime.config import CameraConfig, Config
 from edge_runtime.core import systemd
-from edge_runtime.core.contracts import Device, Gate, ModelInfo, OpenGate, UnknownCamera
-from edge_runtime.core.errors import EdgeRuntimeError, StorageFull
+from edge_runtime.core.device import Device, ModelInfo
+from edge_runtime.core.errors import EdgeRuntimeError, StorageFull, UnknownCamera
+from edge_runtime.core.governor_gate import Gate, OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
 from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery

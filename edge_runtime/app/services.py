@@ -1,4 +1,4 @@
-"""The chat, evidence and review half of `contracts.Device`, for `app.Daemon` (kept apart so the
+"""The chat, evidence and review half of `core.device.Device`, for `app.Daemon` (kept apart so the
 composition root stays small): each method delegates to the service that owns the data."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
 from edge_runtime.app.verdicts import VerdictServices
-from edge_runtime.core.contracts import ChatJob, ChatOutput, EvidenceFile, ResultFilter
+from edge_runtime.core.device import ChatJob, ChatOutput, EvidenceFile
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
+from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.inference.inspector import Inspector
 
 T = TypeVar("T")
@@ -27,7 +28,7 @@ class ServicesHost(Protocol):
 
 
 class DeviceServices:
-    """Mixed into `app.Daemon`: the chat, evidence and review methods of `contracts.Device`."""
+    """Mixed into `app.Daemon`: the chat, evidence and review methods of `core.device.Device`."""
 
     def constraint(self: ServicesHost, schema: dict[str, Any]) -> str:
         return self._current_inspector().constraint(schema)

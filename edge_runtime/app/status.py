@@ -12,7 +12,7 @@ from edge_runtime.app.lineio import LineIO
 from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig, camera_status, telemetry_message
 from edge_runtime.config import Config
-from edge_runtime.core.contracts import Gate
+from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import InspectionQueue
 from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.delivery.mqtt.client import MqttService
@@ -52,7 +52,7 @@ class StatusHost(Protocol):
 
 
 class DeviceReports:
-    """Mixed into `app.Daemon`: the status half of `contracts.Device`."""
+    """Mixed into `app.Daemon`: the status half of `core.device.Device`."""
 
     def health(self: StatusHost) -> dict[str, Any]:
         """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).

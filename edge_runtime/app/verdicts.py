@@ -24,8 +24,8 @@ import numpy as np
 
 from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import AlertAction, ReaskAction, ReviewAction, Rule, RulesBudget, WebhookAction
-from edge_runtime.core.contracts import GateDecision, OpenGate
 from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.governor_gate import GateDecision, OpenGate
 from edge_runtime.core.result import Result, utc_now
 from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.verdicts.evidence import EvidenceStore

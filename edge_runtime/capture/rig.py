@@ -11,8 +11,8 @@ import cv2
 from edge_runtime.capture.camera import Camera
 from edge_runtime.capture.scheduler import CameraSchedule
 from edge_runtime.config import CameraConfig, Config, ImageLimits, load_config
-from edge_runtime.core.contracts import Gate
 from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import InspectionQueue
 from edge_runtime.core.result import utc_now
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from edge_runtime.capture.camera import Camera, Frame
 from edge_runtime.config import TriggerConfig
-from edge_runtime.core.contracts import Gate, GateDecision, QueueFull
-from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.errors import EdgeRuntimeError, QueueFull
+from edge_runtime.core.governor_gate import Gate, GateDecision
 from edge_runtime.core.inspection_queue import FrameRouter, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.supervise import SupervisedThread
 

@@ -41,3 +41,11 @@ class InputError(EdgeRuntimeError):
         super().__init__(message)
         self.field = field
         self.status = status
+
+
+class QueueFull(EdgeRuntimeError):
+    """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
+
+
+class UnknownCamera(EdgeRuntimeError):
+    """No camera of that name is configured."""

@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_runtime.core.contracts import ChatJob, GateDecision, QueueFull
+from edge_runtime.core.device import ChatJob
+from edge_runtime.core.errors import QueueFull
+from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.result import Result
 
 

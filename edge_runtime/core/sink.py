@@ -8,6 +8,7 @@ falls behind or fails never loses a verdict: it catches up from the journal or i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,3 +39,14 @@ class Sink(Protocol):
     def notify(self, result: Result) -> None: ...
 
     def health(self) -> SinkHealth: ...
+
+
+ResultListener = Callable[[Result], None]
+
+
+class ResultJournal(Protocol):
+    """Where the worker writes each verdict before anyone sees it (`verdicts.journal.Journal`)."""
+
+    def refusing(self) -> bool: ...  # full, and the next trial write is not due: refuse at once
+
+    def add(self, result: Result, extra: Callable[[Any], None] | None = None) -> int: ...  # StorageFull

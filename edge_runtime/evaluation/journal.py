@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from edge_runtime.config.schema import Config
-from edge_runtime.core.contracts import ResultFilter
 from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.evaluation.dataset import MAX_RECORDS, Dataset, LabelChecker, Record, records_from_rows
 from edge_runtime.verdicts.evidence import EvidenceStore
 from edge_runtime.verdicts.review import ReviewStore

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edge_runtime.config.schema import ImageLimits
-from edge_runtime.core.contracts import BatchJob
+from edge_runtime.core.batch import BatchJob
 from edge_runtime.core.errors import ImageError, InferenceError
 from edge_runtime.core.images import read_image_file
 from edge_runtime.core.result import Result

@@ -35,8 +35,8 @@ from jsonschema.exceptions import SchemaError
 
 from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
 from edge_runtime.config.programs import ProgramConfig
+from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
 from edge_runtime.core.bundle import Bundle, Manifest
-from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded  # moved there: used without the engines
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest

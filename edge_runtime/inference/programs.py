@@ -29,7 +29,7 @@ import numpy as np
 
 from edge_runtime.config import CameraConfig, ImageLimits
 from edge_runtime.config.programs import ProgramConfig
-from edge_runtime.core.contracts import Encoded
+from edge_runtime.core.batch import Encoded
 from edge_runtime.core.errors import ConfigError, ImageError, InputError
 from edge_runtime.core.images import read_image_file
 from edge_runtime.inference.llm.feed import Prefix, Segment

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_runtime.config.programs import ProgramConfig
-from edge_runtime.core.contracts import Encoded
+from edge_runtime.core.batch import Encoded
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.inference.encoder_cache import Box
 

@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edge_runtime.core.contracts import BatchJob, ChatWork, Encoded, Gate, QueueFull, ResultJournal
-from edge_runtime.core.errors import InferenceError, InputError, StorageFull
+from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
+from edge_runtime.core.errors import InferenceError, InputError, QueueFull, StorageFull
+from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
+from edge_runtime.core.sink import ResultJournal
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 
 if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typing needs no engines

@@ -16,7 +16,7 @@ from enum import IntEnum
 from typing import Any
 
 from edge_runtime.config import GovernorConfig
-from edge_runtime.core.contracts import GateDecision
+from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.power.snapshot import Sensor, Snapshot
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.core.contracts import ResultFilter
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import Result
+from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.verdicts.database import open_db
 from edge_runtime.verdicts.result_query import select_results
 

@@ -18,10 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edge_runtime.core.contracts import ResultJournal, ResultListener
 from edge_runtime.core.inspection_queue import InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
-from edge_runtime.core.sink import Sink, SinkHealth
+from edge_runtime.core.sink import ResultJournal, ResultListener, Sink, SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import json
 import sqlite3
 from typing import Any
 
-from edge_runtime.core.contracts import ResultFilter
+from edge_runtime.core.result_filter import ResultFilter
 
 
 def select_results(db: sqlite3.Connection, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.core.contracts import ResultFilter, ReviewError  # defined with the Device, which takes a filter
 from edge_runtime.core.result import utc_now
+from edge_runtime.core.result_filter import ResultFilter, ReviewError
 from edge_runtime.verdicts.database import open_db
 from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageOutbox
 from edge_runtime.verdicts.result_query import select_results

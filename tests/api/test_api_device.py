@@ -14,17 +14,10 @@ from flask.testing import FlaskClient
 
 from edge_runtime.api import ApiServer, create_app
 from edge_runtime.config import Config
-from edge_runtime.core.contracts import (
-    ChatJob,
-    ChatOutput,
-    Device,
-    EvidenceFile,
-    ModelInfo,
-    QueueFull,
-    ResultFilter,
-    UnknownCamera,
-)
+from edge_runtime.core.device import ChatJob, ChatOutput, Device, EvidenceFile, ModelInfo
+from edge_runtime.core.errors import QueueFull, UnknownCamera
 from edge_runtime.core.result import Result
+from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.core.sink import Sink
 from tests.verdicts.test_journal import make_result
 

@@ -13,8 +13,8 @@ import pytest
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
-from edge_runtime.core.contracts import Device, QueueFull
-from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.device import Device
+from edge_runtime.core.errors import EdgeRuntimeError, QueueFull
 from edge_runtime.core.samples import write_sample_video
 from tests.app.test_reload import daemon_with_file
 from tests.support.waiting import wait_for

@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig, parse_config
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
-from edge_runtime.core.contracts import GateDecision
+from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.fleet.offload.client import Endpoint

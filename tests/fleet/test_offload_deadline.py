@@ -25,7 +25,7 @@ from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, TriggerConfig, parse_config
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
 from edge_runtime.core import http
-from edge_runtime.core.contracts import GateDecision
+from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.fleet.offload.client import Endpoint

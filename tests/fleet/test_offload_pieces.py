@@ -18,8 +18,8 @@ from jsonschema import Draft202012Validator
 
 from edge_runtime.config import parse_config
 from edge_runtime.config.offload import EndpointConfig, OffloadConfig
-from edge_runtime.core.contracts import GateDecision
 from edge_runtime.core.errors import ConfigError
+from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import Result
 from edge_runtime.fleet.offload.breaker import CircuitBreaker

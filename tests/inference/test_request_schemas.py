@@ -11,8 +11,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from edge_runtime.core.contracts import BatchJob, ChatJob, OpenGate
+from edge_runtime.core.batch import BatchJob
+from edge_runtime.core.device import ChatJob
 from edge_runtime.core.errors import InputError
+from edge_runtime.core.governor_gate import OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.core.result import Result
 from edge_runtime.inference.inspector import Inspector, SchemaRefused

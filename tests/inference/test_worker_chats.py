@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.core.contracts import ChatJob, OpenGate
+from edge_runtime.core.device import ChatJob
+from edge_runtime.core.governor_gate import OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import Generation

@@ -277,7 +277,7 @@ def test_every_enabled_protocol_serves_the_stations(tmp_path: Path, demo_dir: Pa
 def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None:
     """A trigger whose inspection the full queue refuses is an error job on the line; the frame it
     had tagged for the verdict hook must go with it (20 refused triggers held 118 MB of 1080p frames)."""
-    from edge_runtime.core.contracts import QueueFull
+    from edge_runtime.core.errors import QueueFull
     from edge_runtime.core.inspection_queue import InspectionRequest
 
     assert daemon.line_io is not None

@@ -103,7 +103,7 @@ def test_a_configuration_the_budget_cannot_meet_is_refused_naming_the_key() -> N
 
 
 def test_re_asks_wait_while_the_governor_throttles_and_resume_at_full_rate(tmp_path: Path) -> None:
-    from edge_runtime.core.contracts import GateDecision
+    from edge_runtime.core.governor_gate import GateDecision
     from tests.verdicts.test_side_effects import make_result
 
     services = VerdictServices(EvidenceConfig(enabled=False), reask_rules(1, 1, 60), tmp_path,

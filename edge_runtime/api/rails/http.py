@@ -12,7 +12,7 @@ from flask import request
 from edge_runtime.api.models import Message
 from edge_runtime.api.rails.engine import Rails
 from edge_runtime.api.rails.request import Answer, RailRequest, TextPart
-from edge_runtime.core.contracts import ChatOutput
+from edge_runtime.core.device import ChatOutput
 from edge_runtime.core.result import Result
 
 

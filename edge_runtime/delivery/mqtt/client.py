@@ -23,10 +23,10 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_runtime.config import MqttConfig
 from edge_runtime.core import strict_json
-from edge_runtime.core.contracts import CommandError
 from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
+from edge_runtime.delivery.mqtt.commands import CommandError
 from edge_runtime.verdicts.journal import Journal
 
 log = logging.getLogger(__name__)

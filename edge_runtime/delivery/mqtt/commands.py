@@ -13,7 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from edge_runtime.core.contracts import CommandError, Device
+from edge_runtime.core.device import Device
+
+
+class CommandError(Exception):
+    """A remote command's payload is wrong; the message goes back in the MQTT error reply."""
+
 
 
 class _Payload(BaseModel):

@@ -26,8 +26,8 @@ import numpy as np
 from jsonschema import Draft202012Validator
 
 from edge_runtime.config.offload import OffloadConfig
-from edge_runtime.core.contracts import GateDecision, QueueFull
-from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.errors import EdgeRuntimeError, QueueFull
+from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.fleet.offload.client import Answer, Endpoint, chat_request, encode_jpeg

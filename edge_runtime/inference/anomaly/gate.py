@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_runtime.core.contracts import Encoded
+from edge_runtime.core.batch import Encoded
 from edge_runtime.inference.anomaly.bank import BankError, BankHeader, LoadedBank, read_bank
 from edge_runtime.inference.anomaly.features import (
     GateContext,

@@ -1,14 +1,12 @@
-"""Types shared across layers: the governor's gate, a batched inspection job, and the `Device`.
+"""The `Device` role protocols: what the HTTP layer and the MQTT commands see of the running daemon.
 
-No engine imports here (no ONNX Runtime, llama.cpp, OpenCV, paho, Flask): every layer may import
-this module, so it must stay cheap and must not import any sibling but `config` and `result`.
-`Device` is what the HTTP layer and the MQTT commands depend on; `app.Daemon` implements it
-(mypy checks that in `app.py`), so they never reach into the daemon's insides.
+No engine imports here: `api/` and `delivery/mqtt/commands.py` depend on these roles only, and
+`app.daemon.Daemon` implements them (mypy checks that in `app/daemon.py`), so they never reach into
+the daemon's insides.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -17,70 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
-from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result
+from edge_runtime.core.result_filter import ResultFilter
 
 if TYPE_CHECKING:
     from edge_runtime.config import Config
 
 T = TypeVar("T")
-
-
-class CommandError(Exception):
-    """A remote command's payload is wrong; the message goes back in the MQTT error reply."""
-
-
-class QueueFull(EdgeRuntimeError):
-    """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
-
-
-class UnknownCamera(EdgeRuntimeError):
-    """No camera of that name is configured."""
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """What the governor allows now: a rate factor (1 = configured rate) or a pause."""
-
-    rate_factor: float = 1.0
-    paused: bool = False
-    state: dict[str, Any] | None = None
-
-
-class Gate(Protocol):
-    def decision(self) -> GateDecision: ...
-
-
-class OpenGate:
-    """No governor: always full rate."""
-
-    def decision(self) -> GateDecision:
-        return GateDecision()
-
-
-@dataclass
-class Encoded:
-    """The output of the first half: image embeddings plus what the Result needs of the frame."""
-
-    embeds: np.ndarray  # [T*N, D]: N embeddings per tile, T tiles (1 unless the bundle tiles)
-    width: int
-    height: int
-    preprocess_ms: float
-    encode_ms: float
-    grid: tuple[int, int] = (0, 0)  # tile rows, cols; (0, 0) for one untiled image
-
-
-@dataclass
-class BatchJob:
-    """One frame of a batched inspection: already encoded, plus what its Result records."""
-
-    encoded: Encoded
-    camera: str
-    prompt: str | None = None
-    seq: int = 0
-    capture_ms: float = 0.0
-    governor: dict[str, Any] | None = None
-    schema: dict[str, Any] | None = None  # the verdict's own JSON schema (a station's recipe); None: the bundle's
 
 
 @dataclass(frozen=True)
@@ -94,66 +35,6 @@ class ModelInfo:
     context_size: int
     verdict_schema: dict[str, Any]  # the JSON schema every verdict (and a reviewer's correction) follows
     several_images: bool = False  # a prompt may hold several images (a GGUF + mmproj bundle)
-
-
-STATES = ("pending", "confirmed", "corrected")
-TIMESTAMP = r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$"  # RFC 3339, or a prefix
-_TS = re.compile(TIMESTAMP)
-
-
-class ReviewError(ValueError):
-    """A review or query parameter is wrong; `field` names it."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-@dataclass
-class ResultFilter:
-    """A query over results and their reviews (`/api/v1/inspections`, exports); `check` bounds it."""
-
-    camera: str | None = None
-    defect: bool | None = None
-    category: str | None = None
-    since: str | None = None
-    until: str | None = None
-    review: str | None = None          # pending | confirmed | corrected | reviewed | none
-    below: float | None = None         # confidence below (the low-confidence part of the queue)
-    before: int | None = None          # cursor: journal seq, newest first
-    after: int | None = None           # only rows newer than this seq (live polling)
-    limit: int = 50
-    defect_field: str = "defect"
-
-    def check(self) -> ResultFilter:
-        for name in ("since", "until"):
-            value = getattr(self, name)
-            if value is not None and not _TS.match(value):
-                raise ReviewError(f"{name} must be an RFC 3339 time, e.g. 2026-11-30T06:00:00Z", name)
-        if self.review is not None and self.review not in (*STATES, "reviewed", "none"):
-            raise ReviewError("review must be pending, confirmed, corrected, reviewed or none", "review")
-        if not 1 <= self.limit <= 1000:
-            raise ReviewError("limit must be between 1 and 1000", "limit")
-        for name in ("before", "after"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value < 2**63:
-                raise ReviewError(f"{name} must be a cursor from a previous page", name)
-        if self.camera is not None and len(self.camera) > 64:
-            raise ReviewError("camera is at most 64 characters", "camera")
-        if self.category is not None and len(self.category) > 200:
-            raise ReviewError("category is at most 200 characters", "category")
-        return self
-
-
-ResultListener = Callable[[Result], None]
-
-
-class ResultJournal(Protocol):
-    """Where the worker writes each verdict before anyone sees it (`verdicts.journal.Journal`)."""
-
-    def refusing(self) -> bool: ...  # full, and the next trial write is not due: refuse at once
-
-    def add(self, result: Result, extra: Callable[[Any], None] | None = None) -> int: ...  # StorageFull
 
 
 @dataclass(frozen=True)
@@ -172,15 +53,6 @@ class ChatJob:
     on_text: Callable[[str], None] | None = None  # each decoded piece, as it is generated (streaming)
     on_end: Callable[[], None] | None = None  # once the job ran, whatever happened (ends a stream)
     more_images: list[np.ndarray] = field(default_factory=list)  # the request's further images, in order
-
-
-@dataclass
-class ChatWork:
-    """A chat completion in the worker's batch: the job, with its image already encoded (None: not
-    encoded ahead, or no image)."""
-
-    job: ChatJob
-    encoded: Encoded | None = None
 
 
 class ChatOutput(Protocol):
@@ -227,7 +99,6 @@ class DeviceStatus(Protocol):
     def model_info(self) -> ModelInfo | None: ...  # None until the model is loaded
 
     def verdict_status(self) -> dict[str, Any] | None: ...  # rules, evidence, webhooks, reviews (metrics)
-
 
 
 class DeviceResults(Protocol):
@@ -288,7 +159,7 @@ class DeviceControl(Protocol):
 
 
 class Device(DeviceStatus, DeviceResults, DeviceCameras, DeviceInference, DeviceReview, DeviceControl, Protocol):
-    """The running device as a whole (implemented by `app.Daemon`; mypy checks that in `app.py`).
+    """The running device as a whole (implemented by `app.daemon.Daemon`; mypy checks that in `app/daemon.py`).
 
     Consumers depend on the roles they use, as vLLM's `EngineClient` keeps a client to the engine
     alone: the metrics on `DeviceStatus`, the review blueprint on results + review, the OpenAI
