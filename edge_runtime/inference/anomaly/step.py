@@ -300,22 +300,20 @@ class GateStep:
             return None
         gated = score.score < cam.threshold
         ratio = score.score / cam.threshold
-        counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
-        counts.ratio_sum += ratio
+        # A recipe's own schema that the OK verdict does not fit: the model answers (counted as an audit).
+        unfit = gated and request.schema is not None and not Draft202012Validator(request.schema).is_valid(cam.verdict)
         audit = False
-        if gated:
-            counts.gated += 1
-            if cam.config.mode == "skip_ok":
-                if request.schema is not None and not Draft202012Validator(request.schema).is_valid(cam.verdict):
-                    audit = True  # a recipe's own schema the OK verdict does not fit: the model answers
-                else:
-                    audit = counts.gated % cam.config.audit_every == 0
-                if audit:
-                    counts.audits += 1
-                else:
-                    counts.skipped += 1
-        else:
-            counts.passed += 1
+        with self._lock:  # both worker stages may look (stage 2 at frames stage 1 did not encode)
+            counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
+            counts.ratio_sum += ratio
+            if not gated:
+                counts.passed += 1
+            else:
+                counts.gated += 1
+                if cam.config.mode == "skip_ok":
+                    audit = unfit or counts.gated % cam.config.audit_every == 0
+                    counts.audits += audit
+                    counts.skipped += not audit
         return GateLook(cam, score, gated, audit)
 
     def _keep(self, request: InspectionRequest, look: GateLook | None) -> None:
