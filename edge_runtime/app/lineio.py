@@ -83,7 +83,7 @@ class LineIO:
             return adapters
         if self.cfg.opcua.enabled:
             try:  # asyncua only when OPC UA is on
-                from edge_runtime.lineio.opcua import OpcUaServer
+                from edge_runtime.lineio.opcua.server import OpcUaServer
             except ModuleNotFoundError as exc:
                 raise ConfigError(f"line_io.opcua.enabled needs the OPC UA server package ({exc.name}): "
                                   "pip install 'edge-runtime[lineio]'") from None

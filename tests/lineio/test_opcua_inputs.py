@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from asyncua import Client, ua
 
-from edge_runtime.lineio.opcua import NAMESPACE
+from edge_runtime.lineio.opcua.server import NAMESPACE
 from tests.support.opcua_asyncua import Served, client, status_name
 
 

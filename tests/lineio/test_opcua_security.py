@@ -22,8 +22,8 @@ from asyncua.crypto.security_policies import SecurityPolicyNone
 from asyncua.ua.ua_binary import struct_to_binary, uatcp_to_binary
 from cryptography.x509 import load_pem_x509_certificate
 
-from edge_runtime.lineio.opcua_guard import Refusals
-from edge_runtime.lineio.opcua_pki import fingerprint
+from edge_runtime.lineio.opcua.guard import Refusals
+from edge_runtime.lineio.opcua.pki import fingerprint
 from tests.support.opcua_asyncua import (
     Served,
     job_or_error,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from asyncua import Client, ua
 
-from edge_runtime.lineio.opcua import NAMESPACE
-from edge_runtime.lineio.opcua_guard import Refusals
+from edge_runtime.lineio.opcua.guard import Refusals
+from edge_runtime.lineio.opcua.server import NAMESPACE
 from tests.support.cut_proxy import CutProxy
 from tests.support.opcua_asyncua import CLIENT_URI, PASSWORD, Served, client, server_lines, status_name
 from tests.support.opcua_peer import client_certificate, trust

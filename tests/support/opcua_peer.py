@@ -16,7 +16,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from edge_runtime.lineio.opcua_pki import ensure_server_certificate
+from edge_runtime.lineio.opcua.pki import ensure_server_certificate
 from tests.support.npm import npm_package
 
 NODE_OPCUA = "node-opcua-client@2.186.4"

@@ -9,7 +9,7 @@ Objects/EdgeRuntime/<station> holds, per station:
   `Overrun`, `LastRefusal`,
 - a `ResultReadyEventType` event each time a result becomes valid at the FIFO head.
 Secure by default: Basic256Sha256 Sign / SignAndEncrypt, trusted client certificates, configured users
-(opcua_pki.py), enforced on every connection (opcua_guard.py); security 'none' only when the config lists
+(pki.py), enforced on every connection (guard.py); security 'none' only when the config lists
 it, with a warning. docs/line-io.md.
 """
 
@@ -31,8 +31,9 @@ from asyncua.server.address_space import NodeData
 from edge_runtime.config.line_io import OpcUaConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import SupervisedThread
-from edge_runtime.lineio.opcua_guard import Door, GuardedServer, only_good_writes, secure, tame_asyncua_logs
-from edge_runtime.lineio.opcua_pki import ConfiguredUsers, TrustList
+from edge_runtime.lineio.opcua.asyncua_logs import tame_asyncua_logs
+from edge_runtime.lineio.opcua.guard import Door, GuardedServer, only_good_writes, secure
+from edge_runtime.lineio.opcua.pki import ConfiguredUsers, TrustList
 from edge_runtime.lineio.signals import LineOutcome, LineRefused, Signals
 from edge_runtime.lineio.station import Station
 

@@ -16,18 +16,16 @@ go through `_GuardedProcessor`, which refuses, unless the config lists security 
 and, whatever the config, a password that is not encrypted over a channel that does not encrypt
 (BadSecurityModeInsufficient: the client may try again on that connection, as after a wrong password).
 Sessions (unguessable tokens, each bound to its secure channel, subscriptions to their session) are
-opcua_sessions.py's rules, checked here for every request.
+sessions.py's rules, checked here for every request.
 Each refusal is counted and logged with the peer's address: the first of a kind at once, then at most
 one line a minute with the count. asyncua's own WARNING/ERROR lines (one ERROR per refused login) go
-through `tame_asyncua_logs`: those that repeat a refusal logged here are dropped, the others limited.
+through `asyncua_logs.tame_asyncua_logs`: those that repeat a refusal logged here are dropped, the others
+limited.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,8 +40,8 @@ from cryptography.exceptions import InvalidSignature
 
 from edge_runtime.config.line_io import OpcUaConfig
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.lineio.opcua_pki import CertificateRefused, TrustList, ensure_server_certificate, fingerprint
-from edge_runtime.lineio.opcua_sessions import (
+from edge_runtime.lineio.opcua.pki import CertificateRefused, TrustList, ensure_server_certificate, fingerprint
+from edge_runtime.lineio.opcua.sessions import (
     SESSIONLESS,
     KeyedInternalServer,
     MoveUndo,
@@ -328,54 +326,6 @@ def only_good_writes(server: Server, inputs: set[ua.NodeId]) -> None:
             return _status(ua.StatusCodes.BadWriteNotSupported)
         return await write(nodeid, attr, value)
     aspace.write_attribute_value = checked  # type: ignore[method-assign]
-
-
-# asyncua's lines that repeat a refusal the door logs with the peer's address.
-_REPEATS = frozenset({"Rejected active session UserIdentityToken not supported",
-                      "Unauthenticated user attempted to connect"})
-
-
-class _AsyncuaLogLimit(logging.Filter):
-    """Each of asyncua's WARNING/ERROR messages once, then at most once a minute with the count."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._state: dict[tuple[str, str], list[float]] = {}  # (logger, template) -> [next time, suppressed]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        if record.msg in _REPEATS:
-            return False
-        key, now = (record.name, str(record.msg)[:200]), time.monotonic()
-        with self._lock:
-            state = self._state.get(key)
-            if state is not None and now < state[0]:
-                state[1] += 1
-                return False
-            if len(self._state) >= 512:  # templates are finite; this only bounds a surprise
-                self._state.clear()
-            self._state[key] = [now + LOG_INTERVAL_S, 0]
-        if state is not None and state[1]:
-            record.msg = f"{record.msg} ({int(state[1])} more like this in the last {LOG_INTERVAL_S:.0f} s)"
-        return True
-
-
-_LIMIT = _AsyncuaLogLimit()
-
-
-def tame_asyncua_logs() -> None:
-    """Put the limit on every asyncua logger (a logger's filters see only its own records). Some are made
-    only when first used (InternalSession's, in its constructor), so every imported asyncua module's
-    logger is made here, and any other logger under asyncua that already exists gets it too."""
-    logging.getLogger("asyncua").setLevel(logging.WARNING)  # it logs every call at INFO
-    names = {name for name in list(sys.modules) if name == "asyncua" or name.startswith("asyncua.")}
-    names |= {name for name in list(logging.Logger.manager.loggerDict) if name.startswith("asyncua.")}
-    for name in names:
-        logger = logging.getLogger(name)
-        if _LIMIT not in logger.filters:
-            logger.addFilter(_LIMIT)
 
 
 def _leaf(der: bytes | None) -> Any:
