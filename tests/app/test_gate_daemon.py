@@ -33,6 +33,7 @@ from edge_runtime.lineio.signals import LineOutcome
 from tests.delivery.test_mqtt import Subscriber
 from tests.inference.test_anomaly_gate import _bundle_with_another_encoder
 from tests.support.broker import Broker
+from tests.support.browser import chromium
 from tests.support.parts import clean_part
 from tests.support.waiting import wait_for
 
@@ -288,3 +289,22 @@ def test_a_gated_ok_is_published_and_handed_to_the_line_like_a_model_ok(
     finally:
         sub.close()
         broker.stop()
+
+
+def test_the_status_page_shows_each_gated_cameras_counters(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path) -> None:
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1, verdict=OK)
+    cfg = config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand"))
+    cfg.api.enabled, cfg.api.port, cfg.api.host = True, 0, "127.0.0.1"
+    daemon = run_daemon(cfg)
+    daemon.inspections.submit(InspectionRequest(clean_part(7), "belt", schema=NOK_SCHEMA)).result(60)
+    with chromium() as browser:
+        page: Any = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"http://127.0.0.1:{daemon.api.port}/")  # type: ignore[union-attr]
+        page.wait_for_selector("#gate-cameras tr", timeout=15000)
+        cells = page.inner_text("#gate-cameras tr").split("\t")
+        assert [c.strip() for c in cells[:2]] == ["belt", "skip_ok"] and cells[6].strip() == "1"  # one audit
+        assert cells[7].strip().startswith("1") and page.query_selector("#gate-cameras a") is not None
+        assert errors == []

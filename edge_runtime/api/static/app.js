@@ -140,6 +140,7 @@ async function poll() {
     $("banner").hidden = h.state !== "degraded";
     $("banner").textContent = h.state === "degraded" ? `Degraded: ${(h.reasons || []).join("; ") || "not ready"}` : "";
     lineStations(s.line_io);
+    gateCameras(s.gate);
     const g = s.governor;
     $("governor-panel").hidden = !g;
     if (g) {
@@ -176,6 +177,20 @@ function lineStations(lio) {
       `<td>${Number(g.inspection_seq)}</td><td>${esc(g.part_id)}</td><td>${esc(LINE_RESULT[g.result] ?? g.result)}</td>` +
       `<td>${Number(g.defect_code)}</td><td>${Number(g.buffer_count)}</td><td>${flag(g.overrun, true)}</td>` +
       `<td title="${esc(st.fault || "")}">${flag(g.fault, true)}</td><td>${Number(g.heartbeat)}</td></tr>`;
+  }).join("");
+}
+
+// The anomaly gate (docs/inspection.md#in-the-daemon): one row per gated camera; a disagreement (an audit
+// the model called NOK) is red and links to that result.
+function gateCameras(gates) {
+  const rows = Object.entries(gates || {});
+  $("gate-panel").hidden = rows.length === 0;
+  $("gate-cameras").innerHTML = rows.map(([name, g]) => {
+    const dis = Number(g.disagreements);
+    const last = g.last_disagreement ? ` <a href="/api/v1/results/${encodeURIComponent(g.last_disagreement)}">last</a>` : "";
+    return `<tr><td>${esc(name)}</td><td>${esc(g.mode)}</td><td>${Number(g.threshold).toPrecision(4)}</td>` +
+      `<td>${Number(g.gated)}</td><td>${Number(g.passed)}</td><td>${Number(g.skipped)}</td><td>${Number(g.audits)}</td>` +
+      `<td><span class="badge ${dis ? "bad" : "ok"}">${dis}</span>${last}</td><td>${Number(g.errors)}</td></tr>`;
   }).join("");
 }
 
