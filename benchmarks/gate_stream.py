@@ -1,0 +1,194 @@
+"""Verdicts per second of the daemon on a stream of mostly good parts: `gate.mode: skip_ok` against
+the language model answering every frame (`off`), with every defective part checked to reach it.
+
+The stream is generated (tests/support/parts.py): `--frames` parts, 1 in `--defect-every` defective
+(scratch, stain and missing hole in turn, at sizes the gate is measured to catch: docs/inspection.md).
+A bank is fitted on `--train` other good parts; its threshold is the largest score of `--holdout`
+further good parts (what `gate fit` chooses without labelled data). Each mode then runs the same
+frames through one Daemon started from its config (`cameras[].gate` in skip_ok; journal and evidence
+on, MQTT, API and governor off), in turns of `--chunk` frames (off: the gates taken out), so the load of
+a shared machine falls on both alike; `--inflight` requests queued at a time as a camera's scheduler
+keeps the queue fed. An escape is a defective frame answered by the gate
+(`source.engine: gate`); on this set it must be 0.
+
+    python benchmarks/gate_stream.py [--model DIR] [--frames 400] [--defect-every 20] [--audit-every 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import edge_runtime.inference.engines  # noqa: E402,F401 - onnxruntime, then llama_cpp (see engines.py)
+
+# The demo schema requires every field: the gated OK verdict is configured whole (gate.verdict).
+OK_VERDICT = {"defect": False, "category": "none", "confidence": 1.0, "notes": "surface clean"}
+DEFECTS = (("scratch", 40), ("stain", 20), ("missing_hole", 14))  # kind, size in px of a 224 frame
+
+
+def stream(frames: int, defect_every: int, size: int) -> list[tuple[np.ndarray, str | None]]:
+    """The frames in order with the defect drawn on each (None: a good part)."""
+    from tests.support.parts import clean_part, defective_part
+
+    out: list[tuple[np.ndarray, str | None]] = []
+    for i in range(frames):
+        if i % defect_every == defect_every - 1:
+            kind, px = DEFECTS[(i // defect_every) % len(DEFECTS)]
+            out.append((defective_part(50_000 + i, kind, px * size // 224, size, size)[0], kind))  # type: ignore[arg-type]
+        else:
+            out.append((clean_part(20_000 + i, size, size), None))
+    return out
+
+
+def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int) -> dict[str, Any]:
+    """Fit a bank on good parts and set its threshold to the held-out good parts' largest score."""
+    from edge_runtime.evaluation.gate_fit import in_memory_gate
+    from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
+    from edge_runtime.inference.anomaly.bank import BankThreshold
+    from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
+    from edge_runtime.inference.model_source import open_inspector
+    from tests.support.parts import clean_part
+
+    inspector = open_inspector(config, model)
+    try:
+        context = gate_context(inspector.bundle, inspector.settings)
+        feats = [patch_features(inspector.encode(clean_part(s, size, size)), context) for s in range(train)]
+        result = fit_bank(feats)
+        header = bank_header(result, context, feats[0])
+        gate = in_memory_gate(result, context, header)
+        held = [gate.score(inspector.encode(clean_part(10_000 + s, size, size))).score for s in range(holdout)]
+    finally:
+        inspector.close()
+    threshold = max(held) * (1 + 1e-6)  # every held-out good part under it, as `gate fit` does
+    header = header.model_copy(update={"threshold": BankThreshold(
+        value=threshold, method="holdout-max", note=f"largest of {holdout} held-out good parts")})
+    write_bank(bank, header, result.vectors)
+    return {"train": train, "holdout": holdout, "threshold": round(threshold, 6),
+            "bank_patches": result.vectors.shape[0]}
+
+
+def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None]], inflight: int, warmup: int,
+        chunk: int) -> dict[str, Any]:
+    """Both modes on one Daemon started from `config` (its camera's gate in skip_ok), in alternating
+    chunks of `chunk` frames (off: the gates taken out; skip_ok: the ones read from the config), so a
+    shared machine's changing load falls on both alike."""
+    from edge_runtime.app.daemon import Daemon
+    from edge_runtime.core.inspection_queue import InspectionRequest
+
+    daemon = Daemon(config, model_dir=model)
+    daemon.start()
+    loaded = dict(daemon.gates.cameras)
+    out: dict[str, dict[str, Any]] = {m: {"seconds": 0.0, "results": [], "loads": []} for m in ("off", "skip_ok")}
+    try:
+        def submit(i: int, image: np.ndarray) -> Future[Any]:
+            return daemon.inspections.submit(InspectionRequest(image, "line", None, seq=i, journal=True))
+
+        for i in range(warmup):  # the first verdicts allocate: not counted
+            submit(-1 - i, frames[i % len(frames)][0]).result(timeout=300)
+        before = _counts(daemon)
+        for start in range(0, len(frames), chunk):
+            for mode in ("off", "skip_ok"):
+                daemon.gates.install(loaded if mode == "skip_ok" else {})
+                m = out[mode]
+                m["loads"].append(os.getloadavg()[0])
+                pending: deque[Future[Any]] = deque()
+                t0 = time.perf_counter()
+                for i in range(start, min(start + chunk, len(frames))):
+                    if len(pending) >= inflight:
+                        m["results"].append(pending.popleft().result(timeout=300))
+                    pending.append(submit(i, frames[i][0]))
+                while pending:
+                    m["results"].append(pending.popleft().result(timeout=300))
+                m["seconds"] += time.perf_counter() - t0
+        daemon.gates.install(loaded)
+        after = _counts(daemon)
+    finally:
+        daemon.stop()
+    defective = [kind for _, kind in frames]
+    report: dict[str, Any] = {}
+    for mode, m in out.items():
+        engines = [r.source.get("engine") for r in m["results"]]
+        escapes = [i for i, (e, k) in enumerate(zip(engines, defective, strict=True)) if k is not None and e == "gate"]
+        scores = [(r.gate or {}).get("score") for r in m["results"]]
+        defect_scores = [s for s, k in zip(scores, defective, strict=True) if k is not None and s is not None]
+        report[mode] = {
+            "frames": len(frames), "seconds": round(m["seconds"], 2),
+            "verdicts_per_s": round(len(frames) / m["seconds"], 3),
+            "load_per_chunk": [round(x, 1) for x in m["loads"]],
+            "by_gate": engines.count("gate"), "by_vlm": len(frames) - engines.count("gate"),
+            "defective": sum(k is not None for k in defective), "escapes": len(escapes), "escaped_frames": escapes,
+            "lowest_defect_score": round(min(defect_scores), 6) if defect_scores else None}
+    report["skip_ok"]["gate_counts"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return report
+
+
+def _counts(daemon: Any) -> dict[str, int]:
+    counts = daemon.gates.counts().get("line")
+    if counts is None:
+        return {}
+    return {k: v for k, v in counts.to_dict().items() if isinstance(v, int)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="bundle folder (default: the demo bundle, built in a temporary folder)")
+    ap.add_argument("--frames", type=int, default=400)
+    ap.add_argument("--defect-every", type=int, default=20, help="1 in N frames defective (20: 5%%)")
+    ap.add_argument("--audit-every", type=int, default=50)
+    ap.add_argument("--train", type=int, default=60)
+    ap.add_argument("--holdout", type=int, default=30)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--inflight", type=int, default=4, help="requests queued at a time")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=100, help="frames per turn of each mode")
+    ap.add_argument("--no-evidence", action="store_true", help="evidence.enabled false in both modes")
+    args = ap.parse_args()
+
+    from edge_runtime.config import CameraConfig, Config, TriggerConfig
+    from edge_runtime.config.gate import GateConfig
+
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        model = args.model
+        if model is None:
+            from edge_runtime_models.demo import build_demo_bundle
+
+            model = str(build_demo_bundle(tmp / "demo"))
+        frames = stream(args.frames, args.defect_every, args.size)
+        still = tmp / "still.png"
+        cv2.imwrite(str(still), frames[0][0])
+        bank = tmp / "line.bank"
+        base = Config(device_id="gate-stream", data_dir=tmp / "fit")
+        base.model.warmup = False
+        out: dict[str, Any] = {"model": model, "frame": f"{args.size}x{args.size}",
+                               "defective_share": round(1 / args.defect_every, 4), "inflight": args.inflight,
+                               "audit_every": args.audit_every, "evidence": not args.no_evidence,
+                               "fit": fit(base, model, bank, args.train, args.holdout, args.size), "modes": {}}
+        cfg = Config(device_id="gate-stream", data_dir=tmp / "data")
+        cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
+        cfg.evidence.enabled = not args.no_evidence
+        gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT)
+        cfg.cameras = [CameraConfig(name="line", source=str(still), trigger=TriggerConfig(mode="on_demand"),
+                                    gate=gate)]
+        out["modes"] = run(cfg, model, frames, args.inflight, args.warmup, args.chunk)
+    modes = out["modes"]
+    out["speedup"] = round(modes["skip_ok"]["verdicts_per_s"] / modes["off"]["verdicts_per_s"], 2)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
