@@ -1,7 +1,7 @@
 """The `line_io:` section: stations a line (a PLC) triggers, and the protocols it speaks to them.
 
 A station is bound to one camera; the line triggers it with a part id and a recipe, and reads back
-OK/NOK through a FIFO it acknowledges. The state machine is `lineio/station.py`; docs/line-io.md.
+OK/NOK through a FIFO it acknowledges. The state machine is `lineio/station/`; docs/line-io.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ process that takes an *exclusive* lock before it stops this daemon, waits for th
 It is driven by the stations' `watch` callbacks, which must not block: every lock call is
 non-blocking. If the agent already holds its lock (a swap is starting), the job goes on and the change
 is logged; the daemon is about to be stopped, and its interrupted jobs come back as ERROR 902 after the
-restart (`lineio/station.py`). The kernel drops the lock with the process, so a killed daemon never
+restart (`lineio/station/`). The kernel drops the lock with the process, so a killed daemon never
 blocks updates.
 """
 

@@ -23,7 +23,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 from edge_runtime.config.line_io import PART_ID_MAX, TEXT_ID, StationConfig
 from edge_runtime.core.result import Result
@@ -32,7 +31,6 @@ from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio import recipes
 from edge_runtime.lineio.signals import (
     DEFECT_INSPECTION_FAILED,
-    DEFECT_INTERRUPTED,
     DEFECT_NO_FRAME,
     DEFECT_TIMEOUT,
     HEARTBEAT_MOD,
@@ -42,23 +40,11 @@ from edge_runtime.lineio.signals import (
     Signals,
     StartJob,
 )
+from edge_runtime.lineio.station.job import Job
+from edge_runtime.lineio.station.restore import restored_jobs
+from edge_runtime.lineio.station.watchers import Watchers
 
 log = logging.getLogger(__name__)
-
-@dataclass
-class _Job:
-    seq: int
-    part_id: str
-    recipe: str
-    deadline: float  # monotonic: the verdict must be decided by then
-    triggered: float = field(default_factory=time.monotonic)
-    acquired: bool = False
-    result: LineOutcome = LineOutcome.NONE
-    defect_code: int = 0
-    result_id: str | None = None
-    deciding: bool = False  # its outcome is being written (shown once durable)
-    acking: bool = False  # its ResultAck is being written (it leaves the FIFO once durable)
-
 
 class Station:
     """The handshake state machine of one station. Thread-safe; `watch` callbacks run one at a time,
@@ -77,34 +63,34 @@ class Station:
         self._warm, self._fault = warm, fault
         self._camera_prompt = camera_prompt
         self._lock = threading.RLock()
-        self._notify_lock = threading.RLock()  # a watcher may trigger (GPIO): re-entry is fine
-        self._dirty = False  # a change not yet delivered to the watchers (see _changed)
-        self._watch_lock = threading.Lock()  # subscribing; the list is replaced, never changed in place
-        self._watchers: list[Callable[[Signals], None]] = []
-        self._fifo: deque[_Job] = deque()  # in-flight and decided jobs, in trigger order
-        self._captures: queue.Queue[_Job] = queue.Queue()
+        self._fifo: deque[Job] = deque()  # in-flight and decided jobs, in trigger order
+        self._captures: queue.Queue[Job] = queue.Queue()
         self._enabled = cfg.enabled_at_start
         self._trigger_ack = False
         self._trigger_held = False  # the line's Trigger is up (TriggerAck shows only while it is)
         self._busy_until_acked = False  # GPIO auto-ack: a decided result is busy until signalled
-        self._acquiring: _Job | None = None
-        self._last: _Job | None = None
+        self._acquiring: Job | None = None
+        self._last: Job | None = None
         self._overrun = False
         self._heartbeat = 0
         self._ready_now = False
         self._fault_now: str | None = None
-        self._last_sent: Signals | None = None
         self._stop = threading.Event()
         self._bad_log = RateLimitedLog(log)
         self.counters: dict[str, int] = {"triggers": 0, "refused": 0, "results_ok": 0, "results_nok": 0,
                                          "results_error": 0, "timeouts": 0, "overruns": 0, "acks": 0,
                                          "late_verdicts": 0, "watcher_errors": 0}
         self.refusals: dict[str, int] = {}
+        self._watchers = Watchers(self.name, self.signals, self.counters, self._bad_log)
         # Jobs decided NOK by their deadline whose verdict has not come yet: the one late verdict each
         # may still count (whichever path brings it first, the sink or the inspection's future).
         self._timed_out: dict[int, None] = {}
         self._seq = jobs.last_seq(self.name)
-        self._restore()
+        for job in restored_jobs(cfg, jobs):
+            self._fifo.append(job)
+            self._last = job
+        if len(self._fifo) >= cfg.fifo_depth:
+            self._overrun = True
         self._threads = [SupervisedThread(f"station-{self.name}-capture", self._capture_loop, self._stop, log),
                          SupervisedThread(f"station-{self.name}-clock", self._clock_loop, self._stop, log)]
 
@@ -113,7 +99,7 @@ class Station:
     def set_trigger_enable(self, on: bool) -> None:
         with self._lock:
             self._enabled = bool(on)
-        self._changed()
+        self._watchers.changed()
 
     def trigger(self, part_id: str = "", recipe: str | None = None) -> int:
         """A rising edge of Trigger: returns the InspectionSeq (job id) once the trigger is durable and
@@ -131,7 +117,7 @@ class Station:
             self._count_refusal(exc.reason)
             raise
         shown: Future[int] = Future()
-        self._changed()  # Ready is low while the trigger is written
+        self._watchers.changed()  # Ready is low while the trigger is written
         written = self._jobs.triggered(self.name, job.seq, job.part_id, job.recipe)
         written.add_done_callback(lambda f: self._trigger_written(job, f, shown))
         return shown
@@ -140,9 +126,9 @@ class Station:
         with self._lock:
             self.counters["refused"] += 1
             self.refusals[reason] = self.refusals.get(reason, 0) + 1
-        self._changed()
+        self._watchers.changed()
 
-    def _reserve(self, part_id: str, recipe: str | None) -> _Job:
+    def _reserve(self, part_id: str, recipe: str | None) -> Job:
         if not isinstance(part_id, str) or len(part_id) > PART_ID_MAX or not TEXT_ID.fullmatch(part_id):
             raise LineRefused("bad_part_id", f"PartId must be at most {PART_ID_MAX} printable ASCII characters")
         recipe_id = recipes.recipe_id(self.cfg, recipe)
@@ -164,12 +150,12 @@ class Station:
             # The number is taken now (a restart must not hand it out again once it is written); the
             # job holds the station (`busy` for the next trigger) until it is written and its frame taken.
             self._seq += 1
-            job = _Job(self._seq, part_id, recipe_id, time.monotonic() + self.cfg.result_deadline_ms / 1000)
+            job = Job(self._seq, part_id, recipe_id, time.monotonic() + self.cfg.result_deadline_ms / 1000)
             self._acquiring = job
             self._trigger_held = True
             return job
 
-    def _trigger_written(self, job: _Job, written: Future[None], shown: Future[int]) -> None:
+    def _trigger_written(self, job: Job, written: Future[None], shown: Future[int]) -> None:
         """The trigger is durable (or failed): only now does the line see the job."""
         error = written.exception()
         with self._lock:
@@ -184,7 +170,7 @@ class Station:
                     self._acquiring = None
                 self.counters["refused"] += 1
                 self.refusals["not_ready"] = self.refusals.get("not_ready", 0) + 1
-        self._changed()
+        self._watchers.changed()
         if error is None:
             shown.set_result(job.seq)
             return
@@ -197,7 +183,7 @@ class Station:
         with self._lock:
             self._trigger_ack = False
             self._trigger_held = False
-        self._changed()
+        self._watchers.changed()
 
     def ack_result(self, seq: int | None = None) -> bool:
         """ResultAck: clears the FIFO head when it holds a result (and `seq` matches, when given).
@@ -220,7 +206,7 @@ class Station:
         written.add_done_callback(lambda f: self._ack_written(head, f, shown))
         return shown
 
-    def _ack_written(self, head: _Job, written: Future[None], shown: Future[bool]) -> None:
+    def _ack_written(self, head: Job, written: Future[None], shown: Future[bool]) -> None:
         error = written.exception()
         with self._lock:
             head.acking = False
@@ -233,7 +219,7 @@ class Station:
         if error is not None:
             self._bad_log.log(logging.ERROR, "station %s: the ack of job %d could not be stored: %s",
                               self.name, head.seq, error)
-        self._changed()
+        self._watchers.changed()
         shown.set_result(cleared)
 
     def hold_busy_until_acked(self) -> None:
@@ -241,7 +227,7 @@ class Station:
         yet pulsed out is still work in progress for the cell)."""
         with self._lock:
             self._busy_until_acked = True
-        self._changed()
+        self._watchers.changed()
 
     def signals(self) -> Signals:
         with self._lock:
@@ -265,16 +251,7 @@ class Station:
 
     def watch(self, callback: Callable[[Signals], None]) -> Callable[[], None]:
         """Call `callback(signals)` on every change; returns the unsubscribe function."""
-        with self._watch_lock:  # not the delivery's lock: only a delivery may hold that (see _changed)
-            self._watchers = [*self._watchers, callback]
-
-        def unsubscribe() -> None:
-            with self._watch_lock:
-                if callback in self._watchers:
-                    rest = list(self._watchers)
-                    rest.remove(callback)
-                    self._watchers = rest
-        return unsubscribe
+        return self._watchers.watch(callback)
 
     def fault_reason(self) -> str | None:
         return self._fault_now
@@ -285,7 +262,7 @@ class Station:
         self._poll_health()
         for t in self._threads:
             t.start()
-        self._changed()
+        self._watchers.changed()
 
     def stop(self) -> None:
         self._stop.set()
@@ -314,7 +291,7 @@ class Station:
 
     # ---- outcomes -----------------------------------------------------------------------------
 
-    def _find(self, seq: int) -> _Job | None:
+    def _find(self, seq: int) -> Job | None:
         return next((j for j in self._fifo if j.seq == seq), None)
 
     def _verdict(self, seq: int, result: Result) -> None:
@@ -341,7 +318,7 @@ class Station:
         written.add_done_callback(lambda f: self._decision_written(job, outcome, code, result_id, f))
         return True
 
-    def _decision_written(self, job: _Job, outcome: LineOutcome, code: int, result_id: str | None,
+    def _decision_written(self, job: Job, outcome: LineOutcome, code: int, result_id: str | None,
                           written: Future[None]) -> None:
         error = written.exception()
         with self._lock:
@@ -360,14 +337,14 @@ class Station:
             self._bad_log.log(logging.ERROR, "station %s: the outcome of job %d could not be stored: %s",
                               self.name, job.seq, error)
             return
-        self._changed()
+        self._watchers.changed()
 
-    def _acquired(self, job: _Job) -> None:
+    def _acquired(self, job: Job) -> None:
         with self._lock:
             job.acquired = True
             if self._acquiring is job:
                 self._acquiring = None
-        self._changed()
+        self._watchers.changed()
 
     def _done(self, seq: int, future: Future[Result]) -> None:
         """The inspection's future resolved. In the daemon the sink (`notify`) has usually decided the
@@ -416,7 +393,7 @@ class Station:
                 with self._lock:
                     self._heartbeat = (self._heartbeat + 1) % HEARTBEAT_MOD
                 self._poll_health()
-                self._changed()
+                self._watchers.changed()
             wake = min([next_beat, *pending])
             self._stop.wait(max(0.001, min(wake - time.monotonic(), period)))
 
@@ -427,57 +404,3 @@ class Station:
             ready, fault = False, f"health probe failed: {exc}"
         with self._lock:
             self._ready_now, self._fault_now = ready, fault
-
-    # ---- restart ------------------------------------------------------------------------------
-
-    def _restore(self) -> None:
-        """The FIFO as the job store left it: decided jobs wait for their ack; a job with no recorded
-        outcome takes its journaled verdict if there is one, else it is ERROR (interrupted)."""
-        for stored in self._jobs.open_jobs(self.name):
-            job = _Job(stored.seq, stored.part_id, stored.recipe, deadline=0.0, acquired=True)
-            if stored.result is not None:
-                job.result, job.defect_code = LineOutcome(stored.result), stored.defect_code
-                job.result_id = stored.result_id
-            else:
-                found = self._jobs.journaled_result(self.name, stored.seq)
-                outcome, code = (recipes.judge(self.cfg, found) if found is not None
-                                 else (LineOutcome.ERROR, DEFECT_INTERRUPTED))
-                self._jobs.wait(self._jobs.decided(self.name, stored.seq, int(outcome), code,
-                                                   found.id if found else None))
-                job.result, job.defect_code, job.result_id = outcome, code, found.id if found else None
-            self._fifo.append(job)
-            self._last = job
-        if len(self._fifo) >= self.cfg.fifo_depth:
-            self._overrun = True
-
-    # ---- change notification --------------------------------------------------------------------
-
-    def _changed(self) -> None:
-        """Tell the watchers, one delivery at a time and in order. A thread that finds another
-        delivering leaves the change to it (the deliverer looks again before it lets go) instead of
-        waiting: a watcher that acks or triggers waits for the job store's writer, and the writer,
-        showing that very write, must never wait for the watcher's delivery in turn."""
-        self._dirty = True
-        while self._dirty:
-            if not self._notify_lock.acquire(blocking=False):
-                return  # the thread delivering now sees `_dirty` and delivers this change too
-            try:
-                while self._dirty:
-                    self._dirty = False
-                    self._deliver()
-            finally:
-                self._notify_lock.release()
-
-    def _deliver(self) -> None:
-        snap = self.signals()
-        if snap == self._last_sent:
-            return
-        self._last_sent = snap
-        for callback in self._watchers:  # a snapshot: (un)subscribing replaces the list
-            try:
-                callback(snap)
-            except Exception:  # noqa: BLE001 - one failing watcher never stops the others
-                self.counters["watcher_errors"] += 1
-                self._bad_log.log(logging.ERROR, "station %s: a signal watcher failed", self.name,
-                                  exc_info=True)
-
