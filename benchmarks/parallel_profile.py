@@ -20,7 +20,7 @@ from pathlib import Path
 import edge_runtime.inference.engines  # noqa: F401  # onnxruntime first, then llama_cpp
 from edge_runtime.cli.bench import bench_images
 from edge_runtime.config import load_config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.images import decode_image
 from edge_runtime.inference.inspector import Inspector
 

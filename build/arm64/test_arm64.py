@@ -220,7 +220,7 @@ def main() -> int:
         made = json.loads(emu.cli("models", "demo", str(demo), timeout=3600).stdout)
         return f"{made['kind']} bundle, {made['quantization']}, {made['image_tokens']} image tokens"
     steps("emulated: models demo", demo_step)
-    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle.manifest import load_bundle
     schema = load_bundle(demo).manifest.verdict_schema
 
     port = emulated.free_port()

@@ -291,7 +291,7 @@ class Doctor:
         return Check("disk", "ok", detail)
 
     def bundle(self) -> Check:
-        from edge_runtime.core.bundle import demo_bundle_dir, load_bundle
+        from edge_runtime.core.bundle.manifest import demo_bundle_dir, load_bundle
         from edge_runtime.core.errors import BundleError
 
         path = self.model_dir or self.config.model.path or demo_bundle_dir(self.config.data_dir)

@@ -121,7 +121,7 @@ def cmd_ota_hawkbit_upload(args: argparse.Namespace, config: Config) -> int:
 def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.demo import build_demo_bundle
 
-    from edge_runtime.core.bundle import demo_bundle_dir, load_bundle
+    from edge_runtime.core.bundle.manifest import demo_bundle_dir, load_bundle
 
     out = Path(args.dir) if args.dir else demo_bundle_dir(config.data_dir)
     bundle = load_bundle(build_demo_bundle(out, quant=args.quant))
@@ -132,7 +132,7 @@ def cmd_models_demo(args: argparse.Namespace, config: Config) -> int:
 def cmd_models_bench(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.realistic import build_bench_bundle
 
-    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle.manifest import load_bundle
 
     out = Path(args.dir) if args.dir else config.data_dir / "models" / args.name
     print(json.dumps(load_bundle(build_bench_bundle(args.name, out)).describe()))
@@ -143,7 +143,7 @@ def cmd_models_export(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.export import ExportError, export_checkpoint
     from edge_runtime_models.llama_cpp_tools import ConverterError
 
-    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle.manifest import load_bundle
 
     schema = None
     if args.schema:
@@ -165,7 +165,7 @@ def cmd_models_export(args: argparse.Namespace, config: Config) -> int:
 def cmd_models_import(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime_models.pair_import import ImportOptions, ImportRefused, import_pair
 
-    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle.manifest import load_bundle
 
     schema = None
     if args.schema:
@@ -193,8 +193,8 @@ def _read_schema(path: str) -> dict[str, object]:
 
 
 def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
-    from edge_runtime.core.bundle import load_bundle
-    from edge_runtime.core.bundle_verify import verify_steps
+    from edge_runtime.core.bundle.manifest import load_bundle
+    from edge_runtime.core.bundle.verify import verify_steps
 
     failed = False
     for status, check, detail in verify_steps(args.dir):

@@ -1,6 +1,6 @@
 """Image -> Result: preprocess (OpenCV), encode (ONNX Runtime or libmtmd), generate (llama.cpp), timings.
 
-Two bundle kinds (core/bundle.py): format 1 (ONNX vision encoder + language GGUF) and format 2 (a
+Two bundle kinds (core/bundle/manifest.py): format 1 (ONNX vision encoder + language GGUF) and format 2 (a
 language GGUF + its mmproj GGUF, encoded by libmtmd, llm/mtmd.py); both end in the same prompt
 segments and the same generation path (prefix reuse, batched sequences, constraints).
 
@@ -36,7 +36,7 @@ from jsonschema.exceptions import SchemaError
 from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
-from edge_runtime.core.bundle import Bundle, Manifest
+from edge_runtime.core.bundle.manifest import Bundle, Manifest
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest

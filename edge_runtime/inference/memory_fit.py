@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle, Manifest
+from edge_runtime.core.bundle.gguf_header import ArrayInfo, GGUFHeader, read_header
+from edge_runtime.core.bundle.manifest import Bundle, Manifest
 from edge_runtime.core.errors import BundleError, ConfigError
-from edge_runtime.core.gguf_header import ArrayInfo, GGUFHeader, read_header
 
 log = logging.getLogger(__name__)
 

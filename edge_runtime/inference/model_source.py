@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle, demo_bundle_dir, load_bundle
+from edge_runtime.core.bundle.manifest import Bundle, demo_bundle_dir, load_bundle
 from edge_runtime.core.errors import BundleError
 
 if TYPE_CHECKING:

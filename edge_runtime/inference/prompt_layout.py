@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_runtime.core.bundle import ImageLayout
+from edge_runtime.core.bundle.manifest import ImageLayout
 from edge_runtime.core.errors import InferenceError
 
 

@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from edge_runtime.core.bundle import Preprocess
+from edge_runtime.core.bundle.manifest import Preprocess
 
 log = logging.getLogger(__name__)
 _INTERPOLATION = {

@@ -22,7 +22,7 @@ from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.config.gate import GateConfig
 from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.config.mqtt import MqttConfig
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank

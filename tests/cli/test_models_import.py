@@ -16,7 +16,7 @@ import yaml
 from edge_runtime_models.chat_template import TemplateRefused, derive_prompt_template
 
 from edge_runtime.cli.main import main
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from tests.support.gguf_files import huge_array_file, huge_tensor_count_file, write_lm, write_mmproj
 from tests.support.tiny_pairs import TinyPair
 

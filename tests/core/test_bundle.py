@@ -11,7 +11,7 @@ import yaml
 from edge_runtime_models.demo import build_demo_bundle
 from edge_runtime_models.vision_onnx import VisionShape, build_vision_model
 
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import BundleError
 
 

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from edge_runtime_models.pair_import import import_pair
 
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.gguf_header import read_header
+from edge_runtime.core.bundle.manifest import load_bundle
+from edge_runtime.core.bundle.mmproj import check_pair
 from edge_runtime.core.errors import BundleError
-from edge_runtime.core.gguf_header import read_header
-from edge_runtime.core.mmproj import check_pair
 from tests.support.gguf_files import QWEN_CHAT, huge_array_file, huge_tensor_count_file, write_lm, write_mmproj
 from tests.support.tiny_pairs import TinyPair
 

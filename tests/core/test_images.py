@@ -94,7 +94,7 @@ def test_preprocess_matches_the_bundle_spec(demo_bundle) -> None:
 
 
 def test_letterbox_and_clahe_keep_the_encoder_shape(demo_bundle) -> None:
-    from edge_runtime.core.bundle import Clahe
+    from edge_runtime.core.bundle.manifest import Clahe
 
     spec = demo_bundle.manifest.preprocess.model_copy(update={"keep_aspect": True, "clahe": Clahe()})
     tensor = Preprocessor(spec)(part_image(2, width=640, height=200))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import BundleError, InputError
 from edge_runtime.core.schema_budget import check_schema_budget
 from edge_runtime.inference.inspector import Inspector

@@ -330,7 +330,7 @@ def test_remote_inspection_latency_overhead_vs_local(tmp_path: Path, demo_dir: P
     """The same demo model on both sides, one thread each, measured in turns on the same frames (one
     local inspection, then the same frame remote) so load from elsewhere hits both alike."""
     from edge_runtime.config import ModelConfig
-    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle.manifest import load_bundle
     from edge_runtime.core.samples import part_image
     from edge_runtime.fleet.offload.client import chat_request, encode_jpeg
     from edge_runtime.inference.inspector import Inspector

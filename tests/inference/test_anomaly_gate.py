@@ -21,7 +21,7 @@ from edge_runtime_models.demo import SEED
 from edge_runtime_models.vision_onnx import VisionShape, build_vision_model
 
 from edge_runtime.config import ModelConfig
-from edge_runtime.core.bundle import Bundle, load_bundle, sha256_file
+from edge_runtime.core.bundle.manifest import Bundle, load_bundle, sha256_file
 from edge_runtime.evaluation.gate_fit import in_memory_gate
 from edge_runtime.inference.anomaly import (
     AnomalyGate,

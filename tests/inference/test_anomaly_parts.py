@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_runtime.core.bundle import Preprocess
+from edge_runtime.core.bundle.manifest import Preprocess
 from edge_runtime.inference.anomaly import BankCorrupt, read_bank, verify_bank, write_bank
 from edge_runtime.inference.anomaly.bank import BankEncoder, BankHeader, BankLayout, BankVectors
 from edge_runtime.inference.anomaly.coreset import greedy_coreset

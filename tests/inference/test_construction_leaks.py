@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.inference import inspector as inspector_module
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm import model as model_module

@@ -15,7 +15,7 @@ import pytest
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import Config
 from edge_runtime.core.batch import Encoded
-from edge_runtime.core.bundle import Bundle, load_bundle
+from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.encoder_cache import EncodeKey, EncoderCache

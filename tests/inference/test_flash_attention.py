@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.config import Config, load_config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import synthetic_frames
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import ConfigError, InputError
 from edge_runtime.inference.inspector import Inspector
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle

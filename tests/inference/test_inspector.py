@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.result import STAGES
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import synthetic_frames

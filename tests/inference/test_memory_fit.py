@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import BundleError, ConfigError
 from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image

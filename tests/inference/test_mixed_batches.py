@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import Generation, head_tokens
 from edge_runtime.inference.llm.grammar import schema_to_grammar

@@ -23,7 +23,7 @@ import pytest
 
 from edge_runtime.config import Config
 from edge_runtime.core.batch import BatchJob
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import InferenceError, InputError
 from edge_runtime.inference.inspector import Inspector, MediaEncoded
 from edge_runtime.inference.llm.feed import ImagePart

@@ -15,7 +15,7 @@ from pathlib import Path
 _SERVE = """
 import json, sys
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.handles import log_to
 from edge_runtime.inference.llm.parallel import Prompt

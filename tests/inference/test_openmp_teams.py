@@ -20,7 +20,7 @@ import os, sys, threading, time
 import numpy as np
 import edge_runtime.inference.engines  # onnxruntime, then llama_cpp
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.model_source import open_inspector
 

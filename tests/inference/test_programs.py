@@ -15,7 +15,7 @@ import pytest
 
 from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, ReferenceConfig, load_config
 from edge_runtime.core.batch import BatchJob
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart, Prefix

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.errors import InputError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.token_cache import TokenCache

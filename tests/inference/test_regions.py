@@ -13,7 +13,7 @@ import pytest
 
 from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, load_config
 from edge_runtime.core.batch import BatchJob
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.errors import ConfigError, InferenceError
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import part_image

@@ -20,7 +20,7 @@ from flask.testing import FlaskClient
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.errors import BundleError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.grammar import schema_to_grammar
@@ -173,7 +173,7 @@ def test_a_bundle_whose_schema_cannot_be_enforced_is_a_bundle_error_at_load(
         bundle_copy: Path, config: Config) -> None:
     import yaml
 
-    from edge_runtime.core.bundle import load_bundle
+    from edge_runtime.core.bundle.manifest import load_bundle
 
     manifest = yaml.safe_load((bundle_copy / "bundle.yaml").read_text())
     manifest["verdict_schema"]["properties"]["confidence"] = {"type": "number", "minimum": -1, "maximum": 1}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import load_bundle
+from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import InputError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart

@@ -17,7 +17,7 @@ from edge_runtime_models.draft import write_layer_draft
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
-from edge_runtime.core.bundle import Bundle, load_bundle
+from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.inference.inspector import Inspector

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import Generation
 from edge_runtime.inference.llm.parallel import Prompt

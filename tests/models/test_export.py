@@ -20,7 +20,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from edge_runtime.cli.main import main
 from edge_runtime.config import ModelConfig
-from edge_runtime.core.bundle import Bundle, load_bundle
+from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.picker import Sampling
 from tests.support.tiny_vlms import build_idefics3, build_llava

@@ -17,7 +17,7 @@ import numpy as np
 
 from edge_runtime.config import ModelConfig
 from edge_runtime.core.batch import Encoded
-from edge_runtime.core.bundle import Bundle, Manifest, Preprocess
+from edge_runtime.core.bundle.manifest import Bundle, Manifest, Preprocess
 from edge_runtime.inference.anomaly.layout import PatchLayout, media_layout, onnx_layout
 
 _UNPLACED_SPACING = 1000.0  # unplaced blocks sit this far apart in position space: they match only themselves

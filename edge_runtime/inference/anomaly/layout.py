@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_runtime.core.bundle import Preprocess
+from edge_runtime.core.bundle.manifest import Preprocess
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in frame pixels (may reach past the frame: padding)
 

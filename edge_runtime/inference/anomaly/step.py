@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from edge_runtime.config import CameraConfig, Config, ModelConfig
 from edge_runtime.config.gate import GateConfig
 from edge_runtime.core.batch import Encoded
-from edge_runtime.core.bundle import Bundle
+from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.core.supervise import RateLimitedLog

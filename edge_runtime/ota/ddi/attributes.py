@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from edge_runtime import __version__
 from edge_runtime.config import Config
-from edge_runtime.core.bundle import demo_bundle_dir, read_manifest, sha256_file
+from edge_runtime.core.bundle.manifest import demo_bundle_dir, read_manifest, sha256_file
 from edge_runtime.core.errors import BundleError
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from edge_runtime.core.bundle import (
+from edge_runtime.core.bundle.manifest import (
     Bundle,
     Manifest,
     MmprojManifest,
@@ -72,9 +72,9 @@ def _run(steps: list[tuple[str, Callable[[], str]]]) -> Iterator[Step]:
 
 
 def _pair_steps(root: Path, bundle: Bundle, m: MmprojManifest) -> list[tuple[str, Callable[[], str]]]:
-    from edge_runtime.core.bundle_pair import check_pair_fit, check_prompt_template
-    from edge_runtime.core.gguf_header import read_header
-    from edge_runtime.core.mmproj import check_pair, quantization
+    from edge_runtime.core.bundle.gguf_header import read_header
+    from edge_runtime.core.bundle.mmproj import check_pair, quantization
+    from edge_runtime.core.bundle.pair import check_pair_fit, check_prompt_template
 
     def headers() -> str:
         assert bundle.mmproj_path is not None

@@ -201,7 +201,7 @@ def load_bundle(root: Path | str, verify_checksums: bool = True) -> Bundle:
     root = Path(root).expanduser().resolve()
     manifest_path, manifest = read_manifest(root)
     if isinstance(manifest, MmprojManifest):
-        from edge_runtime.core.bundle_pair import check_pair_fit
+        from edge_runtime.core.bundle.pair import check_pair_fit
 
         bundle = Bundle(root, manifest)
         for role, entry in (("language", manifest.files.language), ("mmproj", manifest.files.mmproj)):
@@ -316,7 +316,7 @@ def onnx_output_shape(path: Path, output: str) -> tuple[int | None, int | None]:
 
 def gguf_embedding_width(path: Path) -> int:
     """Read `<arch>.embedding_length` from a GGUF header without loading the weights (bounded reader)."""
-    from edge_runtime.core.gguf_header import read_header
+    from edge_runtime.core.bundle.gguf_header import read_header
 
     header = read_header(path)
     return int(header.require(f"{header.architecture}.embedding_length", int))

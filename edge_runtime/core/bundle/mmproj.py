@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from edge_runtime.core.bundle.gguf_header import GGUFHeader
 from edge_runtime.core.errors import BundleError
-from edge_runtime.core.gguf_header import GGUFHeader
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+from edge_runtime.core.bundle.gguf_header import GGUFHeader, read_header
+from edge_runtime.core.bundle.mmproj import PairFit, check_pair, quantization
 from edge_runtime.core.errors import BundleError
-from edge_runtime.core.gguf_header import GGUFHeader, read_header
-from edge_runtime.core.mmproj import PairFit, check_pair, quantization
 
 PLACEHOLDERS = ("system", "image", "prompt")
 
