@@ -110,6 +110,8 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         if config.offload.enabled:
             self._add_offload(config)
         self.line_io = add_line_io(self)  # stations and their OPC UA/Modbus/... servers (app/lineio.py)
+        if self.line_io is not None:
+            self.gates.recipe_of = self.line_io.recipe_of  # a recipe's own anomaly gate
 
     def _add_governor(self, config: Config) -> None:
         try:

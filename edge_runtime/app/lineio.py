@@ -193,6 +193,14 @@ class LineIO:
             if entry is not None and entry[0] is request.image:
                 del self._tags[id(request.image)]
 
+    def recipe_of(self, request: InspectionRequest) -> tuple[str, str] | None:
+        """The (station, recipe) of a line job's request, for the recipe's own anomaly gate."""
+        with self._tags_lock:
+            entry = self._tags.get(id(request.image))
+        if entry is None or entry[0] is not request.image:
+            return None
+        return entry[1].station, entry[1].recipe
+
     def stamp(self, image: np.ndarray | None, result: Result) -> None:
         """Before the journal: a line job's result carries station, part id, recipe and job id."""
         if image is None:

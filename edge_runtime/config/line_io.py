@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.gate import GateConfig
 from edge_runtime.config.rules import Condition
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.schema_budget import LIMITS, check_schema_budget
@@ -105,6 +106,9 @@ class RecipeConfig(Section):
     nok_when: list[Condition] | None = Field(
         None, min_length=1, max_length=16,
         description="NOK when all these conditions hold (default: the station's nok_when).")
+    gate: GateConfig | None = Field(
+        None, description="This recipe's own anomaly gate, in place of its camera's for the frames it triggers "
+        "(a bank of this part on that camera; `mode: off` turns the camera's gate off for them).")
 
     @field_validator("verdict_schema", mode="before")
     @classmethod

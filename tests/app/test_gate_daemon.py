@@ -308,3 +308,43 @@ def test_the_status_page_shows_each_gated_cameras_counters(
         assert [c.strip() for c in cells[:2]] == ["belt", "skip_ok"] and cells[6].strip() == "1"  # one audit
         assert cells[7].strip().startswith("1") and page.query_selector("#gate-cameras a") is not None
         assert errors == []
+
+
+def test_a_line_recipe_runs_its_own_gate_in_place_of_its_cameras(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    own = {"mode": "skip_ok", "bank": str(bank), "threshold": 100.0, "audit_every": 1000, "verdict": OK}
+    cfg = config(tmp_path, demo_dir, camera(parts, GateConfig(mode="annotate", bank=str(bank), threshold=100.0),
+                                            name="cam", mode="on_demand"))
+    cfg.line_io = LineIOConfig.model_validate({"stations": [{
+        "name": "st1", "camera": "cam", "result_deadline_ms": 60_000, "heartbeat_ms": 100,
+        "nok_when": [{"field": "verdict.defect", "equals": True}],
+        "recipes": {"gated": {"gate": own}, "cameras": {}, "ungated": {"gate": {"mode": "off"}}}}]})
+    daemon = run_daemon(cfg)
+    assert daemon.line_io is not None
+    station = daemon.line_io.stations[0]
+    wait_for(lambda: station.signals().ready, timeout=30, what="the station ready")
+    for recipe in ("gated", "cameras", "ungated"):
+        seq = station.trigger(f"P-{recipe}", recipe)
+        wait_for(lambda: station.signals().result_valid, timeout=60, what="ResultValid")
+        assert station.signals().result == LineOutcome.OK and station.ack_result(seq)
+    by = {r["recipe"]: r for r in rows(daemon, "cam")}
+    assert by["gated"]["source"]["engine"] == "gate" and by["gated"]["gate"]["mode"] == "skip_ok"
+    assert by["cameras"]["source"]["engine"] == "edge" and by["cameras"]["gate"]["mode"] == "annotate"
+    assert by["ungated"]["source"]["engine"] == "edge" and "gate" not in by["ungated"]
+    status = daemon.status()["gate"]
+    assert status["st1/gated"]["skipped"] == 1 and status["cam"]["gated"] == 1 and "st1/ungated" not in status
+
+
+def test_a_recipes_bank_that_does_not_fit_refuses_the_start_naming_the_recipe(
+        tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+    cfg = config(tmp_path, demo_dir, camera(parts, None, name="cam", mode="on_demand"))
+    cfg.line_io = LineIOConfig.model_validate({"stations": [{
+        "name": "st1", "camera": "cam", "nok_when": [{"field": "verdict.defect", "equals": True}],
+        "recipes": {"r1": {"gate": {"mode": "annotate", "bank": str(bank), "threshold": 1.0, "max_bank_mb": 0.001}}}}]})
+    daemon = Daemon(cfg)
+    try:
+        with pytest.raises(GateLoadError, match=r"^line_io\.stations\.st1\.recipes\.r1\.gate: .*memory") as err:
+            daemon.start()
+        assert "\n" not in str(err.value)
+    finally:
+        daemon.stop()

@@ -59,7 +59,7 @@ class GateLoadError(EdgeRuntimeError):
 
 @dataclass(frozen=True)
 class CameraGate:
-    """One camera's loaded bank with how it is used."""
+    """One camera's (or one line recipe's) loaded bank with how it is used."""
 
     camera: str
     config: GateConfig
@@ -67,6 +67,11 @@ class CameraGate:
     threshold: float
     verdict: dict[str, Any]  # what a gated frame is answered with (valid against the bundle's schema)
     nok_field: str
+    name: str = ""  # what its counters are shown under: the camera, or `<station>/<recipe>`
+
+    @property
+    def key(self) -> str:
+        return self.name or self.camera
 
 
 @dataclass
@@ -119,18 +124,19 @@ def ok_verdict(cfg: GateConfig, schema: Mapping[str, Any], nok_field: str) -> di
 
 
 def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraConfig],
-               nok_fields: Mapping[str, str] | None = None) -> dict[str, CameraGate]:
-    """Each gated camera's bank, checked against the encoder, budget and crop its frames get.
-    Raises GateLoadError (one line) for the first camera whose gate cannot be used."""
+               nok_fields: Mapping[str, str] | None = None,
+               recipes: Sequence[tuple[str, str, str, GateConfig]] = ()) -> dict[str, CameraGate | None]:
+    """Each gated camera's bank (and each line recipe's: (station, recipe, camera, gate)), checked
+    against the encoder, budget and crop its frames get. A recipe's gate replaces its camera's for that
+    recipe's frames (None: `mode: off`, not gated). Raises GateLoadError (one line) for the first that
+    cannot be used."""
     schema = bundle.manifest.verdict_schema
     validator = Draft202012Validator(schema)
-    out: dict[str, CameraGate] = {}
-    for cam in cameras:
-        cfg = cam.gate
-        if cfg is None or cfg.mode == "off" or not cam.enabled:
-            continue
+    out: dict[str, CameraGate | None] = {}
+    by_name = {c.name: c for c in cameras}
+
+    def load(why: str, cam: CameraConfig, cfg: GateConfig, name: str = "") -> CameraGate:
         assert cfg.bank is not None  # GateConfig refuses a mode without a bank
-        why = f"cameras.{cam.name}.gate"
         try:
             gate = AnomalyGate.load(cfg.bank, gate_context(bundle, settings, region=cam.roi),
                                     int(cfg.max_bank_mb * 2**20))
@@ -152,7 +158,16 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
             log.warning("%s: skip_ok on the bank's threshold %.4g, which makes no escape claim (%s); "
                         "run annotate until labelled data supports it", why, threshold,
                         gate.header.threshold.method)
-        out[cam.name] = CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field)
+        return CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field, name)
+
+    for cam in cameras:
+        if cam.gate is not None and cam.gate.mode != "off" and cam.enabled:
+            out[cam.name] = load(f"cameras.{cam.name}.gate", cam, cam.gate)
+    for station, recipe, camera, cfg in recipes:
+        key, bound = f"{station}/{recipe}", by_name.get(camera)
+        if bound is not None and bound.enabled:
+            out[key] = None if cfg.mode == "off" else load(
+                f"line_io.stations.{station}.recipes.{recipe}.gate", bound, cfg, key)
     return out
 
 
@@ -160,33 +175,45 @@ class GateStep:
     """The worker's gate: which cameras have one, each frame's look, and the counters."""
 
     def __init__(self) -> None:
-        self._gates: dict[str, CameraGate] = {}
+        self._gates: dict[str, CameraGate | None] = {}  # by camera, and by `<station>/<recipe>`
+        # The (station, recipe) of a line job's request (app/lineio.py), for the recipes' own gates.
+        self.recipe_of: Callable[[InspectionRequest], tuple[str, str] | None] | None = None
         self._counts: dict[str, GateCounts] = {}
         # id(request) -> look (None: not scored), until its Result is delivered or it fails
         self._looks: dict[int, GateLook | None] = {}
-        self._scores: dict[str, GateScore] = {}  # result id -> score, for the evidence heat map
+        self._scores: dict[str, GateLook] = {}  # result id -> look, for the evidence heat map
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)
         self.heat_wanted = False  # set when evidence is kept: only then are scores kept for `overlay`
 
-    def install(self, gates: Mapping[str, CameraGate]) -> None:
+    def install(self, gates: Mapping[str, CameraGate | None]) -> None:
         """Replace the gates (start, reload); counters of cameras that keep a gate go on."""
         self._gates = dict(gates)
-        for name in gates:
-            self._counts.setdefault(name, GateCounts())
+        for name, cam in gates.items():
+            if cam is not None:
+                self._counts.setdefault(name, GateCounts())
 
     @property
     def cameras(self) -> dict[str, CameraGate]:
-        return self._gates
+        """The gates in use, by camera and by `<station>/<recipe>`."""
+        return {name: cam for name, cam in self._gates.items() if cam is not None}
 
     def counts(self) -> dict[str, GateCounts]:
-        return {name: c for name, c in self._counts.items() if name in self._gates}
+        return {name: c for name, c in self._counts.items() if self._gates.get(name) is not None}
+
+    def gate_for(self, request: InspectionRequest) -> CameraGate | None:
+        """The gate of a request: its line recipe's own when it has one, else its camera's."""
+        if self.recipe_of is not None:
+            job = self.recipe_of(request)
+            if job is not None and f"{job[0]}/{job[1]}" in self._gates:
+                return self._gates[f"{job[0]}/{job[1]}"]
+        return self._gates.get(request.camera)
 
     def status(self) -> dict[str, Any]:
         """Per gated camera: how it is used, its decisions, and the score histogram (score / threshold,
         cumulative counts per upper bound as Prometheus keeps them)."""
         out: dict[str, Any] = {}
-        for name, cam in self._gates.items():
+        for name, cam in self.cameras.items():
             c = self._counts.get(name) or GateCounts()
             running, cumulative = 0, list[list[float | str | int]]()
             bounds: list[float | str] = [*RATIO_BUCKETS, "+Inf"]  # JSON has no infinity
@@ -214,7 +241,7 @@ class GateStep:
             return work
         rest = []
         for request, encoded in work:
-            cam = self._gates.get(request.camera)
+            cam = self.gate_for(request)
             with self._lock:
                 seen = id(request) in self._looks
             if cam is None or request.job is not None or request.chat is not None or request.image is None \
@@ -251,7 +278,7 @@ class GateStep:
             nok = bool(result.verdict.get(look.camera.nok_field))
             result.gate["disagree"] = nok
             if nok:
-                counts = self._counts[look.camera.camera]
+                counts = self._counts[look.camera.key]
                 counts.disagreements += 1
                 counts.last_disagreement = result.id
                 log.warning("gate: camera %s: audit %s: the gate scored %.4g (under %.4g) and the language model "
@@ -269,10 +296,10 @@ class GateStep:
         """The evidence image with the gate's heat map over the part it scored: the whole image when it
         is the frame the gate saw, the camera's crop (`roi`) of it when it is the full frame."""
         with self._lock:
-            kept = self._scores.pop(result.id, None)
-        cam = self._gates.get(result.camera)
-        if kept is None or cam is None or not cam.config.heat_map:
+            look = self._scores.pop(result.id, None)
+        if look is None:
             return image
+        cam, kept = look.camera, look.score
         lay, roi = kept.layout, cam.gate.context.region
         heat = heat_map(kept)
         if image.shape[:2] == (lay.height, lay.width):
@@ -288,7 +315,7 @@ class GateStep:
     # ---- internals ---------------------------------------------------------------------------
 
     def _look(self, cam: CameraGate, request: InspectionRequest, encoded: Encoded) -> GateLook | None:
-        counts = self._counts.setdefault(cam.camera, GateCounts())
+        counts = self._counts.setdefault(cam.key, GateCounts())
         if getattr(encoded, "regions", None) is not None:
             return None  # regions or tiles: several crops, no one frame for the bank
         try:
@@ -328,7 +355,7 @@ class GateStep:
         with self._lock:
             if len(self._scores) >= _MAX_PENDING:
                 self._scores.clear()
-            self._scores[result_id] = look.score
+            self._scores[result_id] = look
 
     def _ok_result(self, look: GateLook, request: InspectionRequest, enc: Encoded,
                    governor: dict[str, Any] | None, inspector: FrameSource) -> Result:
@@ -349,12 +376,16 @@ class GateStep:
 
 
 
-def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate]:
-    """`load_gates` for a whole config: each camera's NOK field from its program (default `defect`)."""
+def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
+    """`load_gates` for a whole config: each camera's NOK field from its program (default `defect`), and
+    the line recipes' own gates."""
     nok = {c.name: config.programs[c.program].nok_field for c in config.cameras
            if c.program is not None and c.program in config.programs}
-    return load_gates(bundle, config.model, config.cameras, nok)
+    recipes = [(st.name, name, st.camera, r.gate) for st in config.line_io.stations
+               for name, r in st.recipes.items() if r.gate is not None]
+    return load_gates(bundle, config.model, config.cameras, nok, recipes)
 
 
 def any_gate(config: Config) -> bool:
-    return any(c.gate is not None and c.gate.mode != "off" for c in config.cameras)
+    return any(c.gate is not None and c.gate.mode != "off" for c in config.cameras) or any(
+        r.gate is not None for st in config.line_io.stations for r in st.recipes.values())
