@@ -112,6 +112,8 @@ def cmd_bench(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime.cli.bench import plot, render, run_bench
 
     config.model.warmup = True
+    # bench times the encoder on every frame, and its stages reuse the same frames: no encoder cache
+    config.model.encoder_cache_mb = 0
     from edge_runtime.inference.model_source import open_inspector
 
     inspector = open_inspector(config, args.model)
