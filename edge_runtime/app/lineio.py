@@ -2,8 +2,9 @@
 the journal's file, and the protocol adapters (OPC UA, Modbus TCP, Sparkplug B, GPIO) that serve them.
 
 A line trigger takes the camera's next frame (`CameraSchedule.capture_for_line`), whose inspection
-goes through the shared queue like any other; the verdict hook stamps station, part id, recipe and
-job id on the Result before it is journaled, and the station learns the verdict after the commit.
+goes through the shared queue like any other with the job's `LineTag` on its request; the pipeline
+puts station, part id, recipe and job id on the Result before it is journaled, and the station learns
+the verdict after the commit.
 Only this module knows the concrete classes; the adapters see only `Station`s. docs/line-io.md.
 """
 
@@ -11,18 +12,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
 
 from edge_runtime.capture.camera import CameraState
 from edge_runtime.capture.rig import CameraRig
 from edge_runtime.config import CameraConfig, Config
 from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, StorageFull
+from edge_runtime.core.inspection_queue import LineTag
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import Sink, SinkHealth
 from edge_runtime.inference.inspector import Inspector
@@ -68,8 +67,6 @@ class LineIO:
                 raise ConfigError(f"line_io.stations.{i}.camera: no camera named {st.camera!r} is configured "
                                   f"(cameras: {', '.join(sorted(cameras)) or 'none'})")
         self.jobs = LineJobs(daemon.config.journal_path())
-        self._tags: dict[int, tuple[np.ndarray, JobRequest]] = {}  # id(image) -> the job it answers
-        self._tags_lock = threading.Lock()
         self.stations = [Station(st, self.jobs, self._start_job, warm=self._warm_for(st.camera),
                                  fault=self._fault_for(st.camera)) for st in cfg.stations]
         self.adapters: list[Any] = self._adapters()
@@ -169,49 +166,16 @@ class LineIO:
         if daemon.journal.refusing():
             raise StorageFull("disk full: the journal cannot store results")
 
-        tagged: list[InspectionRequest] = []
-
         def tag(request: InspectionRequest) -> None:
-            assert request.image is not None
             request.schema = job.schema  # the recipe's verdict schema (None: the bundle's)
-            with self._tags_lock:
-                self._tags[id(request.image)] = (request.image, job)
-            tagged.append(request)
+            request.line = LineTag(job.station, job.part_id, job.recipe, job.seq)  # back on the result
 
-        try:
-            request = rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag)
-        except BaseException:
-            for refused in tagged:  # tagged, then refused by a full queue: its frame must not stay here
-                self._untag(refused)
-            raise
-        request.future.add_done_callback(lambda _f: self._untag(request))
-        return request.future
+        return rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag).future
 
-    def _untag(self, request: InspectionRequest) -> None:
-        with self._tags_lock:
-            entry = self._tags.get(id(request.image))
-            if entry is not None and entry[0] is request.image:
-                del self._tags[id(request.image)]
-
-    def recipe_of(self, request: InspectionRequest) -> tuple[str, str] | None:
+    @staticmethod
+    def recipe_of(request: InspectionRequest) -> tuple[str, str] | None:
         """The (station, recipe) of a line job's request, for the recipe's own anomaly gate."""
-        with self._tags_lock:
-            entry = self._tags.get(id(request.image))
-        if entry is None or entry[0] is not request.image:
-            return None
-        return entry[1].station, entry[1].recipe
-
-    def stamp(self, image: np.ndarray | None, result: Result) -> None:
-        """Before the journal: a line job's result carries station, part id, recipe and job id."""
-        if image is None:
-            return
-        with self._tags_lock:
-            entry = self._tags.get(id(image))
-        if entry is None or entry[0] is not image:
-            return
-        job = entry[1]
-        result.station, result.part_id, result.recipe, result.inspection_seq = \
-            job.station, job.part_id, job.recipe, job.seq
+        return (request.line.station, request.line.recipe) if request.line is not None else None
 
     def notify(self, result: Result) -> None:
         """Sink: a journaled verdict; a line job's goes to its station (which returns at once)."""
@@ -253,6 +217,5 @@ def add_line_io(daemon: LineHost) -> LineIO | None:
         return None
     line_io = LineIO(daemon, cfg)
     daemon.services.append(line_io)
-    daemon.pipeline.before_journal.append(line_io.stamp)  # the result row carries station and part
     daemon.sinks.append(line_io)  # the station hears its verdict after the commit
     return line_io

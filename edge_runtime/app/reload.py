@@ -38,7 +38,7 @@ LIVE = (
     "api.auth", "api.request_deadline_s", "api.connections_per_client",  # read per request / accept
     "ota",  # read by the update agent, a separate process
     "rules", "rules_budget",  # re-evaluated from the next verdict on (verdicts.py)
-    "rails",  # read per request by the API (api/rails.py)
+    "rails",  # read per request by the API (api/rails/live.py)
     "api.max_images_per_request", "api.max_request_pixels",  # read per request (api/openai.py)
     "programs",  # references encoded again through the encoder cache (inspector.use_programs)
 )

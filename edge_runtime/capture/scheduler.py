@@ -106,10 +106,11 @@ class CameraSchedule:
 
     def capture_for_line(self, prompt: str | None, deadline: float, on_taken: Callable[[Frame], None],
                          prepare: Callable[[InspectionRequest], None] | None = None) -> InspectionRequest:
-        """A line trigger (lineio/station.py): wait until `deadline` (monotonic) for the first frame
+        """A line trigger (lineio/station/): wait until `deadline` (monotonic) for the first frame
         newer than the one in the slot now, call `on_taken(frame)` the moment it is there (the part may
-        move), `prepare(request)` (the caller tags it), and queue its inspection. Returns the request (its
-        `future` is the journaled Result). Raises EdgeRuntimeError without a frame in time, QueueFull."""
+        move), `prepare(request)` (the caller sets its line tag and schema), and queue its inspection.
+        Returns the request (its `future` is the journaled Result).
+        Raises EdgeRuntimeError without a frame in time, QueueFull."""
         current = self.camera.slot.peek()
         newer_than = current.seq if current is not None else 0
         frame = self.camera.slot.take(newer_than, timeout=max(0.0, deadline - time.monotonic()))
@@ -117,8 +118,7 @@ class CameraSchedule:
             raise EdgeRuntimeError(f"camera {self.camera.name!r} gave no new frame in time "
                                    f"(state: {self.camera.state.value})")
         on_taken(frame)
-        # Its own array: the verdict hooks tell this request's result by the image it carries.
-        request = InspectionRequest(frame.image.copy(), self.camera.name, prompt or self.prompt, frame.seq,
+        request = InspectionRequest(frame.image, self.camera.name, prompt or self.prompt, frame.seq,
                                     frame.capture_ms, "line")
         if prepare is not None:
             prepare(request)

@@ -22,6 +22,16 @@ from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.result import Result
 
 
+@dataclass(frozen=True)
+class LineTag:
+    """The line job a request answers (a station's trigger): its result is journaled with these."""
+
+    station: str
+    part_id: str
+    recipe: str
+    seq: int
+
+
 @dataclass
 class InspectionRequest:
     image: np.ndarray | None
@@ -35,6 +45,7 @@ class InspectionRequest:
     # The verdict's own JSON schema (a line station's recipe): the verdict is constrained by it and
     # validated against it instead of the bundle's verdict_schema; None: the bundle's.
     schema: dict[str, Any] | None = None
+    line: LineTag | None = None  # a line station's job: travels to the result (verdicts/pipeline.py)
     chat: ChatJob | None = None  # a chat completion: generated in the worker's batch beside the verdicts
     future: Future[Any] = field(default_factory=Future)
     encoded: threading.Event = field(default_factory=threading.Event)  # set once the encoder stage is done

