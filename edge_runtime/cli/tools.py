@@ -1,5 +1,5 @@
 """The tool commands of `edge-runtime` (`ota …`, `models …`, `config …`, `dataset export`): each
-takes the parsed arguments and the config, prints its output and returns the exit code. `cli.py`
+takes the parsed arguments and the config, prints its output and returns the exit code. `cli/main.py`
 parses and dispatches; a user mistake raises EdgeRuntimeError (one line, exit code 2)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bounded YAML -> Python values for the config file: `${ENV}` / systemd credentials substitution,
 alias-bomb and recursion limits, and the line of a key for error messages. Knows nothing of the
-config's sections (those are in `config.py`)."""
+config's sections (those are the section modules beside it, joined in `schema.py`)."""
 
 from __future__ import annotations
 

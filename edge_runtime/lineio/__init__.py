@@ -1,1 +1,1 @@
-"""Line I/O: the station handshake (station.py) and the protocols a PLC speaks to it (docs/line-io.md)."""
+"""Line I/O: the station handshake (`station/`) and the protocols a PLC speaks to it (docs/line-io.md)."""

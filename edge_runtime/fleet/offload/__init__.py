@@ -1,5 +1,5 @@
 """Scale-out: offload and escalation of inspections to central OpenAI-compatible servers (vLLM, …).
 
-Kept import-light on purpose: `config.py` imports `offload.config`, so this package must not pull in
-the scheduler (which imports `config`) at import time. Import `offload.router` where it is wired.
+Kept import-light on purpose (its config is `config/offload.py`): importing the package loads nothing;
+import `fleet.offload.router` where it is wired.
 """
