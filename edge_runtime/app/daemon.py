@@ -23,7 +23,6 @@ from edge_runtime.app.lineio import add_line_io
 from edge_runtime.app.reload import Reloading
 from edge_runtime.app.services import DeviceServices
 from edge_runtime.app.status import DeviceReports
-from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig, cameras_not_in_file
 from edge_runtime.config import CameraConfig, Config
 from edge_runtime.core import systemd
@@ -34,6 +33,7 @@ from edge_runtime.core.inspection_queue import InspectionQueue, InspectionReques
 from edge_runtime.core.result import Result
 from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery
 from edge_runtime.delivery.mqtt.commands import command_table
+from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.fleet.offload.router import Offloader
 from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
@@ -42,6 +42,7 @@ from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.power import GovernorGate, GovernorService, detect_sensor
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
+from edge_runtime.verdicts.stage import VerdictServices
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -90,7 +91,9 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         self.faults: set[str] = set()
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
-                                        self.faults, self._current_inspector, keep_undelivered=config.mqtt.enabled,
+                                        self.faults, self._current_inspector,
+                                        webhooks=WebhookOutbox(config.journal_path()),
+                                        keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget)
         self.verdicts.gate = lambda: self.gate.decision()  # re-asks wait out a throttled governor
         self.pipeline.before_journal.append(self.verdicts.before_journal)

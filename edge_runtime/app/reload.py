@@ -15,7 +15,6 @@ from pydantic import BaseModel
 
 from edge_runtime.api import ApiServer
 from edge_runtime.app.reload_guard import refusal
-from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig
 from edge_runtime.config import CameraConfig, Config, load_config
 from edge_runtime.core import systemd
@@ -24,6 +23,7 @@ from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.verdicts.journal import Journal
+from edge_runtime.verdicts.stage import VerdictServices
 
 log = logging.getLogger("edge_runtime.app.daemon")  # one logger for the daemon's lifecycle lines
 

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
-from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.core.device import ChatJob, ChatOutput, EvidenceFile
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.verdicts.stage import VerdictServices
 
 T = TypeVar("T")
 

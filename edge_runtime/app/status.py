@@ -9,7 +9,6 @@ from typing import Any, Protocol
 
 from edge_runtime import __version__
 from edge_runtime.app.lineio import LineIO
-from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.capture.rig import CameraRig, camera_status, telemetry_message
 from edge_runtime.config import Config
 from edge_runtime.core.governor_gate import Gate
@@ -21,6 +20,7 @@ from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
+from edge_runtime.verdicts.stage import VerdictServices
 
 
 class StatusHost(Protocol):

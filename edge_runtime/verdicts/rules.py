@@ -1,7 +1,7 @@
 """The rules' evaluator: a rule fires when all its conditions hold for a result (fields by dotted path:
 `verdict.category`, `camera`, `timings_ms.total`), its confidence threshold is met, and — with
 debounce — when it matched on at least N of the last M results of that camera. Its actions are
-carried out by the wiring (`app/verdicts.py`): an MQTT alert, a webhook, a second question on the
+carried out by the verdict stage (`verdicts/stage.py`): an MQTT alert, a webhook, a second question on the
 same frame, a review mark. The rules themselves are config (`config/rules.py`).
 """
 

@@ -153,8 +153,8 @@ def test_a_lost_thumbnail_is_made_again_from_the_image(tmp_path: Path) -> None:
 
 
 def test_full_frame_is_the_camera_frame_behind_an_roi_crop() -> None:
-    from edge_runtime.app.verdicts import full_frame
     from edge_runtime.capture.sources import crop
+    from edge_runtime.verdicts.stage import full_frame
 
     frame = noise(5)
     roi = crop(frame, (10, 20, 100, 50))

@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_runtime.app.verdicts import VerdictServices
 from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import Rule
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.messages import MAX_PAYLOAD
+from edge_runtime.verdicts.stage import VerdictServices
 from tests.support.tmpfs import tmpfs
 
 ACTIONS = [{"type": "alert"}, {"type": "webhook", "url": "http://127.0.0.1:9/hook"}, {"type": "review"}]
@@ -39,8 +40,9 @@ class Line:
                  inspector: Inspector | None = None) -> None:
         self.journal = Journal(path)
         rule = Rule.model_validate({"name": "every", "actions": actions or ACTIONS})
+        self.webhooks = WebhookOutbox(path)
         self.services = VerdictServices(EvidenceConfig(enabled=False), [rule], path.parent, path, set(),
-                                        lambda: inspector)
+                                        lambda: inspector, webhooks=self.webhooks)
         self.notified = 0
         self.services.messages.notify = self._notify
 
@@ -81,14 +83,14 @@ def line(tmp_path: Path) -> Iterator[Line]:
 def test_the_result_and_its_alert_webhook_and_review_rows_commit_together(line: Line) -> None:
     line.deliver(make_result())
     assert line.rows() == {"results": 1, "mqtt_outbox": 1, "webhook_outbox": 1, "reviews": 1}
-    assert line.notified == 1 and line.services.webhooks._wake.is_set()  # woken after the commit
+    assert line.notified == 1 and line.webhooks._wake.is_set()  # woken after the commit
 
 
 def test_a_failure_before_the_commit_keeps_neither_the_result_nor_its_side_effects(line: Line) -> None:
     with pytest.raises(RuntimeError):
         line.deliver(make_result(), fail_inside=True)
     assert line.rows() == {"results": 0, "mqtt_outbox": 0, "webhook_outbox": 0, "reviews": 0}
-    assert line.notified == 0 and not line.services.webhooks._wake.is_set()
+    assert line.notified == 0 and not line.webhooks._wake.is_set()
     line.deliver(make_result(1))  # the connection is usable again: the transaction was rolled back
     assert line.rows() == {"results": 1, "mqtt_outbox": 1, "webhook_outbox": 1, "reviews": 1}
 
@@ -102,12 +104,12 @@ def test_an_oversized_alert_is_refused_and_counted_while_the_result_and_its_othe
 
 def test_the_outboxes_stay_bounded_when_rows_are_staged_in_the_journal_transaction(tmp_path: Path) -> None:
     line = Line(tmp_path / "j.sqlite3", actions=ACTIONS[:2])
-    line.services.messages.max_rows = line.services.webhooks.max_rows = 5
+    line.services.messages.max_rows = line.webhooks.max_rows = 5
     try:
         for i in range(12):
             line.deliver(make_result(i))
         assert line.rows() == {"results": 12, "mqtt_outbox": 5, "webhook_outbox": 5, "reviews": 0}
-        assert line.services.webhooks.dropped == 7
+        assert line.webhooks.dropped == 7
     finally:
         line.close()
 
@@ -197,7 +199,7 @@ def test_an_action_error_that_rolls_back_the_whole_transaction_still_journals_th
 def test_a_full_outbox_logs_one_line_a_minute_not_one_a_verdict(tmp_path: Path,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     line = Line(tmp_path / "j.sqlite3", actions=ACTIONS[:2])
-    line.services.messages.max_rows = line.services.webhooks.max_rows = 5
+    line.services.messages.max_rows = line.webhooks.max_rows = 5
     try:
         with caplog.at_level(logging.WARNING):
             for i in range(40):
@@ -205,6 +207,6 @@ def test_a_full_outbox_logs_one_line_a_minute_not_one_a_verdict(tmp_path: Path,
         full = sorted(r.name for r in caplog.records if "outbox full" in r.getMessage())
         # one line each, not 35 each
         assert full == ["edge_runtime.delivery.webhooks", "edge_runtime.verdicts.messages"]
-        assert line.services.webhooks.dropped == 35 and line.services.messages.dropped_unsent == 35
+        assert line.webhooks.dropped == 35 and line.services.messages.dropped_unsent == 35
     finally:
         line.close()

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,7 +27,6 @@ from edge_runtime.config.rules import AlertAction, ReaskAction, ReviewAction, Ru
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import GateDecision, OpenGate
 from edge_runtime.core.result import Result, utc_now
-from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.verdicts.evidence import EvidenceStore
 from edge_runtime.verdicts.journal import is_full
 from edge_runtime.verdicts.messages import MessageOutbox
@@ -58,12 +57,32 @@ class _Staged:
     errors: int = 0
 
 
+class WebhookQueue(Protocol):
+    """The webhook outbox as the verdict stage stages into it (`delivery/webhooks.WebhookOutbox`): rows
+    on the journal's transaction, a wake-up after its commit."""
+
+    headers_for: Callable[[str], dict[str, str]]
+
+    def stage(self, db: sqlite3.Connection, url: str, body: dict[str, Any], key: str, source: str = "",
+              timeout_s: float = 5.0) -> int: ...
+
+    def queued(self, dropped: int = 0) -> None: ...
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def blocked(self) -> list[str]: ...  # destinations that keep failing (/readyz's degraded reasons)
+
+
 class VerdictServices:
     """Evidence store, rule engine, MQTT message outbox, webhook outbox and reviews, wired together."""
 
     def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
-                 faults: set[str], get_inspector: Callable[[], Any], keep_undelivered: bool = True,
-                 budget: RulesBudget | None = None) -> None:
+                 faults: set[str], get_inspector: Callable[[], Any], *, webhooks: WebhookQueue,
+                 keep_undelivered: bool = True, budget: RulesBudget | None = None) -> None:
         self.evidence_cfg = evidence
         self.evidence: EvidenceStore | None = None
         # Draws over the evidence image before it is kept (the anomaly gate's heat map); None: as captured.
@@ -77,7 +96,7 @@ class VerdictServices:
         self.budget = budget or RulesBudget()
         self.engine = RuleEngine(rules, self.budget.regex_s_per_verdict)
         self.messages = MessageOutbox(db_path)
-        self.webhooks = WebhookOutbox(db_path)
+        self.webhooks = webhooks  # built by the wiring (delivery/ sends them)
         self.webhooks.headers_for = self._webhook_headers
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
