@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     trace: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        from edge_runtime.power import detect_sensor
+        from edge_runtime.power.sensors import detect_sensor
         sensor = detect_sensor("replay", args.replay) if args.replay else detect_sensor()
         idle = args.idle_w
         if idle is None:

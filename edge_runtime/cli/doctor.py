@@ -212,7 +212,7 @@ class Doctor:
                          "install the same jetson-stats version as the host service (pip show jetson-stats)")
 
     def sensors(self) -> Check:
-        from edge_runtime.power import detect_sensor
+        from edge_runtime.power.sensors import detect_sensor
 
         g = self.config.governor
         if not g.enabled:

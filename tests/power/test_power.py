@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from edge_runtime.config import GovernorConfig
-from edge_runtime.power import Governor, Level, ReplaySensor, Snapshot, SysfsSensor, detect_sensor
+from edge_runtime.power.governor import Governor, Level
 from edge_runtime.power.jetson import JtopSensor, snapshot_from_jtop
+from edge_runtime.power.sensors import ReplaySensor, SysfsSensor, detect_sensor
+from edge_runtime.power.snapshot import Snapshot
 from tests.support.jtop import RecordedJtop
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

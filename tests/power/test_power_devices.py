@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from edge_runtime.config import GovernorConfig, JetsonActions
-from edge_runtime.power import GovernorService, Level, detect_sensor
+from edge_runtime.power.governor import GovernorService, Level
 from edge_runtime.power.jetson import JtopSensor
-from edge_runtime.power.sensors import NvmlSensor
+from edge_runtime.power.sensors import NvmlSensor, detect_sensor
 from tests.support.jtop import RecordedJtop
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
