@@ -19,7 +19,6 @@ import numpy as np
 
 from edge_runtime import __version__
 from edge_runtime.api import ApiServer
-from edge_runtime.app.lineio import add_line_io
 from edge_runtime.app.reload import Reloading
 from edge_runtime.app.services import DeviceServices
 from edge_runtime.app.status import DeviceReports
@@ -39,6 +38,7 @@ from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.model_source import open_inspector
 from edge_runtime.inference.worker import InspectionWorker
+from edge_runtime.lineio.service import LineIO
 from edge_runtime.power import GovernorGate, GovernorService, detect_sensor
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
@@ -112,8 +112,11 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         self.offload: Offloader | None = None
         if config.offload.enabled:
             self._add_offload(config)
-        self.line_io = add_line_io(self)  # stations and their OPC UA/Modbus/... servers (app/lineio.py)
+        # The line's stations and their OPC UA/Modbus/... servers (lineio/service.py), when configured.
+        self.line_io = LineIO(self, config.line_io) if config.line_io is not None and config.line_io.stations else None
         if self.line_io is not None:
+            self.services.append(self.line_io)
+            self.sinks.append(self.line_io)  # the station hears its verdict after the commit
             self.gates.recipe_of = self.line_io.recipe_of  # a recipe's own anomaly gate
 
     def _add_governor(self, config: Config) -> None:

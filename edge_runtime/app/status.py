@@ -8,7 +8,6 @@ import time
 from typing import Any, Protocol
 
 from edge_runtime import __version__
-from edge_runtime.app.lineio import LineIO
 from edge_runtime.capture.rig import CameraRig, camera_status, telemetry_message
 from edge_runtime.config import Config
 from edge_runtime.core.governor_gate import Gate
@@ -18,6 +17,7 @@ from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.fleet.offload.router import Offloader
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.worker import InspectionWorker
+from edge_runtime.lineio.service import LineIO
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
 from edge_runtime.verdicts.stage import VerdictServices

@@ -176,7 +176,7 @@ class GateStep:
 
     def __init__(self) -> None:
         self._gates: dict[str, CameraGate | None] = {}  # by camera, and by `<station>/<recipe>`
-        # The (station, recipe) of a line job's request (app/lineio.py), for the recipes' own gates.
+        # The (station, recipe) of a line job's request (lineio/service.py), for the recipes' own gates.
         self.recipe_of: Callable[[InspectionRequest], tuple[str, str] | None] | None = None
         self._counts: dict[str, GateCounts] = {}
         # id(request) -> look (None: not scored), until its Result is delivered or it fails

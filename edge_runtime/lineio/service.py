@@ -23,30 +23,26 @@ from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, StorageFull
 from edge_runtime.core.inspection_queue import LineTag
 from edge_runtime.core.result import Result
-from edge_runtime.core.sink import Sink, SinkHealth
+from edge_runtime.core.sink import SinkHealth
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.lineio.ota_lock import LineJobsLock
 from edge_runtime.lineio.signals import JobRequest
 from edge_runtime.lineio.station import Station
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.line_jobs import LineJobs
-from edge_runtime.verdicts.pipeline import VerdictPipeline
 
 if TYPE_CHECKING:
     from edge_runtime.core.inspection_queue import InspectionRequest
 
 
 class LineHost(Protocol):
-    """What line I/O needs of the daemon (`app.Daemon`); a protocol, so this module imports no daemon."""
+    """What line I/O reads of the daemon (`app.daemon.Daemon`); a protocol, so lineio/ imports no app."""
 
     config: Config
     extra_cameras: list[CameraConfig]
     rigs: dict[str, CameraRig]
     journal: Journal
     inspector: Inspector | None
-    services: list[Any]
-    sinks: list[Sink]
-    pipeline: VerdictPipeline
 
 log = logging.getLogger(__name__)
 _DOWN = {CameraState.FAILED, CameraState.RECONNECTING, CameraState.ENDED, CameraState.STOPPED}
@@ -208,14 +204,3 @@ class LineIO:
                     (f": {rig.camera.last_error}" if rig.camera.last_error else "")
             return None
         return fault
-
-
-def add_line_io(daemon: LineHost) -> LineIO | None:
-    """Build line I/O when the config has stations; it joins the daemon's services."""
-    cfg: LineIOConfig | None = daemon.config.line_io
-    if cfg is None or not cfg.stations:
-        return None
-    line_io = LineIO(daemon, cfg)
-    daemon.services.append(line_io)
-    daemon.sinks.append(line_io)  # the station hears its verdict after the commit
-    return line_io
