@@ -16,7 +16,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from edge_runtime.api.admission import QUICK_THREADS, Admission, slots
 from edge_runtime.api.auth import guard_reads, session_keys, start_session
 from edge_runtime.api.errors import register_error_handlers
-from edge_runtime.api.events import EventHub
 from edge_runtime.api.guard import ConnectionMetrics, Limits, create_guarded_server
 from edge_runtime.api.memory import fix_mmap_threshold
 from edge_runtime.api.metrics import Metrics
@@ -25,6 +24,7 @@ from edge_runtime.core.device import Device
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth
+from edge_runtime.delivery.events import EventHub
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ValidationError
 from edge_runtime.api.admission import RETRY_AFTER_S, Admission, Ticket, image_size, parse_json
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError, from_image_error, from_input_error, from_validation, invalid
-from edge_runtime.api.events import SHUTDOWN, EventHub
 from edge_runtime.api.models import (
     INT64_MAX,
     Alive,
@@ -43,6 +42,7 @@ from edge_runtime.api.rails.request import request_id
 from edge_runtime.core.device import Device
 from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, QueueFull, StorageFull
 from edge_runtime.core.images import decode_image
+from edge_runtime.delivery.events import SHUTDOWN, EventHub
 
 bp = Blueprint("rest", __name__)
 KEEPALIVE_S = 5.0
