@@ -39,7 +39,8 @@ from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.model_source import open_inspector
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.lineio.service import LineIO
-from edge_runtime.power import GovernorGate, GovernorService, detect_sensor
+from edge_runtime.power.governor import GovernorGate, GovernorService
+from edge_runtime.power.sensors import detect_sensor
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
 from edge_runtime.verdicts.stage import VerdictServices
