@@ -84,7 +84,13 @@ class Admission:
 
     def reserve(self, ticket: Ticket, pixels: int, field: str) -> None:
         with self._lock:
-            # One image alone always fits (its own size limit is checked when it is decoded).
+            # A request whose own images pass the device's budget can never fit: a retry would get the
+            # same 429 forever, so it is refused for good. One image alone always fits (its own size
+            # limit is checked when it is decoded); only other requests' pixels make a 429.
+            if ticket.pixels and ticket.pixels + pixels > self.max_pixels:
+                raise ApiError(413, "image_too_large", f"{field}: this request's images declare "
+                               f"{ticket.pixels + pixels} pixels together, more than the device decodes at once "
+                               f"(images.max_pixels, {self.max_pixels})", field=field)
             if self.pixels and self.pixels + pixels > self.max_pixels:
                 raise self._busy(f"{field}: images of {self.pixels} pixels are being decoded, "
                                  f"{pixels} more would pass the device's {self.max_pixels}")
