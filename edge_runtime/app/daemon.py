@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -49,6 +49,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class Service(Protocol):
+    """A part the daemon starts after the model and stops before it; `stop` tolerates a part never started."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class Daemon(DeviceServices, DeviceReports, Reloading):
     """The running device: model, journal, cameras, schedules and the inspection worker."""
 
@@ -79,7 +87,7 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
                                        overlap=config.inspection.overlap_stages,
                                        max_batch=config.inspection.max_batch)
         self.gates = self.worker.gates = GateStep()  # the anomaly gate per camera (inference/anomaly/step.py)
-        self.services: list[Any] = []  # started after the model, stopped before it (MQTT, API, …)
+        self.services: list[Service] = []  # started after the model, stopped before it (MQTT, API, …)
         self.governor: GovernorService | None = None
         if config.governor.enabled:
             self._add_governor(config)
@@ -95,8 +103,8 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
                                         self.faults, self._current_inspector,
                                         webhooks=WebhookOutbox(config.journal_path()),
                                         keep_undelivered=config.mqtt.enabled,
-                                        budget=config.rules_budget)
-        self.verdicts.gate = lambda: self.gate.decision()  # re-asks wait out a throttled governor
+                                        budget=config.rules_budget,
+                                        gate=lambda: self.gate.decision())  # re-asks wait out a throttled governor
         self.pipeline.before_journal.append(self.verdicts.before_journal)
         self.pipeline.in_journal.append(self.verdicts.in_journal)
         self.pipeline.after_journal.append(self.verdicts.after_journal)

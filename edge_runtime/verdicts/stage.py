@@ -77,11 +77,18 @@ class WebhookQueue(Protocol):
     def blocked(self) -> list[str]: ...  # destinations that keep failing (/readyz's degraded reasons)
 
 
+class Reasker(Protocol):
+    """What a re-ask needs of the loaded model (`inference/inspector.py:Inspector`)."""
+
+    def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None) -> Result: ...
+
+
 class VerdictServices:
     """Evidence store, rule engine, MQTT message outbox, webhook outbox and reviews, wired together."""
 
     def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
-                 faults: set[str], get_inspector: Callable[[], Any], *, webhooks: WebhookQueue,
+                 faults: set[str], get_inspector: Callable[[], Reasker | None], *, webhooks: WebhookQueue,
+                 gate: Callable[[], GateDecision] | None = None,
                  keep_undelivered: bool = True, budget: RulesBudget | None = None) -> None:
         self.evidence_cfg = evidence
         self.evidence: EvidenceStore | None = None
@@ -102,7 +109,7 @@ class VerdictServices:
         self.get_inspector = get_inspector
         # The governor's gate: a re-ask is a second inference on the inspection thread, so it is
         # skipped (and recorded) while the governor holds the device below its full rate.
-        self.gate: Callable[[], GateDecision] = OpenGate().decision
+        self.gate = gate or OpenGate().decision
         self.reasks = 0
         self.reasks_skipped = 0  # all skipped re-asks: over a rule's reask.max_per_minute or over rules_budget
         self.clock: Callable[[], float] = time.monotonic  # the re-ask window's clock
@@ -312,7 +319,10 @@ class VerdictServices:
         """A second question on the same frame, answered now on this (the inspection) thread."""
         t0 = time.perf_counter()
         try:
-            second = self.get_inspector().inspect(image, camera=result.camera, prompt=action.prompt)
+            inspector = self.get_inspector()
+            if inspector is None:
+                raise EdgeRuntimeError("no model is loaded")
+            second = inspector.inspect(image, camera=result.camera, prompt=action.prompt)
         except Exception as exc:  # noqa: BLE001 - the first verdict stands; the failure is recorded
             return {"prompt": action.prompt, "error": f"{type(exc).__name__}: {exc}"}
         self.reasks += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ def reask_rules(n: int, actions: int, per_action: int) -> list[Rule]:
 
 
 class Second:
-    def inspect(self, image: np.ndarray, camera: str, prompt: str) -> object:
+    def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None) -> Any:
         return SimpleNamespace(verdict={"ok": True}, text="{}")
 
 
