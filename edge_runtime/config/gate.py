@@ -24,15 +24,16 @@ class GateConfig(Section):
         "recipe). It must have been made with this model's encoder, image budget and crop: a bank of another "
         "is refused at load with one line, and the gate stays off for this camera.")
     threshold: float | None = Field(
-        None, gt=0, description="Scores under this are gated as OK. Unset: the threshold chosen at fit time "
+        None, gt=0, allow_inf_nan=False, description="Scores under this are gated as OK: a finite number over "
+        "0 (infinity or NaN is refused at load). Unset: the threshold chosen at fit time "
         "(`gate fit --labelled ... --max-escape`); skip_ok needs one or the other.")
     audit_every: int = Field(
         50, ge=1, le=1_000_000, description="skip_ok: 1 in N gated frames still goes to the language model as "
         "an audit; when it disagrees (calls the part NOK) the disagreement is counted and shown. 1 audits every "
         "gated frame (no call saved).")
     max_bank_mb: float = Field(
-        256, gt=0, le=65536, description="Memory bound of the loaded bank (vectors and search index); a larger "
-        "bank is refused at load with one line.")
+        256, gt=0, le=65536, allow_inf_nan=False, description="Memory bound of the loaded bank (vectors and "
+        "search index); a larger bank is refused at load with one line.")
     heat_map: bool = Field(True, description="Draw the per-patch distances over the evidence image.")
     verdict: dict[str, Any] | None = Field(
         None, description="skip_ok: the verdict a gated frame carries, checked against the verdict schema at "

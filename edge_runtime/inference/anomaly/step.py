@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -148,6 +149,9 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
         if threshold is None:
             raise GateLoadError(f"{why}: the bank {cfg.bank} holds no threshold; set gate.threshold or fit "
                                 "with --labelled DIR --max-escape RATE")
+        if not (math.isfinite(threshold) and threshold > 0):  # JSON has no infinity; inf would gate every frame
+            raise GateLoadError(f"{why}.threshold: {threshold} (the bank's {cfg.bank}) is not a finite number "
+                                "over 0; set gate.threshold")
         nok_field = (nok_fields or {}).get(cam.name, "defect")
         verdict = ok_verdict(cfg, schema, nok_field)
         errors = sorted(validator.iter_errors(verdict), key=str)
@@ -319,7 +323,12 @@ class GateStep:
         if getattr(encoded, "regions", None) is not None:
             return None  # regions or tiles: several crops, no one frame for the bank
         try:
+            # A NaN/inf embedding would score as garbage (faiss) and a non-finite score is not JSON.
+            if not np.isfinite(encoded.embeds).all():
+                raise ValueError("the encoder's output is not all finite numbers")
             score = cam.gate.score(encoded)
+            if not math.isfinite(score.score):
+                raise ValueError(f"the score {score.score} is not a finite number")
         except Exception as exc:  # noqa: BLE001 - a frame the gate cannot judge goes to the language model
             counts.errors += 1
             self._log.log(logging.ERROR, "gate: camera %s: frame %d not scored, sent to the language model: %s",

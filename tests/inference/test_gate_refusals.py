@@ -1,0 +1,61 @@
+"""Gate settings the daemon refuses at load (one line naming the field) and values it never lets into
+JSON: a non-finite threshold or score, a NOK gated verdict, a bank that is not a regular file, a bank
+of another image budget than the camera's program, a gate on a program with regions or tiling."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_runtime.config import CameraConfig
+from edge_runtime.config.gate import GateConfig
+from edge_runtime.config.schema import ConfigError, parse_config
+from edge_runtime.core.batch import Encoded
+from edge_runtime.core.bundle.manifest import Bundle
+from edge_runtime.core.inspection_queue import InspectionRequest
+from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
+from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
+from edge_runtime.inference.anomaly.step import GateStep, load_gates
+from edge_runtime.inference.inspector import Inspector
+from tests.support.parts import clean_part
+
+
+@pytest.fixture(scope="module")
+def bank(inspector: Inspector, demo_bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    context = gate_context(demo_bundle, inspector.settings)
+    feats = [patch_features(inspector.encode(clean_part(s)), context) for s in range(6)]
+    fit = fit_bank(feats)
+    path = tmp_path_factory.mktemp("gate") / "parts.bank"
+    write_bank(path, bank_header(fit, context, feats[0]), fit.vectors)
+    return path
+
+
+def belt(gate: GateConfig) -> CameraConfig:
+    return CameraConfig(name="belt", source="/tmp", kind="folder", gate=gate)
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "-1", "0"])
+def test_a_threshold_that_is_not_a_finite_number_over_zero_is_refused_naming_the_field(value: str) -> None:
+    text = (f"cameras:\n  - name: belt\n    source: /tmp\n    kind: folder\n"
+            f"    gate: {{mode: skip_ok, bank: /tmp/a.bank, threshold: {value}}}\n")
+    with pytest.raises(ConfigError, match=r"cameras\.0\.gate\.threshold: ") as err:
+        parse_config(text, "c.yaml")
+    assert "\n" not in str(err.value)
+
+
+def test_a_frame_with_non_finite_embeddings_is_an_error_sent_on_never_a_score_in_json(
+        inspector: Inspector, demo_bundle: Bundle, bank: Path) -> None:
+    step = GateStep()
+    step.install(load_gates(demo_bundle, inspector.settings,
+                            [belt(GateConfig(mode="annotate", bank=str(bank), threshold=1.0))]))
+    enc = inspector.encode(clean_part(3))
+    bad = Encoded(np.full_like(enc.embeds, np.nan), enc.width, enc.height, 0.0, 0.0, enc.grid)
+    request = InspectionRequest(image=clean_part(3), camera="belt")
+    rest = step.sift([(request, bad)], inspector, None, lambda _r, res: res, lambda _r, _e: None)
+    assert rest == [(request, bad)]
+    counts = step.counts()["belt"]
+    assert (counts.errors, counts.gated, counts.passed) == (1, 0, 0)
+    json.dumps(step.status(), allow_nan=False)  # raises on Infinity / NaN
