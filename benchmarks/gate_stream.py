@@ -6,9 +6,9 @@ The stream is generated (tests/support/parts.py): `--frames` parts, 1 in `--defe
 A bank is fitted on `--train` other good parts; its threshold is the largest score of `--holdout`
 further good parts (what `gate fit` chooses without labelled data). Each mode then runs the same
 frames through one Daemon started from its config (`cameras[].gate` in skip_ok; journal and evidence
-on, MQTT, API and governor off), in turns of `--chunk` frames (off: the gates taken out), so the load of
-a shared machine falls on both alike; `--inflight` requests queued at a time as a camera's scheduler
-keeps the queue fed. An escape is a defective frame answered by the gate
+on; the encoder cache, MQTT, API and governor off), in turns of `--chunk` frames (off: the gates taken
+out), so the load of a shared machine falls on both alike; `--inflight` requests queued at a time as
+a camera's scheduler keeps the queue fed. An escape is a defective frame answered by the gate
 (`source.engine: gate`); on this set it must be 0.
 
     python benchmarks/gate_stream.py [--model DIR] [--frames 400] [--defect-every 20] [--audit-every 50]
@@ -181,6 +181,8 @@ def main() -> None:
         cfg = Config(device_id="gate-stream", data_dir=tmp / "data")
         cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
         cfg.evidence.enabled = not args.no_evidence
+        # Both modes see the same frames: cached embeddings would spare the second mode its encodes.
+        cfg.model.encoder_cache_mb = 0
         gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT)
         cfg.cameras = [CameraConfig(name="line", source=str(still), trigger=TriggerConfig(mode="on_demand"),
                                     gate=gate)]
