@@ -18,7 +18,7 @@ from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
 from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
-from edge_runtime.inference.anomaly.step import GateStep, load_gates
+from edge_runtime.inference.anomaly.step import GateLoadError, GateStep, load_gates
 from edge_runtime.inference.inspector import Inspector
 from tests.support.parts import clean_part
 
@@ -59,3 +59,15 @@ def test_a_frame_with_non_finite_embeddings_is_an_error_sent_on_never_a_score_in
     counts = step.counts()["belt"]
     assert (counts.errors, counts.gated, counts.passed) == (1, 0, 0)
     json.dumps(step.status(), allow_nan=False)  # raises on Infinity / NaN
+
+
+def test_a_skip_ok_gated_verdict_that_is_nok_by_the_nok_field_is_refused(
+        inspector: Inspector, demo_bundle: Bundle, bank: Path) -> None:
+    nok = {"defect": True, "category": "scratch", "confidence": 1, "notes": "scratch on the face"}
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=1.0, verdict=nok)
+    with pytest.raises(GateLoadError, match=r"^cameras\.belt\.gate\.verdict: .*'defect'.* false") as err:
+        load_gates(demo_bundle, inspector.settings, [belt(gate)])
+    assert "\n" not in str(err.value)
+    ok = {"defect": False, "category": "none", "confidence": 1, "notes": "surface clean"}
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=1.0, verdict=ok)
+    assert load_gates(demo_bundle, inspector.settings, [belt(gate)])["belt"] is not None

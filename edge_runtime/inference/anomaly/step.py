@@ -158,6 +158,10 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
         if cfg.mode == "skip_ok" and errors:
             raise GateLoadError(f"{why}.verdict: the gated OK verdict {verdict} does not match the bundle's "
                                 f"schema ({errors[0].message}); set gate.verdict to a whole OK verdict")
+        # OK as the audits and regions judge it (bool of the NOK field): present and exactly false.
+        if cfg.mode == "skip_ok" and verdict.get(nok_field, True) is not False:
+            raise GateLoadError(f"{why}.verdict: the gated verdict must be OK, with {nok_field!r} (the camera's "
+                                f"NOK field) false; it is {verdict.get(nok_field, '(missing)')!r}")
         if cfg.mode == "skip_ok" and cfg.threshold is None and not gate.header.threshold.supported:
             log.warning("%s: skip_ok on the bank's threshold %.4g, which makes no escape claim (%s); "
                         "run annotate until labelled data supports it", why, threshold,
