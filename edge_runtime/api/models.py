@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from edge_runtime.core.result_filter import TIMESTAMP
 
@@ -130,11 +130,22 @@ class ContentPart(BaseModel):
     image_url: ImageUrl | None = None
 
 
+def _content_kind(value: Any) -> str | None:
+    # Chosen by the value's type, so a bad part is reported at its own field, not as pydantic's
+    # str|list fallback ("messages.0.content: Input should be a valid string").
+    if isinstance(value, str):
+        return "str"
+    return "list" if isinstance(value, list) else None
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant"]
-    content: (Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
-              | Annotated[list[ContentPart], Field(max_length=MAX_PARTS)] | None) = None
+    content: Annotated[
+        Annotated[Annotated[str, Field(max_length=MAX_TEXT_CHARS)], Tag("str")]
+        | Annotated[Annotated[list[ContentPart], Field(min_length=1, max_length=MAX_PARTS)], Tag("list")],
+        Discriminator(_content_kind, custom_error_type="content",
+                      custom_error_message="must be a string or a list of text/image_url parts")] | None = None
 
 
 class JsonSchemaSpec(BaseModel):

@@ -112,6 +112,18 @@ def _image_bytes(url: str, field: str) -> bytes:
     raise invalid(field, "image_url must be a data: URL or an http(s) URL")
 
 
+def _check_parts(messages: list[Message]) -> None:
+    """A part without the object its type names is refused: dropping it would answer as if the model had
+    seen an image (or text) it never got."""
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.type == "image_url" and part.image_url is None:
+                raise invalid(f"messages.{i}.content.{j}.image_url", "required in an image_url part "
+                              "(an object with a url)")
+            if part.type == "text" and part.text is None:
+                raise invalid(f"messages.{i}.content.{j}.text", "required in a text part (a string)")
+
+
 def _check_text(messages: list[Message], context: int) -> None:
     """Refuse text that cannot fit the context before anything is tokenized (a cheap character bound;
     the model layer makes the exact token check)."""
@@ -195,6 +207,7 @@ def chat_completions() -> Any:
 
 def _chat(ticket: Ticket) -> Any:
     req: ChatRequest = validate(ChatRequest, json_body(force=True))
+    _check_parts(req.messages)
     d = daemon()
     info = d.model_info()
     if info is None:

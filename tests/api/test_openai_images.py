@@ -140,3 +140,40 @@ def test_an_onnx_bundle_refuses_a_second_image_in_one_line(demo_daemon: Daemon) 
     assert body(caught)["param"] == "messages.0.content.2.image_url.url"
     assert "one image per request" in body(caught)["message"]
     assert "\n" not in body(caught)["message"]
+
+
+@pytest.mark.parametrize(("part", "field"), [
+    ({"type": "image_url"}, "messages.0.content.1.image_url"),
+    ({"type": "text"}, "messages.0.content.1.text"),
+    ({"type": "image_url", "image_url": {"url": 5}}, "messages.0.content.1.image_url.url"),
+    ({"type": "image_url", "image_url": {"url": None}}, "messages.0.content.1.image_url.url"),
+    ({"type": "image_url", "image_url": {"url": ""}}, "messages.0.content.1.image_url.url"),
+    ({"type": "image_url", "image_url": {}}, "messages.0.content.1.image_url.url"),
+    ({"type": "image_url", "image_url": "data:image/png;base64,AAAA"}, "messages.0.content.1.image_url"),
+    ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "messages.0.content.1.type"),
+])
+def test_a_missing_or_malformed_part_is_a_400_naming_that_part(openai_client: Any, part: dict[str, Any],
+                                                               field: str) -> None:
+    """Never dropped (a 200 would tell the client the model saw an image it never got) and never
+    reported as the str|list fallback `messages.0.content: Input should be a valid string`."""
+    import openai
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.chat.completions.create(model="default", messages=ask([part]), max_tokens=2)
+    assert body(caught)["param"] == field
+    assert body(caught)["message"].startswith(f"{field}: ")
+    assert "valid string" not in body(caught)["message"] or field.endswith(".url")
+
+
+@pytest.mark.parametrize(("content", "field"), [
+    ([], "messages.0.content"),
+    ([[{"type": "text", "text": "hi"}]], "messages.0.content.0"),
+    (5, "messages.0.content"),
+])
+def test_an_empty_nested_or_scalar_content_is_a_400_naming_it(openai_client: Any, content: Any,
+                                                              field: str) -> None:
+    import openai
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}],
+                                              max_tokens=2)
+    assert body(caught)["param"] == field
+    assert "valid string" not in body(caught)["message"]
