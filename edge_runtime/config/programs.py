@@ -116,6 +116,57 @@ def check_references(programs: dict[str, ProgramConfig], users: dict[str, list[s
                 raise ValueError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
 
 
+def check_region_schemas(programs: dict[str, ProgramConfig], users: dict[str, list[str]]) -> None:
+    """Each region's own verdict schema, checked as a bundle's is (complexity budget, a valid JSON schema,
+    an object); then the program's nok_field against it. ValueError in one line naming
+    programs.<p>.regions.<name>.verdict_schema (or .nok_field) on the first that fails: an unusable schema
+    would otherwise leave every frame of the program without a verdict."""
+    for name, program in programs.items():
+        for region in program.regions:
+            if region.verdict_schema is None:
+                continue
+            where = f"programs.{name}.regions.{region.name}.verdict_schema{_users(users, name)}"
+            why = schema_problem(region.verdict_schema)
+            if why is not None:
+                raise ValueError(f"{where}: {why}")
+            check_nok_field(name, program.nok_field, region.verdict_schema, f"region {region.name}'s", users)
+
+
+def schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why `schema` cannot be a verdict schema (None: it can)."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    from edge_runtime.core.errors import InputError
+    from edge_runtime.core.schema_budget import check_schema_budget
+
+    try:
+        check_schema_budget(schema, "verdict_schema")
+        Draft202012Validator.check_schema(schema)
+    except InputError as exc:
+        return f"not a valid verdict schema ({str(exc).removeprefix('verdict_schema').lstrip(':. ')})"
+    except SchemaError as exc:
+        return f"not a valid JSON schema ({exc.message[:200]})"
+    if schema.get("type") != "object":
+        return "not a valid verdict schema (it must describe a JSON object: type: object)"
+    return None
+
+
+def check_nok_field(program: str, field: str, schema: dict[str, Any], whose: str,
+                    users: dict[str, list[str]]) -> None:
+    """ValueError naming programs.<p>.nok_field unless `field` is a boolean property of `schema` (the
+    regions' rule reads its truth; any other field would leave every region without a verdict)."""
+    prop = (schema.get("properties") or {}).get(field)
+    kind = prop.get("type") if isinstance(prop, dict) else None
+    if kind != "boolean" and not (isinstance(kind, list) and "boolean" in kind):
+        raise ValueError(f"programs.{program}.nok_field{_users(users, program)}: {field!r} is not a boolean "
+                         f"property of {whose} verdict schema")
+
+
+def _users(users: dict[str, list[str]], program: str) -> str:
+    cams = users.get(program) or []
+    return f" (cameras: {', '.join(cams)})" if cams else ""
+
+
 def check_regions_inside(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:
     """ValueError naming the program, the camera and the first region outside its width x height frame."""
     for r in cfg.regions:

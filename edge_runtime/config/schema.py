@@ -27,7 +27,12 @@ from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.config.ota import OtaConfig
-from edge_runtime.config.programs import ProgramConfig, check_references, check_regions_inside
+from edge_runtime.config.programs import (
+    ProgramConfig,
+    check_references,
+    check_region_schemas,
+    check_regions_inside,
+)
 from edge_runtime.config.rails import RailsConfig
 from edge_runtime.config.rules import Rule, RulesBudget, validate_rules
 from edge_runtime.core.errors import ConfigError
@@ -107,6 +112,7 @@ class Config(Section):
                 size = (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
                 if size[0] is not None and size[1] is not None:  # else checked per frame (a region has no verdict)
                     check_regions_inside(self.programs[cam.program], size[0], size[1], cam.program, cam.name)
+        check_region_schemas(self.programs, users)
         check_references(self.programs, users, self.images)
         return self
 

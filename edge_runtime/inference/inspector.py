@@ -407,7 +407,8 @@ class Inspector:
         cache: a reload with the same references encodes nothing). All or nothing: on a ConfigError
         (one line naming the program and the file) the programs in use stay."""
         self._programs = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
-                                       self.several_images, self.bundle.name, self.image_budget)
+                                       self.several_images, self.bundle.name, self.image_budget,
+                                       self.bundle.manifest.verdict_schema)
 
     def program_of(self, camera: str) -> LoadedProgram | None:
         return self._programs[1].get(camera)

@@ -24,12 +24,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edge_runtime.config import CameraConfig, ImageLimits
-from edge_runtime.config.programs import ProgramConfig
+from edge_runtime.config.programs import ProgramConfig, check_nok_field
 from edge_runtime.core.batch import Encoded
+from edge_runtime.core.bundle.manifest import Bundle, MmprojManifest
 from edge_runtime.core.errors import ConfigError, ImageError, InputError
 from edge_runtime.core.images import read_image_file
 from edge_runtime.inference.llm.feed import Prefix, Segment
@@ -94,16 +96,18 @@ class LoadedProgram:
         return built
 
 
-def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], limits: ImageLimits,
-                  encode: Callable[[np.ndarray, tuple[int, int] | None], Encoded], several_images: bool, bundle: str,
-                  ceiling: int) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
-    """(programs by name, the program of each camera that names one); ConfigError in one line naming
-    the program, its cameras and the reference file that cannot be used."""
+def check_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], several_images: bool,
+                   bundle: str, ceiling: int, schema: Mapping[str, Any]) -> dict[str, tuple[int, int] | None]:
+    """What a program needs of the bundle, checked without encoding anything (so `config validate`,
+    start and reload refuse alike): references need several images, image_tokens a GGUF + mmproj bundle
+    and a max within its image_max_tokens (`ceiling`), nok_field a boolean property of the bundle's
+    verdict `schema` where a region or tile without its own schema reads it. Returns each program's
+    token budget; ConfigError in one line naming the program and its cameras."""
     users: dict[str, list[str]] = {}
     for cam in cameras:
         if cam.program is not None:
             users.setdefault(cam.program, []).append(cam.name)
-    loaded: dict[str, LoadedProgram] = {}
+    budgets: dict[str, tuple[int, int] | None] = {}
     for name, cfg in programs.items():
         used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
         if cfg.references and not several_images:
@@ -119,6 +123,37 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
                 raise ConfigError(f"programs.{name}{used}: image_tokens.max {high} is more than {bundle}'s "
                                   f"image_max_tokens {ceiling}")
             tokens = (cfg.image_tokens.min or 1, high)
+        if cfg.tiling is not None or any(r.verdict_schema is None for r in cfg.regions):
+            try:
+                check_nok_field(name, cfg.nok_field, dict(schema), f"{bundle}'s", users)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        budgets[name] = tokens
+    return budgets
+
+
+def check_bundle_programs(bundle: Bundle, programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig]
+                          ) -> None:
+    """`check_programs` against a bundle's manifest, the model not loaded (`config validate`)."""
+    m = bundle.manifest
+    ceiling = m.mtmd.image_max_tokens if isinstance(m, MmprojManifest) else 0
+    check_programs(programs, cameras, isinstance(m, MmprojManifest), bundle.name, ceiling, m.verdict_schema)
+
+
+def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], limits: ImageLimits,
+                  encode: Callable[[np.ndarray, tuple[int, int] | None], Encoded], several_images: bool, bundle: str,
+                  ceiling: int, schema: Mapping[str, Any]) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
+    """(programs by name, the program of each camera that names one); ConfigError in one line naming
+    the program, its cameras and the reference file that cannot be used (`check_programs` first)."""
+    budgets = check_programs(programs, cameras, several_images, bundle, ceiling, schema)
+    users: dict[str, list[str]] = {}
+    for cam in cameras:
+        if cam.program is not None:
+            users.setdefault(cam.program, []).append(cam.name)
+    loaded: dict[str, LoadedProgram] = {}
+    for name, cfg in programs.items():
+        used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
+        tokens = budgets[name]
         refs = []
         for i, ref in enumerate(cfg.references):
             try:

@@ -83,12 +83,11 @@ def test_a_region_without_a_verdict_is_never_a_default_ok(ins: Inspector, demo_b
     assert overall([ok, nok, none]) is nok  # any NOK decides
     with pytest.raises(InferenceError, match=r"not OK: c \(outside the frame\)"):
         overall([ok, none])
-    # In a real run: no region has the NOK field, so no region has a verdict, and the frame fails.
+    # A nok_field no verdict can hold would leave every region without one: refused when the program loads.
     odd = PROGRAM.model_copy(update={"nok_field": "missing_field"})
     with Inspector(demo_bundle, config.model.model_copy(update={"warmup": False}), "t") as other:
-        other.use_programs({"housing": odd}, CAMERAS, ImageLimits())
-        with pytest.raises(InferenceError, match="regions without a verdict and none NOK"):
-            other.inspect(synthetic_frames(1, seed=63)[0], camera="left")
+        with pytest.raises(ConfigError, match=r"programs\.housing\.nok_field .*'missing_field' is not a boolean"):
+            other.use_programs({"housing": odd}, CAMERAS, ImageLimits())
 
 
 def test_a_region_outside_a_smaller_frame_has_no_verdict(ins: Inspector) -> None:

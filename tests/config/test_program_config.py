@@ -1,0 +1,110 @@
+"""What a program needs is refused alike by `config validate`, start and reload (one line, exit 2 for
+validate): a region's verdict schema that is not a usable JSON schema, a nok_field that is not a boolean
+property of the schema the regions' rule reads, references or an image_tokens.max the bundle cannot take.
+Each used to pass validate (and some start and reload) and then fail every frame."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, parse_config
+from edge_runtime.core.bundle.manifest import load_bundle
+from edge_runtime.core.errors import ConfigError
+from edge_runtime.inference.inspector import Inspector
+from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+
+REGION = {"name": "left", "box": [0, 0, 100, 100]}
+SCHEMA = {"type": "object", "properties": {"defect": {"type": "boolean"}, "note": {"type": "string"}},
+          "required": ["defect"]}
+
+
+def program_yaml(program: dict[str, Any]) -> str:
+    return json.dumps({"programs": {"p1": program},
+                       "cameras": [{"name": "belt", "source": "x.avi", "width": 320, "height": 240,
+                                    "program": "p1"}]})
+
+
+@pytest.mark.parametrize("schema", [{"type": "wat"}, {"type": "string"}, {"properties": 5}])
+def test_an_unusable_region_verdict_schema_is_refused_in_one_line_naming_it(schema: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(program_yaml({"regions": [{**REGION, "verdict_schema": schema}]}))
+    message = str(caught.value)
+    assert "programs.p1.regions.left.verdict_schema (cameras: belt): not a valid" in message
+    assert "\n" not in message
+
+
+def test_a_nok_field_missing_from_a_regions_own_schema_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"programs\.p1\.nok_field \(cameras: belt\): 'broken' is not a boolean "
+                                          r"property of region left's verdict schema"):
+        parse_config(program_yaml({"nok_field": "broken", "regions": [{**REGION, "verdict_schema": SCHEMA}]}))
+    with pytest.raises(ConfigError, match=r"'note' is not a boolean property"):  # a string: always truthy
+        parse_config(program_yaml({"nok_field": "note", "regions": [{**REGION, "verdict_schema": SCHEMA}]}))
+    parse_config(program_yaml({"regions": [{**REGION, "verdict_schema": SCHEMA}]}))  # defect: accepted
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tiny_pairs: Callable[[str], TinyPair], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path_factory.mktemp("pair") / "q", image_max_tokens=64)
+
+
+def validate(tmp: Path, bundle: Path, program: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    data = json.loads(program_yaml(program))
+    data["model"] = {"path": str(bundle)}
+    path = tmp / "edge.yaml"
+    path.write_text(json.dumps(data))
+    return subprocess.run([sys.executable, "-m", "edge_runtime", "config", "validate", str(path)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp)})
+
+
+def refused(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_config_validate_refuses_what_start_refuses_of_a_program(pair_dir: Path, demo_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    line = refused(validate(tmp_path, pair_dir, {"image_tokens": {"max": 100}}))
+    assert "programs.p1 (cameras: belt): image_tokens.max 100 is more than" in line
+    assert "image_max_tokens 64" in line
+    line = refused(validate(tmp_path, pair_dir, {"nok_field": "nonexistent", "regions": [REGION]}))
+    assert "programs.p1.nok_field (cameras: belt): 'nonexistent' is not a boolean property of" in line
+    ref = tmp_path / "ref.png"
+    ref.write_bytes(_png())
+    line = refused(validate(tmp_path, demo_dir, {"references": [{"image": str(ref), "caption": "golden OK"}]}))
+    assert "programs.p1 (cameras: belt): references need a bundle that takes several images" in line
+    ok = validate(tmp_path, pair_dir, {"image_tokens": {"max": 64}, "regions": [REGION]})
+    assert ok.returncode == 0, ok.stderr
+
+
+def _png() -> bytes:
+    import numpy as np
+
+    from tests.support.images import encode
+    return encode(np.random.default_rng(3).integers(0, 256, (96, 128, 3), dtype=np.uint8), ".png")
+
+
+def test_a_bad_nok_field_is_refused_at_load_and_a_refused_reload_keeps_the_program(pair_dir: Path) -> None:
+    settings = Config(device_id="t").model.model_copy(update={"threads": 2, "warmup": False})
+    ins = Inspector(load_bundle(pair_dir), settings, "t")
+    try:
+        cams = [CameraConfig(name="belt", source="x.png", program="p1")]
+        ins.use_programs({"p1": ProgramConfig.model_validate({"regions": [REGION]})}, cams, ImageLimits())
+        running = ins.program_of("belt")
+        bad = {"p1": ProgramConfig.model_validate({"nok_field": "nonexistent", "tiling": {"rows": 1, "cols": 2}})}
+        with pytest.raises(ConfigError, match=r"^programs\.p1\.nok_field \(cameras: belt\): 'nonexistent' is not a "
+                                              r"boolean property of tiny-qwen2.5-vl.*'s verdict schema$"):
+            ins.use_programs(bad, cams, ImageLimits())
+        assert ins.program_of("belt") is running
+    finally:
+        ins.close()
