@@ -139,15 +139,16 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         self.services.append(self.governor)
 
     def _add_mqtt(self, config: Config) -> None:
-        self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
-                                self.telemetry, command_table(self))
+        discovery: Callable[[], list[tuple[str, str]]] | None = None
         if config.mqtt.homeassistant.enabled:
             ha = config.mqtt.homeassistant.discovery_prefix
-            self.mqtt.discovery = lambda: homeassistant_discovery(
+            discovery = lambda: homeassistant_discovery(  # noqa: E731 - the configs of the cameras running now
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
+        self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
+                                self.telemetry, command_table(self), discovery=discovery,
+                                messages=self.verdicts.messages)  # alerts and reviews, from the journal's file too
         self.sinks.append(self.mqtt)
-        self.mqtt.messages = self.verdicts.messages  # alerts and reviews, sent from the journal's file too
-        self.verdicts.messages.notify = self.mqtt.notify
+        self.verdicts.messages.wake_with(self.mqtt.notify)
         self.services.append(self.mqtt)
 
     def _add_offload(self, config: Config) -> None:

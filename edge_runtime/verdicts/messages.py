@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 class MessageOutbox:
-    """(topic, payload) rows waiting for the broker; `notify` wakes the MQTT outbox."""
+    """(topic, payload) rows waiting for the broker; `notify` wakes the MQTT outbox (`wake_with`)."""
 
     def __init__(self, path: Path, max_rows: int = 100_000) -> None:
         self.max_rows = max_rows
@@ -40,6 +40,10 @@ class MessageOutbox:
         self._lock = threading.Lock()
         self._db = open_db(path)
         self._db.executescript(_SCHEMA)
+
+    def wake_with(self, notify: Callable[[], None]) -> None:
+        """Who sends the rows (the MQTT service, built after this outbox): woken after each commit."""
+        self.notify = notify
 
     def put(self, topic: str, payload: str) -> int:
         with self._lock, self._db:

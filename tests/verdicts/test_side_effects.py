@@ -44,7 +44,7 @@ class Line:
         self.services = VerdictServices(EvidenceConfig(enabled=False), [rule], path.parent, path, set(),
                                         lambda: inspector, webhooks=self.webhooks)
         self.notified = 0
-        self.services.messages.notify = self._notify
+        self.services.messages.wake_with(self._notify)
 
     def _notify(self) -> None:
         self.notified += 1

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -50,11 +50,21 @@ def configure_client(client: mqtt.Client, cfg: MqttConfig) -> None:
         client.tls_insecure_set(cfg.tls.insecure)
 
 
+class MessageQueue(Protocol):
+    """Other messages queued in the journal's file (alerts, reviews: `verdicts/messages.py:MessageOutbox`)."""
+
+    def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]: ...
+
+    def mark_sent(self, seqs: list[int]) -> None: ...
+
+
 class MqttService:
     """Connects, keeps `<prefix>/status` truthful, drains the journal, answers commands."""
 
     def __init__(self, cfg: MqttConfig, device_id: str, prefix: str, journal: Journal,
-                 telemetry: Callable[[], dict[str, Any]], commands: dict[str, CommandHandler]) -> None:
+                 telemetry: Callable[[], dict[str, Any]], commands: dict[str, CommandHandler], *,
+                 messages: MessageQueue | None = None,
+                 discovery: Callable[[], list[tuple[str, str]]] | None = None) -> None:
         self.cfg = cfg
         self.device_id = device_id
         self.prefix = prefix
@@ -65,7 +75,7 @@ class MqttService:
         self._down_since: float | None = None  # monotonic time health() first saw the broker away
         self.last_error: str | None = None
         self.published = 0
-        self.discovery: Callable[[], list[tuple[str, str]]] | None = None  # set by the wiring
+        self.discovery = discovery  # Home Assistant's retained configs; None: off
         # Published results not yet acknowledged, with their journal seq. paho flags each
         # MQTTMessageInfo when the PUBACK arrives (also for resends after a reconnect).
         self._inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
@@ -74,8 +84,7 @@ class MqttService:
         self._discovered: set[str] = set()  # retained discovery topics we published (to clear them)
         self.parked = 0  # rows set aside by this process because paho refused them
         self._error_log = RateLimitedLog(log)
-        # Other messages queued in the journal's file (alerts, reviews: outbox.py), drained the same way.
-        self.messages: Any = None
+        self.messages = messages  # drained the same way as the results
         self._msg_inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
         self._msg_cursor = 0
         self._lock = threading.Lock()
