@@ -25,6 +25,7 @@ import simplejpeg
 from PIL import Image
 
 from edge_runtime.core.errors import ImageError, ImageTooLarge
+from edge_runtime.core.files import NotRegularFile, open_regular
 
 # Our own max_pixels check replaces Pillow's global bomb warning.
 Image.MAX_IMAGE_PIXELS = None
@@ -92,8 +93,10 @@ def read_image_file(path: Path | str, max_pixels: int = MAX_PIXELS, min_side: in
             raise ImageError(f"{path} is a folder, not an image file")
         if size > max_bytes:
             raise ImageTooLarge(f"{path}: the file is {_mib(size)}, more than the limit of {_mib(max_bytes)}")
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO would block the read forever
             data = f.read(max_bytes + 1)  # the file may have grown since stat()
+    except NotRegularFile as exc:
+        raise ImageError(f"{path}: {exc}") from None
     except FileNotFoundError:
         raise ImageError(f"{path}: no such file") from None
     except OSError as exc:

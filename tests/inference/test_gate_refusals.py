@@ -4,7 +4,11 @@ of another image budget than the camera's program, a gate on a program with regi
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,7 @@ import pytest
 
 from edge_runtime.config import CameraConfig
 from edge_runtime.config.gate import GateConfig
-from edge_runtime.config.schema import ConfigError, parse_config
+from edge_runtime.config.schema import ConfigError, load_config, parse_config
 from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.inspection_queue import InspectionRequest
@@ -71,3 +75,44 @@ def test_a_skip_ok_gated_verdict_that_is_nok_by_the_nok_field_is_refused(
     ok = {"defect": False, "category": "none", "confidence": 1, "notes": "surface clean"}
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=1.0, verdict=ok)
     assert load_gates(demo_bundle, inspector.settings, [belt(gate)])["belt"] is not None
+
+
+def _within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """The exception `call` raised, run in a thread so that a hang fails the test instead of blocking it."""
+    caught: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            caught.append(exc)
+        else:
+            caught.append(None)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert caught, f"still blocked after {seconds} s"
+    return caught[0]
+
+
+def test_a_gate_bank_that_is_a_fifo_is_refused_in_one_line_not_waited_on(
+        inspector: Inspector, demo_bundle: Bundle, tmp_path: Path) -> None:
+    fifo = tmp_path / "parts.bank"
+    os.mkfifo(fifo)
+    gate = GateConfig(mode="annotate", bank=str(fifo), threshold=1.0)
+    err = _within(10, lambda: load_gates(demo_bundle, inspector.settings, [belt(gate)]))
+    assert isinstance(err, GateLoadError) and "\n" not in str(err)
+    assert str(err).startswith("cameras.belt.gate: ") and "not a regular file (a FIFO)" in str(err)
+
+
+def test_a_reference_image_that_is_a_fifo_or_device_is_refused_in_one_line_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "golden.png"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"programs:\n  housing:\n    references:\n      - {{image: {path}, caption: golden}}\n"
+                       "cameras:\n  - {name: belt, source: x.png, program: housing}\n")
+        err = _within(10, functools.partial(load_config, cfg))
+        assert isinstance(err, ConfigError) and "\n" not in str(err)
+        assert f"references.0.image {path}: not a regular file" in str(err), str(err)

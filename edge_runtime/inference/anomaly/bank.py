@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge_runtime.core import strict_json
 from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.files import NotRegularFile, open_regular
 from edge_runtime.inference.anomaly.features import GateContext
 from edge_runtime.inference.anomaly.search import PatchIndex, index_bytes
 
@@ -145,7 +146,9 @@ def read_header(path: Path) -> BankHeader:
 
 def _open(path: Path) -> BinaryIO:
     try:
-        return path.open("rb")
+        return open_regular(path)  # a FIFO would block the read forever
+    except NotRegularFile as exc:
+        raise BankError(f"gate bank {path}: {exc}") from None
     except FileNotFoundError:
         raise BankError(f"gate bank {path}: no such file") from None
     except OSError as exc:
