@@ -185,3 +185,24 @@ def test_an_in_memory_gate_scores_as_the_loaded_one(fitted: Fitted, inspector: I
     gate = in_memory_gate(fit, fitted.context, bank_header(fit, fitted.context, feats[0]))
     enc = inspector.encode(clean_part(7, W, W))
     assert gate.score(enc).score > 0 and gate.patches == 4 * 49
+
+
+def test_a_search_from_another_thread_runs_on_one_openmp_thread() -> None:
+    import threading
+
+    import faiss
+
+    from edge_runtime.inference.anomaly.search import PatchIndex
+
+    index = PatchIndex(4)
+    index.add(np.eye(4, dtype=np.float32))
+    seen: list[int] = []
+
+    def search() -> None:
+        index.nearest(np.ones((2, 4), np.float32))
+        seen.append(faiss.omp_get_max_threads())
+
+    worker = threading.Thread(target=search)
+    worker.start()
+    worker.join()
+    assert seen == [1]  # OpenMP's default on a fresh thread is every core: a team spinning beside llama.cpp's

@@ -22,6 +22,7 @@ import numpy as np
 
 _faiss_lock = threading.Lock()
 _faiss_ready = False
+_one_thread = threading.local()  # OpenMP's thread count is per calling thread: set on each that searches
 
 
 def _faiss() -> Any:
@@ -60,5 +61,10 @@ class PatchIndex:
 
     def nearest(self, queries: np.ndarray) -> np.ndarray:
         """The Euclidean distance of each query row to its nearest bank vector ([M] float32)."""
+        if not getattr(_one_thread, "set", False):
+            # The daemon searches on its encoder thread, not the one that imported faiss: left at OpenMP's
+            # default there, a 49 x 1,470 search took 23.6 ms instead of 0.9 ms on CPU-2 under load.
+            _faiss().omp_set_num_threads(1)
+            _one_thread.set = True
         squared, _ = self._index.search(np.ascontiguousarray(queries, dtype=np.float32), 1)
         return np.sqrt(np.maximum(squared[:, 0], 0.0))
