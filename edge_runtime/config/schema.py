@@ -173,6 +173,8 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         where = f"{source}:{line}" if line else source
         msg = "unknown key (not part of the configuration)" if err["type"] == "extra_forbidden" else err["msg"]
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        if not key:  # a check of the whole file (programs, names): its message names the field itself
+            raise ConfigError(f"{where}: {msg.removeprefix('Value error, ')}{more}") from None
         raise ConfigError(f"{where}: {key}: {msg}{more}") from None
 
 

@@ -37,7 +37,7 @@ def test_an_unusable_region_verdict_schema_is_refused_in_one_line_naming_it(sche
     with pytest.raises(ConfigError) as caught:
         parse_config(program_yaml({"regions": [{**REGION, "verdict_schema": schema}]}))
     message = str(caught.value)
-    assert "programs.p1.regions.left.verdict_schema (cameras: belt): not a valid" in message
+    assert message.startswith("<config>: programs.p1.regions.left.verdict_schema (cameras: belt): not a valid")
     assert "\n" not in message
 
 
