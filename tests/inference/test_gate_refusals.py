@@ -16,6 +16,7 @@ import pytest
 
 from edge_runtime.config import CameraConfig
 from edge_runtime.config.gate import GateConfig
+from edge_runtime.config.programs import ImageTokens, ProgramConfig, RegionConfig, TilingConfig
 from edge_runtime.config.schema import ConfigError, load_config, parse_config
 from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle
@@ -35,6 +36,8 @@ def bank(inspector: Inspector, demo_bundle: Bundle, tmp_path_factory: pytest.Tem
     path = tmp_path_factory.mktemp("gate") / "parts.bank"
     write_bank(path, bank_header(fit, context, feats[0]), fit.vectors)
     return path
+
+OK = {"defect": False, "category": "none", "confidence": 1, "notes": "surface clean"}
 
 
 def belt(gate: GateConfig) -> CameraConfig:
@@ -116,3 +119,26 @@ def test_a_reference_image_that_is_a_fifo_or_device_is_refused_in_one_line_not_w
         err = _within(10, functools.partial(load_config, cfg))
         assert isinstance(err, ConfigError) and "\n" not in str(err)
         assert f"references.0.image {path}: not a regular file" in str(err), str(err)
+
+
+def test_a_gate_on_a_camera_whose_program_has_regions_or_tiling_is_refused_in_one_line(
+        inspector: Inspector, demo_bundle: Bundle, bank: Path) -> None:
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=1.0, verdict=OK)
+    cam = belt(gate).model_copy(update={"program": "housing"})
+    for program in (ProgramConfig(regions=[RegionConfig(name="left", box=(0, 0, 100, 100))]),
+                    ProgramConfig(tiling=TilingConfig(rows=2, cols=2))):
+        with pytest.raises(GateLoadError, match=r"^cameras\.belt\.gate: .*program housing has regions or "
+                           r"tiling; the gate scores whole frames only") as err:
+            load_gates(demo_bundle, inspector.settings, [cam], programs={"belt": program})
+        assert "\n" not in str(err.value)
+    assert load_gates(demo_bundle, inspector.settings, [cam], programs={"belt": ProgramConfig()})["belt"]
+
+
+def test_a_bank_fitted_at_the_bundles_budget_is_refused_for_a_program_with_its_own_image_tokens(
+        inspector: Inspector, demo_bundle: Bundle, bank: Path) -> None:
+    gate = GateConfig(mode="annotate", bank=str(bank), threshold=1.0)
+    program = ProgramConfig(image_tokens=ImageTokens(min=4, max=20))
+    with pytest.raises(GateLoadError, match=r"^cameras\.belt\.gate: .*another image budget \(image_tokens: .*null.* "
+                       r"in the bank, .*\{\"max\": 20, \"min\": 4\}\} now\)") as err:
+        load_gates(demo_bundle, inspector.settings, [belt(gate)], programs={"belt": program})
+    assert "\n" not in str(err.value)

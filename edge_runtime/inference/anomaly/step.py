@@ -22,6 +22,7 @@ from jsonschema import Draft202012Validator
 
 from edge_runtime.config import CameraConfig, Config, ModelConfig
 from edge_runtime.config.gate import GateConfig
+from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.errors import EdgeRuntimeError
@@ -126,11 +127,12 @@ def ok_verdict(cfg: GateConfig, schema: Mapping[str, Any], nok_field: str) -> di
 
 def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraConfig],
                nok_fields: Mapping[str, str] | None = None,
-               recipes: Sequence[tuple[str, str, str, GateConfig]] = ()) -> dict[str, CameraGate | None]:
+               recipes: Sequence[tuple[str, str, str, GateConfig]] = (),
+               programs: Mapping[str, ProgramConfig] | None = None) -> dict[str, CameraGate | None]:
     """Each gated camera's bank (and each line recipe's: (station, recipe, camera, gate)), checked
     against the encoder, budget and crop its frames get. A recipe's gate replaces its camera's for that
     recipe's frames (None: `mode: off`, not gated). Raises GateLoadError (one line) for the first that
-    cannot be used."""
+    cannot be used. `programs`: each camera's inspection program, by camera name."""
     schema = bundle.manifest.verdict_schema
     validator = Draft202012Validator(schema)
     out: dict[str, CameraGate | None] = {}
@@ -138,8 +140,14 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
 
     def load(why: str, cam: CameraConfig, cfg: GateConfig, name: str = "") -> CameraGate:
         assert cfg.bank is not None  # GateConfig refuses a mode without a bank
+        program = (programs or {}).get(cam.name)
+        if program is not None and (program.regions or program.tiling is not None):
+            # The frames are encoded as crops then, never whole: the gate would silently score nothing.
+            raise GateLoadError(f"{why}: camera {cam.name}'s program {cam.program} has regions or tiling; the "
+                                "gate scores whole frames only: remove the gate or the regions")
         try:
-            gate = AnomalyGate.load(cfg.bank, gate_context(bundle, settings, region=cam.roi),
+            gate = AnomalyGate.load(cfg.bank, gate_context(bundle, settings, region=cam.roi,
+                                                           budget=program_budget(program)),
                                     int(cfg.max_bank_mb * 2**20))
         except BankError as exc:
             raise GateLoadError(f"{why}: {exc}") from None
@@ -389,6 +397,15 @@ class GateStep:
 
 
 
+def program_budget(program: ProgramConfig | None) -> dict[str, Any] | None:
+    """What a program adds to the image budget its camera's frames are encoded at: its image_tokens
+    (a bank fitted at the bundle's budget has another patch grid and is refused at load)."""
+    tokens = program.image_tokens if program is not None else None
+    if tokens is None or not (tokens.min or tokens.max):
+        return None
+    return {"image_tokens": {"min": tokens.min, "max": tokens.max}}
+
+
 def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
     """`load_gates` for a whole config: each camera's NOK field from its program (default `defect`), and
     the line recipes' own gates."""
@@ -396,7 +413,9 @@ def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
            if c.program is not None and c.program in config.programs}
     recipes = [(st.name, name, st.camera, r.gate) for st in config.line_io.stations
                for name, r in st.recipes.items() if r.gate is not None]
-    return load_gates(bundle, config.model, config.cameras, nok, recipes)
+    programs = {c.name: config.programs[c.program] for c in config.cameras
+                if c.program is not None and c.program in config.programs}
+    return load_gates(bundle, config.model, config.cameras, nok, recipes, programs)
 
 
 def any_gate(config: Config) -> bool:
