@@ -180,13 +180,17 @@ class Reloading:
                 old, self.inspector = self.inspector, fresh
                 if old is not None:
                     old.close()  # waits for the inspection in progress (inspector lock)
-        elif self.inspector is not None and _programs_changed(self.config, new):
+        elif self.inspector is not None and (_programs_changed(self.config, new)
+                                             or self.inspector.changed_references()):
+            files = self.inspector.changed_references()  # a reference file replaced under the same config
             try:  # references through the encoder cache: unchanged ones are not encoded again
                 self.inspector.use_programs(new.programs, new.cameras, new.images)
             except EdgeRuntimeError as exc:
                 log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
                 new = new.model_copy(update={"programs": self.config.programs})
                 changes.applied = [k for k in changes.applied if not k.startswith("programs")]
+            else:
+                changes.applied += [f for f in files if f not in changes.applied]
         if gates is None and self.inspector is not None:
             try:
                 gates = gates_for(self.inspector.bundle, new)

@@ -46,7 +46,7 @@ from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
-from edge_runtime.inference.programs import LoadedProgram, load_programs
+from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
 from edge_runtime.inference.regions import RegionOutcome, RegionsEncoded, RegionSpec, frame_regions, judge, overall
 from edge_runtime.inference.token_cache import TokenCache
@@ -409,6 +409,10 @@ class Inspector:
         self._programs = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
                                        self.several_images, self.bundle.name, self.image_budget,
                                        self.bundle.manifest.verdict_schema)
+
+    def changed_references(self) -> list[str]:
+        """The running programs' references whose file changed on disk since it was encoded."""
+        return changed_references(self._programs[0])
 
     def program_of(self, camera: str) -> LoadedProgram | None:
         return self._programs[1].get(camera)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,23 @@ class Reference:
     caption: str
     path: Path
     encoded: Encoded
+    stamp: tuple[int, int, int] | None = None  # the file's (mtime_ns, size, inode) when it was read
+
+
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a replaced or rewritten file from the one read (None: it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def changed_references(programs: Mapping[str, LoadedProgram]) -> list[str]:
+    """The references (programs.<p>.references.<i>) whose file changed since it was encoded: a reload
+    with the same config must still encode the new picture, not keep inspecting against the old one."""
+    return [f"programs.{name}.references.{i}" for name, program in programs.items()
+            for i, ref in enumerate(program.references) if file_stamp(ref.path) != ref.stamp]
 
 
 @dataclass
@@ -156,13 +174,14 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
         tokens = budgets[name]
         refs = []
         for i, ref in enumerate(cfg.references):
+            stamp = file_stamp(ref.image)  # before the read: a write during it shows at the next reload
             try:
                 frame = read_image_file(ref.image, limits.max_pixels, limits.min_side, int(limits.max_file_mb * 2**20))
                 enc = encode(frame, tokens)
             except (ImageError, InputError) as exc:
                 why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")
                 raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
-            refs.append(Reference(ref.caption, ref.image, enc))
+            refs.append(Reference(ref.caption, ref.image, enc, stamp))
         loaded[name] = LoadedProgram(name, tuple(refs), cfg, tokens)
     by_camera = {cam.name: loaded[cam.program] for cam in cameras if cam.program is not None and cam.program in loaded}
     return loaded, by_camera

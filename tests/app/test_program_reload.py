@@ -84,3 +84,40 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
         daemon.trigger("belt").result(timeout=60)
     finally:
         daemon.stop()
+
+
+def test_a_reference_file_replaced_under_the_same_config_is_encoded_again_on_reload(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """The config did not change, the golden sample did: a reload used to say `applied: nothing` and
+    keep inspecting against the old picture until a restart."""
+    rng = np.random.default_rng(52)
+    ref, other, frame = (tmp_path / n for n in ("ref.png", "other.png", "frame.png"))
+    for path in (ref, other, frame):
+        path.write_bytes(encode(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8), ".png"))
+    cfg = Config(device_id="programs-test", data_dir=tmp_path / "data")
+    cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing",
+                                trigger=TriggerConfig(mode="on_demand"))]
+    cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden OK sample")])}
+    path = tmp_path / "edge.yaml"
+    path.write_text(cfg.model_dump_json())
+    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
+    daemon.start()
+    try:
+        ins = daemon.inspector
+        assert ins is not None
+        running = ins.program_of("belt")
+        assert daemon.reload()["applied"] == []  # nothing changed: nothing encoded again
+        assert ins.program_of("belt") is running
+        misses = ins.encoder_cache.stats()["misses"]
+        ref.write_bytes(other.read_bytes())  # the file replaced, the config untouched
+        assert daemon.reload()["applied"] == ["programs.housing.references.0"]
+        fresh = ins.program_of("belt")
+        assert fresh is not None and running is not None and fresh is not running
+        assert ins.encoder_cache.stats()["misses"] == misses + 1  # the new picture was encoded
+        assert not np.array_equal(fresh.references[0].encoded.embeds, running.references[0].encoded.embeds)
+    finally:
+        daemon.stop()
