@@ -26,6 +26,7 @@ from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.stage import VerdictServices
 
 log = logging.getLogger("edge_runtime.app.daemon")  # one logger for the daemon's lifecycle lines
+GATES_OFF = "anomaly gates off (they do not fit the new model): "  # the health reason's prefix
 
 # Settings (dotted prefixes) the running daemon picks up on reload. Everything else is built once at
 # start (broker connection, HTTP server, queue, governor, journal file) and needs a restart.
@@ -120,6 +121,7 @@ class ReloadHost(Protocol):
     mqtt: MqttService | None
     rigs: dict[str, CameraRig]
     gates: GateStep
+    faults: set[str]
     _reload_lock: threading.Lock
 
     def _reload_locked(self) -> dict[str, Any]: ...
@@ -191,11 +193,16 @@ class Reloading:
                 changes.applied = [k for k in changes.applied if not k.startswith("programs")]
             else:
                 changes.applied += [f for f in files if f not in changes.applied]
+        # A configured gate turned off by a new model stays visible: a health reason (degraded) until a
+        # reload loads the gates again.
+        for fault in [f for f in list(self.faults) if f.startswith(GATES_OFF)]:  # list(): other threads add
+            self.faults.discard(fault)
         if gates is None and self.inspector is not None:
             try:
                 gates = gates_for(self.inspector.bundle, new)
             except EdgeRuntimeError as exc:
                 log.error("daemon: the anomaly gates do not fit the new model and are off: %s", exc)
+                self.faults.add(f"{GATES_OFF}{exc}")
                 gates = {}
         self.gates.install(gates or {})
         old_cams = {c.name: c for c in self.config.cameras}
