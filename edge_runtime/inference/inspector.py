@@ -37,7 +37,7 @@ from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
 from edge_runtime.core.bundle.manifest import Bundle, Manifest
-from edge_runtime.core.errors import BundleError, InferenceError, InputError
+from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
 from edge_runtime.inference.llm.feed import Generation, Head, ImagePart, Segment
@@ -406,9 +406,29 @@ class Inspector:
         """Load the config's inspection programs: every reference read and encoded (through the encoder
         cache: a reload with the same references encodes nothing). All or nothing: on a ConfigError
         (one line naming the program and the file) the programs in use stay."""
-        self._programs = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
-                                       self.several_images, self.bundle.name, self.image_budget,
-                                       self.bundle.manifest.verdict_schema)
+        loaded = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
+                               self.several_images, self.bundle.name, self.image_budget,
+                               self.bundle.manifest.verdict_schema)
+        self._check_frame_budgets(loaded[0], cameras)
+        self._programs = loaded
+
+    def _check_frame_budgets(self, programs: Mapping[str, LoadedProgram], cameras: Sequence[CameraConfig]) -> None:
+        """ConfigError when a camera of known size gets frames the projector cannot bring under its
+        program's image_tokens.max: every frame would be refused (libmtmd counts tokens from the size,
+        nothing is encoded)."""
+        if self.mtmd is None:
+            return
+        for cam in cameras:
+            program = programs.get(cam.program) if cam.program is not None else None
+            size = (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
+            if program is None or program.tokens is None or size[0] is None or size[1] is None:
+                continue
+            try:
+                self._fit_tokens(np.zeros((size[1], size[0], 3), np.uint8), *program.tokens)
+            except InputError as exc:
+                why = str(exc).removeprefix("image_tokens: ").replace("this image", f"its {size[0]}x{size[1]} frame")
+                raise ConfigError(f"programs.{program.name} (camera {cam.name}): image_tokens.max "
+                                  f"{program.tokens[1]} is below what the camera's frames can have: {why}") from None
 
     def changed_references(self) -> list[str]:
         """The running programs' references whose file changed on disk since it was encoded."""

@@ -108,3 +108,21 @@ def test_a_bad_nok_field_is_refused_at_load_and_a_refused_reload_keeps_the_progr
         assert ins.program_of("belt") is running
     finally:
         ins.close()
+
+
+def test_an_image_token_max_under_what_a_cameras_frames_can_have_is_refused_at_load(pair_dir: Path) -> None:
+    """Its frames would each be refused (logged at INFO, no result ever): refused when the program loads."""
+    settings = Config(device_id="t").model.model_copy(update={"threads": 2, "warmup": False})
+    ins = Inspector(load_bundle(pair_dir), settings, "t")
+    try:
+        cams = [CameraConfig(name="belt", source="x.png", program="p1", width=320, height=240)]
+        ins.use_programs({"p1": ProgramConfig.model_validate({"image_tokens": {"max": 32}})}, cams, ImageLimits())
+        running = ins.program_of("belt")
+        tight = {"p1": ProgramConfig.model_validate({"image_tokens": {"max": 2}})}
+        with pytest.raises(ConfigError, match=r"^programs\.p1 \(camera belt\): image_tokens\.max 2 is below what the "
+                                              r"camera's frames can have: the projector makes at least \d+ image "
+                                              r"tokens of its 320x240 frame"):
+            ins.use_programs(tight, cams, ImageLimits())
+        assert ins.program_of("belt") is running
+    finally:
+        ins.close()
