@@ -37,6 +37,7 @@ from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
 from edge_runtime.core.bundle.manifest import Bundle, Manifest
+from edge_runtime.core.device import ChatJob
 from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
@@ -319,12 +320,7 @@ class Inspector:
         """libmtmd's half: its own preprocessing (resize, normalise, tiles) and the mmproj's encoder."""
         assert self.mtmd is not None
         t0 = time.perf_counter()
-        if frame.ndim == 2:
-            rgb = cv2.cvtColor(frame, cv2.COLOR_GRAY2RGB)
-        elif frame.shape[2] == 4:
-            rgb = cv2.cvtColor(frame, cv2.COLOR_BGRA2RGB)
-        else:
-            rgb = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+        rgb = _rgb(frame)
         if tokens is not None:
             rgb = self._fit_tokens(rgb, *tokens)
         t1 = time.perf_counter()
@@ -706,10 +702,25 @@ class Inspector:
         enc = w.encoded
         if enc is None and job.image is not None:
             enc = self.encode(job.image)  # not encoded ahead (overlap off, or a reload meanwhile)
+        if self.mtmd is not None and job.more_images:
+            self._refuse_unfitting_images(job, enc)
         encs = ([] if enc is None else [enc]) + [self.encode(img) for img in job.more_images]
         prefix, image, suffix = self.sequence(job.prompt, encs, job.system)
         return Prompt(prefix, image, suffix, job.grammar, job.max_tokens or self.max_tokens,
                       Sampling(job.temperature, job.top_p, job.seed), tuple(job.stops), job.on_text, tag=(w, None))
+
+    def _refuse_unfitting_images(self, job: ChatJob, enc: Encoded | None) -> None:
+        """InputError naming `messages` before any further image is encoded when the images' tokens
+        (libmtmd counts them from the sizes) and the text's alone fill the context: the model's own
+        check would refuse the prompt only after every image went through the projector."""
+        assert self.mtmd is not None
+        pending = ([job.image] if enc is None and job.image is not None else []) + list(job.more_images)
+        images = (0 if enc is None else len(enc.embeds)) + sum(self.mtmd.image_tokens(_rgb(i)) for i in pending)
+        text = len(self._tokenize(job.prompt)) + len(self._tokenize(job.system or ""))
+        if images + text >= self.language.n_ctx:
+            raise InputError(f"messages: the request's {len(pending) + (enc is not None)} images make {images} "
+                             f"image tokens and its text at least {text}; the context holds {self.language.n_ctx}",
+                             field="messages")
 
     def _result(self, enc: Encoded, gen: Generation, question: str, camera: str, seq: int, capture_ms: float,
                 governor: dict[str, Any] | None, t0: float, rules: VerdictRules | None = None) -> Result:
@@ -745,3 +756,12 @@ class Inspector:
         self.ready = False
         with self._lock:
             self._stack.close()  # idempotent: a second close() finds the stack empty
+
+
+def _rgb(frame: np.ndarray) -> np.ndarray:
+    """A decoded (BGR, grey or BGRA) frame as the RGB libmtmd reads."""
+    if frame.ndim == 2:
+        return cv2.cvtColor(frame, cv2.COLOR_GRAY2RGB)
+    if frame.shape[2] == 4:
+        return cv2.cvtColor(frame, cv2.COLOR_BGRA2RGB)
+    return cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)

@@ -27,14 +27,16 @@ SCHEMA = {"type": "object", "properties": {"same": {"type": "boolean"}}, "requir
 MAX_PIXELS = 3 * 128 * 96 - 1  # two 128x96 images fit, a third does not
 
 
-def start(tmp: Path, bundle: Path) -> Daemon:
+def start(tmp: Path, bundle: Path, context_size: int | None = None, max_pixels: int = MAX_PIXELS) -> Daemon:
     cfg = Config(device_id="images-test", data_dir=tmp / "data")
     cfg.model.path = bundle
     cfg.model.threads = 2
+    if context_size is not None:
+        cfg.model.context_size = context_size
     cfg.mqtt.enabled = False
     cfg.api.port = 0
     cfg.api.host = "127.0.0.1"
-    cfg.api.max_request_pixels = MAX_PIXELS
+    cfg.api.max_request_pixels = max_pixels
     cfg.cameras = []
     d = Daemon(cfg)
     d.start()
@@ -177,3 +179,31 @@ def test_an_empty_nested_or_scalar_content_is_a_400_naming_it(openai_client: Any
                                               max_tokens=2)
     assert body(caught)["param"] == field
     assert "valid string" not in body(caught)["message"]
+
+
+@pytest.fixture(scope="module")
+def small_context_daemon(tiny_pairs: Callable[[str], TinyPair], tmp_path_factory: pytest.TempPathFactory
+                         ) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("small-ctx")
+    cfg_bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp / "bundle")
+    d = start(tmp, cfg_bundle, context_size=256, max_pixels=64 * 1024 * 1024)
+    yield d
+    d.stop()
+
+
+def test_images_that_cannot_fit_the_context_are_refused_before_any_is_encoded(small_context_daemon: Daemon
+                                                                                ) -> None:
+    """Refused after every image went through the projector, a request cost all its encodes for a 400."""
+    from openai import BadRequestError, OpenAI
+    assert small_context_daemon.api is not None and small_context_daemon.inspector is not None
+    cache = small_context_daemon.inspector.encoder_cache
+    rng = np.random.default_rng(35)
+    big = [rng.integers(0, 256, (448, 448, 3), dtype=np.uint8) for _ in range(8)]
+    parts = [{"type": "image_url", "image_url": {"url": data_url(img)}} for img in big]
+    misses = cache.stats()["misses"]
+    with OpenAI(base_url=f"http://127.0.0.1:{small_context_daemon.api.port}/v1", api_key="x", max_retries=0) as c:
+        with pytest.raises(BadRequestError) as caught:
+            c.chat.completions.create(model="default", messages=ask(parts), max_tokens=2)
+    assert body(caught)["param"] == "messages"
+    assert "image tokens" in body(caught)["message"] and "the context holds 256" in body(caught)["message"]
+    assert cache.stats()["misses"] - misses <= 1  # at most the first, encoded ahead by the worker
