@@ -112,6 +112,8 @@ def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_aud
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=3, verdict=OK)
     cfg = config(tmp_path, demo_dir, camera(parts, gate))
     cfg.inspection.overlap_stages = overlap
+    # No passing image kept: evidence.keep_passes samples passes, so which record had one was luck
+    cfg.evidence.keep_passes = 0
     daemon = run_daemon(cfg)
     wait_for(lambda: len(rows(daemon)) >= 9, what="9 results", timeout=60)
     quiesce(daemon)
