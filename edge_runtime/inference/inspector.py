@@ -47,7 +47,7 @@ from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
-from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
+from edge_runtime.inference.programs import REFERENCE_TEXT, LoadedProgram, changed_references, load_programs
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens  # moved: the exporter uses them
 from edge_runtime.inference.regions import RegionOutcome, RegionsEncoded, RegionSpec, frame_regions, judge, overall
 from edge_runtime.inference.token_cache import TokenCache
@@ -406,6 +406,7 @@ class Inspector:
                                self.several_images, self.bundle.name, self.image_budget,
                                self.bundle.manifest.verdict_schema)
         self._check_frame_budgets(loaded[0], cameras)
+        self._check_references_fit(loaded[0], cameras)
         self._programs = loaded
 
     def _check_frame_budgets(self, programs: Mapping[str, LoadedProgram], cameras: Sequence[CameraConfig]) -> None:
@@ -425,6 +426,31 @@ class Inspector:
                 why = str(exc).removeprefix("image_tokens: ").replace("this image", f"its {size[0]}x{size[1]} frame")
                 raise ConfigError(f"programs.{program.name} (camera {cam.name}): image_tokens.max "
                                   f"{program.tokens[1]} is below what the camera's frames can have: {why}") from None
+
+    def _check_references_fit(self, programs: Mapping[str, LoadedProgram], cameras: Sequence[CameraConfig]) -> None:
+        """ConfigError when a program's references (their image tokens and captions), a frame of each
+        camera of known size and the answer's max_tokens cannot fit the context: every frame would be
+        refused. The references are encoded already; the frame is counted from its size."""
+        users = {name: [c for c in cameras if c.program == name] for name in programs}
+        for name, program in programs.items():
+            if not program.references:
+                continue
+            refs = sum(len(r.encoded.embeds) + len(self._tokenize(REFERENCE_TEXT.format(caption=r.caption)))
+                       for r in program.references)
+            listed: list[CameraConfig | None] = list(users[name]) or [None]
+            for cam in listed:
+                size = None if cam is None else (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
+                frame = 0
+                if self.mtmd is not None and size is not None and size[0] is not None and size[1] is not None:
+                    rgb = np.zeros((size[1], size[0], 3), np.uint8)
+                    frame = self.mtmd.image_tokens(self._fit_tokens(rgb, *program.tokens) if program.tokens else rgb)
+                need = refs + frame + self.max_tokens
+                if need >= self.language.n_ctx:
+                    where = f" (camera {cam.name})" if cam is not None else ""
+                    raise ConfigError(
+                        f"programs.{name}{where}: the references take {refs} tokens, a frame {frame} and the answer "
+                        f"up to {self.max_tokens}: {need}, more than the context of {self.language.n_ctx} tokens "
+                        "(model.context_size; or fewer/smaller references, image_tokens.max)")
 
     def changed_references(self) -> list[str]:
         """The running programs' references whose file changed on disk since it was encoded."""

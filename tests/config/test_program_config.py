@@ -126,3 +126,29 @@ def test_an_image_token_max_under_what_a_cameras_frames_can_have_is_refused_at_l
         assert ins.program_of("belt") is running
     finally:
         ins.close()
+
+
+def test_references_that_cannot_fit_the_context_with_a_frame_are_refused_at_load(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """Every frame would be refused (`messages: the prompt is N tokens`, at INFO): refused when it loads."""
+    import numpy as np
+
+    from edge_runtime.config import ReferenceConfig
+    from tests.support.images import encode
+    bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "q", image_max_tokens=256)
+    settings = Config(device_id="t").model.model_copy(update={"threads": 2, "warmup": False, "context_size": 256})
+    ins = Inspector(load_bundle(bundle), settings, "t")
+    try:
+        rng = np.random.default_rng(9)
+        refs = []
+        for i in range(4):
+            refs.append(ReferenceConfig(image=tmp_path / f"r{i}.png", caption=f"reference {i}"))
+            refs[-1].image.write_bytes(encode(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8), ".png"))
+        cams = [CameraConfig(name="belt", source="x.png", program="p1", width=320, height=240)]
+        with pytest.raises(ConfigError, match=r"^programs\.p1 \(camera belt\): the references take \d+ tokens, "
+                                              r"a frame \d+ and the answer up to \d+: \d+, more than the context "
+                                              r"of 256"):
+            ins.use_programs({"p1": ProgramConfig(references=refs)}, cams, ImageLimits())
+        ins.use_programs({"p1": ProgramConfig(references=refs[:1], image_tokens={"max": 16})}, cams, ImageLimits())
+    finally:
+        ins.close()
