@@ -31,5 +31,7 @@ class EvidenceConfig(Section):
                               description="Verdict field that is true for a defect.")
     full_frame: bool = Field(False, description="Keep the whole camera frame instead of the ROI crop "
                              "the model saw.")
+    draw_regions: bool = Field(True, description="Draw an inspection program's regions on the kept image, "
+                               "each box in its outcome's colour (ok green, nok red, none grey) with its name.")
     jpeg_quality: int = Field(85, ge=10, le=100, description="JPEG quality of kept images.")
     thumbnail_px: int = Field(192, ge=32, le=1024, description="Longest side of thumbnails.")

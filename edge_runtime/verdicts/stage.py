@@ -30,6 +30,7 @@ from edge_runtime.core.result import Result, utc_now
 from edge_runtime.verdicts.evidence import EvidenceStore
 from edge_runtime.verdicts.journal import is_full
 from edge_runtime.verdicts.messages import MessageOutbox
+from edge_runtime.verdicts.region_marks import crop_offset, draw_regions
 from edge_runtime.verdicts.review import ReviewStore
 from edge_runtime.verdicts.rules import RuleEngine
 
@@ -156,8 +157,11 @@ class VerdictServices:
         if self.evidence is not None and image is not None:
             try:
                 kept = full_frame(image) if self.evidence_cfg.full_frame else image
+                offset = crop_offset(image, kept)  # where the model's crop lies in the kept image
                 if self.evidence_overlay is not None:  # the anomaly gate's heat map (inference/anomaly/step.py)
                     kept = self.evidence_overlay(kept, result)
+                if result.regions and self.evidence_cfg.draw_regions:  # an inspection program's regions
+                    kept = draw_regions(kept, result.regions, offset)
                 result.evidence = self.evidence.save(kept, result.id, result.verdict)
             except Exception:  # evidence is an extra: the verdict goes on without it
                 log.exception("evidence: saving %s failed", result.id)
