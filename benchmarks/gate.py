@@ -43,7 +43,8 @@ def bank_of(vectors: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     return np.concatenate([vectors, extra + noise]).astype(np.float32)
 
 
-def run(model: str | None, frames: int, sizes: list[int], size: int, train: int, threads: int) -> dict[str, Any]:
+def run(model: str | None, frames: int, sizes: list[int], size: int, train: int, threads: int,
+        gpu_layers: int = 0) -> dict[str, Any]:
     from edge_runtime.config import Config
     from edge_runtime.inference.anomaly import AnomalyGate, gate_context, patch_features, write_bank
     from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
@@ -52,10 +53,10 @@ def run(model: str | None, frames: int, sizes: list[int], size: int, train: int,
     from tests.support.parts import clean_part, defective_part
 
     cfg = Config(device_id="bench")
-    cfg.model.threads, cfg.model.warmup = threads, False
+    cfg.model.threads, cfg.model.warmup, cfg.model.gpu_layers = threads, False, gpu_layers
     inspector = open_inspector(cfg, model)
     out: dict[str, Any] = {"bundle": inspector.bundle.name, "kind": inspector.bundle.kind, "frame": f"{size}x{size}",
-                           "threads": threads}
+                           "threads": threads, "gpu_layers": gpu_layers}
     try:
         context = gate_context(inspector.bundle, inspector.settings)
         feats = [patch_features(inspector.encode(clean_part(s, size, size)), context) for s in range(train)]
@@ -110,8 +111,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="the parts' frame size (square)")
     ap.add_argument("--train", type=int, default=40, help="good parts encoded for the bank's vectors")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: every layer and the mmproj "
+                    "on the GPU)")
     args = ap.parse_args()
-    out = run(args.model, args.frames, [int(s) for s in args.sizes.split(",")], args.size, args.train, args.threads)
+    out = run(args.model, args.frames, [int(s) for s in args.sizes.split(",")], args.size, args.train, args.threads,
+              args.gpu_layers)
     print(json.dumps(out, indent=2))
     print(f"\n{out['bundle']} ({out['kind']}), {out['frame']} frames, {out['patches_per_frame']} patches of "
           f"{out['width']} values; encoder p50 {out['encode_ms']['p50']} ms")

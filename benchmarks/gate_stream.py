@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--inflight", type=int, default=4, help="requests queued at a time")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=100, help="frames per turn of each mode")
+    ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: every layer and the mmproj "
+                    "on the GPU)")
     ap.add_argument("--no-evidence", action="store_true", help="evidence.enabled false in both modes")
     args = ap.parse_args()
 
@@ -173,7 +175,7 @@ def main() -> None:
         cv2.imwrite(str(still), frames[0][0])
         bank = tmp / "line.bank"
         base = Config(device_id="gate-stream", data_dir=tmp / "fit")
-        base.model.warmup = False
+        base.model.warmup, base.model.gpu_layers = False, args.gpu_layers
         out: dict[str, Any] = {"model": model, "frame": f"{args.size}x{args.size}",
                                "defective_share": round(1 / args.defect_every, 4), "inflight": args.inflight,
                                "audit_every": args.audit_every, "evidence": not args.no_evidence,
@@ -183,6 +185,7 @@ def main() -> None:
         cfg.evidence.enabled = not args.no_evidence
         # Both modes see the same frames: cached embeddings would spare the second mode its encodes.
         cfg.model.encoder_cache_mb = 0
+        cfg.model.gpu_layers = args.gpu_layers
         gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT)
         cfg.cameras = [CameraConfig(name="line", source=str(still), trigger=TriggerConfig(mode="on_demand"),
                                     gate=gate)]
