@@ -10,12 +10,13 @@ import ipaddress
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from edge_runtime.config.base import NAME, Section
 from edge_runtime.config.gate import GateConfig
+from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.config.rules import Condition
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.schema_budget import LIMITS, check_schema_budget
@@ -93,6 +94,66 @@ def _resolve(schema: dict[str, Any], node: Any) -> Any:
     return None
 
 
+DefectCode = Annotated[int, Field(ge=1, le=899)]  # 0 is OK; 900 and up are the station's own (timeout...)
+
+
+class DefectCodes(Section):
+    """The DefectCode of a NOK by where it failed: the first failing region (in region order) of the
+    camera's inspection program, or what that region's verdict (the frame's, without regions) calls it."""
+
+    regions: dict[str, DefectCode] = Field(
+        default_factory=dict, max_length=64,
+        description="Region or tile name (of the station camera's program) -> DefectCode of a NOK whose "
+                    "first failing region it is (codes 1-899).")
+    categories: dict[str, DefectCode] = Field(
+        default_factory=dict, max_length=256,
+        description="Value of the failing verdict's `category_field` -> DefectCode, where the region has no "
+                    "code of its own (or the result has no regions).")
+    category_field: str = Field("category", pattern=r"^[A-Za-z0-9_]{1,64}$",
+                                description="The verdict field whose value `categories` maps.")
+
+    @field_validator("regions", "categories")
+    @classmethod
+    def _short_keys(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = [k for k in v if not 1 <= len(k) <= 64]
+        if bad:
+            raise ValueError(f"names are 1-64 characters; not {bad[0][:64]!r}")
+        return v
+
+
+def program_region_names(program: ProgramConfig) -> list[str]:
+    """The names a program's results carry in `regions`, in their order (inference/regions.py)."""
+    names = [r.name for r in program.regions]
+    if program.tiling is not None:
+        names += [f"tile_r{r + 1}_c{c + 1}" for r in range(program.tiling.rows) for c in range(program.tiling.cols)]
+    return names
+
+
+def check_defect_code_regions(stations: list[StationConfig], camera_program: dict[str, str | None],
+                              programs: dict[str, ProgramConfig]) -> None:
+    """Every region a station's (or recipe's) `defect_codes` names is one its program's results carry: a
+    typo would silently report the default code. `camera_program`: each configured camera's program."""
+    for st in stations:
+        if st.camera not in camera_program:
+            continue  # an unknown camera is refused at start and by doctor
+        owners = [(f"line_io.stations.{st.name}", st.defect_codes, None)]
+        # A recipe naming a program of its own asks that program's regions in place of the camera's.
+        owners += [(f"line_io.stations.{st.name}.recipes.{rid}", r.defect_codes, getattr(r, "program", None))
+                   for rid, r in st.recipes.items()]
+        for where, codes, own in owners:
+            if codes is None or not codes.regions:
+                continue
+            name = own or camera_program[st.camera]
+            program = programs.get(name) if name else None
+            known = program_region_names(program) if program is not None else []
+            unknown = [k for k in codes.regions if k not in known]
+            if unknown:
+                have = (", ".join(known[:12]) + (", ..." if len(known) > 12 else "")) if known else "no regions"
+                whose = f"program {name!r}" if name else f"camera {st.camera} (no program)"
+                raise ValueError(f"{where}.defect_codes.regions: no region {unknown[0][:64]!r} in {whose}; "
+                                 f"its regions: {have}")
+
+
 class RecipeConfig(Section):
     """What one RecipeId selects: the question asked, the verdict's schema and the rule that makes it NOK."""
 
@@ -109,6 +170,9 @@ class RecipeConfig(Section):
     gate: GateConfig | None = Field(
         None, description="This recipe's own anomaly gate, in place of its camera's for the frames it triggers "
         "(a bank of this part on that camera; `mode: off` turns the camera's gate off for them).")
+    defect_codes: DefectCodes | None = Field(
+        None, description="DefectCode of this recipe's NOKs by failing region or category (default: the "
+        "station's defect_codes).")
 
     @field_validator("verdict_schema", mode="before")
     @classmethod
@@ -140,6 +204,9 @@ class StationConfig(Section):
     defect_code_field: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,4}$",
         description="Dotted path of an integer in the result used as DefectCode of a NOK (default 1).")
+    defect_codes: DefectCodes | None = Field(
+        None, description="DefectCode of a NOK by its first failing region (in region order) or that "
+        "verdict's category; before defect_code_field. docs/line-io.md, Defect codes.")
     recipes: dict[str, RecipeConfig] = Field(
         default_factory=dict, max_length=256,
         description="RecipeId -> recipe; with none configured the line must send an empty RecipeId.")

@@ -21,7 +21,7 @@ from edge_runtime.config.cameras import CameraConfig
 from edge_runtime.config.governor import GovernorConfig
 from edge_runtime.config.inspection import ImageLimits, InspectionConfig
 from edge_runtime.config.journal import EvidenceConfig, JournalConfig
-from edge_runtime.config.line_io import LineIOConfig
+from edge_runtime.config.line_io import LineIOConfig, check_defect_code_regions
 from edge_runtime.config.loader import Expander, line_of
 from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
@@ -114,6 +114,7 @@ class Config(Section):
                     check_regions_inside(self.programs[cam.program], size[0], size[1], cam.program, cam.name)
         check_region_schemas(self.programs, users)
         check_references(self.programs, users, self.images)
+        check_defect_code_regions(self.line_io.stations, {c.name: c.program for c in self.cameras}, self.programs)
         return self
 
     @model_validator(mode="after")

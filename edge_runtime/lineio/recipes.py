@@ -9,7 +9,7 @@ from typing import Any
 
 import regex
 
-from edge_runtime.config.line_io import PART_ID_MAX, StationConfig
+from edge_runtime.config.line_io import PART_ID_MAX, DefectCodes, StationConfig
 from edge_runtime.config.rules import REGEX_TIMEOUT_S, Condition
 from edge_runtime.core.result import Result
 from edge_runtime.lineio.signals import (
@@ -57,12 +57,29 @@ def judge(cfg: StationConfig, result: Result) -> tuple[LineOutcome, int]:
         return LineOutcome.OK, 0
     if None in holds:  # the rule could not say: never a default OK
         return LineOutcome.ERROR, DEFECT_UNDECIDED
-    code = DEFECT_NOK
-    if cfg.defect_code_field:
+    codes = (recipe.defect_codes if recipe is not None and recipe.defect_codes is not None else None) \
+        or cfg.defect_codes
+    code = _mapped_code(codes, result) if codes is not None else None
+    if code is None and cfg.defect_code_field:
         value = lookup(data, cfg.defect_code_field)
         if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 900:
             code = value
-    return LineOutcome.NOK, code
+    return LineOutcome.NOK, code or DEFECT_NOK
+
+
+def _mapped_code(codes: DefectCodes, result: Result) -> int | None:
+    """The code of the first NOK region (in region order) by its name, else by its verdict's category;
+    without a NOK region, by the frame's verdict's category. None: no mapping applies."""
+    failing = next((r for r in result.regions or [] if isinstance(r, dict) and r.get("outcome") == "nok"), None)
+    verdict = result.verdict
+    if failing is not None:
+        by_name = codes.regions.get(str(failing.get("name")))
+        if by_name is not None:
+            return by_name
+        own = failing.get("verdict")
+        verdict = own if isinstance(own, dict) else {}
+    category = verdict.get(codes.category_field)
+    return codes.categories.get(category) if isinstance(category, str) else None
 
 
 def _holds(cond: Condition, data: dict[str, Any]) -> bool | None:

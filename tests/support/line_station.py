@@ -21,12 +21,13 @@ class Line:
     """One station with `verdict(seq, defect)` to finish a job, or `auto` to finish every job at once."""
 
     def __init__(self, tmp: Path, name: str = "st1", auto: Callable[[JobRequest], bool | None] | None = None,
-                 **cfg: Any) -> None:
+                 regions: Callable[[JobRequest], list[dict[str, Any]] | None] | None = None, **cfg: Any) -> None:
         settings = {"name": name, "camera": "cam", "nok_when": [{"field": "verdict.defect", "equals": True}],
                     "heartbeat_ms": 1000, "result_deadline_ms": 5000, **cfg}
         self.cfg = StationConfig.model_validate(settings)
         self.jobs = LineJobs(tmp / f"{name}-jobs.sqlite3")
         self.auto = auto
+        self.regions = regions  # an inspection program's per-region verdicts of a job's result
         self.pending: dict[int, tuple[JobRequest, Future[Result]]] = {}
         self._lock = threading.Lock()
         self.station = Station(self.cfg, self.jobs, self._start)
@@ -48,7 +49,8 @@ class Line:
             job, future = self.pending.pop(seq)
         result = Result(device="test", camera=job.camera, frame=FrameInfo(seq, 64, 64),
                             verdict={"defect": defect, "category": "scratch" if defect else "none"},
-                            text="", model="stand-in", timings_ms={"total": 1.0}, prompt="")
+                            text="", model="stand-in", timings_ms={"total": 1.0}, prompt="",
+                            regions=self.regions(job) if self.regions is not None else None)
         future.set_result(tagged(result, job))
 
     def start(self) -> Line:
