@@ -22,7 +22,7 @@ from edge_runtime.api import ApiServer
 from edge_runtime.app.reload import Reloading
 from edge_runtime.app.services import DeviceServices
 from edge_runtime.app.status import DeviceReports
-from edge_runtime.capture.rig import CameraRig, cameras_not_in_file
+from edge_runtime.capture.rig import CameraRig, cameras_not_in_file, clip_of
 from edge_runtime.config import CameraConfig, Config
 from edge_runtime.core import systemd
 from edge_runtime.core.device import Device, ModelInfo
@@ -289,7 +289,8 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
         if not cfg.enabled:
             log.info("daemon: camera %s is disabled", cfg.name)
             return
-        rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages, self.config.images)
+        rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages, self.config.images,
+                        clip_of(self.config, cfg))
         rig.schedule.offload = self.offload
         if self.offload is not None:
             self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from edge_runtime.api import ApiServer
 from edge_runtime.app.reload_guard import refusal
-from edge_runtime.capture.rig import CameraRig
+from edge_runtime.capture.rig import CameraRig, clip_of
 from edge_runtime.config import CameraConfig, Config, load_config
 from edge_runtime.core import systemd
 from edge_runtime.core.errors import EdgeRuntimeError
@@ -218,6 +218,8 @@ class Reloading:
         self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
         logging.getLogger().setLevel(new.log_level.upper())
         self.config = new
+        for rig in self.rigs.values():  # a program's clip changed under a running camera: a new ring
+            rig.schedule.use_clip(clip_of(new, rig.cfg))
         self.verdicts.reload(new.rules, new.rules_budget)
         if self.api is not None and (restart := self.api.apply(new.api)):
             log.warning("daemon: api settings %s change only after a restart", ", ".join(restart))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -57,6 +58,7 @@ class LatestFrame:
         self._frame: Frame | None = None
         self._taken = True
         self.dropped = 0
+        self.listener: Callable[[Frame], object] | None = None  # e.g. a clip ring (clip.py) sees every frame
 
     def put(self, frame: Frame) -> None:
         with self._cond:
@@ -64,6 +66,9 @@ class LatestFrame:
                 self.dropped += 1
             self._frame, self._taken = frame, False
             self._cond.notify_all()
+        listener = self.listener
+        if listener is not None:
+            listener(frame)
 
     def take(self, newer_than: int, timeout: float) -> Frame | None:
         """Wait up to `timeout` for a frame with seq > newer_than and mark it taken."""

@@ -11,6 +11,7 @@ import cv2
 from edge_runtime.capture.camera import Camera
 from edge_runtime.capture.scheduler import CameraSchedule
 from edge_runtime.config import CameraConfig, Config, ImageLimits, load_config
+from edge_runtime.config.programs import ClipConfig
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import InspectionQueue
@@ -21,10 +22,11 @@ class CameraRig:
     """A running camera and its trigger loop."""
 
     def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool,
-                 limits: ImageLimits | None = None) -> None:
+                 limits: ImageLimits | None = None, clip: ClipConfig | None = None) -> None:
         self.cfg = cfg
         self.camera = Camera(cfg, limits)  # folder cameras decode with the configured image limits
         self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined)
+        self.schedule.use_clip(clip)
         self._jpeg: tuple[int, bytes] | None = None
 
     def start(self) -> None:
@@ -57,9 +59,24 @@ def camera_status(rig: CameraRig) -> dict[str, Any]:
         "last_error": cam.last_error, "fps": cam.fps, "trigger": rig.cfg.trigger.mode,
         "frames": {**cam.stats, "inspected": s.inspected, "skipped_unchanged": s.skipped_unchanged,
                    "skipped_busy": s.skipped_busy, "skipped_paused": s.skipped_paused,
-                   "errors": s.errors},
+                   "errors": s.errors, **clip_counters(rig)},
         "last_result": s.last_result,
     }
+
+
+def clip_counters(rig: CameraRig) -> dict[str, int]:
+    """A camera with a clip: inspections due while its ring filled, frames held, frames too large."""
+    ring = rig.schedule.clip
+    if ring is None:
+        return {}
+    return {"waiting_for_clip": rig.schedule.stats.waiting_for_clip, "clip_frames_held": len(ring),
+            "clip_frames_too_large": ring.too_large}
+
+
+def clip_of(config: Config, cam: CameraConfig) -> ClipConfig | None:
+    """The clip of the camera's program (None: no program, or one without a clip)."""
+    program = config.programs.get(cam.program) if cam.program is not None else None
+    return program.clip if program is not None else None
 
 
 def telemetry_message(status: dict[str, Any], inspections_per_min: float) -> dict[str, Any]:

@@ -21,7 +21,10 @@ import cv2
 import numpy as np
 
 from edge_runtime.capture.camera import Camera, Frame
+from edge_runtime.capture.clip import ClipRing
 from edge_runtime.config import TriggerConfig
+from edge_runtime.config.programs import ClipConfig
+from edge_runtime.core.batch import ClipFrame
 from edge_runtime.core.errors import EdgeRuntimeError, QueueFull
 from edge_runtime.core.governor_gate import Gate, GateDecision
 from edge_runtime.core.inspection_queue import FrameRouter, InspectionQueue, InspectionRequest, ScheduleStats
@@ -55,11 +58,21 @@ class CameraSchedule:
         self.offload: FrameRouter | None = None  # fleet/offload's Offloader when offload is enabled
         self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
         self._last_seq = 0
+        self.clip: ClipRing | None = None  # the program's clip ring (use_clip), fed by capture
         self._stop = threading.Event()
         self._thread = SupervisedThread(f"schedule-{camera.name}", self._run, self._stop, log)
 
     def threads(self) -> list[SupervisedThread]:
         return [self._thread]
+
+    def use_clip(self, clip: ClipConfig | None) -> None:
+        """Hold the camera's last frames for its program's clip (None: no clip). A changed clip starts
+        a new, empty ring; the same one keeps the frames it holds."""
+        if clip is not None and self.clip is not None and self.clip.config == clip:
+            return
+        ring = ClipRing(clip) if clip is not None else None
+        self.clip = ring
+        self.camera.slot.listener = None if ring is None else lambda f: ring.offer(f.image, f.seq, f.captured_at)
 
     def start(self) -> None:
         self._thread.start()
@@ -102,7 +115,11 @@ class CameraSchedule:
                     self.stats.skipped_unchanged += 1
                     continue
                 self._reference = thumb
-            self._inspect(frame, mode, gate, route)
+            clip = self.clip.take() if self.clip is not None else None
+            if self.clip is not None and clip is None:
+                self.stats.waiting_for_clip += 1  # the ring is filling, or no new frame since the last clip
+                continue
+            self._inspect(frame, mode, gate, route, clip)
 
     def capture_for_line(self, prompt: str | None, deadline: float, on_taken: Callable[[Frame], None],
                          prepare: Callable[[InspectionRequest], None] | None = None) -> InspectionRequest:
@@ -125,9 +142,12 @@ class CameraSchedule:
         self.inspections.submit(request)
         return request
 
-    def _inspect(self, frame: Frame, trigger: str, gate: GateDecision, route: str | None = None) -> None:
+    def _inspect(self, frame: Frame, trigger: str, gate: GateDecision, route: str | None = None,
+                 clip: tuple[ClipFrame, ...] | None = None) -> None:
         request = InspectionRequest(frame.image, self.camera.name, self.prompt, frame.seq,
                                     frame.capture_ms, trigger)
+        if clip is not None:  # the question is about the clip; its newest frame stands for it
+            request.image, request.seq, request.clip = clip[-1].image, clip[-1].seq, clip
         started = time.monotonic()
         try:
             future = self._submit(request, route)

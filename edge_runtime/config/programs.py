@@ -19,6 +19,8 @@ from edge_runtime.config.inspection import ImageLimits
 MAX_REFERENCES = 8  # each reference is a whole image's tokens in every prompt of the program
 MAX_REGIONS = 32  # regions (named and tiles) of one frame: each is a sequence of the frame's batch
 MAX_TILES_PER_SIDE = 8
+MAX_CLIP_FRAMES = 16  # each frame of a clip is a whole image's tokens in the prompt
+CLIP_RING_BYTES = 256 * 2**20  # what one camera's clip ring may hold (frames x width x height x 3)
 
 
 class ReferenceConfig(Section):
@@ -64,6 +66,13 @@ class ImageTokens(Section):
         return self
 
 
+class ClipConfig(Section):
+    frames: int = Field(ge=2, le=MAX_CLIP_FRAMES, description="How many of the camera's last frames one question "
+                        "is about, oldest first, in one multi-image prompt.")
+    spacing_s: float = Field(ge=0.0, le=3600.0, description="Seconds at least between two frames of the clip "
+                             "(0: consecutive captured frames).")
+
+
 class ProgramConfig(Section):
     references: list[ReferenceConfig] = Field(
         default_factory=list, max_length=MAX_REFERENCES,
@@ -80,6 +89,9 @@ class ProgramConfig(Section):
         None, description="This program's image token budget (frames and references) for dynamic-resolution "
         "families (Qwen2.5/3-VL, ...): the image is resized until libmtmd's count is within it. GGUF + mmproj "
         "bundles only; the bundle's image_max_tokens is the ceiling.")
+    clip: ClipConfig | None = Field(
+        None, description="Ask about the camera's last `frames` frames taken at least `spacing_s` apart as one "
+        "multi-image prompt (held in a bounded ring per camera). GGUF + mmproj bundles only; not with regions.")
     overall: Literal["nok_if_any_nok"] = Field(
         "nok_if_any_nok", description="How the regions' verdicts make the frame's: NOK when any region is NOK; "
         "all OK only when every region has a verdict and each is OK.")
@@ -96,6 +108,8 @@ class ProgramConfig(Section):
         dupes = sorted({n for n in names if names.count(n) > 1 or (self.tiling and n.startswith("tile_r"))})
         if dupes:
             raise ValueError(f"region names must be unique (tile_r* are the tiles'); repeated: {', '.join(dupes)}")
+        if self.clip is not None and (self.regions or self.tiling):
+            raise ValueError("a clip is one question about whole frames: it cannot have regions or tiling")
         return self
 
 
@@ -165,6 +179,18 @@ def check_nok_field(program: str, field: str, schema: dict[str, Any], whose: str
 def _users(users: dict[str, list[str]], program: str) -> str:
     cams = users.get(program) or []
     return f" (cameras: {', '.join(cams)})" if cams else ""
+
+
+def check_clip_ring(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:
+    """ValueError naming the program and the camera when its clip's frames at width x height would hold
+    more than CLIP_RING_BYTES (cameras of unknown size: the ring refuses each frame over its share)."""
+    if cfg.clip is None:
+        return
+    need = cfg.clip.frames * width * height * 3
+    if need > CLIP_RING_BYTES:
+        raise ValueError(f"programs.{program} (camera {camera}): clip of {cfg.clip.frames} frames of "
+                         f"{width}x{height} needs {need // 2**20} MiB, more than the {CLIP_RING_BYTES // 2**20} MiB "
+                         "a camera's clip ring may hold (fewer frames, or a smaller roi)")
 
 
 def check_regions_inside(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:

@@ -29,6 +29,7 @@ from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.config.ota import OtaConfig
 from edge_runtime.config.programs import (
     ProgramConfig,
+    check_clip_ring,
     check_references,
     check_region_schemas,
     check_regions_inside,
@@ -112,6 +113,7 @@ class Config(Section):
                 size = (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
                 if size[0] is not None and size[1] is not None:  # else checked per frame (a region has no verdict)
                     check_regions_inside(self.programs[cam.program], size[0], size[1], cam.program, cam.name)
+                    check_clip_ring(self.programs[cam.program], size[0], size[1], cam.program, cam.name)
         check_region_schemas(self.programs, users)
         check_references(self.programs, users, self.images)
         check_defect_code_regions(self.line_io.stations, {c.name: c.program for c in self.cameras}, self.programs)

@@ -23,6 +23,16 @@ class Encoded:
     grid: tuple[int, int] = (0, 0)  # tile rows, cols; (0, 0) for one untiled image
 
 
+@dataclass(frozen=True)
+class ClipFrame:
+    """One frame of a program's clip (capture/clip.py): its pixels, capture sequence number and
+    time.time() of its read."""
+
+    image: np.ndarray
+    seq: int
+    captured_at: float
+
+
 @dataclass
 class BatchJob:
     """One frame of a batched inspection: already encoded, plus what its Result records."""

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edge_runtime.core.batch import ClipFrame
 from edge_runtime.core.device import ChatJob
 from edge_runtime.core.errors import QueueFull
 from edge_runtime.core.governor_gate import GateDecision
@@ -47,6 +48,7 @@ class InspectionRequest:
     schema: dict[str, Any] | None = None
     line: LineTag | None = None  # a line station's job: travels to the result (verdicts/pipeline.py)
     chat: ChatJob | None = None  # a chat completion: generated in the worker's batch beside the verdicts
+    clip: tuple[ClipFrame, ...] | None = None  # a program's clip, oldest first (`image` is its newest frame)
     future: Future[Any] = field(default_factory=Future)
     encoded: threading.Event = field(default_factory=threading.Event)  # set once the encoder stage is done
     enqueued: float = field(default_factory=time.perf_counter)
@@ -89,6 +91,7 @@ class ScheduleStats:
     skipped_unchanged: int = 0
     skipped_busy: int = 0
     skipped_paused: int = 0
+    waiting_for_clip: int = 0  # inspections due while the program's clip ring was not full or not new
     errors: int = 0
     last_result: dict[str, Any] | None = None
 

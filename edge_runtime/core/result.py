@@ -61,6 +61,9 @@ class Result:
     # The anomaly gate's look at the frame (docs/inspection.md#the-anomaly-gate): mode, score, threshold,
     # gated, audit (and disagree on an audit). Left out of the JSON when the camera has no gate.
     gate: dict[str, Any] | None = None
+    # A program's clip (docs/inspection.md): the frames the question was about, oldest first, each
+    # {seq, captured_at}; `frame` is the newest. Left out of the JSON without a clip.
+    clip: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.source.get("engine") == "edge" and self.source.get("model") is None:
@@ -70,6 +73,8 @@ class Result:
         out = asdict(self)
         if out["gate"] is None:  # consumers of cameras without a gate see the JSON they always saw
             del out["gate"]
+        if out["clip"] is None:
+            del out["clip"]
         return out
 
     def to_json(self) -> str:

@@ -35,11 +35,12 @@ from jsonschema.exceptions import SchemaError
 
 from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
 from edge_runtime.config.programs import ProgramConfig
-from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
+from edge_runtime.core.batch import BatchJob, ChatWork, ClipFrame, Encoded
 from edge_runtime.core.bundle.manifest import Bundle, Manifest
 from edge_runtime.core.device import ChatJob
 from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.inference.clips import ClipEncoded, clip_stamps, encode_clip
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
 from edge_runtime.inference.llm.feed import Generation, Head, ImagePart, Segment
 from edge_runtime.inference.llm.grammar import schema_to_grammar
@@ -433,8 +434,10 @@ class Inspector:
         refused. The references are encoded already; the frame is counted from its size."""
         users = {name: [c for c in cameras if c.program == name] for name in programs}
         for name, program in programs.items():
-            if not program.references:
+            clip = program.config.clip if program.config is not None else None
+            if not program.references and clip is None:
                 continue
+            shown = "a frame" if clip is None else f"a clip of {clip.frames} frames"
             refs = sum(len(r.encoded.embeds) + len(self._tokenize(REFERENCE_TEXT.format(caption=r.caption)))
                        for r in program.references)
             listed: list[CameraConfig | None] = list(users[name]) or [None]
@@ -444,11 +447,12 @@ class Inspector:
                 if self.mtmd is not None and size is not None and size[0] is not None and size[1] is not None:
                     rgb = np.zeros((size[1], size[0], 3), np.uint8)
                     frame = self.mtmd.image_tokens(self._fit_tokens(rgb, *program.tokens) if program.tokens else rgb)
+                    frame *= clip.frames if clip is not None else 1
                 need = refs + frame + self.max_tokens
                 if need >= self.language.n_ctx:
                     where = f" (camera {cam.name})" if cam is not None else ""
                     raise ConfigError(
-                        f"programs.{name}{where}: the references take {refs} tokens, a frame {frame} and the answer "
+                        f"programs.{name}{where}: the references take {refs} tokens, {shown} {frame} and the answer "
                         f"up to {self.max_tokens}: {need}, more than the context of {self.language.n_ctx} tokens "
                         "(model.context_size; or fewer/smaller references, image_tokens.max)")
 
@@ -464,11 +468,12 @@ class Inspector:
         """A camera's frame as a prompt: under its program (references before the frame, all of it up
         to the frame one shared `Prefix`), or the plain layout of `sequence`."""
         program = self._programs[1].get(camera)
+        encs = enc.frames if isinstance(enc, ClipEncoded) else [enc]  # a clip: its frames, oldest first
         if program is None or not program.references:
-            return self.sequence(prompt, enc, field=field)
+            return self.sequence(prompt, encs, field=field)
         p = self.bundle.manifest.prompt
         before, after = p.template.format(system=p.system, image=_IMAGE, prompt=prompt).split(_IMAGE)
-        begin, parts, end = media_parts([enc])
+        begin, parts, end = media_parts(encs)
         prefix = program.prefix(before, begin, lambda text: self._tokenize(text, field), self.language.with_bos,
                                 media_parts)
         return prefix, parts, end + self._tokenize(after, field)
@@ -652,12 +657,15 @@ class Inspector:
         with self._lock:
             return self.language.serve(prompts(work), done, more)
 
-    def encode_frame(self, camera: str, frame: np.ndarray) -> Encoded:
+    def encode_frame(self, camera: str, frame: np.ndarray, clip: Sequence[ClipFrame] | None = None) -> Encoded:
         """A camera's frame encoded as its program asks: each region's crop (the frame hashed once for
-        the encoder cache), or the whole frame."""
+        the encoder cache), each frame of its clip (clips.py), or the whole frame."""
         program = self.program_of(camera)
         cfg = program.config if program is not None else None
         tokens = program.tokens if program is not None else None
+        if program is not None and cfg is not None and cfg.clip is not None:
+            return encode_clip(lambda f: self.encode(f, tokens=tokens), camera, program.name, cfg.clip.frames, clip,
+                               self.language.n_embd)
         if cfg is None or not (cfg.regions or cfg.tiling):
             return self.encode(frame, tokens=tokens)
         t0 = time.perf_counter()
@@ -759,7 +767,7 @@ class Inspector:
         }
         return Result(device=self.device_id, camera=camera, frame=FrameInfo(seq, enc.width, enc.height),
                       verdict=verdict, text=gen.text, model=self.model_name, timings_ms=timings,
-                      prompt=question, governor=governor)
+                      prompt=question, governor=governor, clip=clip_stamps(enc))
 
     def parse_verdict(self, gen: Generation, rules: VerdictRules | None = None) -> dict[str, Any]:
         """The verdict of a generation, checked against `rules`' schema (None: the bundle's)."""

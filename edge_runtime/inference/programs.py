@@ -131,6 +131,9 @@ def check_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Came
         if cfg.references and not several_images:
             raise ConfigError(f"programs.{name}{used}: references need a bundle that takes several images "
                               f"(a GGUF + mmproj pair); {bundle} takes one (docs/models.md)")
+        if cfg.clip is not None and not several_images:
+            raise ConfigError(f"programs.{name}{used}: a clip needs a bundle that takes several images "
+                              f"(a GGUF + mmproj pair); {bundle} takes one (docs/models.md)")
         tokens = None
         if cfg.image_tokens is not None and (cfg.image_tokens.min or cfg.image_tokens.max):
             if ceiling <= 0:

@@ -118,7 +118,7 @@ class InspectionWorker:
             if self.overlap and request.job is None and request.image is not None:
                 try:
                     inspector = self.get_inspector()
-                    encoded = (inspector, inspector.encode_frame(request.camera, request.image))
+                    encoded = (inspector, inspector.encode_frame(request.camera, request.image, request.clip))
                 except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
                     encoded = exc
             request.encoded.set()
@@ -333,6 +333,8 @@ class InspectionWorker:
             return outcome[0]
         if request.image is None:
             raise ValueError("an inspection request carries either a job or an image")
+        if encoded is None and request.clip is not None:  # not encoded ahead: the clip's frames, not the newest alone
+            encoded = inspector.encode_frame(request.camera, request.image, request.clip)
         gate = self.gate.decision()
         t0 = time.monotonic()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,

@@ -1,0 +1,62 @@
+"""A camera's clip ring: its last N frames taken at least T seconds apart, for a program's `clip:`
+(docs/inspection.md). Capture offers every frame; the ring keeps one only when it is T after the
+newest it holds, and never more than N (a deque with maxlen): memory is at most N frames, each at most
+`max_bytes / N` (a larger frame is refused and counted, never queued). The trigger loop asks for a
+clip when an inspection is due and gets one only when the ring is full and holds a frame that no
+clip asked about yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+
+from edge_runtime.config.programs import CLIP_RING_BYTES, ClipConfig
+from edge_runtime.core.batch import ClipFrame
+
+
+class ClipRing:
+    """The last `frames` frames of one camera, each at least `spacing_s` after the one before it."""
+
+    def __init__(self, clip: ClipConfig, max_bytes: int = CLIP_RING_BYTES) -> None:
+        self.config = clip
+        self.frames, self.spacing_s = clip.frames, clip.spacing_s
+        self.frame_bytes = max_bytes // clip.frames  # each frame's share of the ring's bound
+        self._ring: deque[ClipFrame] = deque(maxlen=clip.frames)
+        self._lock = threading.Lock()
+        self._asked = -1  # seq of the newest frame of the last clip handed out
+        self.too_large = 0  # frames refused: more bytes than their share of the bound
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ring)
+
+    def offer(self, image: np.ndarray, seq: int, captured_at: float) -> bool:
+        """Keep the frame when it is `spacing_s` after the newest kept (True). Called by capture for
+        every frame: a comparison, no copy (capture hands over a new array per frame)."""
+        if image.nbytes > self.frame_bytes:
+            self.too_large += 1
+            return False
+        with self._lock:
+            if self._ring:
+                newest = self._ring[-1]
+                if seq <= newest.seq:
+                    return False
+                gap = captured_at - newest.captured_at
+                if gap < 0:  # the wall clock stepped back: the kept frames' times no longer compare
+                    self._ring.clear()
+                elif gap < self.spacing_s:
+                    return False
+            self._ring.append(ClipFrame(image, seq, captured_at))
+            return True
+
+    def take(self) -> tuple[ClipFrame, ...] | None:
+        """The clip, oldest first, when the ring holds `frames` frames and a new one since the last
+        clip taken; else None."""
+        with self._lock:
+            if len(self._ring) < self.frames or self._ring[-1].seq == self._asked:
+                return None
+            self._asked = self._ring[-1].seq
+            return tuple(self._ring)

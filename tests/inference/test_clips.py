@@ -1,0 +1,201 @@
+"""A program's clip (capture/clip.py, inference/clips.py): one question about a camera's last N frames
+taken T seconds apart, as one multi-image prompt on the tiny Qwen2.5-VL pair. The prompt holds the N
+frames' images oldest first (its logits equal libmtmd's own helper on the same prompt), the ring never
+holds more than N frames and keeps only frames T apart, the Result names the clip's frames; a clip of
+10,000 frames, one too large for the ring and one on a bundle of one image are one-line refusals."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_runtime.capture.camera import Camera
+from edge_runtime.capture.clip import ClipRing
+from edge_runtime.capture.scheduler import CameraSchedule
+from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, TriggerConfig, load_config
+from edge_runtime.config.programs import ClipConfig
+from edge_runtime.core.batch import ClipFrame
+from edge_runtime.core.bundle.manifest import load_bundle
+from edge_runtime.core.errors import ConfigError, InputError
+from edge_runtime.core.governor_gate import OpenGate
+from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.llm.mtmd import MediaEmbeds
+from edge_runtime.inference.programs import check_bundle_programs
+from tests.support.images import encode
+from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+
+TOLERANCE = 1e-5
+CLIP = ClipConfig(frames=3, spacing_s=0.5)
+CAMERAS = [CameraConfig(name="capper", source="x.png", program="cap")]
+
+
+def frames(n: int, seed: int, size: tuple[int, int] = (128, 96)) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(n)]
+
+
+def clip_of(images: list[np.ndarray], t0: float = 1_700_000_000.0) -> tuple[ClipFrame, ...]:
+    return tuple(ClipFrame(img, 10 + i, t0 + 0.5 * i) for i, img in enumerate(images))
+
+
+@pytest.fixture(scope="module")
+def ins(tiny_pairs: Callable[[str], TinyPair], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inspector]:
+    root = tmp_path_factory.mktemp("clips")
+    settings = Config(device_id="t").model.model_copy(update={"threads": 2, "warmup": False})
+    inspector = Inspector(load_bundle(write_pair_bundle(tiny_pairs("qwen2.5-vl"), root / "bundle")), settings, "t")
+    inspector.use_programs({"cap": ProgramConfig(clip=CLIP)}, CAMERAS, ImageLimits())
+    yield inspector
+    inspector.close()
+
+
+def helper_logits(ins: Inspector, images: list[np.ndarray], question: str) -> np.ndarray:
+    """libmtmd's own path on the whole prompt: one media marker per frame at the image slot, in order."""
+    assert ins.mtmd is not None
+    p = ins.bundle.manifest.prompt
+    text = p.template.format(system=p.system, image=ins.mtmd.marker * len(images), prompt=question)
+    lm = ins.language
+    lm.forget_prefix(clear=True)
+    with ins.mtmd.tokenize(text, [img[:, :, ::-1].copy() for img in images], add_special=True) as chunks:
+        ins.mtmd.eval_chunks(lm.ctx, chunks, 0, 0, lm.n_batch)
+    lm.forget_prefix(clear=True)
+    return lm.ctx.logits_ith(-1).copy()
+
+
+def test_a_clips_prompt_holds_its_frames_images_oldest_first(ins: Inspector) -> None:
+    images = frames(3, seed=51)
+    enc = ins.encode_frame("capper", images[-1], clip_of(images))
+    prefix, image, suffix = ins.frame_sequence("capper", ins.default_prompt, enc)
+    assert isinstance(image, list)
+    blocks = [s.embeds for s in image if isinstance(s, MediaEmbeds)]
+    alone = [np.concatenate([s.embeds for s in ins.encode(img).parts if isinstance(s, MediaEmbeds)])  # type: ignore[attr-defined]
+             for img in images]
+    assert len(blocks) == 3  # one block per frame on this projector
+    for block, own in zip(blocks, alone, strict=True):
+        assert np.array_equal(block, own)
+    ins.language.forget_prefix(clear=True)
+    ours = ins.language.prompt_logits(prefix, image, suffix)
+    assert np.abs(ours - helper_logits(ins, images, ins.default_prompt)).max() <= TOLERANCE
+    # Order matters: the frames newest first are another prompt (a mutation that reversed them fails).
+    assert np.abs(ours - helper_logits(ins, images[::-1], ins.default_prompt)).max() > 100 * TOLERANCE
+
+
+def test_the_result_names_the_clips_frames_and_their_times(ins: Inspector) -> None:
+    images = frames(3, seed=52)
+    clip = clip_of(images)
+    result = ins.inspect(images[-1], camera="capper", seq=12, encoded=ins.encode_frame("capper", images[-1], clip))
+    assert result.frame.seq == 12
+    assert result.clip == [{"seq": 10, "captured_at": "2023-11-14T22:13:20.000Z"},
+                           {"seq": 11, "captured_at": "2023-11-14T22:13:20.500Z"},
+                           {"seq": 12, "captured_at": "2023-11-14T22:13:21.000Z"}]
+    assert result.to_dict()["clip"] == result.clip
+    assert "clip" not in ins.inspect(images[0], camera="api").to_dict()
+
+
+def test_a_request_of_one_frame_for_a_clip_camera_is_refused_naming_clip(ins: Inspector) -> None:
+    with pytest.raises(InputError, match=r"^clip: camera capper's program cap asks about a clip of 3 frames; "
+                                         "this request holds 1") as caught:
+        ins.inspect(frames(1, seed=53)[0], camera="capper")
+    assert caught.value.field == "clip"
+
+
+def test_the_ring_never_holds_more_than_its_frames_and_keeps_only_frames_spacing_apart() -> None:
+    ring = ClipRing(ClipConfig(frames=4, spacing_s=0.5))
+    image = np.zeros((8, 8, 3), np.uint8)
+    kept = []
+    for seq in range(1, 201):  # 20 frames a second for 10 s
+        if ring.offer(image, seq, 100.0 + seq * 0.05):
+            kept.append(seq)
+        assert len(ring) <= 4
+    assert len(kept) == 20 and len(ring) == 4
+    clip = ring.take()
+    assert clip is not None and [f.seq for f in clip] == kept[-4:]
+    gaps = np.diff([f.captured_at for f in clip])
+    assert (gaps >= 0.5 - 1e-9).all()
+    assert ring.take() is None  # no new frame since that clip: nothing to ask
+    assert not ring.offer(image, 195, 100.0 + 195 * 0.05)  # 0.2 s after the newest: not kept
+    assert ring.take() is None
+    assert ring.offer(image, 201, 100.0 + 201 * 0.05)
+    again = ring.take()
+    assert again is not None and [f.seq for f in again] == [*kept[-3:], 201]
+
+
+def test_the_ring_refuses_a_frame_over_its_share_of_the_bound() -> None:
+    ring = ClipRing(ClipConfig(frames=4, spacing_s=0), max_bytes=4 * 8 * 8 * 3)
+    assert not ring.offer(np.zeros((9, 8, 3), np.uint8), 1, 1.0)
+    assert ring.too_large == 1 and len(ring) == 0
+    assert ring.offer(np.zeros((8, 8, 3), np.uint8), 2, 2.0)
+
+
+def test_a_camera_asks_about_its_last_frames_spacing_apart(tmp_path: Path) -> None:
+    """Capture feeds the ring; the trigger loop queues one request per new clip, oldest first, spaced."""
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i, img in enumerate(frames(4, seed=54, size=(64, 48))):
+        (folder / f"{i}.png").write_bytes(encode(img, ".png"))
+    camera = Camera(CameraConfig(name="capper", source=str(folder), fps=20))
+    queue = InspectionQueue(8)
+    schedule = CameraSchedule(camera, TriggerConfig(mode="continuous"), None, queue, OpenGate())
+    schedule.use_clip(ClipConfig(frames=3, spacing_s=0.2))
+    camera.start()
+    schedule.start()
+    try:
+        requests: list[InspectionRequest] = []
+        deadline = time.monotonic() + 10
+        while len(requests) < 3 and time.monotonic() < deadline:
+            request = queue.get(timeout=0.5)
+            if request is None:
+                continue
+            request.encoded.set()
+            request.future.set_result(None)
+            requests.append(request)
+    finally:
+        schedule.stop()
+        camera.stop()
+    assert len(requests) == 3
+    assert schedule.clip is not None and len(schedule.clip) <= 3
+    newest = []
+    for request in requests:
+        assert request.clip is not None and len(request.clip) == 3
+        seqs = [f.seq for f in request.clip]
+        assert seqs == sorted(seqs) and request.seq == seqs[-1] and request.image is request.clip[-1].image
+        assert (np.diff([f.captured_at for f in request.clip]) >= 0.2).all()
+        newest.append(seqs[-1])
+    assert newest == sorted(set(newest))  # each request is a new clip
+    assert schedule.stats.waiting_for_clip > 0
+
+
+def test_a_clip_of_ten_thousand_frames_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("programs:\n  cap:\n    clip: {frames: 10000, spacing_s: 0.5}\n"
+                   "cameras:\n  - {name: capper, source: x.png, program: cap}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and "programs.cap.clip.frames" in message and "16" in message, message
+
+
+def test_a_clip_larger_than_the_ring_bound_is_one_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("programs:\n  cap:\n    clip: {frames: 16, spacing_s: 0.5}\n"
+                   "cameras:\n  - {name: capper, source: /dev/video0, width: 4096, height: 3072, program: cap}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and "programs.cap (camera capper): clip of 16 frames of 4096x3072" in message
+    cfg.write_text("programs:\n  cap:\n    clip: {frames: 4, spacing_s: 0.5}\n    tiling: {rows: 2, cols: 2}\n")
+    with pytest.raises(ConfigError, match="a clip is one question about whole frames"):
+        load_config(cfg)
+
+
+def test_a_bundle_of_one_image_refuses_a_clip_in_one_line(inspector: Inspector) -> None:
+    with pytest.raises(ConfigError, match=r"^programs.cap \(cameras: capper\): a clip needs a bundle that takes "
+                                          "several images"):
+        check_bundle_programs(inspector.bundle, {"cap": ProgramConfig(clip=CLIP)}, CAMERAS)
+    with pytest.raises(ConfigError, match="a clip needs"):
+        inspector.use_programs({"cap": ProgramConfig(clip=CLIP)}, CAMERAS, ImageLimits())
+    assert inspector.program_of("capper") is None
