@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import queue
 import random
 import time
+import urllib.parse
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -52,6 +54,8 @@ from edge_runtime.core.errors import EdgeRuntimeError, InputError
 bp = Blueprint("openai", __name__)
 bp.app_errorhandler(RailRefused)(refusal_response)  # app-wide: REST infer raises it too
 MIN_TEMPERATURE = 1e-3
+
+log = logging.getLogger(__name__)
 
 
 @bp.get("/v1/models")
@@ -100,11 +104,24 @@ def _image_bytes(url: str, field: str) -> bytes:
                           "(or enable api.allow_remote_image_urls)")
         from edge_runtime.core.http import request  # one deadline over every phase: a dripping server cannot hold us
 
-        limit = int(daemon().config.api.max_request_mb * 1024 * 1024)
+        api = daemon().config.api
+        limit = int(api.max_request_mb * 1024 * 1024)
         try:
-            data = request("GET", url, timeout_s=10, limit=limit, follow_redirects=True).body
+            parts = urllib.parse.urlsplit(url)
+        except ValueError:
+            raise invalid(field, "not a valid URL") from None
+        if parts.username is not None or parts.password is not None:
+            raise invalid(field, "image URLs with a user name or password are not fetched")
+        try:
+            data = request("GET", url, timeout_s=10, limit=limit, follow_redirects=True,
+                           local_ok=api.allow_local_image_urls).body
         except (OSError, ValueError) as exc:
-            raise invalid(field, f"the image could not be fetched ({exc})") from None
+            # The upstream's status, refusal or timeout stays in the log: echoed, it would make the
+            # endpoint a port scanner of whatever network the device sits on.
+            log.info("openai: %s: fetching %s failed: %s", field, url[:200], exc)
+            if str(exc).startswith("destination not allowed"):
+                raise invalid(field, f"{exc} (api.allow_local_image_urls)") from None
+            raise invalid(field, "the image could not be fetched") from None
         if len(data) > limit:
             raise ApiError(413, "image_too_large", f"{field}: the remote image is larger than the request limit",
                            field=field)

@@ -35,7 +35,7 @@ LIVE = (
     "log_level", "images", "inspection.jpeg_quality",
     "journal.max_rows", "journal.max_age_days", "journal.min_free_mb",
     "api.token",  # rotated by the API server on reload (api/)
-    "api.allow_remote_image_urls", "api.request_timeout_s",
+    "api.allow_remote_image_urls", "api.allow_local_image_urls", "api.request_timeout_s",
     "api.auth", "api.request_deadline_s", "api.connections_per_client",  # read per request / accept
     "ota",  # read by the update agent, a separate process
     "rules", "rules_budget",  # re-evaluated from the next verdict on (verdicts.py)

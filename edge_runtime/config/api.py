@@ -23,6 +23,10 @@ class ApiConfig(Section):
     max_request_mb: float = Field(16, gt=0, le=512, description="Largest accepted request body.")
     allow_remote_image_urls: bool = Field(
         False, description="Let /v1/chat/completions fetch http(s) image URLs (data: URLs always work).")
+    allow_local_image_urls: bool = Field(
+        False, description="With allow_remote_image_urls: also fetch from addresses of this device or its link "
+        "(loopback, link-local such as 169.254.x.x, multicast). Off, such a URL (or a redirect to one) is a "
+        "400, so a client cannot reach the device's own services through the image fetcher.")
     request_timeout_s: float = Field(60, gt=0, description="How long an API request waits for its verdict.")
     request_deadline_s: float = Field(
         15, ge=0.5, le=600, description="A request's head and body must arrive within this many seconds "

@@ -58,14 +58,17 @@ class Response:
 
 def request(method: str, url: str, *, timeout_s: float, limit: int, body: bytes | None = None,
             headers: Mapping[str, str] | None = None, follow_redirects: bool = False,
-            error_limit: int = 300) -> Response:
+            error_limit: int = 300, local_ok: bool = True) -> Response:
     """`method url` within `timeout_s` in all (redirects included). A 2xx answer: its body up to
     `limit` + 1 bytes. Anything else raises HttpFailure: for HTTP errors with the first `error_limit`
-    bytes of the body in the message."""
+    bytes of the body in the message. `local_ok=False`: a URL (or a redirect) whose host resolves to an
+    address of this machine or its link (loopback, link-local, unspecified, multicast, reserved) is
+    refused before connecting, checked on the addresses actually connected to (so a DNS answer that
+    changes between two lookups cannot slip through)."""
     deadline = time.monotonic() + timeout_s
     for _ in range(MAX_REDIRECTS + 1):
         status, location, response = _once(method, url, body, headers or {}, deadline, timeout_s,
-                                           limit, error_limit)
+                                           limit, error_limit, local_ok)
         if response is not None:
             return response
         if not follow_redirects or location is None:
@@ -79,7 +82,8 @@ def request(method: str, url: str, *, timeout_s: float, limit: int, body: bytes 
 
 
 def _once(method: str, url: str, body: bytes | None, headers: Mapping[str, str], deadline: float,
-          timeout_s: float, limit: int, error_limit: int) -> tuple[int, str | None, Response | None]:
+          timeout_s: float, limit: int, error_limit: int,
+          local_ok: bool) -> tuple[int, str | None, Response | None]:
     parts = urllib.parse.urlsplit(url)
     try:
         port = parts.port
@@ -96,6 +100,8 @@ def _once(method: str, url: str, body: bytes | None, headers: Mapping[str, str],
     resp: http.client.HTTPResponse | None = None
     try:
         addresses = _resolve(host, port, deadline)
+        if not local_ok:
+            _refuse_local(host, addresses)
         phase = "connect"
         sock, guard = _connect(addresses, deadline)
         if parts.scheme == "https":
@@ -165,6 +171,22 @@ def _read(resp: http.client.HTTPResponse, sock: socket.socket, deadline: float, 
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def is_local_address(text: str) -> bool:
+    """An address that reaches this machine or its own link rather than a server elsewhere (an IPv6
+    form of an IPv4 address is judged as that IPv4 address)."""
+    ip = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved
+
+
+def _refuse_local(host: str, addresses: list[Address]) -> None:
+    for *_, address in addresses:
+        if is_local_address(address[0]):
+            raise HttpFailure(f"destination not allowed: {host[:100]} is an address of this device or its link",
+                              retry=False)
 
 
 # ---- name lookup ------------------------------------------------------------------------------------

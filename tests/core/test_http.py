@@ -104,3 +104,33 @@ def test_a_request_whose_body_times_out_leaves_no_descriptor_of_its_connection_o
         assert failure.value.timed_out
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("address, local", [
+    ("127.0.0.1", True), ("127.200.0.9", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("169.254.169.254", True), ("fe80::1%eth0", True), ("0.0.0.0", True), ("::", True), ("224.0.0.1", True),
+    ("240.0.0.1", True), ("10.1.2.3", False), ("192.168.0.20", False), ("93.184.215.14", False),
+    ("2001:db8::5", False), ("::ffff:10.0.0.7", False),
+])
+def test_local_addresses_are_those_of_the_device_and_its_link(address: str, local: bool) -> None:
+    assert http.is_local_address(address) is local
+
+
+def test_a_redirect_to_a_local_address_is_refused_before_connecting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs on every hop's resolved addresses: the first hop (allowed here by treating only
+    127.0.0.2 as local) redirects to 127.0.0.2, which is never connected to."""
+    target = socket.create_server(("127.0.0.2", 0))
+    target.settimeout(0.5)
+    port = target.getsockname()[1]
+    first = OneAnswer(f"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.2:{port}/x\r\nContent-Length: 0\r\n\r\n"
+                      .encode())
+    monkeypatch.setattr(http, "is_local_address", lambda text: text == "127.0.0.2")
+    try:
+        with pytest.raises(HttpFailure, match="destination not allowed"):
+            request("GET", f"http://127.0.0.1:{first.port}/", timeout_s=5, limit=100, follow_redirects=True,
+                    local_ok=False)
+        with pytest.raises(TimeoutError):
+            target.accept()  # nothing connected
+    finally:
+        first.close()
+        target.close()
