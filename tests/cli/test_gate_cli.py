@@ -129,7 +129,7 @@ def test_a_folder_of_100000_files_is_listed_by_name_and_only_the_chosen_ones_are
     ("corrupt", "corrupt (its sha256 does not match"),
     ("not_a_bank", "not a gate bank file"),
     ("missing", "no such file"),
-    ("over_bound", "over the bound of 0 MiB"),
+    ("over_bound", "over the bound of 0.01 MiB"),
 ])
 def test_a_bad_bank_is_one_line_and_exit_2(case: str, says: str, bank: Path, demo_dir: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -217,8 +217,8 @@ def read_bank(path: Path, max_bytes: int, context: GateContext | None = None,
         n, dim = header.vectors.patches, header.vectors.dim
         need = index_bytes(n, dim)
         if need > max_bytes:
-            raise BankTooLarge(f"gate bank {path}: {n} patches of {dim} values need {need / 2**20:.0f} MiB in "
-                               f"memory, over the bound of {max_bytes / 2**20:.0f} MiB (gate.max_bank_mb): fit a "
+            raise BankTooLarge(f"gate bank {path}: {n} patches of {dim} values need {_mib(need)} in "
+                               f"memory, over the bound of {_mib(max_bytes)} (gate.max_bank_mb): fit a "
                                "smaller bank (--max-patches) or raise the bound")
         if dim != header.layout.embed_dim + 2:
             raise BankCorrupt(f"gate bank {path}: corrupt header (vectors of {dim} values for embeddings of "
@@ -259,3 +259,9 @@ def verify_bank(path: Path) -> BankHeader:
     if h.hexdigest() != header.vectors.sha256:
         raise BankCorrupt(f"gate bank {path}: corrupt (its sha256 does not match its contents)")
     return header
+
+
+def _mib(n: float) -> str:
+    """Two significant figures below 10 MiB, so a small bound never reads as "0 MiB" (review D11)."""
+    value = n / 2**20
+    return f"{value:.0f} MiB" if value >= 10 else f"{value:.2g} MiB"
