@@ -113,6 +113,16 @@ class ProgramConfig(Section):
         return self
 
 
+# A reference is shrunk to the projector's image budget anyway (Qwen2.5-VL's largest is ~12.8 MP), so one
+# beyond this is only decode time and memory at every reload (review D20: 8 x 49 MP took 72 s, +740 MB).
+MAX_REFERENCE_PIXELS = 16_000_000
+
+
+def reference_pixels(limits: ImageLimits) -> int:
+    """The pixel bound of a reference image: images.max_pixels, at most MAX_REFERENCE_PIXELS."""
+    return min(limits.max_pixels, MAX_REFERENCE_PIXELS)
+
+
 def check_references(programs: dict[str, ProgramConfig], users: dict[str, list[str]], limits: ImageLimits) -> None:
     """Read and decode every reference within `limits`; ValueError naming the program, its cameras
     (`users`) and the file on the first that fails."""
@@ -122,11 +132,13 @@ def check_references(programs: dict[str, ProgramConfig], users: dict[str, list[s
     for name, program in programs.items():
         for i, ref in enumerate(program.references):
             try:
-                read_image_file(ref.image, limits.max_pixels, limits.min_side, int(limits.max_file_mb * 2**20))
+                read_image_file(ref.image, reference_pixels(limits), limits.min_side, int(limits.max_file_mb * 2**20))
             except ImageError as exc:
                 cams = users.get(name) or []
                 used = f" (cameras: {', '.join(cams)})" if cams else ""
                 why = str(exc).removeprefix(f"{ref.image}: ").removeprefix(f"{ref.image} ")
+                if "pixels" in why and limits.max_pixels > MAX_REFERENCE_PIXELS:
+                    why += " (a reference is shrunk to the model's image budget anyway: downscale the file)"
                 raise ValueError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
 
 

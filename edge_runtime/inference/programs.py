@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.config import CameraConfig, ImageLimits
-from edge_runtime.config.programs import ProgramConfig, check_nok_field
+from edge_runtime.config.programs import ProgramConfig, check_nok_field, reference_pixels
 from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle, MmprojManifest
 from edge_runtime.core.errors import ConfigError, ImageError, InputError
@@ -45,6 +46,8 @@ _uids = itertools.count(1)
 
 # What a program needs of the inspector: libmtmd encodings split into (begin tokens, segments, end tokens).
 Split = Callable[[Sequence[Encoded]], tuple[list[int], list[Segment], list[int]]]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -175,11 +178,14 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
     for name, cfg in programs.items():
         used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
         tokens = budgets[name]
+        if cfg.references:  # each one decoded and encoded: seconds on a Jetson, said so a reload does not look hung
+            log.info("programs.%s: encoding %d reference(s)", name, len(cfg.references))
         refs = []
         for i, ref in enumerate(cfg.references):
             stamp = file_stamp(ref.image)  # before the read: a write during it shows at the next reload
             try:
-                frame = read_image_file(ref.image, limits.max_pixels, limits.min_side, int(limits.max_file_mb * 2**20))
+                frame = read_image_file(ref.image, reference_pixels(limits), limits.min_side,
+                                        int(limits.max_file_mb * 2**20))
                 enc = encode(frame, tokens)
             except (ImageError, InputError) as exc:
                 why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")

@@ -149,6 +149,23 @@ def test_a_bad_reference_refuses_the_config_in_one_line(tmp_path: Path) -> None:
         assert str(path) in message and why in message, message
 
 
+def test_a_reference_over_16_megapixels_is_refused_whatever_images_max_pixels_allows(tmp_path: Path) -> None:
+    """Review D20: a reference is shrunk to the projector's budget anyway; 8 of 49 MP each took 72 s and
+    +740 MB at a reload. One of 4,100 x 4,000 (16.4 MP, within images.max_pixels' 50 MP) is refused."""
+    refs = write_references(tmp_path / "refs")
+    big = tmp_path / "big.png"
+    big.write_bytes(encode(np.zeros((4000, 4100, 3), np.uint8), ".png"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"programs:\n  housing:\n    references:\n      - {{image: {refs[0]}, caption: golden}}\n"
+                   f"      - {{image: {big}, caption: big}}\n"
+                   "cameras:\n  - {name: belt, source: x.png, program: housing}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(cfg)
+    message = str(caught.value)
+    assert "\n" not in message and "references.1.image" in message and "16000000 pixels" in message, message
+    assert "downscale the file" in message
+
+
 def test_a_camera_naming_no_program_is_refused(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("cameras:\n  - {name: belt, source: x.png, program: nope}\n")
