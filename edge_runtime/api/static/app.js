@@ -17,6 +17,26 @@ function verdictText(v) {
 }
 function verdictClass(v) { return v && v.defect === true ? "bad" : v && v.defect === false ? "ok" : ""; }
 
+// An inspection program's regions, in the result's order: name and outcome (ok green, nok red, none grey:
+// no verdict), the region's error or answer on hover. DOM calls only: names and texts come from results.
+const OUTCOMES = { ok: ["ok", "OK"], nok: ["bad", "NOK"], none: ["none", "no verdict"] };
+function regionList(regions, list = document.createElement("ul")) {
+  list.className = "regions";
+  list.replaceChildren();
+  list.hidden = !Array.isArray(regions) || regions.length === 0;
+  for (const g of (Array.isArray(regions) ? regions : []).slice(0, 64)) {
+    const outcome = Object.hasOwn(OUTCOMES, g?.outcome) ? g.outcome : "none";
+    const li = document.createElement("li");
+    li.className = "badge " + OUTCOMES[outcome][0];
+    li.dataset.region = String(g?.name ?? "");
+    li.dataset.outcome = outcome;
+    li.textContent = `${String(g?.name ?? "?").slice(0, 40)} · ${OUTCOMES[outcome][1]}`;
+    li.title = String(g?.error || g?.text || "").slice(0, 300);
+    list.appendChild(li);
+  }
+  return list;
+}
+
 // A line chart; fromZero=false scales between the lowest and highest value (temperatures).
 function line(svg, raw, fromZero = true, unit = "") {
   const values = raw.filter(Number.isFinite);
@@ -51,7 +71,8 @@ function cameraCard(cam) {
     card.className = "card";
     card.dataset.camera = cam.name;
     card.innerHTML = `<h2><span>${esc(cam.name)}</span><span class="badge state"></span></h2>
-      <img alt="latest frame of ${esc(cam.name)}"><div class="verdict"></div><div class="kv info"></div>`;
+      <img alt="latest frame of ${esc(cam.name)}"><div class="verdict"></div><ul class="regions" hidden></ul>
+      <div class="kv info"></div>`;
     $("cameras").appendChild(card);
   }
   const badge = card.querySelector(".state");
@@ -71,6 +92,7 @@ function showVerdict(card, r) {
   el.textContent = verdictText(r.verdict);
   el.className = "verdict " + verdictClass(r.verdict);
   el.title = r.text;
+  regionList(r.regions, card.querySelector(".regions"));
 }
 
 function refreshFrame(name) {

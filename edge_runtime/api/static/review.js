@@ -39,6 +39,7 @@
       <div id="insp-detail" hidden>
         <img id="insp-image" alt="evidence">
         <div id="insp-verdict" class="verdict"></div>
+        <ul id="insp-regions" class="regions" hidden></ul>
         <div id="insp-info" class="kv"></div>
         <form id="review-form"><h2>Review</h2><div id="review-fields"></div>
           <label id="token-row" hidden><span>API token</span><input id="api-token" type="password" autocomplete="off"></label>
@@ -96,6 +97,7 @@
     if (r.evidence) img.src = r.evidence.uri;
     $("insp-verdict").textContent = verdictText(r.verdict);
     $("insp-verdict").className = "verdict " + cls(r.verdict);
+    if (typeof regionList === "function") regionList(r.regions, $("insp-regions")); // app.js: per-region outcomes
     const t = r.timings_ms || {};
     $("insp-info").innerHTML = `<span>camera</span><b>${esc(r.camera)}</b><span>time</span><b>${esc(r.ts)}</b>` +
       Object.entries(t).map(([k, v]) => `<span>${esc(k)} ms</span><b>${typeof v === "number" && Number.isFinite(v) ? v.toFixed(1) : "—"}</b>`).join("") +
