@@ -16,7 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from edge_runtime.config.base import NAME, Section
 from edge_runtime.config.gate import GateConfig
-from edge_runtime.config.programs import ProgramConfig
+from edge_runtime.config.programs import ProgramConfig, check_regions_inside
 from edge_runtime.config.rules import Condition
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.schema_budget import LIMITS, check_schema_budget
@@ -129,6 +129,31 @@ def program_region_names(program: ProgramConfig) -> list[str]:
     return names
 
 
+def check_line_programs(stations: list[StationConfig], programs: dict[str, ProgramConfig],
+                        camera_size: dict[str, tuple[int | None, int | None]]) -> None:
+    """Every program a station or recipe names exists, has no clip (a job inspects one frame) and, on a
+    camera of known size (`camera_size`), its regions lie inside the frame. ValueError in one line naming
+    line_io.stations.<s>[.recipes.<r>].program."""
+    for st in stations:
+        named = [(f"line_io.stations.{st.name}", st.program)]
+        named += [(f"line_io.stations.{st.name}.recipes.{rid}", r.program) for rid, r in st.recipes.items()]
+        for where, name in named:
+            if name is None:
+                continue
+            program = programs.get(name)
+            if program is None:
+                raise ValueError(f"{where}.program: no program {name!r} under programs:")
+            if program.clip is not None:
+                raise ValueError(f"{where}.program: program {name!r} asks about a clip of {program.clip.frames} "
+                                 "frames; a line job inspects the one frame its trigger takes")
+            width, height = camera_size.get(st.camera, (None, None))
+            if width is not None and height is not None:
+                try:
+                    check_regions_inside(program, width, height, name, st.camera)
+                except ValueError as exc:
+                    raise ValueError(f"{where}.program: {exc}") from None
+
+
 def check_defect_code_regions(stations: list[StationConfig], camera_program: dict[str, str | None],
                               programs: dict[str, ProgramConfig]) -> None:
     """Every region a station's (or recipe's) `defect_codes` names is one its program's results carry: a
@@ -136,9 +161,9 @@ def check_defect_code_regions(stations: list[StationConfig], camera_program: dic
     for st in stations:
         if st.camera not in camera_program:
             continue  # an unknown camera is refused at start and by doctor
-        owners = [(f"line_io.stations.{st.name}", st.defect_codes, None)]
+        owners = [(f"line_io.stations.{st.name}", st.defect_codes, st.program)]
         # A recipe naming a program of its own asks that program's regions in place of the camera's.
-        owners += [(f"line_io.stations.{st.name}.recipes.{rid}", r.defect_codes, getattr(r, "program", None))
+        owners += [(f"line_io.stations.{st.name}.recipes.{rid}", r.defect_codes, r.program or st.program)
                    for rid, r in st.recipes.items()]
         for where, codes, own in owners:
             if codes is None or not codes.regions:
@@ -173,6 +198,10 @@ class RecipeConfig(Section):
     defect_codes: DefectCodes | None = Field(
         None, description="DefectCode of this recipe's NOKs by failing region or category (default: the "
         "station's defect_codes).")
+    program: str | None = Field(
+        None, pattern=NAME, description="The inspection program (under programs:) this recipe's parts are "
+        "inspected with: its references, regions and image token budget (default: the station's, else the "
+        "camera's). Not one with a clip: a job is one frame.")
 
     @field_validator("verdict_schema", mode="before")
     @classmethod
@@ -207,6 +236,9 @@ class StationConfig(Section):
     defect_codes: DefectCodes | None = Field(
         None, description="DefectCode of a NOK by its first failing region (in region order) or that "
         "verdict's category; before defect_code_field. docs/line-io.md, Defect codes.")
+    program: str | None = Field(
+        None, pattern=NAME, description="The inspection program (under programs:) of this station's jobs whose "
+        "recipe names none (default: the camera's). Not one with a clip: a job is one frame.")
     recipes: dict[str, RecipeConfig] = Field(
         default_factory=dict, max_length=256,
         description="RecipeId -> recipe; with none configured the line must send an empty RecipeId.")

@@ -21,7 +21,7 @@ from edge_runtime.config.cameras import CameraConfig
 from edge_runtime.config.governor import GovernorConfig
 from edge_runtime.config.inspection import ImageLimits, InspectionConfig
 from edge_runtime.config.journal import EvidenceConfig, JournalConfig
-from edge_runtime.config.line_io import LineIOConfig, check_defect_code_regions
+from edge_runtime.config.line_io import LineIOConfig, check_defect_code_regions, check_line_programs
 from edge_runtime.config.loader import Expander, line_of
 from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
@@ -116,6 +116,8 @@ class Config(Section):
                     check_clip_ring(self.programs[cam.program], size[0], size[1], cam.program, cam.name)
         check_region_schemas(self.programs, users)
         check_references(self.programs, users, self.images)
+        check_line_programs(self.line_io.stations, self.programs,
+                            {c.name: (c.roi[2], c.roi[3]) if c.roi else (c.width, c.height) for c in self.cameras})
         check_defect_code_regions(self.line_io.stations, {c.name: c.program for c in self.cameras}, self.programs)
         return self
 

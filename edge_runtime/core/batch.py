@@ -44,6 +44,7 @@ class BatchJob:
     capture_ms: float = 0.0
     governor: dict[str, Any] | None = None
     schema: dict[str, Any] | None = None  # the verdict's own JSON schema (a station's recipe); None: the bundle's
+    program: str | None = None  # the inspection program by name (a station's recipe); None: the camera's
 
 
 @dataclass

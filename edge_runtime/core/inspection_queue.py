@@ -48,6 +48,7 @@ class InspectionRequest:
     schema: dict[str, Any] | None = None
     line: LineTag | None = None  # a line station's job: travels to the result (verdicts/pipeline.py)
     chat: ChatJob | None = None  # a chat completion: generated in the worker's batch beside the verdicts
+    program: str | None = None  # the inspection program by name (a line recipe's); None: the camera's
     clip: tuple[ClipFrame, ...] | None = None  # a program's clip, oldest first (`image` is its newest frame)
     future: Future[Any] = field(default_factory=Future)
     encoded: threading.Event = field(default_factory=threading.Event)  # set once the encoder stage is done

@@ -460,14 +460,21 @@ class Inspector:
         """The running programs' references whose file changed on disk since it was encoded."""
         return changed_references(self._programs[0])
 
-    def program_of(self, camera: str) -> LoadedProgram | None:
-        return self._programs[1].get(camera)
+    def program_of(self, camera: str, program: str | None = None) -> LoadedProgram | None:
+        """The program a frame is inspected with: `program` by name (a line recipe's), else the camera's.
+        InputError naming `program` when that name is not loaded (a reload refused the programs)."""
+        if program is None:
+            return self._programs[1].get(camera)
+        found = self._programs[0].get(program)
+        if found is None:
+            raise InputError(f"program: no inspection program {program!r} is loaded", field="program")
+        return found
 
-    def frame_sequence(self, camera: str, prompt: str, enc: Encoded, field: str = "prompt"
-                       ) -> tuple[Head, ImagePart, list[int]]:
+    def frame_sequence(self, camera: str, prompt: str, enc: Encoded, field: str = "prompt",
+                       program_name: str | None = None) -> tuple[Head, ImagePart, list[int]]:
         """A camera's frame as a prompt: under its program (references before the frame, all of it up
         to the frame one shared `Prefix`), or the plain layout of `sequence`."""
-        program = self._programs[1].get(camera)
+        program = self.program_of(camera, program_name)
         encs = enc.frames if isinstance(enc, ClipEncoded) else [enc]  # a clip: its frames, oldest first
         if program is None or not program.references:
             return self.sequence(prompt, encs, field=field)
@@ -553,18 +560,19 @@ class Inspector:
 
     def inspect(self, frame: np.ndarray, *, camera: str = "api", prompt: str | None = None,
                 seq: int = 0, capture_ms: float = 0.0, governor: dict[str, Any] | None = None,
-                encoded: Encoded | None = None, schema: dict[str, Any] | None = None) -> Result:
+                encoded: Encoded | None = None, schema: dict[str, Any] | None = None,
+                program: str | None = None) -> Result:
         """Run the whole pipeline on one BGR frame and return a Result valid against `schema`
-        (None: the bundle's verdict_schema)."""
+        (None: the bundle's verdict_schema), under `program` by name (None: the camera's)."""
         rules = self.verdict_rules(schema)  # a refused schema costs no encode
-        enc = encoded or self.encode_frame(camera, frame)
-        program = self.program_of(camera)
-        if isinstance(enc, RegionsEncoded) or (program is not None and program.references):
+        enc = encoded or self.encode_frame(camera, frame, program_name=program)
+        loaded = self.program_of(camera, program)
+        if isinstance(enc, RegionsEncoded) or (loaded is not None and loaded.references):
             # Regions: every region a sequence of one batch. References: the parallel slots keep the
             # program's prefix KV beside other prefixes (the main context keeps one: a camera without
             # references, or an API request, between two frames would make it decode the references again).
             served: list[Result | Generation | Exception] = []
-            self.serve([BatchJob(enc, camera, prompt, seq, capture_ms, governor, schema)],
+            self.serve([BatchJob(enc, camera, prompt, seq, capture_ms, governor, schema, program)],
                        lambda _w, outcome: served.append(outcome))
             if isinstance(served[0], Exception):
                 raise served[0]
@@ -572,7 +580,7 @@ class Inspector:
             return served[0]
         t0 = time.perf_counter()
         question = prompt or self.default_prompt
-        prefix, image, suffix = self.frame_sequence(camera, question, enc)
+        prefix, image, suffix = self.frame_sequence(camera, question, enc, program_name=program)
         gen = self.generate(prefix, image, suffix, rules.grammar, self.max_tokens)
         return self._result(enc, gen, question, camera, seq, capture_ms, governor, t0, rules)
 
@@ -598,7 +606,8 @@ class Inspector:
             except SchemaRefused as exc:
                 out[i] = exc
                 continue
-            prompts.append(Prompt(*self.frame_sequence(job.camera, question, job.encoded), rules.grammar,
+            prompts.append(Prompt(*self.frame_sequence(job.camera, question, job.encoded, program_name=job.program),
+                                  rules.grammar,
                                   self.max_tokens))
             ruled.append((i, rules))
         gens = self.generate_batch(prompts, self.grammar, self.max_tokens) if prompts else []
@@ -657,10 +666,12 @@ class Inspector:
         with self._lock:
             return self.language.serve(prompts(work), done, more)
 
-    def encode_frame(self, camera: str, frame: np.ndarray, clip: Sequence[ClipFrame] | None = None) -> Encoded:
+    def encode_frame(self, camera: str, frame: np.ndarray, clip: Sequence[ClipFrame] | None = None,
+                     program_name: str | None = None) -> Encoded:
         """A camera's frame encoded as its program asks: each region's crop (the frame hashed once for
-        the encoder cache), each frame of its clip (clips.py), or the whole frame."""
-        program = self.program_of(camera)
+        the encoder cache), each frame of its clip (clips.py), or the whole frame. `program_name`: a line
+        recipe's program in place of the camera's."""
+        program = self.program_of(camera, program_name)
         cfg = program.config if program is not None else None
         tokens = program.tokens if program is not None else None
         if program is not None and cfg is not None and cfg.clip is not None:
@@ -687,7 +698,7 @@ class Inspector:
 
     def _region_prompts(self, w: BatchJob, enc: RegionsEncoded) -> tuple[list[Prompt], _Collected]:
         """One prompt per region that has an encoding, tagged with what collects the frame's regions."""
-        program = self.program_of(w.camera)
+        program = self.program_of(w.camera, w.program)
         nok_field = program.config.nok_field if program is not None and program.config is not None else "defect"
         collected = _Collected(enc, nok_field, self.parse_verdict)
         prompts = []
@@ -698,8 +709,8 @@ class Inspector:
             try:
                 rules = self.verdict_rules(spec.schema if spec.schema is not None else w.schema)
                 question = spec.prompt or w.prompt or self.default_prompt
-                prompts.append(Prompt(*self.frame_sequence(w.camera, question, renc, field="prompt"), rules.grammar,
-                                      self.max_tokens, tag=(w, rules, collected, k)))
+                prompts.append(Prompt(*self.frame_sequence(w.camera, question, renc, "prompt", w.program),
+                                      rules.grammar, self.max_tokens, tag=(w, rules, collected, k)))
             except (InputError, InferenceError) as exc:
                 collected.outcomes[k] = judge(spec, None, "", nok_field, str(exc))
         collected.pending = len(prompts)
@@ -730,7 +741,8 @@ class Inspector:
         if isinstance(w, BatchJob):
             rules = self.verdict_rules(w.schema)
             question = w.prompt or self.default_prompt
-            return Prompt(*self.frame_sequence(w.camera, question, w.encoded), rules.grammar, self.max_tokens,
+            return Prompt(*self.frame_sequence(w.camera, question, w.encoded, program_name=w.program), rules.grammar,
+                          self.max_tokens,
                           tag=(w, rules))
         job = w.job
         enc = w.encoded

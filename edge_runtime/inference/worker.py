@@ -118,7 +118,8 @@ class InspectionWorker:
             if self.overlap and request.job is None and request.image is not None:
                 try:
                     inspector = self.get_inspector()
-                    encoded = (inspector, inspector.encode_frame(request.camera, request.image, request.clip))
+                    encoded = (inspector, inspector.encode_frame(request.camera, request.image, request.clip,
+                                                                   request.program))
                 except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
                     encoded = exc
             request.encoded.set()
@@ -212,7 +213,8 @@ class InspectionWorker:
     def _inspect_batch(self, work: list[tuple[InspectionRequest, Encoded]]) -> None:
         gate = self.gate.decision()
         t0 = time.monotonic()
-        jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state, r.schema) for r, enc in work]
+        jobs = [BatchJob(enc, r.camera, r.prompt, r.seq, r.capture_ms, gate.state, r.schema, r.program)
+                for r, enc in work]
         try:
             outcomes = self.get_inspector().inspect_batch(jobs)
             self.batches += 1
@@ -304,7 +306,7 @@ class InspectionWorker:
         if encoded is None:
             return None
         return BatchJob(encoded, request.camera, request.prompt, request.seq, request.capture_ms,
-                        self.gate.decision().state, request.schema)
+                        self.gate.decision().state, request.schema, request.program)
 
     def _delivered(self, request: InspectionRequest, result: Result, t0: float, sharing: int) -> None:
         """Journal a verdict from a served batch and answer. Energy: what the device took since the
@@ -334,12 +336,13 @@ class InspectionWorker:
         if request.image is None:
             raise ValueError("an inspection request carries either a job or an image")
         if encoded is None and request.clip is not None:  # not encoded ahead: the clip's frames, not the newest alone
-            encoded = inspector.encode_frame(request.camera, request.image, request.clip)
+            encoded = inspector.encode_frame(request.camera, request.image, request.clip, request.program)
         gate = self.gate.decision()
         t0 = time.monotonic()
         result: Result = inspector.inspect(request.image, camera=request.camera, prompt=request.prompt,
                                            seq=request.seq, capture_ms=request.capture_ms,
-                                           governor=gate.state, encoded=encoded, schema=request.schema)
+                                           governor=gate.state, encoded=encoded, schema=request.schema,
+                                           program=request.program)
         if self.energy is not None:
             result.energy_j = self.last_energy_j = self.energy(t0, time.monotonic())
         return self._deliver(request, result)

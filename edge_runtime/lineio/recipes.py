@@ -38,11 +38,13 @@ def recipe_id(cfg: StationConfig, recipe: str | None) -> str:
 
 def job_request(cfg: StationConfig, seq: int, part_id: str, recipe: str, deadline: float,
                 camera_prompt: str | None) -> JobRequest:
-    """What the capture side is asked for one job: the recipe's prompt and verdict schema, if it has them."""
+    """What the capture side is asked for one job: the recipe's prompt, verdict schema and program (the
+    station's program where the recipe names none), if it has them."""
     chosen = cfg.recipes.get(recipe)
     prompt = chosen.prompt if chosen is not None and chosen.prompt else camera_prompt
+    program = (chosen.program if chosen is not None else None) or cfg.program
     return JobRequest(cfg.name, seq, part_id, recipe, cfg.camera, prompt, deadline,
-                      chosen.verdict_schema if chosen is not None else None)
+                      chosen.verdict_schema if chosen is not None else None, program)
 
 
 def judge(cfg: StationConfig, result: Result) -> tuple[LineOutcome, int]:

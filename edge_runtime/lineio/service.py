@@ -164,6 +164,7 @@ class LineIO:
 
         def tag(request: InspectionRequest) -> None:
             request.schema = job.schema  # the recipe's verdict schema (None: the bundle's)
+            request.program = job.program  # the recipe's or station's program (None: the camera's)
             request.line = LineTag(job.station, job.part_id, job.recipe, job.seq)  # back on the result
 
         return rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag).future

@@ -74,6 +74,7 @@ class JobRequest:
     prompt: str | None
     deadline: float  # time.monotonic() by which the frame must be taken
     schema: dict[str, Any] | None = None  # the recipe's verdict schema (None: the bundle's)
+    program: str | None = None  # the recipe's (or station's) inspection program (None: the camera's)
 
 
 class JobStore(Protocol):

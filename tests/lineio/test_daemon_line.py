@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config import CameraConfig, Config, TriggerConfig
+from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig, parse_config
 from edge_runtime.config.line_io import LineIOConfig
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.core.samples import write_sample_video
@@ -297,3 +298,56 @@ def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None
         wait_for(refused, timeout=30, what="the refused job's ERROR result")
         assert station.signals().result == LineOutcome.ERROR
         assert station.ack_result(seq)
+
+
+def test_a_recipe_naming_a_program_is_inspected_with_that_program(tmp_path: Path, demo_dir: Path,
+                                                                  video: Path) -> None:
+    """A recipe's program (its tiles) is what its PLC-triggered job is inspected with, through the real
+    line path; a recipe naming none keeps the camera's (here: no program, so no regions)."""
+    cfg = Config(device_id="line-1", data_dir=tmp_path)
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.programs = {"halves": ProgramConfig(tiling={"rows": 1, "cols": 2})}
+    cfg.cameras = [CameraConfig(name="cam", source=str(video), fps=30, trigger=TriggerConfig(mode="on_demand"))]
+    cfg.line_io = LineIOConfig.model_validate({"stations": [{
+        "name": "st1", "camera": "cam", "result_deadline_ms": 120_000, "heartbeat_ms": 100,
+        "nok_when": [{"field": "verdict.defect", "equals": True}],
+        "recipes": {"tiled": {"program": "halves"}, "whole": {}}}]})
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        assert daemon.line_io is not None
+        station = daemon.line_io.stations[0]
+        wait_for(lambda: station.signals().ready, timeout=60, what="the station ready (model warm, camera up)")
+        db = sqlite3.connect(daemon.config.journal_path())
+        for recipe, regions in (("tiled", ["tile_r1_c1", "tile_r1_c2"]), ("whole", None)):
+            seq = station.trigger(f"P-{recipe}", recipe)
+            wait_for(lambda: station.signals().result_valid, timeout=120, what=f"ResultValid of {recipe}")
+            rows = db.execute("SELECT recipe, body FROM results WHERE part_id = ?", (f"P-{recipe}",)).fetchall()
+            assert len(rows) == 1 and rows[0][0] == recipe
+            body = json.loads(rows[0][1])
+            got = [r["name"] for r in body["regions"]] if body["regions"] is not None else None
+            assert got == regions, (recipe, body)
+            assert station.signals().inspection_seq == seq
+            assert station.ack_result(seq)
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("where,program,message", [
+    ("recipe", "nope", r"line_io.stations.st1.recipes.r1.program: no program 'nope' under programs:"),
+    ("station", "nope", r"line_io.stations.st1.program: no program 'nope' under programs:"),
+    ("recipe", "clip4", r"line_io.stations.st1.recipes.r1.program: program 'clip4' asks about a clip of 4 frames"),
+])
+def test_a_recipe_or_station_naming_an_unusable_program_is_one_line(where: str, program: str, message: str) -> None:
+    station = "    - name: st1\n      camera: cam\n      nok_when: [{field: verdict.defect, equals: true}]\n"
+    if where == "station":
+        station += f"      program: {program}\n"
+    station += "      recipes:\n        r1: {" + (f"program: {program}" if where == "recipe" else "") + "}\n"
+    text = ("programs:\n  clip4:\n    clip: {frames: 4, spacing_s: 0.5}\n"
+            "cameras:\n  - {name: cam, source: x.png}\nline_io:\n  stations:\n" + station)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert "\n" not in str(caught.value)
+    assert re.search(message, str(caught.value)), str(caught.value)
