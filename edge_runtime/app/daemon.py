@@ -10,7 +10,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -19,17 +19,18 @@ import numpy as np
 
 from edge_runtime import __version__
 from edge_runtime.api import ApiServer
-from edge_runtime.app.reload import Reloading
-from edge_runtime.app.services import DeviceServices
-from edge_runtime.app.status import DeviceReports
+from edge_runtime.app.reload import Reloader
+from edge_runtime.app.running import Running
+from edge_runtime.app.status import StatusReport
 from edge_runtime.capture.rig import CameraRig, cameras_not_in_file, clip_of
 from edge_runtime.config import CameraConfig, Config
 from edge_runtime.core import systemd
-from edge_runtime.core.device import Device, ModelInfo
+from edge_runtime.core.device import ChatJob, ChatOutput, Device, EvidenceFile, ModelInfo
 from edge_runtime.core.errors import EdgeRuntimeError, StorageFull, UnknownCamera
 from edge_runtime.core.governor_gate import Gate, OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
+from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery
 from edge_runtime.delivery.mqtt.commands import command_table
 from edge_runtime.delivery.webhooks import WebhookOutbox
@@ -57,28 +58,27 @@ class Service(Protocol):
     def stop(self) -> None: ...
 
 
-class Daemon(DeviceServices, DeviceReports, Reloading):
-    """The running device: model, journal, cameras, schedules and the inspection worker."""
+class Daemon:
+    """The running device: model, journal, cameras, schedules and the inspection worker.
 
-    def __init__(self, config: Config, model_dir: str | None = None, config_path: Path | None = None) -> None:
-        self.config = config
+    It builds the parts, connects them, starts and stops them; `report` answers status and health,
+    `reloader` applies a re-read config file; both read what a reload replaces from `running`."""
+
+    def __init__(self, config: Config, model_dir: str | None = None, config_path: Path | None = None, *,
+                 gate: Gate | None = None) -> None:
+        """`gate`: the frames' gate instead of the governor's (tests); the governor still runs if enabled."""
+        self.running = Running(config, file_config=config)
         self.model_dir = model_dir
         self.config_path = config_path
-        # The last accepted file's settings: a reload that silently loses a protection of it is refused
-        # (app/reload_guard.py).
-        self.file_config = config
         # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
         self.extra_cameras = cameras_not_in_file(config, config_path)
         self.started = time.time()
-        self.gate: Gate = OpenGate()
+        self.governor = _governor(config) if config.governor.enabled else None
+        self.gate: Gate = gate or (GovernorGate(self.governor) if self.governor is not None else OpenGate())
         self.inspections = InspectionQueue(config.inspection.queue_size)
         # Unsent rows are kept through retention only while an outbox will ever send them.
         self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days,
                                keep_unsent=config.mqtt.enabled, min_free_mb=config.journal.min_free_mb)
-        self.inspector: Inspector | None = None
-        # Copy-on-write: a reload or a camera start publishes a new dict, so status() and trigger()
-        # iterate a snapshot that no other thread mutates.
-        self.rigs: dict[str, CameraRig] = {}
         # Every verdict, local or remote, takes one path: journal, then the sinks (verdicts/pipeline.py).
         self.pipeline = VerdictPipeline(self.journal, self._stats_for)
         self.sinks = self.pipeline.sinks  # MQTT, the API's event stream and metrics, line I/O stations
@@ -87,15 +87,15 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
                                        overlap=config.inspection.overlap_stages,
                                        max_batch=config.inspection.max_batch)
         self.gates = self.worker.gates = GateStep()  # the anomaly gate per camera (inference/anomaly/step.py)
-        self.services: list[Service] = []  # started after the model, stopped before it (MQTT, API, …)
-        self.governor: GovernorService | None = None
-        if config.governor.enabled:
-            self._add_governor(config)
+        # Started after the model, stopped before it (MQTT, API, …); the governor first: cameras start
+        # behind its gate.
+        self.services: list[Service] = []
+        if self.governor is not None:
+            self.worker.energy = self.governor.energy_j
+            self.services.append(self.governor)
         self.mqtt: MqttService | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
-        self._reload_lock = threading.Lock()
-        self._telemetry_mark = (time.monotonic(), 0)
         # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
         self.faults: set[str] = set()
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
@@ -127,16 +127,40 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
             self.services.append(self.line_io)
             self.sinks.append(self.line_io)  # the station hears its verdict after the commit
             self.gates.recipe_of = self.line_io.recipe_of  # a recipe's own anomaly gate
+        self.report = StatusReport(self.running, started=self.started, faults=self.faults,
+                                   inspections=self.inspections, journal=self.journal, worker=self.worker,
+                                   pipeline=self.pipeline, verdicts=self.verdicts, gate=self.gate, mqtt=self.mqtt,
+                                   offload=self.offload, line_io=self.line_io)
+        self.reloader = Reloader(self.running, config_path, extra_cameras=self.extra_cameras, journal=self.journal,
+                                 verdicts=self.verdicts, gates=self.gates, faults=self.faults, api=self.api,
+                                 mqtt=self.mqtt, load_inspector=self._load_inspector,
+                                 start_camera=self._start_camera)
 
-    def _add_governor(self, config: Config) -> None:
-        try:
-            sensor = detect_sensor(config.governor.sensor, config.governor.replay_file)
-        except (RuntimeError, ValueError) as exc:
-            raise EdgeRuntimeError(f"governor: {exc}") from None
-        self.governor = GovernorService(config.governor, sensor)
-        self.set_gate(GovernorGate(self.governor))
-        self.worker.energy = self.governor.energy_j
-        self.services.append(self.governor)
+    # ---- what a reload replaces (kept in `running`, shared with the report and the reloader) ----
+
+    @property
+    def config(self) -> Config:
+        return self.running.config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        self.running.config = config
+
+    @property
+    def inspector(self) -> Inspector | None:
+        return self.running.inspector
+
+    @inspector.setter
+    def inspector(self, inspector: Inspector | None) -> None:
+        self.running.inspector = inspector
+
+    @property
+    def rigs(self) -> dict[str, CameraRig]:
+        return self.running.rigs
+
+    @rigs.setter
+    def rigs(self, rigs: dict[str, CameraRig]) -> None:
+        self.running.rigs = rigs
 
     def _add_mqtt(self, config: Config) -> None:
         discovery: Callable[[], list[tuple[str, str]]] | None = None
@@ -158,11 +182,6 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
             self._current_inspector, self.pipeline.deliver, self.inspections.submit, lambda: self.gate.decision(),
             lambda reason, active: self.faults.add(reason) if active else self.faults.discard(reason))
         self.services.append(self.offload)  # the first service stopped: frames still queued are counted drops
-
-    def set_gate(self, gate: Gate) -> None:
-        """Install the governor's gate; call before start()."""
-        self.gate = gate
-        self.worker.gate = gate
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -254,7 +273,23 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
             raise UnknownCamera(f"no camera named {camera!r}")
         return rig.latest_jpeg(self.config.inspection.jpeg_quality)
 
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file (app/reload.py): what was applied, what needs a restart."""
+        return self.reloader.reload()
+
     # ---- queries (the rest of Device) ----------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self.report.health()
+
+    def alive(self) -> bool:
+        return self.report.alive()
+
+    def status(self) -> dict[str, Any]:
+        return self.report.status()
+
+    def telemetry(self) -> dict[str, Any]:
+        return self.report.telemetry()
 
     def camera_names(self) -> list[str]:
         return sorted(self.rigs)
@@ -273,6 +308,45 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
     def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
         return self.journal.query(camera, since, until, limit, before_seq)
+
+    def constraint(self, schema: dict[str, Any]) -> str:
+        return self._current_inspector().constraint(schema)
+
+    def chat(self, job: ChatJob) -> Future[ChatOutput]:
+        """Queue a chat completion: the worker generates it in the same batched decode as the cameras'
+        verdicts and other chats (its image encoded ahead like a frame). Raises QueueFull."""
+        future: Future[ChatOutput] = self.inspections.submit(InspectionRequest(
+            job.image, "openai", journal=False, chat=job))
+        if job.on_end is not None:
+            on_end = job.on_end
+            # Whatever settles it (its generation, a failure, the daemon stopping): the stream ends.
+            future.add_done_callback(lambda _future: on_end())
+        return future
+
+    def verdict_status(self) -> dict[str, Any] | None:
+        return self.verdicts.status()
+
+    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        store = self.verdicts.evidence
+        found = store.lookup(result_id) if store is not None else None
+        if store is None or found is None:
+            return None
+        return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
+            EvidenceFile(found.path, found.sha256)
+
+    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
+        return self.verdicts.reviews.query(f)
+
+    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]:
+        return self.verdicts.reviews.iterate(f)
+
+    def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
+        errors = sorted(self._current_inspector().validator.iter_errors(verdict), key=str)
+        return (errors[0].message, "".join(f".{p}" for p in errors[0].absolute_path)) if errors else None
+
+    def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
+                      note: str | None) -> dict[str, Any]:
+        return self.verdicts.reviews.write(result, action, correction, note)
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -300,6 +374,14 @@ class Daemon(DeviceServices, DeviceReports, Reloading):
 
     def _load_inspector(self, config: Config) -> Inspector:
         return open_inspector(config, self.model_dir)
+
+
+def _governor(config: Config) -> GovernorService:
+    try:
+        sensor = detect_sensor(config.governor.sensor, config.governor.replay_file)
+    except (RuntimeError, ValueError) as exc:
+        raise EdgeRuntimeError(f"governor: {exc}") from None
+    return GovernorService(config.governor, sensor)
 
 
 def _as_device(daemon: Daemon) -> Device:

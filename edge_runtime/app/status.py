@@ -1,21 +1,20 @@
-"""The device's own report, for `app.Daemon`: readiness (`health`, what /readyz answers), the full
-`status` (REST, the page, metrics), the periodic MQTT telemetry, the supervised threads. Kept apart
-from the wiring so the composition root only builds, starts and stops."""
+"""The device's own report: readiness (`health`, what /readyz answers), the full `status` (REST, the
+page, metrics), the periodic MQTT telemetry, the supervised threads. `app.daemon.Daemon` answers with
+it, so the composition root only builds, starts and stops."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 from edge_runtime import __version__
-from edge_runtime.capture.rig import CameraRig, camera_status, telemetry_message
-from edge_runtime.config import Config
+from edge_runtime.app.running import Running
+from edge_runtime.capture.rig import camera_status, telemetry_message
 from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import InspectionQueue
 from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.fleet.offload.router import Offloader
-from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.lineio.service import LineIO
 from edge_runtime.verdicts.journal import Journal
@@ -23,38 +22,27 @@ from edge_runtime.verdicts.pipeline import VerdictPipeline
 from edge_runtime.verdicts.stage import VerdictServices
 
 
-class StatusHost(Protocol):
-    """What the mixin reads of the class it is mixed into (`app.Daemon`); mypy checks each use."""
+class StatusReport:
+    """The status half of `core.device.Device`, read from the parts it is given."""
 
-    config: Config
-    started: float
-    faults: set[str]
-    inspector: Inspector | None
-    inspections: InspectionQueue
-    journal: Journal
-    worker: InspectionWorker
-    pipeline: VerdictPipeline
-    verdicts: VerdictServices
-    rigs: dict[str, CameraRig]
-    gate: Gate
-    mqtt: MqttService | None
-    offload: Offloader | None
-    line_io: LineIO | None
-    _telemetry_mark: tuple[float, int]
+    def __init__(self, running: Running, *, started: float, faults: set[str], inspections: InspectionQueue,
+                 journal: Journal, worker: InspectionWorker, pipeline: VerdictPipeline, verdicts: VerdictServices,
+                 gate: Gate, mqtt: MqttService | None, offload: Offloader | None, line_io: LineIO | None) -> None:
+        self.running = running
+        self.started = started
+        self.faults = faults  # shared with the daemon's parts, which add and discard their own reasons
+        self.inspections = inspections
+        self.journal = journal
+        self.worker = worker
+        self.pipeline = pipeline
+        self.verdicts = verdicts
+        self.gate = gate
+        self.mqtt = mqtt
+        self.offload = offload
+        self.line_io = line_io
+        self._telemetry_mark = (time.monotonic(), 0)
 
-    def health(self) -> dict[str, Any]: ...
-
-    def alive(self) -> bool: ...
-
-    def threads(self) -> list[SupervisedThread]: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-
-class DeviceReports:
-    """Mixed into `app.Daemon`: the status half of `core.device.Device`."""
-
-    def health(self: StatusHost) -> dict[str, Any]:
+    def health(self) -> dict[str, Any]:
         """Cheap readiness snapshot for /readyz, telemetry, metrics and the page (no journal query).
 
         ``ready`` means the device can inspect and journal: the model is loaded and warmed up, the
@@ -70,7 +58,7 @@ class DeviceReports:
             self.faults.add("disk full")
         else:
             self.faults.discard("disk full")
-        inspector = self.inspector
+        inspector = self.running.inspector
         model_ready = bool(inspector and inspector.ready)
         alive = self.alive()
         # What stops inspecting or journaling: only these make /readyz answer 503.
@@ -88,22 +76,22 @@ class DeviceReports:
         state = "ok" if ready and not reasons else ("starting" if not model_ready and not reasons else "degraded")
         return {"ready": ready, "state": state, "reasons": reasons}
 
-    def alive(self: StatusHost) -> bool:
+    def alive(self) -> bool:
         """The pipeline really works: the worker turns and no inspection has hung."""
-        return self.inspector is not None and self.worker.alive(max_busy_s=60.0)
+        return self.running.inspector is not None and self.worker.alive(max_busy_s=60.0)
 
-    def threads(self: StatusHost) -> list[SupervisedThread]:
+    def threads(self) -> list[SupervisedThread]:
         """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox, line I/O)."""
         threads = self.worker.threads() + (self.mqtt.threads() if self.mqtt else [])
         threads += self.line_io.threads() if self.line_io else []
-        for rig in self.rigs.values():
+        for rig in self.running.rigs.values():
             threads += rig.schedule.threads()
         return threads
 
-    def status(self: StatusHost) -> dict[str, Any]:
-        rigs, config = self.rigs, self.config  # one consistent snapshot (both are replaced, not mutated)
+    def status(self) -> dict[str, Any]:
+        rigs, config = self.running.rigs, self.running.config  # one snapshot: both are replaced, not mutated
         cameras = [camera_status(rig) for rig in rigs.values()]
-        inspector = self.inspector
+        inspector = self.running.inspector
         health = self.health()  # the one source of truth: status.ready is what /readyz answers
         return {
             "device": config.device_id,
@@ -135,7 +123,7 @@ class DeviceReports:
             **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
         }
 
-    def telemetry(self: StatusHost) -> dict[str, Any]:
+    def telemetry(self) -> dict[str, Any]:
         """The periodic health message: camera states and rates, throughput, backlog, governor."""
         now, inspected = time.monotonic(), self.pipeline.delivered
         then, before = self._telemetry_mark

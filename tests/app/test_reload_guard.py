@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.app.reload_guard import refusal
 from edge_runtime.config import parse_config
+from edge_runtime.config.reload_guard import refusal
 from edge_runtime.core.samples import write_sample_video
 from tests.app.test_lifecycle import start, wait_until
 from tests.support.broker import Broker

@@ -308,8 +308,8 @@ class PausedGate:
 def test_frames_go_to_the_central_server_while_the_governor_pauses_the_device(
         tmp_path: Path, demo_dir: Path, shared_central: CentralServer, video: Path) -> None:
     cam = CameraConfig(name="line", source=str(video), fps=30, trigger=TriggerConfig(mode="interval", interval_s=0.2))
-    daemon = Daemon(device_config(tmp_path, demo_dir, shared_central.url, [cam], engage={"governor": True}))
-    daemon.set_gate(PausedGate())
+    daemon = Daemon(device_config(tmp_path, demo_dir, shared_central.url, [cam], engage={"governor": True}),
+                    gate=PausedGate())
     daemon.start()
     try:
         wait_for(lambda: journal_by_engine(daemon, "line").get("remote", 0) >= 3, 60, "remote results")
