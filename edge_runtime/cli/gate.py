@@ -130,20 +130,25 @@ def render_fit(report: Any) -> str:
     shown = "none" if th.value is None else f"{th.value:.4g}"
     lines.append(f"threshold {shown} ({th.method}){'' if th.supported else ' - NOT an escape claim'}")
     lines.append(f"  {th.note}")
+    for r in report.headers if len(report.headers) > 1 else []:  # one section per region of the program
+        rh, rt = r.fit["held_out"], r.threshold.value
+        lines.append(f"region {r.part.name} {list(r.part.box)}: a bank of {r.vectors.patches} patches, frames "
+                     f"{r.layout.width}x{r.layout.height}; held-out good parts {rh['min']:.4g} to {rh['max']:.4g}; "
+                     f"threshold {'none' if rt is None else f'{rt:.4g}'}")
     size = report.out.stat().st_size
     lines += [f"bank: {report.out} ({size / 2**20:.1f} MiB, sha256 {h.vectors.sha256[:16]}…); encoder "
               f"{h.encoder.file} sha256 {h.encoder.sha256[:12]}… of {h.encoder.bundle}",
               "for the config (the camera's gate: section):",
               f"  gate: {{mode: annotate, bank: {report.out.resolve()}"
-              + ("}" if th.value is None else f", threshold: {th.value:.6g}}}")]
+              + ("}" if th.value is None or len(report.headers) > 1 else f", threshold: {th.value:.6g}}}")]
     return "\n".join(lines)
 
 
 def cmd_gate_show(args: argparse.Namespace, config: Config) -> int:
-    from edge_runtime.inference.anomaly import verify_bank
+    from edge_runtime.inference.anomaly.bank import verify_banks
 
-    header = verify_bank(Path(args.bank))
-    print(json.dumps(header.model_dump(mode="json"), indent=2))
+    headers = [h.model_dump(mode="json") for h in verify_banks(Path(args.bank))]
+    print(json.dumps(headers[0] if len(headers) == 1 else headers, indent=2))  # a list: one per region
     return 0
 
 

@@ -24,13 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from edge_runtime.config import CameraConfig
 from edge_runtime.config.schema import Config
+from edge_runtime.core.batch import Encoded
 from edge_runtime.core.errors import EdgeRuntimeError, ImageError
 from edge_runtime.core.images import read_image_file
 from edge_runtime.evaluation.dataset import IMAGE_SUFFIXES, Sample
 from edge_runtime.evaluation.runner import Progress
-from edge_runtime.inference.anomaly.bank import BankThreshold, LoadedBank, write_bank
-from edge_runtime.inference.anomaly.features import GateContext, PatchFeatures, gate_context, patch_features
+from edge_runtime.inference.anomaly.bank import BankPart, BankThreshold, LoadedBank, write_banks
+from edge_runtime.inference.anomaly.features import GateContext, PatchFeatures, for_part, gate_context, patch_features
 from edge_runtime.inference.anomaly.fit import (
     DEFAULT_MAX_PATCHES,
     DEFAULT_POSITION_WEIGHT,
@@ -39,7 +41,9 @@ from edge_runtime.inference.anomaly.fit import (
     fit_bank,
 )
 from edge_runtime.inference.anomaly.gate import AnomalyGate
+from edge_runtime.inference.anomaly.regions import has_regions, program_budget
 from edge_runtime.inference.anomaly.search import PatchIndex
+from edge_runtime.inference.regions import RegionsEncoded
 
 log = logging.getLogger(__name__)
 MAX_LISTED = 200_000  # folder entries looked at; a folder of millions costs no more than this
@@ -77,6 +81,7 @@ class FitReport:
     labelled: dict[str, Any] | None
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    headers: list[Any] = field(default_factory=list)  # every section's (one per region of a program)
 
 
 def list_images(folder: Path, max_images: int) -> tuple[list[Path], int, bool]:
@@ -190,14 +195,6 @@ def checked_frames(reader: FrameReader, paths: list[Path], skipped: list[str]) -
     return usable
 
 
-def encode_all(inspector: Any, context: GateContext, reader: FrameReader, paths: list[Path], label: str,
-               progress: bool) -> Iterator[PatchFeatures]:
-    bar = Progress(label, len(paths), progress)
-    for p in paths:
-        yield patch_features(inspector.encode(reader.read(p)), context)
-        bar.update(1)
-
-
 def in_memory_gate(fit: FitResult, context: GateContext, header: Any) -> AnomalyGate:
     index = PatchIndex(fit.vectors.shape[1])
     index.add(fit.vectors)
@@ -205,10 +202,21 @@ def in_memory_gate(fit: FitResult, context: GateContext, header: Any) -> Anomaly
 
 
 def fit_gate(config: Config, opts: FitOptions) -> FitReport:
-    """Fit, check on held-out good images (and on labelled ones), choose the threshold, write OUT."""
+    """Fit, check on held-out good images (and on labelled ones), choose the threshold, write OUT.
+
+    With `--camera`, the images are encoded as the daemon encodes that camera's frames (its program's
+    image_tokens budget; each region's crop when the program has regions or tiling: then one bank
+    section per region, each with its own held-out threshold)."""
     from edge_runtime.inference.model_source import open_inspector, resolve_bundle
 
-    roi = _camera_roi(config, opts.camera)
+    camera = _camera(config, opts.camera)
+    roi = camera.roi if camera is not None else None
+    program = config.programs.get(camera.program) if camera is not None and camera.program else None
+    if opts.labelled and has_regions(program):
+        assert camera is not None
+        raise EdgeRuntimeError(f"gate fit --labelled: camera {camera.name}'s program {camera.program} has regions; "
+                               "a threshold from labelled frames is not chosen per region yet: fit without "
+                               "--labelled (each region's threshold is its held-out good parts' largest score)")
     bundle = resolve_bundle(config, opts.model)
     schema = bundle.manifest.verdict_schema
     paths, notes = good_images(config, opts, schema)
@@ -227,43 +235,86 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
     config = config.model_copy(update={"model": settings})
     inspector = open_inspector(config, opts.model)
     try:
-        context = gate_context(inspector.bundle, inspector.settings, roi)
-        feats = list(encode_all(inspector, context, reader, train, "encoding good parts", opts.progress))
-        fit = fit_bank(feats, opts.max_patches, opts.position_weight, opts.seed)
-        header = bank_header(fit, context, feats[0], extra={
-            "source": "journal" if opts.from_journal else str(opts.images), "seed": opts.seed,
-            "max_patches": opts.max_patches, "position_weight_typical": opts.position_weight})
+        if camera is not None and program is not None:
+            # The same budget and regions as inference: the inspector's own encode_frame path.
+            inspector.use_programs({str(camera.program): program}, [camera], config.images)
+        context = gate_context(inspector.bundle, inspector.settings, roi, budget=program_budget(program))
+        name = camera.name if camera is not None else ""
+        frame_size = reader.size
+
+        def encode(p: Path) -> list[tuple[GateContext, PatchFeatures]]:
+            return sections_of(inspector.encode_frame(name, reader.read(p)), context)
+
+        feats = list(_each(encode, train, "encoding good parts", opts.progress))
+        sections = []
+        for k, (ctx, first) in enumerate(feats[0]):
+            fit = fit_bank([f[k][1] for f in feats], opts.max_patches, opts.position_weight, opts.seed)
+            part = None if ctx.part is None else BankPart(name=ctx.part[0], box=ctx.part[1], index=k,
+                                                          count=len(feats[0]), frame=frame_size or (0, 0))
+            header = bank_header(fit, ctx, first, part=part, extra={
+                "source": "journal" if opts.from_journal else str(opts.images), "seed": opts.seed,
+                "max_patches": opts.max_patches, "position_weight_typical": opts.position_weight})
+            sections.append((fit, header, in_memory_gate(fit, ctx, header)))
         del feats
-        gate = in_memory_gate(fit, context, header)
-        held_scores = [gate.score_features(f).score
-                       for f in encode_all(inspector, context, reader, held, "scoring held-out parts", opts.progress)]
-        scored = _score_labelled(gate, inspector, context, reader, labelled, opts) if labelled else None
+        held_scores: list[list[float]] = [[] for _ in sections]
+        for f in _each(encode, held, "scoring held-out parts", opts.progress):
+            for k, (_, feat) in enumerate(f):
+                held_scores[k].append(sections[k][2].score_features(feat).score)
+        scored = _score_labelled(sections[0][2], encode, labelled, opts) if labelled else None
     finally:
         inspector.close()
-    held_out = _summary(held_scores)
     found = None
     if scored is not None:
         from edge_runtime.evaluation.gate_threshold import choose_threshold
 
         found = choose_threshold(scored["good"], scored["bad"], opts.max_escape or 0.001)
         scored["threshold"] = found
-    threshold = _threshold(held_out, found, opts)
-    header = header.model_copy(update={"threshold": threshold, "fit": {
-        **header.fit, "held_out": held_out, **({"labelled": _labelled_summary(scored)} if scored else {})}})
+    written = []
+    for (fit, header, _), scores in zip(sections, held_scores, strict=True):
+        held_out = _summary(scores)
+        written.append((header.model_copy(update={"threshold": _threshold(held_out, found, opts), "fit": {
+            **header.fit, "held_out": held_out, **({"labelled": _labelled_summary(scored)} if scored else {})}}),
+            fit.vectors))
     try:
-        header = write_bank(opts.out, header, fit.vectors)
+        headers = write_banks(opts.out, written)
     except OSError as exc:
         raise EdgeRuntimeError(f"{opts.out}: cannot be written ({exc.strerror or exc})") from None
-    return FitReport(opts.out, header, held_out, scored, skipped, notes)
+    return FitReport(opts.out, headers[0], headers[0].fit["held_out"], scored, skipped, notes, headers)
 
 
-def _camera_roi(config: Config, camera: str | None) -> tuple[int, int, int, int] | None:
+def sections_of(enc: Encoded, context: GateContext) -> list[tuple[GateContext, PatchFeatures]]:
+    """The gate's features of one encoded frame, per bank section: the whole frame, or each region's
+    crop (a program with regions or tiling) with that region's context."""
+    if not isinstance(enc, RegionsEncoded):
+        return [(context, patch_features(enc, context))]
+    out = []
+    for spec, renc in enc.regions:
+        if isinstance(renc, Exception):
+            raise EdgeRuntimeError(f"region {spec.name} {list(spec.box)} of the camera's program: {renc}")
+        ctx = for_part(context, spec.name, spec.box)
+        out.append((ctx, patch_features(renc, ctx)))
+    return out
+
+
+def _each(encode: Any, paths: list[Path], label: str, progress: bool) -> Iterator[Any]:
+    bar = Progress(label, len(paths), progress)
+    for p in paths:
+        yield encode(p)
+        bar.update(1)
+
+
+def _camera(config: Config, camera: str | None) -> CameraConfig | None:
     if camera is None:
         return None
     for cam in config.cameras:
         if cam.name == camera:
-            return cam.roi
+            return cam
     raise EdgeRuntimeError(f"--camera {camera}: no camera of that name in the config")
+
+
+def _camera_roi(config: Config, camera: str | None) -> tuple[int, int, int, int] | None:
+    cam = _camera(config, camera)
+    return cam.roi if cam is not None else None
 
 
 def _labelled_samples(config: Config, opts: FitOptions, schema: dict[str, Any], reader: FrameReader,
@@ -293,11 +344,10 @@ def _labelled_samples(config: Config, opts: FitOptions, schema: dict[str, Any], 
     return out
 
 
-def _score_labelled(gate: AnomalyGate, inspector: Any, context: GateContext, reader: FrameReader,
-                    labelled: list[tuple[Sample, bool]], opts: FitOptions) -> dict[str, Any]:
-    feats = encode_all(inspector, context, reader, [s.image for s, _ in labelled], "scoring labelled parts",
-                       opts.progress)
-    scores = [(s.id, bad, gate.score_features(f).score) for (s, bad), f in zip(labelled, feats, strict=True)]
+def _score_labelled(gate: AnomalyGate, encode: Any, labelled: list[tuple[Sample, bool]],
+                    opts: FitOptions) -> dict[str, Any]:
+    feats = _each(encode, [s.image for s, _ in labelled], "scoring labelled parts", opts.progress)
+    scores = [(s.id, bad, gate.score_features(f[0][1]).score) for (s, bad), f in zip(labelled, feats, strict=True)]
     return {"good": [sc for _, bad, sc in scores if not bad], "bad": [sc for _, bad, sc in scores if bad],
             "ids": [(i, bad, sc) for i, bad, sc in scores]}
 

@@ -706,6 +706,11 @@ class Inspector:
             if isinstance(renc, Exception):
                 collected.outcomes[k] = judge(spec, None, "", nok_field, str(renc))
                 continue
+            if k in enc.answered:  # the anomaly gate's OK (skip_ok): this region is not asked
+                verdict = enc.answered[k]
+                collected.outcomes[k] = dataclasses.replace(
+                    judge(spec, verdict, json.dumps(verdict, separators=(",", ":")), nok_field), engine="gate")
+                continue
             try:
                 rules = self.verdict_rules(spec.schema if spec.schema is not None else w.schema)
                 question = spec.prompt or w.prompt or self.default_prompt

@@ -33,6 +33,8 @@ class RegionsEncoded(Encoded):
     """A frame of a camera whose program has regions: each region's encoding (or why it has none)."""
 
     regions: list[tuple[RegionSpec, Encoded | Exception]] = field(default_factory=list)
+    # Regions the anomaly gate answered OK (skip_ok), by index: not asked, their verdict this one.
+    answered: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def frame_regions(cfg: ProgramConfig, width: int, height: int) -> list[RegionSpec]:
@@ -59,10 +61,12 @@ class RegionOutcome:
     text: str
     nok: bool | None  # None: no verdict, or the NOK field missing
     error: str | None = None
+    engine: str | None = None  # "gate": answered by the anomaly gate, not the language model
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.spec.name, "box": list(self.spec.box), "verdict": self.verdict, "text": self.text,
-                "outcome": "nok" if self.nok else "ok" if self.nok is False else "none", "error": self.error}
+                "outcome": "nok" if self.nok else "ok" if self.nok is False else "none", "error": self.error,
+                **({"engine": self.engine} if self.engine else {})}
 
 
 def judge(spec: RegionSpec, verdict: dict[str, Any] | None, text: str, nok_field: str,

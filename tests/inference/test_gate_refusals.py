@@ -1,6 +1,7 @@
 """Gate settings the daemon refuses at load (one line naming the field) and values it never lets into
 JSON: a non-finite threshold or score, a NOK gated verdict, a bank that is not a regular file, a bank
-of another image budget than the camera's program, a gate on a program with regions or tiling."""
+of another image budget than the camera's program, a whole-frame bank on a program with regions or tiling
+(tests/inference/test_gate_regions.py: banks of other regions)."""
 
 from __future__ import annotations
 
@@ -121,14 +122,14 @@ def test_a_reference_image_that_is_a_fifo_or_device_is_refused_in_one_line_not_w
         assert f"references.0.image {path}: not a regular file" in str(err), str(err)
 
 
-def test_a_gate_on_a_camera_whose_program_has_regions_or_tiling_is_refused_in_one_line(
+def test_a_whole_frame_bank_on_a_camera_whose_program_has_regions_or_tiling_is_refused_in_one_line(
         inspector: Inspector, demo_bundle: Bundle, bank: Path) -> None:
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=1.0, verdict=OK)
     cam = belt(gate).model_copy(update={"program": "housing"})
     for program in (ProgramConfig(regions=[RegionConfig(name="left", box=(0, 0, 100, 100))]),
                     ProgramConfig(tiling=TilingConfig(rows=2, cols=2))):
-        with pytest.raises(GateLoadError, match=r"^cameras\.belt\.gate: .*program housing has regions or "
-                           r"tiling; the gate scores whole frames only") as err:
+        with pytest.raises(GateLoadError, match=r"^cameras\.belt\.gate: gate bank .*holds whole frames; these "
+                           r"frames are regions of a program: fit the gate again .*gate fit --camera") as err:
             load_gates(demo_bundle, inspector.settings, [cam], programs={"belt": program})
         assert "\n" not in str(err.value)
     assert load_gates(demo_bundle, inspector.settings, [cam], programs={"belt": ProgramConfig()})["belt"]

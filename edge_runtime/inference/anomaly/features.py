@@ -9,6 +9,7 @@ caught scratches from 32 px where raw ones needed 48 (docs/decisions.md, issue 4
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,8 @@ class GateContext:
     budget: dict[str, Any]  # the preprocessing (ONNX) or the image token budget (libmtmd)
     region: tuple[int, int, int, int] | None = None  # the crop [x, y, w, h] the frames were cut to
     preprocess: Preprocess | None = field(default=None, compare=False)  # for the ONNX patch layout
+    # An inspection program's region: (name, [x, y, w, h] in the cropped frame); None: the whole frame.
+    part: tuple[str, tuple[int, int, int, int]] | None = None
 
 
 def gate_context(bundle: Bundle, settings: ModelConfig, region: Sequence[int] | None = None,
@@ -51,7 +54,7 @@ def gate_context(bundle: Bundle, settings: ModelConfig, region: Sequence[int] | 
     """The context of frames the inspector of `bundle` under `settings` encodes, cut to `region`.
 
     `budget` adds to the image budget what a camera sets beyond the bundle (an inspection program's
-    image token budget, once it exists)."""
+    image token budget). `for_part` makes the context of one of a program's regions from it."""
     m = bundle.manifest
     roi = None if region is None else (int(region[0]), int(region[1]), int(region[2]), int(region[3]))
     if isinstance(m, Manifest):
@@ -63,6 +66,11 @@ def gate_context(bundle: Bundle, settings: ModelConfig, region: Sequence[int] | 
         return GateContext(enc, spent, roi, m.preprocess)
     enc = EncoderId("mmproj", m.files.mmproj.path, m.files.mmproj.sha256, bundle.name)
     return GateContext(enc, {"image_max_tokens": m.mtmd.image_max_tokens, **(budget or {})}, roi)
+
+
+def for_part(context: GateContext, name: str, box: Sequence[int]) -> GateContext:
+    """The context of region `name` (`box` [x, y, w, h] in the camera's cropped frame) of a program."""
+    return dataclasses.replace(context, part=(name, (int(box[0]), int(box[1]), int(box[2]), int(box[3]))))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from edge_runtime.core.result import utc_now
-from edge_runtime.inference.anomaly.bank import BankEncoder, BankHeader, BankLayout, BankThreshold, BankVectors
+from edge_runtime.inference.anomaly.bank import (
+    BankEncoder,
+    BankHeader,
+    BankLayout,
+    BankPart,
+    BankThreshold,
+    BankVectors,
+)
 from edge_runtime.inference.anomaly.coreset import greedy_coreset
 from edge_runtime.inference.anomaly.features import GateContext, PatchFeatures, with_positions
 from edge_runtime.inference.anomaly.search import PatchIndex
@@ -90,8 +97,10 @@ def fit_bank(features: Sequence[PatchFeatures], max_patches: int = DEFAULT_MAX_P
 
 
 def bank_header(fit: FitResult, context: GateContext, layout_of: PatchFeatures,
-                threshold: BankThreshold | None = None, extra: dict[str, Any] | None = None) -> BankHeader:
-    """The header of a fitted bank (its sha256 is filled in by `write_bank`)."""
+                threshold: BankThreshold | None = None, extra: dict[str, Any] | None = None,
+                part: BankPart | None = None) -> BankHeader:
+    """The header of a fitted bank (its sha256 is filled in by `write_bank`); `part`: the program's
+    region it is the section of (None: whole frames)."""
     lay = layout_of.layout
     enc = context.encoder
     return BankHeader(
@@ -104,4 +113,4 @@ def bank_header(fit: FitResult, context: GateContext, layout_of: PatchFeatures,
         fit={"images": fit.images, "patches_seen": fit.patches_seen, "candidates": fit.candidates,
              "coreset": fit.vectors.shape[0] < fit.candidates, "typical_distance": fit.typical_distance,
              **(extra or {})},
-        threshold=threshold or BankThreshold())
+        threshold=threshold or BankThreshold(), part=part)

@@ -9,6 +9,7 @@ output is scored, so the gate costs a search, never a second encode.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -32,6 +33,14 @@ from edge_runtime.inference.anomaly.bank import BankError
 from edge_runtime.inference.anomaly.features import gate_context
 from edge_runtime.inference.anomaly.gate import AnomalyGate, GateScore
 from edge_runtime.inference.anomaly.heatmap import heat_map, overlay_heat
+from edge_runtime.inference.anomaly.regions import (
+    RegionGate,
+    has_regions,
+    load_region_gates,
+    program_budget,
+    score_regions,
+)
+from edge_runtime.inference.regions import RegionsEncoded, judge
 
 if TYPE_CHECKING:
     from edge_runtime.core.inspection_queue import InspectionRequest
@@ -70,10 +79,16 @@ class CameraGate:
     verdict: dict[str, Any]  # what a gated frame is answered with (valid against the bundle's schema)
     nok_field: str
     name: str = ""  # what its counters are shown under: the camera, or `<station>/<recipe>`
+    # A program with regions or tiling: each region's section of the bank (then `gate` is the first's).
+    regions: tuple[RegionGate, ...] = ()
 
     @property
     def key(self) -> str:
         return self.name or self.camera
+
+    @property
+    def patches(self) -> int:
+        return sum(r.gate.patches for r in self.regions) if self.regions else self.gate.patches
 
 
 @dataclass
@@ -87,6 +102,7 @@ class GateCounts:
     audits: int = 0
     disagreements: int = 0  # audits the language model called NOK
     errors: int = 0  # frames the gate could not score (another size, a failed search): sent on
+    regions_answered: int = 0  # skip_ok: regions under their threshold answered OK in frames sent on
     buckets: list[int] = field(default_factory=lambda: [0] * (len(RATIO_BUCKETS) + 1))
     ratio_sum: float = 0.0  # of score / threshold, the histogram's sum
     last_disagreement: str | None = None  # the result id
@@ -94,23 +110,48 @@ class GateCounts:
     def to_dict(self) -> dict[str, Any]:
         return {"gated": self.gated, "passed": self.passed, "skipped": self.skipped, "audits": self.audits,
                 "disagreements": self.disagreements, "errors": self.errors,
-                "last_disagreement": self.last_disagreement}
+                "regions_answered": self.regions_answered, "last_disagreement": self.last_disagreement}
 
 
 @dataclass
 class GateLook:
-    """The gate's look at one frame, carried from `sift` to the frame's Result."""
+    """The gate's look at one frame, carried from `sift` to the frame's Result. A frame of a program's
+    regions: `score` is its worst region's (by score / threshold), `regions` each region's score."""
 
     camera: CameraGate
     score: GateScore
     gated: bool
     audit: bool
+    regions: list[GateScore] = field(default_factory=list)  # in the order of camera.regions
+    answered: list[str] = field(default_factory=list)  # regions answered by the gate (skip_ok), not asked
+    worst: int = 0  # the index in `regions` of `score`
+
+    @property
+    def threshold(self) -> float:
+        """The threshold `score` is judged by (its region's, for a program's regions)."""
+        if not self.regions:
+            return self.camera.threshold
+        return self.camera.regions[self.worst].threshold
 
     def field(self) -> dict[str, Any]:
         box = self.score.worst_box()
-        return {"mode": self.camera.config.mode, "score": round(self.score.score, 6),
-                "threshold": self.camera.threshold, "gated": self.gated, "audit": self.audit,
-                "search_ms": round(self.score.search_ms, 3), "worst_box": list(box) if box is not None else None}
+        search_ms = sum(r.search_ms for r in self.regions) if self.regions else self.score.search_ms
+        out: dict[str, Any] = {"mode": self.camera.config.mode, "score": round(self.score.score, 6),
+                               "threshold": self.threshold, "gated": self.gated, "audit": self.audit,
+                               "search_ms": round(search_ms, 3), "worst_box": list(box) if box is not None else None}
+        if self.regions:  # the worst patch's box in the frame, and each region's look
+            worst = self.camera.regions[self.worst]
+            out["worst_box"] = None if box is None else list(_in_frame(box, worst.box))
+            out["regions"] = [{"name": g.name, "box": list(g.box), "score": round(r.score, 6),
+                               "threshold": g.threshold, "gated": r.score < g.threshold,
+                               "answered": g.name in self.answered}
+                              for g, r in zip(self.camera.regions, self.regions, strict=True)]
+        return out
+
+
+def _in_frame(box: tuple[float, float, float, float], region: tuple[int, int, int, int]) -> tuple[float, ...]:
+    """A patch box of a region's crop in the frame's pixels."""
+    return (box[0] + region[0], box[1] + region[1], box[2] + region[0], box[3] + region[1])
 
 
 def ok_verdict(cfg: GateConfig, schema: Mapping[str, Any], nok_field: str) -> dict[str, Any]:
@@ -141,25 +182,23 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
     def load(why: str, cam: CameraConfig, cfg: GateConfig, name: str = "") -> CameraGate:
         assert cfg.bank is not None  # GateConfig refuses a mode without a bank
         program = (programs or {}).get(cam.name)
-        if program is not None and (program.regions or program.tiling is not None):
-            # The frames are encoded as crops then, never whole: the gate would silently score nothing.
-            raise GateLoadError(f"{why}: camera {cam.name}'s program {cam.program} has regions or tiling; the "
-                                "gate scores whole frames only: remove the gate or the regions")
+        context = gate_context(bundle, settings, region=cam.roi, budget=program_budget(program))
+        regions: list[AnomalyGate] = []
         try:
-            gate = AnomalyGate.load(cfg.bank, gate_context(bundle, settings, region=cam.roi,
-                                                           budget=program_budget(program)),
-                                    int(cfg.max_bank_mb * 2**20))
+            if program is not None and has_regions(program):
+                # Its frames are encoded as crops, never whole: each region against its own bank section.
+                regions = load_region_gates(cfg.bank, context, program, _frame_size(cam),
+                                            int(cfg.max_bank_mb * 2**20))
+                gate = regions[0]
+            else:
+                gate = AnomalyGate.load(cfg.bank, context, int(cfg.max_bank_mb * 2**20))
         except BankError as exc:
             raise GateLoadError(f"{why}: {exc}") from None
         except OSError as exc:
             raise GateLoadError(f"{why}: cannot read the bank {cfg.bank}: {exc.strerror or exc}") from None
-        threshold = cfg.threshold if cfg.threshold is not None else gate.threshold
-        if threshold is None:
-            raise GateLoadError(f"{why}: the bank {cfg.bank} holds no threshold; set gate.threshold or fit "
-                                "with --labelled DIR --max-escape RATE")
-        if not (math.isfinite(threshold) and threshold > 0):  # JSON has no infinity; inf would gate every frame
-            raise GateLoadError(f"{why}.threshold: {threshold} (the bank's {cfg.bank}) is not a finite number "
-                                "over 0; set gate.threshold")
+        threshold = _threshold(why, cfg, gate)
+        parts = tuple(RegionGate(g.context.part[0], g.context.part[1], g, _threshold(why, cfg, g))
+                      for g in regions if g.context.part is not None)
         nok_field = (nok_fields or {}).get(cam.name, "defect")
         verdict = ok_verdict(cfg, schema, nok_field)
         errors = sorted(validator.iter_errors(verdict), key=str)
@@ -174,7 +213,7 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
             log.warning("%s: skip_ok on the bank's threshold %.4g, which makes no escape claim (%s); "
                         "run annotate until labelled data supports it", why, threshold,
                         gate.header.threshold.method)
-        return CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field, name)
+        return CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field, name, parts)
 
     for cam in cameras:
         if cam.gate is not None and cam.gate.mode != "off" and cam.enabled:
@@ -185,6 +224,26 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
             out[key] = None if cfg.mode == "off" else load(
                 f"line_io.stations.{station}.recipes.{recipe}.gate", bound, cfg, key)
     return out
+
+
+def _threshold(why: str, cfg: GateConfig, gate: AnomalyGate) -> float:
+    """The configured threshold, else the bank's (a region's section has its own); GateLoadError unless
+    it is a finite number over 0."""
+    threshold = cfg.threshold if cfg.threshold is not None else gate.threshold
+    if threshold is None:
+        raise GateLoadError(f"{why}: the bank {cfg.bank} holds no threshold; set gate.threshold or fit "
+                            "with --labelled DIR --max-escape RATE")
+    if not (math.isfinite(threshold) and threshold > 0):  # JSON has no infinity; inf would gate every frame
+        raise GateLoadError(f"{why}.threshold: {threshold} (the bank's {cfg.bank}) is not a finite number "
+                            "over 0; set gate.threshold")
+    return float(threshold)
+
+
+def _frame_size(cam: CameraConfig) -> tuple[int, int] | None:
+    """The size of the camera's frames where the config fixes it (tiles are cut from it)."""
+    if cam.roi is not None:
+        return cam.roi[2], cam.roi[3]
+    return (cam.width, cam.height) if cam.width and cam.height else None
 
 
 class GateStep:
@@ -237,8 +296,11 @@ class GateStep:
                 running += n
                 cumulative.append([bound, running])
             out[name] = {"mode": cam.config.mode, "threshold": cam.threshold, "bank": str(cam.gate.path),
-                         "audit_every": cam.config.audit_every, "patches": cam.gate.patches, **c.to_dict(),
+                         "audit_every": cam.config.audit_every, "patches": cam.patches, **c.to_dict(),
                          "histogram": {"buckets": cumulative, "sum": round(c.ratio_sum, 6), "count": running}}
+            if cam.regions:
+                out[name]["regions"] = [{"name": r.name, "box": list(r.box), "threshold": r.threshold,
+                                         "patches": r.gate.patches} for r in cam.regions]
         return out
 
     # ---- the worker's hooks ------------------------------------------------------------------
@@ -273,6 +335,11 @@ class GateStep:
             look = self._look(cam, request, encoded)
             if look is None or not look.gated or look.audit or cam.config.mode != "skip_ok":
                 self._keep(request, look)
+                if look is not None and look.answered and isinstance(encoded, RegionsEncoded):
+                    # skip_ok: only the regions over their threshold are asked; the others take the OK verdict
+                    answered = {k: dict(cam.verdict) for k, (spec, _) in enumerate(encoded.regions)
+                                if spec.name in look.answered}
+                    encoded = dataclasses.replace(encoded, answered=answered)
                 rest.append((request, encoded))
                 continue
             try:
@@ -316,6 +383,8 @@ class GateStep:
         if look is None:
             return image
         cam, kept = look.camera, look.score
+        if look.regions:
+            return _overlay_regions(image, look, (result.frame.width, result.frame.height))
         lay, roi = kept.layout, cam.gate.context.region
         heat = heat_map(kept)
         if image.shape[:2] == (lay.height, lay.width):
@@ -332,37 +401,55 @@ class GateStep:
 
     def _look(self, cam: CameraGate, request: InspectionRequest, encoded: Encoded) -> GateLook | None:
         counts = self._counts.setdefault(cam.key, GateCounts())
-        if getattr(encoded, "regions", None) is not None:
-            return None  # regions or tiles: several crops, no one frame for the bank
+        if bool(cam.regions) != isinstance(encoded, RegionsEncoded):
+            # A reload changed the program between the encode and here: this frame is not the bank's kind.
+            counts.errors += 1
+            return None
         try:
             # A NaN/inf embedding would score as garbage (faiss) and a non-finite score is not JSON.
-            if not np.isfinite(encoded.embeds).all():
+            crops = [e for _, e in encoded.regions if not isinstance(e, Exception)] \
+                if isinstance(encoded, RegionsEncoded) else [encoded]
+            if not all(np.isfinite(e.embeds).all() for e in crops):
                 raise ValueError("the encoder's output is not all finite numbers")
-            score = cam.gate.score(encoded)
-            if not math.isfinite(score.score):
-                raise ValueError(f"the score {score.score} is not a finite number")
+            scores = score_regions(cam.regions, encoded) if cam.regions else [cam.gate.score(encoded)]
+            if not all(math.isfinite(sc.score) for sc in scores):
+                raise ValueError(f"a score ({', '.join(str(sc.score) for sc in scores)}) is not a finite number")
         except Exception as exc:  # noqa: BLE001 - a frame the gate cannot judge goes to the language model
             counts.errors += 1
             self._log.log(logging.ERROR, "gate: camera %s: frame %d not scored, sent to the language model: %s",
                           cam.camera, request.seq, exc)
             return None
-        gated = score.score < cam.threshold
-        ratio = score.score / cam.threshold
-        # A recipe's own schema that the OK verdict does not fit: the model answers (counted as an audit).
-        unfit = gated and request.schema is not None and not Draft202012Validator(request.schema).is_valid(cam.verdict)
+        limits = [g.threshold for g in cam.regions] if cam.regions else [cam.threshold]
+        ratios = [sc.score / t for sc, t in zip(scores, limits, strict=True)]
+        worst = int(np.argmax(ratios))
+        score, ratio = scores[worst], ratios[worst]
+        gated = ratio < 1  # every region (or the frame) under its threshold
+        # Who may take the gate's OK: the request's own schema (a recipe's), else a region's own.
+        fits = [self._fits(cam, request.schema, spec.schema) for spec, _ in encoded.regions] \
+            if isinstance(encoded, RegionsEncoded) else [self._fits(cam, request.schema, None)]
+        unfit = gated and not all(fits)  # the model answers (counted as an audit)
         audit = False
+        answered: list[str] = []
         with self._lock:  # both worker stages may look (stage 2 at frames stage 1 did not encode)
             counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
             counts.ratio_sum += ratio
             if not gated:
                 counts.passed += 1
+                if cam.config.mode == "skip_ok" and cam.regions:
+                    answered = [g.name for g, r, ok in zip(cam.regions, ratios, fits, strict=True) if r < 1 and ok]
+                    counts.regions_answered += len(answered)
             else:
                 counts.gated += 1
                 if cam.config.mode == "skip_ok":
                     audit = unfit or counts.gated % cam.config.audit_every == 0
                     counts.audits += audit
                     counts.skipped += not audit
-        return GateLook(cam, score, gated, audit)
+        return GateLook(cam, score, gated, audit, scores if cam.regions else [], answered, worst)
+
+    @staticmethod
+    def _fits(cam: CameraGate, schema: dict[str, Any] | None, own: dict[str, Any] | None) -> bool:
+        """Whether the gate's OK verdict is valid where it would stand (the bundle's schema is checked at load)."""
+        return all(Draft202012Validator(s).is_valid(cam.verdict) for s in (schema, own) if s is not None)
 
     def _keep(self, request: InspectionRequest, look: GateLook | None) -> None:
         with self._lock:
@@ -390,20 +477,36 @@ class GateStep:
                         prompt=request.prompt or inspector.default_prompt, governor=governor,
                         source={"engine": "gate", "endpoint": None, "model": model,
                                 "score": round(look.score.score, 6)})
+        if look.regions and isinstance(enc, RegionsEncoded):  # each region answered OK by the gate
+            text = json.dumps(cam.verdict, separators=(",", ":"))
+            result.regions = [dataclasses.replace(judge(spec, dict(cam.verdict), text, cam.nok_field),
+                                                  engine="gate").to_dict() for spec, _ in enc.regions]
         result.gate = look.field()
         self._remember(result.id, look)
         return result
 
 
+def _overlay_regions(image: np.ndarray, look: GateLook, frame: tuple[int, int]) -> np.ndarray:
+    """Each region's heat map over its box: in the frame the gate saw, or in the full frame the camera's
+    `roi` was cut from (evidence.full_frame)."""
+    roi = look.camera.gate.context.region
+    if image.shape[:2] == (frame[1], frame[0]):
+        ox, oy = 0, 0
+    elif roi is not None and (roi[2], roi[3]) == frame and image.shape[0] >= roi[1] + roi[3] \
+            and image.shape[1] >= roi[0] + roi[2]:
+        ox, oy = roi[0], roi[1]
+    else:
+        return image  # not a frame the gate saw
+    out = image.copy()
+    for g, sc in zip(look.camera.regions, look.regions, strict=True):
+        x, y, w, h = g.box
+        if (sc.layout.width, sc.layout.height) != (w, h):
+            continue
+        out[oy + y:oy + y + h, ox + x:ox + x + w] = overlay_heat(out[oy + y:oy + y + h, ox + x:ox + x + w],
+                                                                 heat_map(sc), g.threshold)
+    return out
 
 
-def program_budget(program: ProgramConfig | None) -> dict[str, Any] | None:
-    """What a program adds to the image budget its camera's frames are encoded at: its image_tokens
-    (a bank fitted at the bundle's budget has another patch grid and is refused at load)."""
-    tokens = program.image_tokens if program is not None else None
-    if tokens is None or not (tokens.min or tokens.max):
-        return None
-    return {"image_tokens": {"min": tokens.min, "max": tokens.max}}
 
 
 def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
