@@ -61,7 +61,8 @@ class FrameSource(Protocol):
     @property
     def model_name(self) -> str: ...
 
-    def encode_frame(self, camera: str, frame: np.ndarray) -> Encoded: ...
+    def encode_frame(self, camera: str, frame: np.ndarray, clip: Any = None, program_name: str | None = None
+                     ) -> Encoded: ...
 
 
 class GateLoadError(EdgeRuntimeError):
@@ -173,7 +174,8 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
     """Each gated camera's bank (and each line recipe's: (station, recipe, camera, gate)), checked
     against the encoder, budget and crop its frames get. A recipe's gate replaces its camera's for that
     recipe's frames (None: `mode: off`, not gated). Raises GateLoadError (one line) for the first that
-    cannot be used. `programs`: each camera's inspection program, by camera name."""
+    cannot be used. `programs`: each camera's inspection program, by camera name, and a recipe's own (a
+    recipe's or its station's program) by `<station>/<recipe>`."""
     schema = bundle.manifest.verdict_schema
     validator = Draft202012Validator(schema)
     out: dict[str, CameraGate | None] = {}
@@ -181,7 +183,10 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
 
     def load(why: str, cam: CameraConfig, cfg: GateConfig, name: str = "") -> CameraGate:
         assert cfg.bank is not None  # GateConfig refuses a mode without a bank
-        program = (programs or {}).get(cam.name)
+        program = (programs or {}).get(name, (programs or {}).get(cam.name)) if name else (programs or {}).get(cam.name)
+        if program is not None and program.clip is not None:
+            raise GateLoadError(f"{why}: camera {cam.name}'s program asks about a clip of {program.clip.frames} "
+                                "frames; the gate scores single frames and their regions: remove the gate or the clip")
         context = gate_context(bundle, settings, region=cam.roi, budget=program_budget(program))
         regions: list[AnomalyGate] = []
         try:
@@ -328,7 +333,7 @@ class GateStep:
                 continue
             if encoded is None:  # not encoded ahead (overlap off, or a reload meanwhile): encode once, here
                 try:
-                    encoded = inspector.encode_frame(request.camera, request.image)
+                    encoded = inspector.encode_frame(request.camera, request.image, request.clip, request.program)
                 except Exception as exc:  # noqa: BLE001 - reported by the worker like any encoder failure
                     rest.append((request, exc))
                     continue
@@ -518,6 +523,11 @@ def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
                for name, r in st.recipes.items() if r.gate is not None]
     programs = {c.name: config.programs[c.program] for c in config.cameras
                 if c.program is not None and c.program in config.programs}
+    for st in config.line_io.stations:  # a recipe's frames are encoded with its own program, else its station's
+        for name, r in st.recipes.items():
+            named = r.program or st.program
+            if r.gate is not None and named is not None and named in config.programs:
+                programs[f"{st.name}/{name}"] = config.programs[named]
     return load_gates(bundle, config.model, config.cameras, nok, recipes, programs)
 
 
