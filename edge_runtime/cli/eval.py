@@ -41,6 +41,8 @@ def add_eval_parser(p: Any, sub: Any) -> None:
                     "the first --model: its escape and false-reject rates, the calls it saves, skip_ok's outcome")
     ev.add_argument("--gate-threshold", type=float, metavar="SCORE", help="the gate's threshold (default: the "
                     "bank's)")
+    ev.add_argument("--program", metavar="NAME", help="inspect each image under this inspection program of the "
+                    "config (its regions, tiles, references); a dataset labelling `regions` is measured per region")
     ev.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval)
@@ -67,7 +69,7 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
         from_journal=args.from_journal, camera=args.camera, limit=args.limit, defect=args.defect,
         defect_rule=args.defect_rule, target_escape=parse_rate(args.target_escape),
         confidence_field=args.confidence_field, class_field=args.class_field, progress=not args.quiet,
-        gate=Path(args.gate) if args.gate else None, gate_threshold=args.gate_threshold)
+        gate=Path(args.gate) if args.gate else None, gate_threshold=args.gate_threshold, program=args.program)
     report = evaluate(config, opts)
     issues = report["dataset"]["issues"]
     for line in issues[:MAX_ISSUE_LINES]:
@@ -106,6 +108,9 @@ def render(report: dict[str, Any], out: Path) -> str:
         if v["run"]["images_per_s"]:
             lines.append(f"  this run: {v['run']['inspected_now']} images at {v['run']['images_per_s']:.1f} images/s "
                          f"({v['run']['reused']} from an earlier run)")
+        for name, r in (v.get("regions") or {}).items():
+            lines.append(f"  region {name}: escape {_rate(r['escape'])}; false-reject {_rate(r['false_reject'])}"
+                         + (f"; no verdict {r['no_verdict']}" if r["no_verdict"] else ""))
         th = v["confidence"]["threshold"]
         if th and th["reachable"]:
             lines.append(f"  min_confidence {th['min_confidence']} meets escape <= {th['target']:.2%} "

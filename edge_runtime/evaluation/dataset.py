@@ -31,7 +31,8 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_ID_CHARS = 200
 # Keys of a record that are not expected verdict fields (the export's metadata, our own columns).
 META_KEYS = {"id", "image", "file_name", "camera", "ts", "model", "prompt", "verdict", "label", "expected",
-             "review_state", "note"}
+             "review_state", "note", "regions"}
+MAX_REGION_LABELS = 64  # a program has at most 32 regions and tiles
 GOOD_NAMES = {"good", "ok", "pass", "passed", "false", "no", "0", "accept", "accepted", "none"}
 BAD_NAMES = {"bad", "ng", "nok", "defect", "defective", "fail", "failed", "true", "yes", "1", "reject",
              "rejected"}
@@ -44,6 +45,8 @@ class Sample:
     id: str
     image: Path
     expected: dict[str, Any]
+    # An inspection program's regions, labelled: region or tile name -> its expected verdict fields.
+    regions: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -153,7 +156,9 @@ def _finish(ds: Dataset, records: Iterator[tuple[str, Record]], base: Path,
             continue
         sid = str(raw_id)
         label = _label_of(rec, checker)
-        why = checker.problem(label)
+        regions, why = _region_labels(rec.get("regions"), checker)
+        if why is None and not (label == {} and regions):  # regions alone label the image enough
+            why = checker.problem(label)
         if why is not None:
             ds.issue("bad_label", f"{where} (id {sid}): {why}")
             continue
@@ -165,8 +170,23 @@ def _finish(ds: Dataset, records: Iterator[tuple[str, Record]], base: Path,
             ds.issue("missing_image", f"{where} (id {sid}): {img}: no such image file")
             continue
         seen.add(sid)
-        ds.samples.append(Sample(sid, img, label))
+        ds.samples.append(Sample(sid, img, label, regions))
     return ds
+
+
+def _region_labels(raw: Any, checker: LabelChecker) -> tuple[dict[str, dict[str, Any]] | None, str | None]:
+    """A record's `regions` ({name: {verdict fields}}, checked like the frame's label), or why not."""
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict) or not raw or len(raw) > MAX_REGION_LABELS:
+        return None, f"'regions' must be an object of 1 to {MAX_REGION_LABELS} region names -> verdict fields"
+    for name, label in raw.items():
+        if not 1 <= len(name) <= 64:
+            return None, "a region name is 1 to 64 characters"
+        why = checker.problem(label)
+        if why is not None:
+            return None, f"region {name[:64]!r}: {why}"
+    return raw, None
 
 
 def _label_of(rec: dict[str, Any], checker: LabelChecker) -> Any:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_runtime.config import CameraConfig
 from edge_runtime.config.schema import Config
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import utc_now
@@ -17,9 +18,9 @@ from edge_runtime.evaluation import confidence as conf
 from edge_runtime.evaluation.compare import compare
 from edge_runtime.evaluation.dataset import Dataset, open_dataset
 from edge_runtime.evaluation.defect import DefectRule, default_defect, parse_defect, rule_defect
-from edge_runtime.evaluation.metrics import Pair, defect_metrics, field_metrics, latency_metrics
+from edge_runtime.evaluation.metrics import Pair, defect_metrics, field_metrics, latency_metrics, region_metrics
 from edge_runtime.evaluation.report import write_atomic, write_html, write_json
-from edge_runtime.evaluation.runner import RunLog, run_variant, variant_key
+from edge_runtime.evaluation.runner import EVAL_CAMERA, RunLog, run_variant, variant_key
 from edge_runtime.inference.model_source import open_inspector, resolve_bundle
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class EvalOptions:
     progress: bool = True
     gate: Path | None = None  # a bank of `gate fit`: measured on the first --model (gate_eval.py)
     gate_threshold: float | None = None
+    program: str | None = None  # inspect each image under this program of the config (its regions, references)
 
 
 def parse_rate(text: str) -> float:
@@ -111,6 +113,8 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
         raise EdgeRuntimeError(f"--model: at most {MAX_MODELS} bundles in one evaluation")
     schema = resolve_bundle(config, opts.models[0]).manifest.verdict_schema  # no engine loaded yet
     rule = _defect_rule(config, opts, schema)
+    if opts.program is not None:
+        check_program(config, opts.program)
     if opts.gate is not None:
         from edge_runtime.evaluation.gate_eval import check_bank
 
@@ -132,6 +136,8 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
         for model in opts.models:
             inspector = open_inspector(config, model)
             try:
+                if opts.program is not None:
+                    use_program(inspector, config, opts.program)
                 for prompt in opts.prompts:
                     label = f"{chr(ord('A') + len(variants))}: {inspector.model_name}"
                     key = variant_key(inspector, prompt)
@@ -177,6 +183,21 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
     return report
 
 
+def check_program(config: Config, name: str) -> None:
+    """--program names a program of the config that single images can be asked under."""
+    if name not in config.programs:
+        known = ", ".join(sorted(config.programs)[:8]) or "none configured"
+        raise EdgeRuntimeError(f"--program {name[:64]!r}: no such program under programs: (known: {known})")
+    if config.programs[name].clip is not None:
+        raise EdgeRuntimeError(f"--program {name}: a clip asks about several frames; eval reads single images")
+
+
+def use_program(inspector: Any, config: Config, name: str) -> None:
+    """Each image is then inspected as a frame of a camera under that program (runner.EVAL_CAMERA)."""
+    camera = CameraConfig(name=EVAL_CAMERA, source=EVAL_CAMERA, program=name)
+    inspector.use_programs({name: config.programs[name]}, [camera], config.images)
+
+
 def _variant(label: str, key: str, model: str | None, model_name: str, prompt: str, pairs: list[Pair],
              rule: DefectRule, opts: EvalOptions, stats: Any, schema: dict[str, Any]) -> dict[str, Any]:
     rows = conf.decisions(pairs, rule, opts.confidence_field)
@@ -186,6 +207,7 @@ def _variant(label: str, key: str, model: str | None, model_name: str, prompt: s
         "label": label, "key": key, "model": model or model_name, "prompt": prompt,
         "errors": dict(errors), "defect": defect_metrics(pairs, rule),
         "fields": field_metrics(pairs, schema),
+        **({"regions": regions} if (regions := region_metrics(pairs, rule)) else {}),
         "latency": latency_metrics(pairs),
         "confidence": {"field": opts.confidence_field, "reliability": conf.reliability(rows),
                        "threshold": threshold,
@@ -226,7 +248,10 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
                       "latency_ms": {k: v["latency"]["total_ms"][k] for k in ("p50", "p95")},
                       "tokens_per_verdict": v["latency"]["tokens"]["mean"],
                       "min_confidence": (v["confidence"]["threshold"] or {}).get("min_confidence"),
-                      "images_per_s": v["run"]["images_per_s"]} for v in report["variants"]],
+                      "images_per_s": v["run"]["images_per_s"],
+                      **({"regions": {n: {"escape": r["escape"], "false_reject": r["false_reject"],
+                                          "no_verdict": r["no_verdict"]} for n, r in v["regions"].items()}}
+                         if v.get("regions") else {})} for v in report["variants"]],
         "comparisons": [{k: c[k] for k in ("a", "b", "paired", "escape", "false_reject")}
                         for c in report["comparisons"]],
         **({"gate": {k: report["gate"][k] for k in ("bank", "threshold", "escape", "false_reject", "calls_saved",

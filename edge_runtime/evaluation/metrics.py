@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,38 @@ def defect_metrics(pairs: list[Pair], rule: DefectRule) -> dict[str, Any]:
             "precision": float(precision) if tp + fp else None, "recall": float(recall) if tp + fn else None,
             "f1": float(f1) if tp + fp and tp + fn else None,
             "escape": rate(fn, tp + fn), "false_reject": rate(fp, fp + tn)}
+
+
+def region_metrics(pairs: list[Pair], rule: DefectRule) -> dict[str, Any]:
+    """Escape and false-reject rates per labelled region (`regions` in the dataset, docs/evaluation.md):
+    each labelled region of an image is judged by the same defect rule on its own verdict. A region the
+    run gave no verdict (the frame failed, or the region's outcome is `none`) counts as `no_verdict`."""
+    names: list[str] = []
+    per: dict[str, list[Pair]] = {}
+    no_verdict: dict[str, int] = {}
+    for p in pairs:
+        if not p.sample.regions:
+            continue
+        got = {str(r.get("name")): r for r in p.record.get("regions") or [] if isinstance(r, dict)}
+        for name, label in p.sample.regions.items():
+            if name not in per:
+                names.append(name)
+                per[name], no_verdict[name] = [], 0
+            verdict = got.get(name, {}).get("verdict")
+            if p.verdict is None and p.record.get("kind") == "bad_image":
+                continue  # the image was never inspected: an error of the whole image, not of the region
+            if not isinstance(verdict, dict) or got[name].get("outcome") == "none":
+                no_verdict[name] += 1
+                continue
+            per[name].append(Pair(replace(p.sample, id=f"{p.sample.id}#{name}", expected=label, regions=None),
+                                  verdict, p.record))
+    out: dict[str, Any] = {}
+    for name in names:
+        m = defect_metrics(per[name], rule)
+        out[name] = {k: m[k] for k in ("evaluated", "unknown", "tp", "fp", "fn", "tn", "bad_parts", "good_parts",
+                                       "escape", "false_reject", "escape_ids", "false_reject_ids")}
+        out[name]["no_verdict"] = no_verdict[name]
+    return out
 
 
 def normalise(text: str) -> str:

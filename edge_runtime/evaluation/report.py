@@ -165,6 +165,12 @@ def write_html(report: dict[str, Any], images: dict[str, Path], verdicts: dict[s
                     f"<tr><th>latency p50 / p95</th><td>{_num(v['latency']['total_ms']['p50'])} / "
                     f"{_num(v['latency']['total_ms']['p95'])} ms; tokens per verdict "
                     f"{_num(v['latency']['tokens']['mean'])}</td></tr></table>")
+        if v.get("regions"):  # per labelled region of the inspection program (--program)
+            body.append("<h3>Regions</h3><table><tr><th>region</th><th>escape rate</th><th>false-reject rate</th>"
+                        "<th>no verdict</th></tr>")
+            body.extend(f"<tr><td>{_e(name)}</td><td>{_pct(r['escape'])}</td><td>{_pct(r['false_reject'])}</td>"
+                        f"<td>{r['no_verdict']}</td></tr>" for name, r in v["regions"].items())
+            body.append("</table>")
         body.append("<h3>Fields</h3><table><tr><th>field</th><th>labelled</th><th>accuracy</th><th>more</th></tr>")
         plots = []
         for name, f in v["fields"].items():

@@ -34,11 +34,18 @@ MAX_RECORD_BYTES = 256 * 1024
 MAX_TEXT_CHARS = 4000
 
 
+EVAL_CAMERA = "eval"  # the camera name eval's images are inspected as (under --program, its program's)
+
+
 def variant_key(inspector: Inspector, prompt: str | None) -> str:
-    """What decides a verdict: the bundle's files and schema, the prompt, the generation limit."""
+    """What decides a verdict: the bundle's files and schema, the prompt, the generation limit (and the
+    inspection program, under --program)."""
     m = inspector.bundle.manifest
     ident = {"name": inspector.bundle.name, "files": m.files.model_dump(mode="json"), "schema": m.verdict_schema,
              "prompt": prompt or inspector.default_prompt, "max_tokens": inspector.max_tokens}
+    program = inspector.program_of(EVAL_CAMERA)
+    if program is not None and program.config is not None:  # absent without: older runs' records stay valid
+        ident["program"] = program.config.model_dump(mode="json")
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -147,6 +154,7 @@ def run_variant(inspector: Inspector, key: str, label: str, prompt: str | None, 
     bar = Progress(label, len(todo), progress)
     t0 = time.perf_counter()
     chunks = list(_chunks(todo, max(1, batch)))
+    program = inspector.program_of(EVAL_CAMERA) is not None
 
     def prepare(chunk: list[Sample]) -> tuple[list[dict[str, Any]], list[tuple[Sample, BatchJob]]]:
         """Read and encode one batch (runs beside the previous batch's generation, as the daemon's
@@ -161,7 +169,8 @@ def run_variant(inspector: Inspector, key: str, label: str, prompt: str | None, 
                 refused.append({"key": key, "id": sample.id, "stamp": _image_stamp(sample.image),
                                 "error": str(exc)[:500], "kind": "bad_image"})
                 continue
-            jobs.append((sample, BatchJob(inspector.encode(frame), camera="eval", prompt=prompt, seq=len(jobs))))
+            enc = inspector.encode_frame(EVAL_CAMERA, frame) if program else inspector.encode(frame)
+            jobs.append((sample, BatchJob(enc, camera=EVAL_CAMERA, prompt=prompt, seq=len(jobs))))
         return refused, jobs
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-encode") as pool:
@@ -204,8 +213,12 @@ def _generations(inspector: Inspector) -> Iterator[list[Generation]]:
 def _record(base: dict[str, Any], out: Result | InferenceError, tokens: int | None) -> dict[str, Any]:
     if isinstance(out, InferenceError):
         return {**base, "error": str(out)[:500], "kind": "inference_error", "tokens": tokens}
-    return {**base, "verdict": out.verdict, "text": out.text[:MAX_TEXT_CHARS], "tokens": tokens,
-            "timings_ms": out.timings_ms}
+    record = {**base, "verdict": out.verdict, "text": out.text[:MAX_TEXT_CHARS], "tokens": tokens,
+              "timings_ms": out.timings_ms}
+    if out.regions is not None:  # each region's verdict and outcome (its text is in the journal, not here)
+        record["regions"] = [{"name": r["name"], "verdict": r["verdict"], "outcome": r["outcome"]}
+                             for r in out.regions]
+    return record
 
 
 def _chunks(items: list[Sample], n: int) -> Iterator[list[Sample]]:
