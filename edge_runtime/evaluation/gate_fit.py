@@ -235,9 +235,7 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
     config = config.model_copy(update={"model": settings})
     inspector = open_inspector(config, opts.model)
     try:
-        if camera is not None and program is not None:
-            # The same budget and regions as inference: the inspector's own encode_frame path.
-            inspector.use_programs({str(camera.program): program}, [camera], config.images)
+        # open_inspector loaded the config's programs: encode_frame encodes as the daemon does (budget, regions).
         context = gate_context(inspector.bundle, inspector.settings, roi, budget=program_budget(program))
         name = camera.name if camera is not None else ""
         frame_size = reader.size
