@@ -1,8 +1,8 @@
 """The line's DefectCode of a NOK by where it failed (config `defect_codes`, lineio/recipes.py): the first
 failing region in region order by its name, else that region's verdict's category; read by a PLC through
-the real Modbus TCP server (an independent client, npm modbus-serial; every protocol shows the same
-station signals). A `defect_codes` naming a region its program does not have refuses the config in one
-line naming the recipe."""
+the real Modbus TCP server (an independent client, npm modbus-serial) and the real OPC UA server (node-opcua:
+the DefectCode variable and the ResultReady event). A `defect_codes` naming a region its program does
+not have refuses the config in one line naming the recipe."""
 
 from __future__ import annotations
 
@@ -66,6 +66,34 @@ def test_a_plc_reads_the_defect_code_of_the_first_failing_region_over_modbus(lin
         assert got == EXPECTED
     finally:
         server.stop()
+
+
+def test_a_plc_reads_the_defect_code_of_the_first_failing_region_over_opcua(tmp_path: Path) -> None:
+    from tests.lineio.test_opcua import Plant
+    from tests.support.opcua_peer import NodeClient
+
+    plant = Plant(tmp_path, {"zones": {"auto": by_part, "regions": lambda job: PARTS[job.part_id],
+                                       "defect_codes": CODES}})
+    try:
+        client = plant.connect(NodeClient(tmp_path / "node-plc"), max_retry=1000)
+        try:
+            assert client.request("subscribe", station="zones", names=["ResultValid"], interval=10, events=True)["ok"]
+            for part, (result, code) in EXPECTED.items():
+                since = len(client.notes)
+                call = client.request("call", station="zones", method="StartSingleJob", args=[part, ""])
+                assert call["status"] == "Good", call
+                seq = call["out"][0]
+                event = client.wait_note(lambda n, s=since: client.notes.index(n) >= s
+                                         and n.get("event") == "ResultReady" and n["station"] == "zones", timeout=10)
+                assert (event["jobId"], event["result"], event["defectCode"]) == (seq, result, code), part
+                values = client.request("read", station="zones", names=["Result", "DefectCode"])
+                assert values["ok"] and dict(values["values"]) == {"Result": result, "DefectCode": code}, part
+                ack = client.request("call", station="zones", method="ResultAck", args=[seq])
+                assert ack["status"] == "Good" and ack["out"] == [True]
+        finally:
+            client.close()
+    finally:
+        plant.close()
 
 
 def test_a_recipes_defect_codes_replace_the_stations(tmp_path: Path) -> None:
