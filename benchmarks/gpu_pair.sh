@@ -76,9 +76,9 @@ rp.convert(Path(".device/convert"), work / "hf", work / "lm-f16.gguf", "f16", mm
 rp.convert(Path(".device/convert"), work / "hf", work / "mmproj-f16.gguf", "f16", mmproj=True)
 print(os.environ["SHAPE"], "convert", round(time.perf_counter() - t, 1), "s")
 PY
-    rm -rf "$D/hf"
+    [ -n "${KEEP_HF:-}" ] || rm -rf "$D/hf"  # KEEP_HF=1: vLLM serves it (gpu_vllm.sh)
   done
-  for _ in $(seq 1 80); do [ -f /tmp/llb/done ] && break; sleep 5; done  # leave the rest to `pair`
+  for _ in $(seq 1 "${BUILD_WAIT:-80}"); do [ -f /tmp/llb/done ] && break; sleep 5; done  # leave the rest to `pair`
   echo "build+checkpoint $(( $(date +%s) - t0 )) s; $(cat /tmp/llb/done 2>/dev/null || echo 'build still running')" | tee "$OUT/build.txt"
 fi
 if [ "$PHASE" = pair ]; then
@@ -86,13 +86,14 @@ if [ "$PHASE" = pair ]; then
   python3 -c "import llama_cpp; print('gpu offload:', llama_cpp.llama_supports_gpu_offload())" | tee -a "$OUT/pair.txt"
   for SHAPE in ${SHAPES:-3b}; do
     D=/tmp/models/pair${SHAPE//./}
-    D=$D python3 - <<'PY' | tee -a "$OUT/pair.txt"
+    D=$D KEEP_F16=${KEEP_F16:-} python3 - <<'PY' | tee -a "$OUT/pair.txt"
 import os, time
 from pathlib import Path
 from edge_runtime_models.llama_cpp_tools import quantize
 w = Path(os.environ["D"] + ".work"); t = time.perf_counter()
 quantize(w / "lm-f16.gguf", w / "lm-Q4_K_M.gguf", "Q4_K_M", threads=os.cpu_count() or 1)
-(w / "lm-f16.gguf").unlink()
+if not os.environ.get("KEEP_F16"):  # KEEP_F16=1: gpu_vllm.sh makes Q8_0 and F16 bundles from it
+    (w / "lm-f16.gguf").unlink()
 print(w, "quantize", round(time.perf_counter() - t, 1), "s;", {p.name: p.stat().st_size for p in w.glob("*.gguf")})
 PY
     NAME=$(cd benchmarks && python3 -c "import realistic_pair as rp; print(rp.SHAPES['$SHAPE'][4])")

@@ -1,4 +1,4 @@
-"""Peers side by side (issues 25 and 28): llama-server against our daemon on the same model, one client.
+"""Peers side by side (issues 25, 28 and 45): llama-server or vLLM against our daemon on the same model.
 
 Builds (or reuses) `llama-server` from the llama.cpp our llama-cpp-python vendors (peers_lib/build.py),
 then runs ONE server at a time on the same GGUF (+ mmproj), the same threads, and drives each with
@@ -20,6 +20,10 @@ and GPU memory (nvidia-smi, when there). One table with ratios ours/peer; `--out
 
     python benchmarks/peers.py --bundle DIR [--workload chat|image|both] [--threads 2] [--out peers.json]
     python benchmarks/peers.py --bundle DIR --no-peer       # our daemon alone (the smoke test does this)
+    python benchmarks/peers.py --bundle DIR --workload image --vllm-model HF_DIR   # vLLM as the peer (issue 45)
+
+vLLM (`--vllm-model`, peers_lib/servers.py VllmServer) serves the Hugging Face checkpoint the GGUF pair was
+converted from (bf16); its own processes are one session, whose GPU memory is summed.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers_lib.client import Client, Reply
-from peers_lib.servers import LlamaServer, OurDaemon, Server, bundle_files, read_bundle
+from peers_lib.servers import LlamaServer, OurDaemon, Server, VllmServer, bundle_files, read_bundle
 
 CATEGORIES = ["none", "scratch", "dent", "crack", "stain"]
 CHAT_SCHEMA: dict[str, Any] = {
@@ -58,6 +62,7 @@ CHAT_SYSTEM = "You inspect parts on a production line. Answer with one JSON obje
 CHAT_PROMPT = ("Inspection log of part 4711: the weld seam shows a thin dark line about 4 mm long near the "
                "left edge; the surface is otherwise clean. Give the verdict.")
 CHAT_MAX_TOKENS = 96
+PEERS = ("llama-server", "vllm")
 # The Makefile builds llama-cpp-python with these (AMX kernels out: these VMs fault on them); the peer too.
 _MAKEFILE_CMAKE_ARGS = "-DCMAKE_C_FLAGS=-U__AMX_INT8__ -DCMAKE_CXX_FLAGS=-U__AMX_INT8__"
 
@@ -92,6 +97,9 @@ class RouteReport:
     peak_rss_mb: float | None = None
     peak_gpu_mib: int | None = None
     load_avg: list[float] = field(default_factory=list)  # 1-minute load before and after: others' work shows
+    ready_s: float | None = None  # the server's process start to its health route answering 200
+    first_verdict_s: float | None = None  # process start to the first verdict (the first route's warm-up)
+    stages_ms: dict[str, float] = field(default_factory=dict)  # p50 of each timings_ms stage (our results)
 
 
 def strict_verdict(text: str, schema: dict[str, Any]) -> bool:
@@ -187,9 +195,11 @@ def run_route(route: Route, levels: list[int], requests: int, streamed: int, tim
     report = RouteReport(route.server, route.name)
     client = Client(route.base, timeout_s)
     try:
-        route.send(client, 0)  # warm-up: the schema's grammar compiled, caches primed; not counted
+        warm = route.send(client, 0)  # warm-up: the schema's grammar compiled, caches primed; not counted
+        report.first_verdict_s = round(warm.latency_s, 3)  # measure() adds the start to ready
         seq = [route.send(client, 0) for _ in range(requests)]
         _account(report, seq, route.schema)
+        report.stages_ms = stage_p50(seq)
         lat = [r.latency_s * 1000 for r in seq if r.status == 200]
         if lat:
             report.latency_ms = {"p50": round(statistics.median(lat), 1), "p95": round(_percentile(lat, 0.95), 1)}
@@ -206,6 +216,21 @@ def run_route(route: Route, levels: list[int], requests: int, streamed: int, tim
         report.levels[str(n)] = _concurrent(route, report, n, max(requests, n), timeout_s)
         progress(f"{route.server} {route.name}: {n} clients {report.levels[str(n)]}")
     return report
+
+
+def stage_p50(replies: list[Reply]) -> dict[str, float]:
+    """p50 per stage of the `timings_ms` our results carry (camera and infer routes; chat replies carry none),
+    and of `outside`: the client's latency less the result's `total` (queueing, journal, HTTP: what is not
+    the model's)."""
+    stages: dict[str, list[float]] = {}
+    for r in replies:
+        timings = r.body.get("timings_ms") if r.status == 200 and isinstance(r.body, dict) else None
+        for stage, ms in (timings or {}).items():
+            if isinstance(ms, (int, float)):
+                stages.setdefault(stage, []).append(float(ms))
+        if timings and isinstance(timings.get("total"), (int, float)):
+            stages.setdefault("outside", []).append(r.latency_s * 1000 - float(timings["total"]))
+    return {k: round(statistics.median(v), 1) for k, v in stages.items()}
 
 
 def _concurrent(route: Route, report: RouteReport, clients: int, total: int, timeout_s: float) -> dict[str, Any]:
@@ -253,13 +278,16 @@ def measure(server: Server, routes: list[Route], args: argparse.Namespace) -> li
     load_before = round(os.getloadavg()[0], 2)
     t0 = time.perf_counter()
     with server:
-        say(f"{server.name} ready in {time.perf_counter() - t0:.1f} s")
+        ready_s = round(time.perf_counter() - t0, 2)
+        say(f"{server.name} ready in {ready_s:.1f} s")
         for route in routes:
             route.base = server.base
             out.append(run_route(route, args.levels, args.requests, args.streamed, args.timeout, say))
         rss, gpu = server.peak_rss_mb(), server.peak_gpu_mib()
-    for r in out:
-        r.peak_rss_mb, r.peak_gpu_mib = rss, gpu
+    for i, r in enumerate(out):
+        r.peak_rss_mb, r.peak_gpu_mib, r.ready_s = rss, gpu, ready_s
+        # only the first route's warm-up is the server's first verdict; later routes' are warm-ups alone
+        r.first_verdict_s = round(ready_s + r.first_verdict_s, 2) if i == 0 and r.first_verdict_s else None
         r.load_avg = [load_before, round(os.getloadavg()[0], 2)]
     return out
 
@@ -308,7 +336,7 @@ def render(workload: str, reports: list[RouteReport], levels: list[int]) -> str:
                     + [f"{r.valid}/{r.total}" + (f" ({r.json_valid} JSON)" if r.json_valid != r.valid else ""),
                        str(r.retries_429), _fmt(r.peak_rss_mb), _fmt(r.peak_gpu_mib),
                        "/".join(f"{x:.1f}" for x in r.load_avg)])
-    peer = next((r for r in reports if r.server == "llama-server"), None)
+    peer = next((r for r in reports if r.server in PEERS), None)
     if peer is not None:
         for r in reports:
             if r is peer:
@@ -380,10 +408,18 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
                                     schema))
         if cameras:
             our_routes.append(Route("edge-runtime", "camera", lambda c, i: _trigger(c, i % cameras), schema))
-    result: dict[str, Any] = {"workload": workload, "servers": {"edge-runtime": ours.describe()}}
-    reports = measure(ours, our_routes, args)
+    result: dict[str, Any] = {"workload": workload, "servers": {}}
+    reports: list[RouteReport] = []
+    if not args.no_ours:
+        result["servers"]["edge-runtime"] = ours.describe()
+        reports += measure(ours, our_routes, args)
     peer_note = None
-    if peer_bin is None:
+    if args.vllm_model is not None:
+        vllm = VllmServer(work, args.vllm_model, args.parallel, args.context, pythonpath=args.vllm_pythonpath,
+                          backend=args.vllm_backend, extra_args=args.vllm_args.split())
+        result["servers"]["vllm"] = vllm.describe() | {"version": vllm.version()}
+        reports += measure(vllm, [chat_routes("vllm", system, prompt, schema, max_tokens, image)], args)
+    elif peer_bin is None:
         peer_note = "peer skipped (--no-peer)"
     elif workload == "image" and mmproj is None:
         peer_note = "peer skipped: the bundle has an ONNX encoder, llama-server needs a GGUF + mmproj pair"
@@ -396,7 +432,7 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
         reports += measure(peer, [chat_routes("llama-server", system, prompt, schema, max_tokens, image)], args)
     result["peer_note"] = peer_note
     result["routes"] = [asdict(r) for r in reports]
-    peer_report = next((r for r in reports if r.server == "llama-server"), None)
+    peer_report = next((r for r in reports if r.server in PEERS), None)
     result["ratios_ours_over_peer"] = ({f"{r.server}.{r.route}": ratios(r, peer_report) for r in reports
                                         if r is not peer_report} if peer_report else {})
     result["request"] = chat_request(system, prompt, schema, max_tokens) | (
@@ -455,6 +491,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-args", default="", help="more llama-server arguments, e.g. --peer-args=--no-jinja (a "
                     "Qwen-template GGUF of tiny vocabulary fails its jinja path's grammar: 'Failed to initialize "
                     "samplers')")
+    peer.add_argument("--vllm-model", type=Path, help="the peer is vLLM's OpenAI server on this Hugging Face "
+                      "checkpoint folder (benchmarks/realistic_pair.py's hf/), with response_format json_schema "
+                      "through its structured outputs")
+    ap.add_argument("--vllm-pythonpath", help="put first on vLLM's PYTHONPATH (a --target install of its wheels)")
+    ap.add_argument("--vllm-backend", default="xgrammar", help="vLLM's structured-output backend (xgrammar, "
+                    "guidance); always with disable_any_whitespace")
+    ap.add_argument("--vllm-args", default="", help="more vLLM server arguments, e.g. --vllm-args=--enforce-eager")
+    ap.add_argument("--no-ours", action="store_true", help="the peer alone (our daemon not started)")
     ap.add_argument("--cuda-arch", help="build the peer with CUDA for this architecture (90 = H200)")
     ap.add_argument("--repack", choices=("on", "off"), default="on",
                     help="llama.cpp's extra CPU buffer types (weight repacking, AMX), the same in both servers; off "
@@ -476,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     args.bundle = args.bundle.resolve()
     args.no_repack = args.repack == "off"
     peer_bin = None
-    if not args.no_peer:
+    if not args.no_peer and args.vllm_model is None:
         if args.peer_bin is not None:
             peer_bin = args.peer_bin
         else:

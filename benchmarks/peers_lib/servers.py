@@ -1,4 +1,4 @@
-"""The two servers as processes: our daemon (`edge-runtime run` with a generated config) and llama-server.
+"""The servers as processes: our daemon (`edge-runtime run` with a generated config), llama-server and vLLM.
 
 Each starts on a free loopback port, is ready when its health route says so, and reports its peak
 resident memory (the kernel's VmHWM of the process) and, where nvidia-smi exists, the most GPU memory
@@ -7,6 +7,8 @@ it held while the workload ran (sampled every 0.5 s). One server runs at a time.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -32,8 +34,22 @@ def free_port() -> int:
         return port
 
 
+def session_pids(leader: int) -> set[int]:
+    """The processes of the session `leader` started (start_new_session): vLLM's engine runs in children."""
+    pids = {leader}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 3 and fields[3] == str(leader):  # field 6 of stat: the session id
+            pids.add(int(stat.parent.name))
+    return pids
+
+
 class GpuMemory:
-    """Most memory (MiB) nvidia-smi reports for one process while sampling runs; None without nvidia-smi."""
+    """Most memory (MiB) nvidia-smi reports for one process and the others of its session, summed, while
+    sampling runs; None without nvidia-smi."""
 
     def __init__(self, pid: int) -> None:
         self.pid, self.peak_mib = pid, None if shutil.which("nvidia-smi") is None else 0
@@ -49,10 +65,12 @@ class GpuMemory:
         while not self._stop.wait(0.5):
             query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
             out = subprocess.run(query, capture_output=True, text=True).stdout
+            ours, total = session_pids(self.pid), 0
             for line in out.splitlines():
                 pid, _, mib = line.partition(",")
-                if pid.strip() == str(self.pid) and mib.strip().isdigit():
-                    self.peak_mib = max(self.peak_mib or 0, int(mib))
+                if pid.strip().isdigit() and int(pid) in ours and mib.strip().isdigit():
+                    total += int(mib)
+            self.peak_mib = max(self.peak_mib or 0, total)
 
     def stop(self) -> int | None:
         self._stop.set()
@@ -144,6 +162,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc is not None:  # children left behind (vLLM's engine process) go with their leader
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
         if self.gpu is not None:
             self.gpu.stop()
         if self._log is not None:
@@ -226,6 +247,47 @@ class LlamaServer(Server):
         try:
             out = subprocess.run([self.args[0], "--version"], capture_output=True, text=True, timeout=30)
             return (out.stdout + out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "unknown"
+
+
+# Settings vLLM 0.26.0 needs on the H200 machine (issue 45): without flashinfer (not carried) its top-k/top-p
+# sampler dies at start; without disable_any_whitespace a random-weight model pads json_schema answers with
+# whitespace until max_tokens.
+VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+VLLM_STRUCTURED = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
+class VllmServer(Server):
+    """vLLM's OpenAI server (`python3 -m vllm.entrypoints.openai.api_server`) on a Hugging Face checkpoint
+    folder, served as "default" (the name every request carries), `parallel` sequences at most, `context`
+    tokens each. `pythonpath` is put first (a --target install of the carried wheels); `backend` is the
+    structured-output backend (xgrammar, guidance)."""
+
+    name = "vllm"
+
+    def __init__(self, log_dir: Path, model: Path, parallel: int, context: int, pythonpath: str | None = None,
+                 backend: str = "xgrammar", extra_args: list[str] | None = None) -> None:
+        super().__init__(log_dir)
+        structured = json.dumps(VLLM_STRUCTURED | {"backend": backend})
+        self.args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                     "--served-model-name", "default", "--host", "127.0.0.1", "--port", str(self.port),
+                     "--max-model-len", str(context), "--max-num-seqs", str(parallel),
+                     "--structured-outputs-config", structured, *(extra_args or [])]
+        # vLLM's own install alone when given: our wheels (/tmp/site) carry other versions of shared packages
+        self.env = {**os.environ, **VLLM_ENV, "PYTHONPATH": pythonpath or os.environ.get("PYTHONPATH", "")}
+
+    def command(self) -> list[str]:
+        return self.args
+
+    def describe(self) -> dict[str, Any]:
+        return {"command": " ".join(self.args), "env": VLLM_ENV}
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], env=self.env,
+                                 capture_output=True, text=True, timeout=120)
+            return out.stdout.strip() or out.stderr.strip().splitlines()[-1]
         except (OSError, IndexError, subprocess.TimeoutExpired):
             return "unknown"
 

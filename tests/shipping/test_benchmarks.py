@@ -36,6 +36,9 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "line_io.py": (["--jobs", "2"], "trigger_to_result_valid_ms"),
     "line_soak.py": (["--minutes", "0.1", "--sample-s", "2", "--warmup-min", "0", "--cut-s", "2"], '"acked"'),
     "lineio_durable.py": (["--jobs", "5"], '"delivery_notify_ms"'),
+    "offload_vllm.py": (["--bundle", "{bundle}", "--central-bundle", "{bundle}", "--threads", "1", "--context", "2048",
+                         "--parts", "6", "--probe", "2", "--before", "2", "--interval", "1.0", "--open-s", "1"],
+                        '"breaker_opened_and_closed": true'),
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
     "parallel_profile.py": (["{bundle}"], "one camera"),
@@ -51,7 +54,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
 # Run against a real daemon by their own tests (peers.py: tests/benchmarks/test_peers.py, llama-server absent).
 ELSEWHERE = {"peers.py", "device_kit.sh"}
 # Shell drivers for the lent GPU machine (nvcc, CUDA): checked for syntax here, shellcheck'd in test_shipping.
-GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_peers.sh", "gpu_run.sh"}
+GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_peers.sh", "gpu_run.sh", "gpu_vllm.sh"}
 
 
 @pytest.fixture(scope="module")
