@@ -24,6 +24,7 @@ from edge_runtime.app.running import Running
 from edge_runtime.app.status import StatusReport
 from edge_runtime.capture.rig import CameraRig, cameras_not_in_file, clip_of
 from edge_runtime.config import CameraConfig, Config
+from edge_runtime.config.rules import webhook_headers
 from edge_runtime.core import systemd
 from edge_runtime.core.device import ChatJob, ChatOutput, Device, EvidenceFile, ModelInfo
 from edge_runtime.core.errors import EdgeRuntimeError, StorageFull, UnknownCamera
@@ -101,7 +102,8 @@ class Daemon:
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
                                         self.faults, self._current_inspector,
-                                        webhooks=WebhookOutbox(config.journal_path()),
+                                        webhooks=WebhookOutbox(config.journal_path(), headers_for=lambda source:
+                                                               webhook_headers(self.config.rules, source)),
                                         keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget,
                                         gate=lambda: self.gate.decision())  # re-asks wait out a throttled governor

@@ -157,3 +157,15 @@ def validate_rules(rules: list[Rule]) -> list[Rule]:
 def regex_conditions(rules: list[Rule]) -> int:
     """Regex conditions of the enabled rules: what one verdict's regex budget is shared among."""
     return sum(1 for r in rules if r.enabled for c in r.when if c.regex is not None)
+
+
+def webhook_headers(rules: list[Rule], source: str) -> dict[str, str]:
+    """Headers of the rule action (`<rule>:<index>`) that queued a webhook, from the running config
+    (secrets are not written to the outbox). A rule removed since then sends none."""
+    name, _, index = source.rpartition(":")
+    for rule in rules:
+        if rule.name == name and index.isdigit() and int(index) < len(rule.actions):
+            action = rule.actions[int(index)]
+            if isinstance(action, WebhookAction):
+                return dict(action.headers)
+    return {}

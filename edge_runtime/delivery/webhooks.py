@@ -88,7 +88,9 @@ class WebhookOutbox:
     """Queue with `put`, deliver from background threads (`start`/`stop`)."""
 
     def __init__(self, db_path: Path, max_rows: int = 10_000, backoff_min_s: float = 1.0,
-                 backoff_max_s: float = 300.0, senders: int = SENDERS) -> None:
+                 backoff_max_s: float = 300.0, senders: int = SENDERS,
+                 headers_for: Callable[[str], dict[str, str]] | None = None) -> None:
+        """`headers_for(source)`: a row's request headers, read at send time (secrets are not stored)."""
         self.max_rows = max_rows
         self._drop_logged_at = -60.0
         self.backoff_min_s, self.backoff_max_s = backoff_min_s, backoff_max_s
@@ -99,7 +101,7 @@ class WebhookOutbox:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.headers_for: Callable[[str], dict[str, str]] = lambda _source: {}
+        self.headers_for = headers_for or (lambda _source: {})
         self.delivered = 0
         self.dropped = 0
         self.attempts_failed = 0

@@ -62,8 +62,6 @@ class WebhookQueue(Protocol):
     """The webhook outbox as the verdict stage stages into it (`delivery/webhooks.WebhookOutbox`): rows
     on the journal's transaction, a wake-up after its commit."""
 
-    headers_for: Callable[[str], dict[str, str]]
-
     def stage(self, db: sqlite3.Connection, url: str, body: dict[str, Any], key: str, source: str = "",
               timeout_s: float = 5.0) -> int: ...
 
@@ -105,7 +103,6 @@ class VerdictServices:
         self.engine = RuleEngine(rules, self.budget.regex_s_per_verdict)
         self.messages = MessageOutbox(db_path)
         self.webhooks = webhooks  # built by the wiring (delivery/ sends them)
-        self.webhooks.headers_for = self._webhook_headers
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
         # The governor's gate: a re-ask is a second inference on the inspection thread, so it is
@@ -268,17 +265,6 @@ class VerdictServices:
             raise  # SQLite rolled the whole transaction back: the journal keeps the result alone
         db.execute("ROLLBACK TO action")
         db.execute("RELEASE action")
-
-    def _webhook_headers(self, source: str) -> dict[str, str]:
-        """Headers of the rule action that queued a webhook, from the running config (secrets are
-        not written to the outbox). A rule removed since then sends none."""
-        name, _, index = source.rpartition(":")
-        for rule in self.engine.rules:
-            if rule.name == name and index.isdigit() and int(index) < len(rule.actions):
-                action = rule.actions[int(index)]
-                if isinstance(action, WebhookAction):
-                    return dict(action.headers)
-        return {}
 
     @staticmethod
     def _alert(result: Result) -> dict[str, Any]:

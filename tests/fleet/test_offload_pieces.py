@@ -26,6 +26,7 @@ from edge_runtime.fleet.offload.breaker import CircuitBreaker
 from edge_runtime.fleet.offload.client import Endpoint
 from edge_runtime.fleet.offload.router import Dropped, Offloader, matches
 from tests.support.mjpeg import free_port
+from tests.support.offload import stand_in_inspector
 
 
 class Misbehaving:
@@ -163,22 +164,11 @@ def test_offload_config_errors_name_the_key(text: str, message: str) -> None:
         parse_config(text, "edge.yaml")
 
 
-class _Bundle:
-    class manifest:
-        verdict_schema = SCHEMA
-
-
-class _Inspector:
-    """What the Offloader reads of the loaded model: the schema and the default prompt."""
-
-    bundle = _Bundle
-    default_prompt = "Is there a defect?"
-
-
 def offloader(url: str, local: Any, gate: GateDecision | None = None, **cfg: Any) -> Offloader:
     config = OffloadConfig(enabled=True, endpoints=[EndpointConfig(url=url, timeout_s=1)], **cfg)
     decision = gate or GateDecision()
-    return Offloader(config, {"a"}, "dev", lambda: _Inspector, lambda req, res: res, local, lambda: decision)
+    model = stand_in_inspector(SCHEMA)  # what the Offloader reads of the loaded model: the schema and the prompt
+    return Offloader(config, {"a"}, "dev", lambda: model, lambda req, res: res, local, lambda: decision)
 
 
 def frame_request() -> InspectionRequest:

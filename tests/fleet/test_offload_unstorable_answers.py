@@ -294,6 +294,8 @@ def test_the_store_fault_heals_by_itself_when_no_failure_came_for_a_while(monkey
 
 def test_a_worker_error_on_every_frame_takes_the_fallback_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
+        default_prompt = "Is there a defect?"
+
         @property
         def bundle(self) -> Any:
             raise RuntimeError("the model is being swapped")

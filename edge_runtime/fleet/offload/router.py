@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from jsonschema import Draft202012Validator
@@ -51,12 +51,33 @@ class _Job:
     second_opinion_of: str | None = None
 
 
+class _Manifest(Protocol):
+    @property
+    def verdict_schema(self) -> dict[str, Any]: ...
+
+
+class _Bundle(Protocol):
+    @property
+    def manifest(self) -> _Manifest: ...
+
+
+class LoadedModel(Protocol):
+    """What offload reads of the loaded model (`inference/inspector.py:Inspector`): the verdict's
+    schema, which every remote answer must follow, and the prompt of a request that names none."""
+
+    @property
+    def bundle(self) -> _Bundle: ...
+
+    @property
+    def default_prompt(self) -> str: ...
+
+
 class Offloader:
     """A daemon service (start/stop). `deliver` journals and publishes a Result (the worker's own path),
     `local` submits a request to the local inspection queue, `inspector` gives the loaded model's schema."""
 
     def __init__(self, cfg: OffloadConfig, remote_cameras: set[str], device_id: str,
-                 inspector: Callable[[], Any], deliver: Callable[[InspectionRequest, Result], Result],
+                 inspector: Callable[[], LoadedModel], deliver: Callable[[InspectionRequest, Result], Result],
                  local: Callable[[InspectionRequest], Future[Result]], gate: Callable[[], GateDecision],
                  on_fault: Callable[[str, bool], None] | None = None) -> None:
         self.cfg = cfg
