@@ -72,6 +72,9 @@ class ResultModel(BaseModel):
     governor: dict[str, Any] | None = None
     energy_j: float | None = None
     journal_seq: int | None = Field(None, description="Journal order; the `before` cursor")
+    regions: list[dict[str, Any]] | None = Field(
+        None, description="An inspection program's verdict per region, in the program's order: name, box [x, y, "
+        "w, h], verdict, text, outcome (ok, nok or none: no verdict), error; `verdict` is the overall one")
 
 
 class ResultsPage(BaseModel):

@@ -66,6 +66,8 @@ def test_mqtt_and_rest_carry_each_regions_verdict(line: tuple[Daemon, Subscriber
     listed = requests.get(f"{base}/api/v1/results", params={"limit": 5}, timeout=10).json()
     rows = listed["results"] if isinstance(listed, dict) else listed
     assert next(r for r in rows if r["id"] == result.id)["regions"] == result.regions
+    doc = requests.get(f"{base}/api/v1/openapi.json", timeout=10).json()
+    assert "outcome" in doc["components"]["schemas"]["ResultModel"]["properties"]["regions"]["description"]
 
 
 def test_the_evidence_served_for_the_result_draws_each_region_in_its_outcome_colour(
