@@ -18,14 +18,17 @@ class GateConfig(Section):
         "off", description="off: no gate. annotate: every result carries the gate's score and threshold; the "
         "language model answers every frame as before. skip_ok: a frame scoring under the threshold is an OK "
         "result without the language model (source.engine: gate), journaled, published and handed to the "
-        "line like any other; the rest go to the language model.")
+        "line like any other; the rest go to the language model. With a program's regions: answered when every "
+        "region is under its threshold, else only the regions over theirs are asked.")
     bank: str | None = Field(
         None, max_length=4096, description="The bank file `edge-runtime gate fit` wrote for this camera (or "
         "recipe). It must have been made with this model's encoder, image budget and crop: a bank of another "
-        "is refused at load with one line, and the gate stays off for this camera.")
+        "is refused at load with one line, and the gate stays off for this camera. A camera whose program has "
+        "regions or tiling needs a bank of one section per region (`gate fit DIR OUT --camera NAME`).")
     threshold: float | None = Field(
         None, gt=0, allow_inf_nan=False, description="Scores under this are gated as OK: a finite number over "
-        "0 (infinity or NaN is refused at load). Unset: the threshold chosen at fit time "
+        "0 (infinity or NaN is refused at load); with regions it applies to each. Unset: the threshold chosen at "
+        "fit time (each region's own) "
         "(`gate fit --labelled ... --max-escape`); skip_ok needs one or the other.")
     audit_every: int = Field(
         50, ge=1, le=1_000_000, description="skip_ok: 1 in N gated frames still goes to the language model as "
