@@ -7,9 +7,18 @@ of `realistic_pair.py` on a CPU):
    is encoded at load and its KV decoded once (the first frame), then reused;
 2. a repeated API image: the same JPEG sent `--requests` times to a running daemon's
    `POST /api/v1/infer`; each result's `timings_ms.encode` and the encoder cache's hit rate
-   (`/api/v1/status`, `inspection.encoder_cache`).
+   (`/api/v1/status`, `inspection.encoder_cache`);
+3. regions: a frame (2 x 2 crops of the frame size) asked as four regions in one batch against the same
+   frame asked as one region (its top-left crop), interleaved, encoder cache off;
+4. image token budgets: the same frame under three `image_tokens.max` (the bundle's ceiling, a half and a
+   quarter of it), interleaved, encoder cache off: per-frame ms and image tokens at each;
+5. a clip of 4 frames (spacing 0) against a single frame, interleaved, encoder cache on as in the
+   daemon: each clip is the last four frames of a sliding window, so three of its four are cache hits.
 
-    python benchmarks/programs.py BUNDLE [--frames 12] [--requests 100] [--threads 2] [--json OUT]
+Every ratio comes from one run (the parts interleaved frame by frame, so load shifts hit both sides).
+
+    python benchmarks/programs.py BUNDLE [--frames 12] [--requests 100] [--threads 2] [--gpu-layers 0]
+        [--parts reference,api,regions,budgets,clip] [--json OUT]
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ def frames(n: int, seed: int, size: int = 336) -> list[np.ndarray]:
     return [part_image(seed + i, size, size, defect=i % 3 == 0) for i in range(n)]
 
 
-def reference_cost(bundle: str, n: int, threads: int, tmp: Path) -> dict[str, Any]:
+def reference_cost(bundle: str, n: int, threads: int, tmp: Path, gpu_layers: int = 0) -> dict[str, Any]:
     """Per-frame ms of a camera with one reference against one with none, interleaved on the same frames."""
     import cv2
 
@@ -53,6 +62,7 @@ def reference_cost(bundle: str, n: int, threads: int, tmp: Path) -> dict[str, An
     cv2.imwrite(str(ref), frames(1, seed=900)[0])
     cfg = Config(device_id="bench")
     cfg.model.threads = threads
+    cfg.model.gpu_layers = gpu_layers
     cfg.model.encoder_cache_mb = 0  # both cameras see the same frames: each must be encoded, not a hit
     cfg.cameras = [CameraConfig(name="plain", source="x.png"), CameraConfig(name="ref", source="x.png", program="p")]
     cfg.programs = {"p": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden OK sample")])}
@@ -85,7 +95,129 @@ def reference_cost(bundle: str, n: int, threads: int, tmp: Path) -> dict[str, An
     return out
 
 
-def repeated_image(bundle: str, requests: int, threads: int, tmp: Path) -> dict[str, Any]:
+def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, programs: dict[str, Any],
+               cameras: dict[str, str | None]) -> Any:
+    """An Inspector of `bundle` with these programs and cameras (camera name -> program name)."""
+    from edge_runtime.config import CameraConfig, Config, ProgramConfig
+    from edge_runtime.inference.model_source import open_inspector
+
+    cfg = Config(device_id="bench")
+    cfg.model.threads = threads
+    cfg.model.gpu_layers = gpu_layers
+    cfg.model.encoder_cache_mb = cache_mb
+    cfg.programs = {name: ProgramConfig.model_validate(p) for name, p in programs.items()}
+    cfg.cameras = [CameraConfig(name=cam, source="x.png", program=prog) for cam, prog in cameras.items()]
+    return open_inspector(cfg, bundle)
+
+
+def _stats(times: list[float], ttft: list[float]) -> dict[str, float]:
+    return {"p50_ms": pct(times, 0.5), "p90_ms": pct(times, 0.9), "ttft_p50_ms": pct(ttft, 0.5)}
+
+
+def _timed(inspect: Any) -> tuple[float, float]:
+    """(whole ms, ms to the first token: preprocess + encode + prefill) of one inspection."""
+    t0 = time.perf_counter()
+    result = inspect()
+    t = result.timings_ms
+    return (time.perf_counter() - t0) * 1000, t["preprocess"] + t["encode"] + t["prefill"]
+
+
+def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int) -> dict[str, Any]:
+    """Per-frame ms of four regions (the 2 x 2 quadrants) in one batch against one region (a quadrant)."""
+    half = side // 2
+    quads = [{"name": f"q{i}", "box": [x, y, half, half]} for i, (x, y) in enumerate(
+        [(0, 0), (half, 0), (0, half), (half, half)])]
+    inspector = _inspector(bundle, threads, gpu_layers, 0, {"one": {"regions": quads[:1]}, "four": {"regions": quads}},
+                           {"one": "one", "four": "four"})
+    out: dict[str, Any] = {"frames": n, "frame": f"{side}x{side}", "region": f"{half}x{half}"}
+    try:
+        for cam in ("one", "four"):  # buffers, the parallel slots (not counted)
+            inspector.inspect(frames(1, seed=800, size=side)[0], camera=cam)
+        times: dict[str, list[float]] = {"one": [], "four": []}
+        ttft: dict[str, list[float]] = {"one": [], "four": []}
+        for frame in frames(n, seed=11, size=side):
+            for cam in ("one", "four"):
+                whole, first = _timed(lambda cam=cam, frame=frame: inspector.inspect(frame, camera=cam))
+                times[cam].append(whole)
+                ttft[cam].append(first)
+        for cam in times:
+            out[cam] = _stats(times[cam], ttft[cam])
+        out["ratio_p50"] = round(out["four"]["p50_ms"] / out["one"]["p50_ms"], 3)
+        out["region_tokens"] = len(inspector.encode(frames(1, seed=5, size=half)[0]).embeds)
+    finally:
+        inspector.close()
+    return out
+
+
+def budget_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int) -> dict[str, Any]:
+    """Per-frame ms of the same frames under three image token budgets: the ceiling, a half, a quarter."""
+    probe = _inspector(bundle, threads, gpu_layers, 0, {}, {})
+    ceiling = probe.image_budget
+    probe.close()
+    budgets = {f"max{m}": m for m in (ceiling, max(1, ceiling // 2), max(1, ceiling // 4))}  # a tiny pair: fewer
+    inspector = _inspector(bundle, threads, gpu_layers, 0,
+                           {name: {"image_tokens": {"max": m}} for name, m in budgets.items()},
+                           {name: name for name in budgets})
+    out: dict[str, Any] = {"frames": n, "frame": f"{side}x{side}", "ceiling": ceiling}
+    try:
+        for cam in budgets:
+            inspector.inspect(frames(1, seed=800, size=side)[0], camera=cam)
+        times: dict[str, list[float]] = {cam: [] for cam in budgets}
+        ttft: dict[str, list[float]] = {cam: [] for cam in budgets}
+        for frame in frames(n, seed=21, size=side):
+            for cam in budgets:
+                whole, first = _timed(lambda cam=cam, frame=frame: inspector.inspect(frame, camera=cam))
+                times[cam].append(whole)
+                ttft[cam].append(first)
+        sample = frames(1, seed=21, size=side)[0]
+        for cam, m in budgets.items():
+            program = inspector.program_of(cam)
+            tokens = len(inspector.encode(sample, tokens=program.tokens).embeds)
+            out[cam] = {**_stats(times[cam], ttft[cam]), "max": m, "image_tokens": tokens}
+        low = f"max{max(1, ceiling // 4)}"
+        out["ratio_p50_to_quarter"] = {cam: round(out[cam]["p50_ms"] / out[low]["p50_ms"], 3) for cam in budgets}
+    finally:
+        inspector.close()
+    return out
+
+
+def clip_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int, size: int = 4) -> dict[str, Any]:
+    """Per-question ms of a clip of `size` frames (a sliding window over new frames, the encoder cache on)
+    against a single frame (other new frames, so neither side gets the other's encodings)."""
+    from edge_runtime.core.batch import ClipFrame
+
+    inspector = _inspector(bundle, threads, gpu_layers, 64, {"clip": {"clip": {"frames": size, "spacing_s": 0}}},
+                           {"plain": None, "clip": "clip"})
+    out: dict[str, Any] = {"questions": n, "frame": f"{side}x{side}", "clip_frames": size}
+    try:
+        window = [ClipFrame(f, i, time.time()) for i, f in enumerate(frames(size, seed=500, size=side))]
+        inspector.inspect(frames(1, seed=800, size=side)[0], camera="plain")
+        inspector.inspect(window[-1].image, camera="clip", encoded=inspector.encode_frame("clip", window[-1].image,
+                                                                                          window))
+        times: dict[str, list[float]] = {"plain": [], "clip": []}
+        ttft: dict[str, list[float]] = {"plain": [], "clip": []}
+        plain, new = frames(n, seed=31, size=side), frames(n, seed=61, size=side)
+        for i in range(n):
+            whole, first = _timed(lambda i=i: inspector.inspect(plain[i], camera="plain"))
+            times["plain"].append(whole)
+            ttft["plain"].append(first)
+            window = [*window[1:], ClipFrame(new[i], size + i, time.time())]
+            clip = tuple(window)
+            whole, first = _timed(lambda clip=clip: inspector.inspect(
+                clip[-1].image, camera="clip", encoded=inspector.encode_frame("clip", clip[-1].image, clip)))
+            times["clip"].append(whole)
+            ttft["clip"].append(first)
+        for cam in times:
+            out[cam] = _stats(times[cam], ttft[cam])
+        out["ratio_p50"] = round(out["clip"]["p50_ms"] / out["plain"]["p50_ms"], 3)
+        out["ratio_ttft_p50"] = round(out["clip"]["ttft_p50_ms"] / out["plain"]["ttft_p50_ms"], 3)
+        out["frame_tokens"] = len(inspector.encode(plain[0]).embeds)
+    finally:
+        inspector.close()
+    return out
+
+
+def repeated_image(bundle: str, requests: int, threads: int, tmp: Path, gpu_layers: int = 0) -> dict[str, Any]:
     """The same JPEG `requests` times through a real daemon's REST API."""
     import cv2
 
@@ -95,6 +227,7 @@ def repeated_image(bundle: str, requests: int, threads: int, tmp: Path) -> dict[
     cfg = Config(device_id="bench", data_dir=tmp / "data")
     cfg.model.path = Path(bundle)
     cfg.model.threads = threads
+    cfg.model.gpu_layers = gpu_layers
     cfg.mqtt.enabled = False
     cfg.api.host, cfg.api.port = "127.0.0.1", 0
     daemon = Daemon(cfg)
@@ -132,17 +265,33 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=12)
     ap.add_argument("--requests", type=int, default=100, help="0: skip the repeated API image")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: all layers and the mmproj)")
+    ap.add_argument("--side", type=int, default=672, help="frame side of regions, budgets and clip (pixels)")
+    ap.add_argument("--parts", default="reference,api,regions,budgets,clip",
+                    help="which of reference, api, regions, budgets, clip to run (comma-separated)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    unknown = parts - {"reference", "api", "regions", "budgets", "clip"}
+    if unknown:
+        ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
     from edge_runtime.core.cpuinfo import read_cpuinfo
 
     cpu = read_cpuinfo()
     report: dict[str, Any] = {"machine": cpu.describe() if cpu else "unknown", "cores": os.cpu_count(),
                               "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
-        report["reference"] = reference_cost(args.bundle, args.frames, args.threads, Path(tmp))
-        if args.requests > 0:
-            report["repeated_api_image"] = repeated_image(args.bundle, args.requests, args.threads, Path(tmp))
+        if "reference" in parts:
+            report["reference"] = reference_cost(args.bundle, args.frames, args.threads, Path(tmp), args.gpu_layers)
+        if "api" in parts and args.requests > 0:
+            report["repeated_api_image"] = repeated_image(args.bundle, args.requests, args.threads, Path(tmp),
+                                                          args.gpu_layers)
+        if "regions" in parts:
+            report["regions"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
+        if "budgets" in parts:
+            report["budgets"] = budget_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
+        if "clip" in parts:
+            report["clip"] = clip_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
     report["load_after"] = os.getloadavg()[0]
     text = json.dumps(report, indent=2)
     print(text)

@@ -54,7 +54,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
 # Run against a real daemon by their own tests (peers.py: tests/benchmarks/test_peers.py, llama-server absent).
 ELSEWHERE = {"peers.py", "device_kit.sh"}
 # Shell drivers for the lent GPU machine (nvcc, CUDA): checked for syntax here, shellcheck'd in test_shipping.
-GPU_ONLY = {"gpu_llm.sh", "gpu_pair.sh", "gpu_peers.sh", "gpu_run.sh", "gpu_vllm.sh"}
+GPU_ONLY = {"gpu_inspect.sh", "gpu_llm.sh", "gpu_pair.sh", "gpu_peers.sh", "gpu_run.sh", "gpu_vllm.sh"}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 41 on a GPU: what inspection programs cost (benchmarks/programs.py) on the Qwen2.5-VL-3B-shape
+# GGUF + mmproj pair, all layers and the mmproj on the GPU (model.gpu_layers -1). Random weights: speed only.
+# Each figure is a ratio measured in one run (both sides interleaved frame by frame):
+#   reference  per-frame time with one reference image over none (target <= 1.15x)
+#   api        a repeated API image through a running daemon: encode time of the repeats, cache hit rate
+#   regions    four regions of one frame in one batch over one region (target <= 2.0x on the H200)
+#   budgets    time per frame at three image token budgets (the ceiling, 1/2, 1/4) on the same frames
+#   clip       a clip of 4 frames (sliding window, encoder cache on) over a single frame
+# Needs only gpu_peers.sh's (or gpu_pair.sh's) build: the CUDA llama-cpp-python in /tmp/site and the pair in
+# /tmp/models/pair3b. One phase, within one 10-minute device call:
+#   inspect  JSON into $OUT/programs.json, the log into $OUT/programs.log, a summary into $OUT/programs.txt
+#   bash benchmarks/gpu_peers.sh build; bash benchmarks/gpu_inspect.sh inspect
+# On a CPU (to check the script): BUNDLE=/tmp/prog-a/pair05b GPU_LAYERS=0 THREADS=2 FRAMES=2 REQUESTS=3 \
+#   PYTHONPATH=. bash benchmarks/gpu_inspect.sh inspect
+set -euo pipefail
+OUT=${OUT:-$PWD/out}
+HERE=$(cd "$(dirname "$0")" && pwd)
+BUNDLE=${BUNDLE:-/tmp/models/pair3b}
+mkdir -p "$OUT" /tmp/site
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+ln -sfn "$PWD/models" /tmp/site/edge_runtime_models
+
+for PHASE in "${@:-inspect}"; do
+if [ "$PHASE" = inspect ]; then
+  # A fresh machine (the last one was given back) has no pair: say so rather than fail deep inside.
+  [ -f "$BUNDLE/bundle.yaml" ] ||
+    { echo "no pair at $BUNDLE: run 'bash benchmarks/gpu_peers.sh build' first" | tee -a "$OUT/exit.txt"; exit 1; }
+  python3 "$HERE/programs.py" "$BUNDLE" --gpu-layers "${GPU_LAYERS:--1}" --threads "${THREADS:-8}" \
+    --frames "${FRAMES:-12}" --requests "${REQUESTS:-100}" --side "${SIDE:-672}" \
+    --parts "${PARTS:-reference,api,regions,budgets,clip}" --json "$OUT/programs.json" \
+    > /dev/null 2> "$OUT/programs.log" || { echo "programs.py exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/programs.log"; exit 1; }
+  python3 - "$OUT/programs.json" <<'PY' | tee "$OUT/programs.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"machine: {r['machine']}, {r['cores']} cores, load {r['load_before']:.1f} -> {r['load_after']:.1f}")
+if "reference" in r:
+    x = r["reference"]
+    print(f"reference: none p50 {x['plain']['p50_ms']} ms, one reference p50 {x['ref']['p50_ms']} ms: "
+          f"{x['ratio_p50']}x (TTFT {x['ratio_ttft_p50']}x)")
+if "repeated_api_image" in r:
+    x = r["repeated_api_image"]
+    print(f"repeated API image: hit rate {x['hit_rate']} ({x['hits']}/{x['hits'] + x['misses']}), first encode "
+          f"{x['first_encode_ms']} ms, repeats p50 {x['repeat_encode_p50_ms']} ms")
+if "regions" in r:
+    x = r["regions"]
+    print(f"regions: one p50 {x['one']['p50_ms']} ms, four in one batch p50 {x['four']['p50_ms']} ms: {x['ratio_p50']}x")
+if "budgets" in r:
+    x = r["budgets"]
+    for k, v in x.items():
+        if isinstance(v, dict) and "max" in v:
+            print(f"budget max {v['max']}: {v['image_tokens']} image tokens, p50 {v['p50_ms']} ms "
+                  f"(TTFT {v['ttft_p50_ms']} ms), {x['ratio_p50_to_quarter'][k]}x the quarter budget")
+if "clip" in r:
+    x = r["clip"]
+    print(f"clip of {x['clip_frames']}: single frame p50 {x['plain']['p50_ms']} ms, clip p50 {x['clip']['p50_ms']} ms: "
+          f"{x['ratio_p50']}x (TTFT {x['ratio_ttft_p50']}x)")
+PY
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,memory.used,power.draw,temperature.gpu --format=csv > "$OUT/gpu.csv" || true
+  fi
+fi
+done
