@@ -32,8 +32,10 @@ from edge_runtime.core.governor_gate import Gate, OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
 from edge_runtime.core.result_filter import ResultFilter
-from edge_runtime.delivery.mqtt.client import MqttService, homeassistant_discovery
+from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.delivery.mqtt.commands import command_table
+from edge_runtime.delivery.mqtt.discovery import homeassistant_discovery
+from edge_runtime.delivery.mqtt.outbox import MessageOutbox
 from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.fleet.offload.router import Offloader
 from edge_runtime.inference.anomaly.step import GateStep, gates_for
@@ -100,11 +102,13 @@ class Daemon:
         # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
         self.faults: set[str] = set()
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
+        mqtt_wake = threading.Event()  # alerts and reviews committed: the MQTT service sends them
+        self.messages = MessageOutbox(config.journal_path(), wake=mqtt_wake.set)
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
                                         self.faults, self._current_inspector,
                                         webhooks=WebhookOutbox(config.journal_path(), headers_for=lambda source:
                                                                webhook_headers(self.config.rules, source)),
-                                        keep_undelivered=config.mqtt.enabled,
+                                        messages=self.messages, keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget,
                                         gate=lambda: self.gate.decision())  # re-asks wait out a throttled governor
         self.pipeline.before_journal.append(self.verdicts.before_journal)
@@ -114,7 +118,7 @@ class Daemon:
         self.gates.heat_wanted = self.verdicts.evidence is not None
         self.verdicts.evidence_overlay = self.gates.overlay  # the gate's heat map on the evidence image
         if config.mqtt.enabled:
-            self._add_mqtt(config)
+            self._add_mqtt(config, mqtt_wake)
         self.api: ApiServer | None = None
         if config.api.enabled:
             self.api = ApiServer(self, config.api)
@@ -164,7 +168,7 @@ class Daemon:
     def rigs(self, rigs: dict[str, CameraRig]) -> None:
         self.running.rigs = rigs
 
-    def _add_mqtt(self, config: Config) -> None:
+    def _add_mqtt(self, config: Config, wake: threading.Event) -> None:
         discovery: Callable[[], list[tuple[str, str]]] | None = None
         if config.mqtt.homeassistant.enabled:
             ha = config.mqtt.homeassistant.discovery_prefix
@@ -172,9 +176,8 @@ class Daemon:
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
         self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
                                 self.telemetry, command_table(self), discovery=discovery,
-                                messages=self.verdicts.messages)  # alerts and reviews, from the journal's file too
+                                messages=self.messages, wake=wake)  # alerts and reviews, from the journal's file too
         self.sinks.append(self.mqtt)
-        self.verdicts.messages.wake_with(self.mqtt.notify)
         self.services.append(self.mqtt)
 
     def _add_offload(self, config: Config) -> None:

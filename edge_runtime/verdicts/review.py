@@ -22,7 +22,7 @@ from typing import Any
 from edge_runtime.core.result import utc_now
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
 from edge_runtime.verdicts.database import open_db
-from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageOutbox
+from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageQueue
 from edge_runtime.verdicts.result_query import select_results
 
 _SCHEMA = """
@@ -40,7 +40,7 @@ CREATE INDEX IF NOT EXISTS reviews_result ON reviews (result_id, seq);
 class ReviewStore:
     """Writes reviews and answers result queries, on its own connection to the journal's file."""
 
-    def __init__(self, db_path: Path, messages: MessageOutbox | None = None) -> None:
+    def __init__(self, db_path: Path, messages: MessageQueue | None = None) -> None:
         self.messages = messages
         self._lock = threading.Lock()
         self._db = open_db(db_path)

@@ -29,7 +29,7 @@ from edge_runtime.core.governor_gate import GateDecision, OpenGate
 from edge_runtime.core.result import Result, utc_now
 from edge_runtime.verdicts.evidence import EvidenceStore
 from edge_runtime.verdicts.journal import is_full
-from edge_runtime.verdicts.messages import MessageOutbox
+from edge_runtime.verdicts.messages import MessageQueue
 from edge_runtime.verdicts.region_marks import crop_offset, draw_regions
 from edge_runtime.verdicts.review import ReviewStore
 from edge_runtime.verdicts.rules import RuleEngine
@@ -87,6 +87,7 @@ class VerdictServices:
 
     def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
                  faults: set[str], get_inspector: Callable[[], Reasker | None], *, webhooks: WebhookQueue,
+                 messages: MessageQueue,
                  gate: Callable[[], GateDecision] | None = None,
                  keep_undelivered: bool = True, budget: RulesBudget | None = None) -> None:
         self.evidence_cfg = evidence
@@ -101,8 +102,8 @@ class VerdictServices:
                 raise EdgeRuntimeError(f"evidence.path {root}: cannot be used ({exc.strerror or exc})") from None
         self.budget = budget or RulesBudget()
         self.engine = RuleEngine(rules, self.budget.regex_s_per_verdict)
-        self.messages = MessageOutbox(db_path)
-        self.webhooks = webhooks  # built by the wiring (delivery/ sends them)
+        self.messages = messages  # alerts and reviews for MQTT; built by the wiring (delivery/ sends both)
+        self.webhooks = webhooks
         self.reviews = ReviewStore(db_path, self.messages)
         self.get_inspector = get_inspector
         # The governor's gate: a re-ask is a second inference on the inspection thread, so it is

@@ -12,6 +12,7 @@ import numpy as np
 
 from edge_runtime.config import EvidenceConfig
 from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.delivery.mqtt.outbox import MessageOutbox
 from edge_runtime.verdicts.region_marks import OUTCOME_BGR, crop_offset
 from edge_runtime.verdicts.stage import VerdictServices
 
@@ -33,7 +34,7 @@ REGIONS: list[dict[str, Any]] = [
 def services(tmp_path: Path, **evidence: Any) -> VerdictServices:
     cfg = EvidenceConfig(keep_passes=1, **evidence)
     return VerdictServices(cfg, [], tmp_path, tmp_path / "j.sqlite3", set(), lambda: None,
-                           webhooks=_Webhooks())  # type: ignore[arg-type]
+                           webhooks=_Webhooks(), messages=MessageOutbox(tmp_path / "j.sqlite3"))  # type: ignore[arg-type]
 
 
 def kept_image(svc: VerdictServices, image: np.ndarray, regions: list[dict[str, Any]] | None) -> np.ndarray:

@@ -117,11 +117,13 @@ def test_a_valid_rules_section_loads() -> None:
 def test_firings_of_results_that_never_reached_the_journal_do_not_pile_up(tmp_path: Path) -> None:
     from edge_runtime.config import EvidenceConfig
     from edge_runtime.core.result import FrameInfo, Result
+    from edge_runtime.delivery.mqtt.outbox import MessageOutbox
     from edge_runtime.delivery.webhooks import WebhookOutbox
     from edge_runtime.verdicts.stage import VerdictServices
 
     services = VerdictServices(EvidenceConfig(enabled=False), [rule()], tmp_path, tmp_path / "j.sqlite3", set(),
-                               lambda: None, webhooks=WebhookOutbox(tmp_path / "j.sqlite3"))
+                               lambda: None, webhooks=WebhookOutbox(tmp_path / "j.sqlite3"),
+                               messages=MessageOutbox(tmp_path / "j.sqlite3"))
     for i in range(50):  # the journal write fails every time (disk full): after_journal never runs
         services.before_journal(None, Result(device="d", camera="c", frame=FrameInfo(i, 1, 1), verdict={},
                                              text="", model="m", timings_ms={}, prompt="p"))

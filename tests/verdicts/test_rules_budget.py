@@ -14,6 +14,7 @@ import pytest
 from edge_runtime.config import EvidenceConfig, parse_config
 from edge_runtime.config.rules import Rule, RulesBudget
 from edge_runtime.core.errors import ConfigError
+from edge_runtime.delivery.mqtt.outbox import MessageOutbox
 from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.verdicts.rules import RuleEngine
 from edge_runtime.verdicts.stage import VerdictServices
@@ -64,7 +65,7 @@ def test_re_asks_of_all_rules_together_stay_within_rules_budget(tmp_path: Path) 
 
     db = tmp_path / "j.sqlite3"
     services = VerdictServices(EvidenceConfig(enabled=False), reask_rules(10, 8, 600), tmp_path, db, set(),
-                               lambda: Second(), webhooks=WebhookOutbox(db),
+                               lambda: Second(), webhooks=WebhookOutbox(db), messages=MessageOutbox(db),
                                budget=RulesBudget(reasks_per_minute=6, reasks_per_verdict=8))
     image = np.full((8, 8, 3), 1, np.uint8)
     try:
@@ -111,7 +112,8 @@ def test_re_asks_wait_while_the_governor_throttles_and_resume_at_full_rate(tmp_p
 
     services = VerdictServices(EvidenceConfig(enabled=False), reask_rules(1, 1, 60), tmp_path,
                                tmp_path / "j.sqlite3", set(), lambda: Second(),
-                               webhooks=WebhookOutbox(tmp_path / "j.sqlite3"))
+                               webhooks=WebhookOutbox(tmp_path / "j.sqlite3"),
+                               messages=MessageOutbox(tmp_path / "j.sqlite3"))
     decision = GateDecision(rate_factor=0.5)
     services.gate = lambda: decision
     image = np.full((8, 8, 3), 1, np.uint8)

@@ -18,6 +18,7 @@ from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import Rule
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.delivery.mqtt.outbox import MessageOutbox
 from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.verdicts.journal import Journal
@@ -41,10 +42,10 @@ class Line:
         self.journal = Journal(path)
         rule = Rule.model_validate({"name": "every", "actions": actions or ACTIONS})
         self.webhooks = WebhookOutbox(path)
-        self.services = VerdictServices(EvidenceConfig(enabled=False), [rule], path.parent, path, set(),
-                                        lambda: inspector, webhooks=self.webhooks)
         self.notified = 0
-        self.services.messages.wake_with(self._notify)
+        self.services = VerdictServices(EvidenceConfig(enabled=False), [rule], path.parent, path, set(),
+                                        lambda: inspector, webhooks=self.webhooks,
+                                        messages=MessageOutbox(path, wake=self._notify))
 
     def _notify(self) -> None:
         self.notified += 1
@@ -164,8 +165,6 @@ def test_a_technicians_review_and_its_mqtt_message_commit_together(tmp_path: Pat
 
 
 def test_a_full_mqtt_outbox_drops_delivered_messages_before_undelivered_ones(tmp_path: Path) -> None:
-    from edge_runtime.verdicts.messages import MessageOutbox
-
     outbox = MessageOutbox(tmp_path / "j.sqlite3", max_rows=5)
     try:
         delivered = [outbox.put("cam/alert", f"old-{i}") for i in range(5)]
@@ -206,7 +205,7 @@ def test_a_full_outbox_logs_one_line_a_minute_not_one_a_verdict(tmp_path: Path,
                 line.deliver(make_result(i))
         full = sorted(r.name for r in caplog.records if "outbox full" in r.getMessage())
         # one line each, not 35 each
-        assert full == ["edge_runtime.delivery.webhooks", "edge_runtime.verdicts.messages"]
+        assert full == ["edge_runtime.delivery.mqtt.outbox", "edge_runtime.delivery.webhooks"]
         assert line.webhooks.dropped == 35 and line.services.messages.dropped_unsent == 35
     finally:
         line.close()

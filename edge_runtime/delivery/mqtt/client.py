@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
@@ -27,6 +27,7 @@ from edge_runtime.core.errors import InputError, StorageFull
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.delivery.mqtt.commands import CommandError
+from edge_runtime.delivery.mqtt.outbox import MessageOutbox
 from edge_runtime.verdicts.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -50,21 +51,14 @@ def configure_client(client: mqtt.Client, cfg: MqttConfig) -> None:
         client.tls_insecure_set(cfg.tls.insecure)
 
 
-class MessageQueue(Protocol):
-    """Other messages queued in the journal's file (alerts, reviews: `verdicts/messages.py:MessageOutbox`)."""
-
-    def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]: ...
-
-    def mark_sent(self, seqs: list[int]) -> None: ...
-
-
 class MqttService:
     """Connects, keeps `<prefix>/status` truthful, drains the journal, answers commands."""
 
     def __init__(self, cfg: MqttConfig, device_id: str, prefix: str, journal: Journal,
                  telemetry: Callable[[], dict[str, Any]], commands: dict[str, CommandHandler], *,
-                 messages: MessageQueue | None = None,
+                 messages: MessageOutbox | None = None, wake: threading.Event | None = None,
                  discovery: Callable[[], list[tuple[str, str]]] | None = None) -> None:
+        """`wake`: set by whoever commits rows to send (the message outbox); None: only `notify`."""
         self.cfg = cfg
         self.device_id = device_id
         self.prefix = prefix
@@ -88,7 +82,7 @@ class MqttService:
         self._msg_inflight: list[tuple[mqtt.MQTTMessageInfo, int]] = []
         self._msg_cursor = 0
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = wake or threading.Event()
         self._stop = threading.Event()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="mqtt-cmd")
         self._thread = SupervisedThread("mqtt-outbox", self._outbox_loop, self._stop, log)
@@ -337,30 +331,3 @@ class MqttService:
             reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         log.info("mqtt: command %s -> %s", name, "ok" if reply["ok"] else reply["error"])
         self.client.publish(f"{self.prefix}/cmd/{name}/reply", json.dumps(reply), qos=1)
-
-
-def homeassistant_discovery(ha_prefix: str, prefix: str, device_id: str, cameras: list[str],
-                            version: str) -> list[tuple[str, str]]:
-    """Retained discovery configs: per camera a `defect` binary sensor and confidence/latency sensors."""
-    device = {"identifiers": [f"edge-runtime-{device_id}"], "name": f"Edge inspection {device_id}",
-              "manufacturer": "edge-runtime", "sw_version": version}
-    availability = {"availability_topic": f"{prefix}/status", "payload_available": "online",
-                    "payload_not_available": "offline"}
-    out = []
-    for cam in cameras:
-        state = f"{prefix}/{cam}/result"
-        uid = f"{device_id}_{cam}"
-        entities = [
-            ("binary_sensor", "defect", {"name": f"{cam} defect", "device_class": "problem",
-                                         "value_template": "{{ 'ON' if value_json.verdict.defect else 'OFF' }}"}),
-            ("sensor", "confidence", {"name": f"{cam} confidence", "unit_of_measurement": "%",
-                                      "value_template": "{{ (value_json.verdict.confidence * 100) | round(1) }}"}),
-            ("sensor", "latency", {"name": f"{cam} inspection time", "unit_of_measurement": "ms",
-                                   "device_class": "duration",
-                                   "value_template": "{{ value_json.timings_ms.total | round(0) }}"}),
-        ]
-        for component, key, extra in entities:
-            config = {"unique_id": f"{uid}_{key}", "object_id": f"{uid}_{key}", "state_topic": state,
-                      "device": device, **availability, **extra}
-            out.append((f"{ha_prefix}/{component}/{uid}/{key}/config", json.dumps(config)))
-    return out
