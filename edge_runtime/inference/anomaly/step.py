@@ -342,9 +342,9 @@ class GateStep:
                 self._keep(request, look)
                 if look is not None and look.answered and isinstance(encoded, RegionsEncoded):
                     # skip_ok: only the regions over their threshold are asked; the others take the OK verdict
-                    answered = {k: dict(cam.verdict) for k, (spec, _) in enumerate(encoded.regions)
-                                if spec.name in look.answered}
-                    encoded = dataclasses.replace(encoded, answered=answered)
+                    # In place: the worker's stage 1 hands this same object on (each frame's own, never cached).
+                    encoded.answered = {k: dict(cam.verdict) for k, (spec, _) in enumerate(encoded.regions)
+                                        if spec.name in look.answered}
                 rest.append((request, encoded))
                 continue
             try:
