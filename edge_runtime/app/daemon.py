@@ -369,8 +369,7 @@ class Daemon:
             log.info("daemon: camera %s is disabled", cfg.name)
             return
         rig = CameraRig(cfg, self.inspections, self.gate, self.config.inspection.overlap_stages, self.config.images,
-                        clip_of(self.config, cfg))
-        rig.schedule.offload = self.offload
+                        clip_of(self.config, cfg), self.offload)
         if self.offload is not None:
             self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`
         self.rigs = {**self.rigs, cfg.name: rig}

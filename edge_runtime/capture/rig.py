@@ -14,7 +14,7 @@ from edge_runtime.config import CameraConfig, Config, ImageLimits, load_config
 from edge_runtime.config.programs import ClipConfig
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import Gate
-from edge_runtime.core.inspection_queue import InspectionQueue
+from edge_runtime.core.inspection_queue import FrameRouter, InspectionQueue
 from edge_runtime.core.result import utc_now
 
 
@@ -22,10 +22,11 @@ class CameraRig:
     """A running camera and its trigger loop."""
 
     def __init__(self, cfg: CameraConfig, inspections: InspectionQueue, gate: Gate, pipelined: bool,
-                 limits: ImageLimits | None = None, clip: ClipConfig | None = None) -> None:
+                 limits: ImageLimits | None = None, clip: ClipConfig | None = None,
+                 offload: FrameRouter | None = None) -> None:
         self.cfg = cfg
         self.camera = Camera(cfg, limits)  # folder cameras decode with the configured image limits
-        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined)
+        self.schedule = CameraSchedule(self.camera, cfg.trigger, cfg.prompt, inspections, gate, pipelined, offload)
         self.schedule.use_clip(clip)
         self._jpeg: tuple[int, bytes] | None = None
 

@@ -47,7 +47,8 @@ class CameraSchedule:
     """The trigger loop of one camera."""
 
     def __init__(self, camera: Camera, trigger: TriggerConfig, prompt: str | None,
-                 inspections: InspectionQueue, gate: Gate, pipelined: bool = True) -> None:
+                 inspections: InspectionQueue, gate: Gate, pipelined: bool = True,
+                 offload: FrameRouter | None = None) -> None:
         self.camera = camera
         self.pipelined = pipelined
         self.trigger = trigger
@@ -55,7 +56,7 @@ class CameraSchedule:
         self.inspections = inspections
         self.gate = gate
         self.stats = ScheduleStats()
-        self.offload: FrameRouter | None = None  # fleet/offload's Offloader when offload is enabled
+        self.offload = offload  # fleet/offload's Offloader when offload is enabled
         self._reference: np.ndarray | None = None  # thumbnail of the last inspected frame
         self._last_seq = 0
         self.clip: ClipRing | None = None  # the program's clip ring (use_clip), fed by capture
