@@ -269,8 +269,11 @@ class VerdictServices:
 
     @staticmethod
     def _alert(result: Result) -> dict[str, Any]:
-        return {"result_id": result.id, "device": result.device, "camera": result.camera, "ts": result.ts,
-                "verdict": result.verdict, "evidence": result.evidence, "rules": result.rules}
+        payload = {"result_id": result.id, "device": result.device, "camera": result.camera, "ts": result.ts,
+                   "verdict": result.verdict, "evidence": result.evidence, "rules": result.rules}
+        if result.regions is not None:  # an inspection program's: which region failed is the alert's point
+            payload["regions"] = result.regions
+        return payload
 
     def _reask_allowed(self, rule: Rule, index: int, action: ReaskAction) -> bool:
         return self._reask_refused(rule, index, action, 0) is None

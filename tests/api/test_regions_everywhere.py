@@ -1,6 +1,6 @@
 """Per-region verdicts reach every consumer of a result (issue 41), on the demo bundle in a running daemon
-with a real Mosquitto and a real Chromium: the MQTT result and the REST result carry `regions` as the
-inspector made them, the kept evidence JPEG has each box in its outcome's colour, and the status page
+with a real Mosquitto and a real Chromium: the MQTT result, a rule's MQTT alert and the REST result carry
+`regions` as the inspector made them, the kept evidence JPEG has each box in its outcome's colour, and the status page
 lists each region with its outcome on the camera's card and in the inspection view."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import requests
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig
+from edge_runtime.config.rules import Rule
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.verdicts.region_marks import OUTCOME_BGR
@@ -32,12 +33,14 @@ NAMES = ["screw", "label", "tile_r1_c1", "tile_r1_c2"]
 def line(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[tuple[Daemon, Subscriber, Result]]:
     tmp = tmp_path_factory.mktemp("regions")
     broker = Broker(tmp / "broker").start()
-    results = Subscriber(broker.port, "edge/regions-line/+/result")
+    results = Subscriber(broker.port, "edge/regions-line/#")  # results and alerts
     cfg = Config(device_id="regions-line", data_dir=tmp / "data")
     cfg.model.path, cfg.model.threads = demo_dir, 2
     cfg.mqtt.host, cfg.mqtt.port = "127.0.0.1", broker.port
     cfg.api.port, cfg.api.host = 0, "127.0.0.1"
     cfg.evidence.keep_passes = 1
+    cfg.rules = [Rule.model_validate({"name": "every-cover", "when": [{"field": "camera", "equals": "cover-cam"}],
+                                      "actions": [{"type": "alert"}]})]
     cfg.programs = {"cover": ProgramConfig.model_validate(PROGRAM)}
     cfg.cameras = [CameraConfig(name="cover-cam", source=str(write_sample_video(tmp / "v.avi", frames=60)), fps=10,
                                 trigger=TriggerConfig(mode="on_demand"), program="cover")]
@@ -53,13 +56,16 @@ def line(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[t
         broker.stop()
 
 
-def test_mqtt_and_rest_carry_each_regions_verdict(line: tuple[Daemon, Subscriber, Result]) -> None:
+def test_mqtt_results_alerts_and_rest_carry_each_regions_verdict(line: tuple[Daemon, Subscriber, Result]) -> None:
     daemon, results, result = line
     assert result.regions is not None and [r["name"] for r in result.regions] == NAMES
     assert all(r["outcome"] in ("ok", "nok") for r in result.regions)  # the demo's grammar always says defect
     published = wait_for(lambda: [m for m in results.on("/cover-cam/result") if m["id"] == result.id], 10,
                          "the MQTT result")[0]
     assert published["regions"] == result.regions and published["verdict"] == result.verdict
+    alert = wait_for(lambda: [m for m in results.on("/cover-cam/alert") if m["result_id"] == result.id], 10,
+                     "the rule's MQTT alert")[0]
+    assert alert["regions"] == result.regions  # an alert says which region failed
     base = f"http://127.0.0.1:{daemon.api.port}"  # type: ignore[union-attr]
     rest = requests.get(f"{base}/api/v1/results/{result.id}", timeout=10).json()
     assert rest["regions"] == result.regions
