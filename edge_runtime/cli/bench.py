@@ -21,9 +21,10 @@ import cv2
 import numpy as np
 
 from edge_runtime.cli.bench_pair import forced_tokens, percentiles, raw_sampling, run_pair_bench
+from edge_runtime.core.batch import Encoded
 from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image
-from edge_runtime.inference.inspector import Encoded, Inspector
+from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart
 from edge_runtime.inference.llm.handles import engine_info
 from edge_runtime.inference.llm.model import LanguageModel

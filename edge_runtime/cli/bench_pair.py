@@ -17,7 +17,8 @@ import cv2
 
 from edge_runtime.core.errors import InferenceError
 from edge_runtime.core.images import decode_image
-from edge_runtime.inference.inspector import Inspector, MediaEncoded
+from edge_runtime.inference.encoding import MediaEncoded
+from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.handles import Sampler
 from edge_runtime.inference.llm.model import LanguageModel
 

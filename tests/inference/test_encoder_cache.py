@@ -19,7 +19,8 @@ from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.encoder_cache import EncodeKey, EncoderCache
-from edge_runtime.inference.inspector import Inspector, MediaEncoded, encoded_bytes
+from edge_runtime.inference.encoding import MediaEncoded, encoded_bytes
+from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.mtmd import MediaEmbeds
 from tests.support.flask_json import json_of
 from tests.support.images import encode as encode_image
@@ -83,7 +84,7 @@ def test_a_repeated_image_is_a_hit_with_identical_embeddings(kind: str, onnx_ins
     after = ins.encoder_cache.stats()
     assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 1)
     assert after["entries"] == 1 and after["bytes"] == encoded_bytes(first) > first.embeds.nbytes - 1
-    uncached = ins._encode(frame)
+    uncached = ins.encoder.encode_uncached(frame)
     assert same_encoding(second, uncached) and same_encoding(first, uncached)
     assert second.embeds is first.embeds  # shared, not encoded again
     assert not second.embeds.flags.writeable  # so no holder can change another's embeddings
@@ -104,7 +105,7 @@ def test_a_crop_or_another_image_never_gets_another_encoding(kind: str, onnx_ins
         for img, box in asked:
             got = ins.encode(img, crop=box)
             x, y, w, h = box if box is not None else (0, 0, img.shape[1], img.shape[0])
-            assert same_encoding(got, ins._encode(img[y:y + h, x:x + w])), (box, kind)
+            assert same_encoding(got, ins.encoder.encode_uncached(img[y:y + h, x:x + w])), (box, kind)
             assert (got.width, got.height) == (w, h)
     stats = ins.encoder_cache.stats()
     assert (stats["entries"], stats["hits"] - before["hits"], stats["misses"] - before["misses"]) == (6, 6, 6)
@@ -144,7 +145,7 @@ def test_another_encoder_or_token_budget_is_another_key(tiny_pairs: Callable[[st
                       encoder_cache=shared) as little:
         full, reduced = big.encode(frame), little.encode(frame)
         assert len(reduced.embeds) <= 8 < len(full.embeds)
-        assert same_encoding(reduced, little._encode(frame))
+        assert same_encoding(reduced, little.encoder.encode_uncached(frame))
         assert shared.stats()["misses"] == 2 and shared.stats()["entries"] == 2
 
 

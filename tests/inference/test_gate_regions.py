@@ -151,13 +151,13 @@ def test_skip_ok_answers_a_frame_whose_every_region_is_under_its_threshold(ins: 
 def test_skip_ok_asks_the_model_only_about_the_regions_over_their_threshold_from_one_encode(
         ins: Inspector, bank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     encodes: list[tuple[int, int]] = []
-    real = ins._encode
+    real = ins.encoder.encode_uncached
 
     def counted(frame: np.ndarray, tokens: Any = None) -> Any:
         encodes.append((frame.shape[1], frame.shape[0]))
         return real(frame, tokens)
 
-    monkeypatch.setattr(ins, "_encode", counted)
+    monkeypatch.setattr(ins.encoder, "encode_uncached", counted)
     step = step_for(ins, bank, mode="skip_ok")
     _, encoded = look(step, ins, stained(703, "left"))
     assert isinstance(encoded, RegionsEncoded) and list(encoded.answered) == [1]  # right: the gate's OK

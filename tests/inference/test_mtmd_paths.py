@@ -25,7 +25,8 @@ from edge_runtime.config import Config
 from edge_runtime.core.batch import BatchJob
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import InferenceError, InputError
-from edge_runtime.inference.inspector import Inspector, MediaEncoded
+from edge_runtime.inference.encoding import MediaEncoded
+from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart
 from edge_runtime.inference.llm.mtmd import MediaEmbeds
 from tests.support.tiny_pairs import FAMILIES, TinyPair, write_pair_bundle

@@ -47,7 +47,7 @@ def test_tokenization_cache_holds_its_byte_budget_not_64_entries(demo_bundle: Bu
         n = 3 * budget // limit + 8  # fewer than 64 distinct prompts near the byte bound, over the budget
         for i in range(n):
             ins.sequence(f"{i} " + "ab " * (limit // 4), None)
-        cache = ins._token_cache
+        cache = ins.prompts.token_cache
         assert n < 64 and 0 < cache.size <= budget
         assert cache.size == sum(TokenCache.cost(t, ids) for t, ids in cache._items.items())
     finally:

@@ -17,8 +17,9 @@ from edge_runtime.core.errors import InputError
 from edge_runtime.core.governor_gate import OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.core.result import Result
-from edge_runtime.inference.inspector import Inspector, SchemaRefused
+from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.grammar import schema_to_grammar
+from edge_runtime.inference.schemas import SchemaRefused
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
@@ -83,7 +84,7 @@ def test_a_schema_is_compiled_once_and_kept_in_a_bounded_cache(inspector: Inspec
     assert inspector.verdict_rules(None).validator is inspector.validator
     for n in range(40):
         inspector.verdict_rules({"type": "object", "properties": {f"f{n}": {"type": "boolean"}}, "required": [f"f{n}"]})
-    assert len(inspector._rules) <= 32
+    assert len(inspector.schemas.kept) <= 32
     assert inspector.verdict_rules(GRADE) is not first  # evicted, then built again
 
 

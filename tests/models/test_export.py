@@ -77,9 +77,9 @@ def _reference(checkpoint: Path, bundle: Bundle, frame: np.ndarray) -> dict[str,
 
 
 def _our_ids(inspector: Inspector, prefix: list[int], image: object, suffix: list[int]) -> list[int]:
-    ids = list(prefix)
+    ids, image_token = list(prefix), inspector.prompts.image_token
     for seg in image if isinstance(image, list) else [image]:
-        ids += [inspector._image_token] * len(seg) if isinstance(seg, np.ndarray) else list(cast(Iterable[int], seg))
+        ids += [image_token] * len(seg) if isinstance(seg, np.ndarray) else list(cast(Iterable[int], seg))
     return ids + list(suffix)
 
 

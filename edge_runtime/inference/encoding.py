@@ -1,0 +1,233 @@
+"""A frame (or a crop of it) -> `Encoded`: the encoder cache in front of ONNX Runtime or libmtmd.
+
+Format 1 bundles encode with their ONNX vision encoder (our preprocessing, inference/vision.py);
+format 2 bundles with libmtmd (its own preprocessing and the mmproj's encoder, llm/mtmd.py), whose
+encodings keep their prompt segments (`MediaEncoded`). `FrameEncoder` is thread-safe: the inspector
+encodes the next frames while the language model generates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+
+from edge_runtime.config import ModelConfig
+from edge_runtime.config.programs import ProgramConfig
+from edge_runtime.core.batch import ClipFrame, Encoded
+from edge_runtime.core.bundle.manifest import Manifest, MmprojManifest
+from edge_runtime.core.errors import InputError
+from edge_runtime.inference.clips import encode_clip
+from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
+from edge_runtime.inference.llm.feed import Segment
+from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MediaEmbeds, MtmdContext
+from edge_runtime.inference.programs import LoadedProgram
+from edge_runtime.inference.regions import RegionsEncoded, RegionSpec, frame_regions
+from edge_runtime.inference.vision import Preprocessor, VisionEncoder
+
+
+@dataclass
+class MediaEncoded(Encoded):
+    """A frame encoded by libmtmd: the prompt segments of its image (projector tokens, MediaEmbeds);
+    `embeds` holds all its embeddings stacked, for what reads them as one block."""
+
+    parts: list[Segment] = field(default_factory=list)
+
+
+def check_crop(frame: np.ndarray, crop: Box) -> None:
+    """A crop box must lie inside the frame and hold at least one pixel (InputError naming `crop`)."""
+    x, y, w, h = crop
+    fh, fw = frame.shape[:2]
+    if w < 1 or h < 1 or x < 0 or y < 0 or x + w > fw or y + h > fh:
+        raise InputError(f"crop: [{x}, {y}, {w}, {h}] is not inside the {fw}x{fh} frame", field="crop")
+
+
+def encoded_bytes(enc: Encoded) -> int:
+    """What an encoding holds in memory: its embeddings, and for libmtmd its chunks' blocks and positions."""
+    total = enc.embeds.nbytes + 256
+    if isinstance(enc, MediaEncoded):
+        for part in enc.parts:
+            if isinstance(part, MediaEmbeds):
+                total += part.embeds.nbytes
+                total += sum(a.nbytes for a in (part.mrope, part.mrope_shift) if a is not None)
+            elif isinstance(part, np.ndarray):
+                total += part.nbytes
+            else:
+                total += 8 * len(part)
+    return total
+
+
+def freeze(enc: Encoded) -> Encoded:
+    """The encoding with its arrays read-only: the cache hands the same arrays to every hit."""
+    frozen(enc.embeds)
+    if isinstance(enc, MediaEncoded):
+        for part in enc.parts:
+            if isinstance(part, MediaEmbeds):
+                frozen(part.embeds)
+                for a in (part.mrope, part.mrope_shift):
+                    if a is not None:
+                        frozen(a)
+            elif isinstance(part, np.ndarray):
+                frozen(part)
+    return enc
+
+
+def rgb(frame: np.ndarray) -> np.ndarray:
+    """A decoded (BGR, grey or BGRA) frame as the RGB libmtmd reads."""
+    if frame.ndim == 2:
+        return cv2.cvtColor(frame, cv2.COLOR_GRAY2RGB)
+    if frame.shape[2] == 4:
+        return cv2.cvtColor(frame, cv2.COLOR_BGRA2RGB)
+    return cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+
+
+def encoder_identity(manifest: Manifest | MmprojManifest, settings: ModelConfig, vision: VisionEncoder | None,
+                     mtmd: MtmdContext | None) -> str:
+    """What, besides the pixels, crop and token budget, decides this encoder's output."""
+    m = manifest
+    if mtmd is not None:
+        assert m.mtmd is not None and not isinstance(m, Manifest)
+        return (f"mtmd:{m.files.mmproj.sha256}:{m.files.language.sha256}:"
+                f"gpu={int(not mtmd.on_cpu)}:{m.mtmd.projector}")
+    assert isinstance(m, Manifest) and vision is not None
+    fp16 = settings.vision_precision == "fp16" and m.files.vision_fp16 is not None
+    files = m.files.vision_fp16 if fp16 and m.files.vision_fp16 is not None else m.files.vision
+    return f"onnx:{files.sha256}:{','.join(vision.providers)}:{m.preprocess.model_dump_json()}"
+
+
+class FrameEncoder:
+    """The image half of an inspection over engines the inspector owns (it builds and closes them)."""
+
+    def __init__(self, preprocessor: Preprocessor | None, vision: VisionEncoder | None, mtmd: MtmdContext | None,
+                 cache: EncoderCache[Encoded], identity: str) -> None:
+        self.preprocessor, self.vision, self.mtmd = preprocessor, vision, mtmd
+        self.cache = cache
+        self.identity = identity
+
+    @property
+    def image_budget(self) -> int:
+        """The image token budget the encoder runs under (libmtmd's image_max_tokens; 0: fixed)."""
+        return self.mtmd.image_max_tokens if self.mtmd is not None else 0
+
+    @property
+    def several_images(self) -> bool:
+        """Whether a prompt may hold several images: a GGUF + mmproj bundle's (libmtmd lays out any
+        number, each with its projector's markers); an ONNX-encoder bundle's template has one image slot."""
+        return self.mtmd is not None
+
+    def encode(self, frame: np.ndarray, crop: Box | None = None, digest: str | None = None,
+               tokens: tuple[int, int] | None = None) -> Encoded:
+        """The frame's (or its `crop`'s) image embeddings: from the encoder cache when these pixels were
+        encoded the same way before (encoder_cache.py), else encoded and kept."""
+        t0 = time.perf_counter()
+        if crop is not None:
+            check_crop(frame, crop)
+        key = EncodeKey(digest or pixels_digest(frame), self.identity, crop, tokens or self.image_budget)
+        t1 = time.perf_counter()
+        hit = self.cache.get(key) if self.cache.budget > 0 else None
+        if hit is not None:  # what the frame cost: hashing its pixels (preprocess), the lookup (encode)
+            return dataclasses.replace(hit, preprocess_ms=(t1 - t0) * 1000,
+                                       encode_ms=(time.perf_counter() - t1) * 1000)
+        x, y, w, h = crop if crop is not None else (0, 0, frame.shape[1], frame.shape[0])
+        enc = self.encode_uncached(frame[y:y + h, x:x + w], tokens)
+        if self.cache.budget > 0:
+            self.cache.put(key, freeze(enc))
+        return enc
+
+    def encode_program(self, frame: np.ndarray, camera: str, program: LoadedProgram | None,
+                       clip: Sequence[ClipFrame] | None, n_embd: int) -> Encoded:
+        """A camera's frame encoded as its program asks: each frame of its clip (clips.py), each region's
+        crop, or the whole frame."""
+        cfg = program.config if program is not None else None
+        tokens = program.tokens if program is not None else None
+        if program is not None and cfg is not None and cfg.clip is not None:
+            return encode_clip(lambda f: self.encode(f, tokens=tokens), camera, program.name, cfg.clip.frames, clip,
+                               n_embd)
+        if cfg is None or not (cfg.regions or cfg.tiling):
+            return self.encode(frame, tokens=tokens)
+        return self.encode_regions(frame, cfg, tokens, n_embd)
+
+    def encode_regions(self, frame: np.ndarray, cfg: ProgramConfig, tokens: tuple[int, int] | None,
+                       n_embd: int) -> RegionsEncoded:
+        """Each region's crop of a frame encoded (the frame hashed once for the encoder cache); a
+        region outside the frame keeps why it has no encoding."""
+        t0 = time.perf_counter()
+        digest = pixels_digest(frame)
+        height, width = frame.shape[:2]
+        regions: list[tuple[RegionSpec, Encoded | Exception]] = []
+        pre = enc_ms = 0.0
+        for spec in frame_regions(cfg, width, height):
+            try:
+                enc = self.encode(frame, crop=spec.box, digest=digest, tokens=tokens)
+            except InputError as exc:  # e.g. a region outside this frame: that region has no verdict
+                regions.append((spec, exc))
+                continue
+            pre, enc_ms = pre + enc.preprocess_ms, enc_ms + enc.encode_ms
+            regions.append((spec, enc))
+        hashed = (time.perf_counter() - t0) * 1000 - pre - enc_ms
+        return RegionsEncoded(np.zeros((0, n_embd), np.float32), width, height, pre + max(0.0, hashed),
+                              enc_ms, regions=regions)
+
+    def encode_uncached(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> Encoded:
+        """The frame encoded by the bundle's encoder, past the cache."""
+        if self.mtmd is not None:
+            return self._encode_mtmd(frame, tokens)
+        if tokens is not None:
+            raise InputError("image_tokens: this bundle's ONNX encoder makes a fixed number of image tokens",
+                             field="image_tokens")
+        assert self.preprocessor is not None and self.vision is not None
+        t0 = time.perf_counter()
+        pixels, grid = self.preprocessor.process(frame)
+        t1 = time.perf_counter()
+        out = self.vision.encode(pixels)
+        embeds = out.reshape(-1, out.shape[-1])
+        t2 = time.perf_counter()
+        return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
+
+    def _encode_mtmd(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> MediaEncoded:
+        """libmtmd's half: its own preprocessing (resize, normalise, tiles) and the mmproj's encoder."""
+        assert self.mtmd is not None
+        t0 = time.perf_counter()
+        pixels = rgb(frame)
+        if tokens is not None:
+            pixels = self.fit_tokens(pixels, *tokens)
+        t1 = time.perf_counter()
+        parts = self.mtmd.image_segments(pixels)
+        t2 = time.perf_counter()
+        blocks = [p.embeds for p in parts if isinstance(p, MediaEmbeds)]
+        embeds = np.concatenate(blocks) if blocks else np.zeros((0, self.mtmd.n_embd), np.float32)
+        return MediaEncoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000,
+                            parts=parts)
+
+    def image_tokens(self, frame: np.ndarray) -> int:
+        """How many image tokens libmtmd makes of a (BGR) frame, counted from its size: nothing is encoded."""
+        assert self.mtmd is not None
+        return self.mtmd.image_tokens(rgb(frame))
+
+    def fit_tokens(self, pixels: np.ndarray, low: int, high: int) -> np.ndarray:
+        """RGB `pixels` resized until libmtmd makes low..high image tokens of them (a dynamic-resolution
+        projector; a few tries, each scaled by the square root of the miss). InputError naming
+        `image_tokens` when the projector cannot go under `high` (its own floor, or a fixed size); under
+        `low` it stays as it can."""
+        assert self.mtmd is not None
+        for _ in range(6):
+            n = self.mtmd.image_tokens(pixels)
+            if low <= n <= high or n == 0:
+                break
+            factor = math.sqrt(high / n) * 0.97 if n > high else math.sqrt(low / n) * 1.03
+            h, w = pixels.shape[:2]
+            size = (max(1, round(w * factor)), max(1, round(h * factor)))
+            if size == (w, h) or size[0] * size[1] > MAX_IMAGE_PIXELS:
+                break
+            pixels = cv2.resize(pixels, size, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_CUBIC)
+        else:
+            n = self.mtmd.image_tokens(pixels)
+        if n > high:  # the projector's own floor (or a fixed size) is above the budget
+            raise InputError(f"image_tokens: the projector makes at least {n} image tokens of this image, more "
+                             f"than the budget's max of {high}", field="image_tokens")
+        return pixels
