@@ -1,6 +1,6 @@
 """`cameras[].gate`: the anomaly gate in front of the language model (docs/inspection.md).
 
-The daemon loads each camera's bank at start and reload (inference/anomaly/step.py); a bank made with
+The daemon loads each camera's bank at start and reload (inference/anomaly/loading.py); a bank made with
 another encoder, budget or crop refuses the config in one line.
 """
 

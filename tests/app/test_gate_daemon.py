@@ -27,7 +27,7 @@ from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
 from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
-from edge_runtime.inference.anomaly.step import GateLoadError
+from edge_runtime.inference.anomaly.loading import GateLoadError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.lineio.signals import LineOutcome
 from tests.delivery.test_mqtt import Subscriber

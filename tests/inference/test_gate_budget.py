@@ -17,7 +17,8 @@ from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.evaluation.gate_fit import FitOptions, fit_gate
 from edge_runtime.inference.anomaly.bank import read_headers
-from edge_runtime.inference.anomaly.step import GateLoadError, GateStep, load_gates
+from edge_runtime.inference.anomaly.loading import GateLoadError, load_gates
+from edge_runtime.inference.anomaly.step import GateStep
 from edge_runtime.inference.inspector import Inspector
 from tests.support.parts import clean_part
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle

@@ -24,7 +24,8 @@ from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
 from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
-from edge_runtime.inference.anomaly.step import GateLoadError, GateStep, load_gates
+from edge_runtime.inference.anomaly.loading import GateLoadError, load_gates
+from edge_runtime.inference.anomaly.step import GateStep
 from edge_runtime.inference.inspector import Inspector
 from tests.support.parts import clean_part
 

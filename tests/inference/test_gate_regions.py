@@ -24,7 +24,8 @@ from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.evaluation.gate_fit import FitOptions, fit_gate
 from edge_runtime.inference.anomaly.bank import read_headers
-from edge_runtime.inference.anomaly.step import GateLoadError, GateStep, load_gates
+from edge_runtime.inference.anomaly.loading import GateLoadError, load_gates
+from edge_runtime.inference.anomaly.step import GateStep
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.regions import RegionsEncoded
 from tests.support.parts import clean_part

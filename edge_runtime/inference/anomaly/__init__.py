@@ -3,6 +3,8 @@
 `fit.py` makes a bank from good images' features, `bank.py` writes and reads its file, `gate.py`
 scores frames against it (`search.py`: faiss), `heatmap.py` turns the per-patch distances into an
 image. `features.py` and `layout.py` say what an encoded frame's embeddings are and where they lie.
+In the daemon, `loading.py` loads and checks each gated camera's bank and `step.py` (`GateStep`) looks
+at each frame before the language model does (`look.py`: what it saw, its counters).
 """
 
 from edge_runtime.inference.anomaly.bank import (

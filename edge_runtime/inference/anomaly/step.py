@@ -4,7 +4,8 @@ The inspection worker hands each batch of encoded frames to `GateStep.sift` befo
 sees them: a gated frame in `skip_ok` (score under the threshold, not picked for an audit) becomes an
 OK Result here (`source.engine: gate`) and is delivered like any other; every other frame goes on,
 and `annotate` puts the gate's look on its Result before it is journaled. The frame's own encoder
-output is scored, so the gate costs a search, never a second encode.
+output is scored, so the gate costs a search, never a second encode. The banks are loaded and
+checked by loading.py.
 """
 
 from __future__ import annotations
@@ -14,32 +15,21 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from jsonschema import Draft202012Validator
 
-from edge_runtime.config import CameraConfig, Config, ModelConfig
-from edge_runtime.config.gate import GateConfig
-from edge_runtime.config.programs import ProgramConfig
+from edge_runtime.config import Config
 from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle
-from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.inference.anomaly.bank import BankError
-from edge_runtime.inference.anomaly.features import gate_context
-from edge_runtime.inference.anomaly.gate import AnomalyGate, GateScore
 from edge_runtime.inference.anomaly.heatmap import heat_map, overlay_heat
-from edge_runtime.inference.anomaly.regions import (
-    RegionGate,
-    has_regions,
-    load_region_gates,
-    program_budget,
-    score_regions,
-)
+from edge_runtime.inference.anomaly.loading import CameraGate, load_gates
+from edge_runtime.inference.anomaly.look import RATIO_BUCKETS, GateCounts, GateLook
+from edge_runtime.inference.anomaly.regions import score_regions
 from edge_runtime.inference.regions import RegionsEncoded, judge
 
 if TYPE_CHECKING:
@@ -47,8 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Score histogram buckets, as score / threshold: one histogram reads the same for every camera's bank.
-RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 _MAX_PENDING = 4096  # looks kept for frames still with the language model (a leak guard, never reached)
 
 
@@ -63,192 +51,6 @@ class FrameSource(Protocol):
 
     def encode_frame(self, camera: str, frame: np.ndarray, clip: Any = None, program_name: str | None = None
                      ) -> Encoded: ...
-
-
-class GateLoadError(EdgeRuntimeError):
-    """A camera's gate cannot be used: one line naming the camera and why."""
-
-
-@dataclass(frozen=True)
-class CameraGate:
-    """One camera's (or one line recipe's) loaded bank with how it is used."""
-
-    camera: str
-    config: GateConfig
-    gate: AnomalyGate
-    threshold: float
-    verdict: dict[str, Any]  # what a gated frame is answered with (valid against the bundle's schema)
-    nok_field: str
-    name: str = ""  # what its counters are shown under: the camera, or `<station>/<recipe>`
-    # A program with regions or tiling: each region's section of the bank (then `gate` is the first's).
-    regions: tuple[RegionGate, ...] = ()
-
-    @property
-    def key(self) -> str:
-        return self.name or self.camera
-
-    @property
-    def patches(self) -> int:
-        return sum(r.gate.patches for r in self.regions) if self.regions else self.gate.patches
-
-
-@dataclass
-class GateCounts:
-    """One camera's decisions since start: `gated` scored under the threshold (`skipped` of them
-    answered without the language model, `audits` sent to it anyway), `passed` at or over it."""
-
-    gated: int = 0
-    passed: int = 0
-    skipped: int = 0
-    audits: int = 0
-    disagreements: int = 0  # audits the language model called NOK
-    errors: int = 0  # frames the gate could not score (another size, a failed search): sent on
-    regions_answered: int = 0  # skip_ok: regions under their threshold answered OK in frames sent on
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(RATIO_BUCKETS) + 1))
-    ratio_sum: float = 0.0  # of score / threshold, the histogram's sum
-    last_disagreement: str | None = None  # the result id
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gated": self.gated, "passed": self.passed, "skipped": self.skipped, "audits": self.audits,
-                "disagreements": self.disagreements, "errors": self.errors,
-                "regions_answered": self.regions_answered, "last_disagreement": self.last_disagreement}
-
-
-@dataclass
-class GateLook:
-    """The gate's look at one frame, carried from `sift` to the frame's Result. A frame of a program's
-    regions: `score` is its worst region's (by score / threshold), `regions` each region's score."""
-
-    camera: CameraGate
-    score: GateScore
-    gated: bool
-    audit: bool
-    regions: list[GateScore] = field(default_factory=list)  # in the order of camera.regions
-    answered: list[str] = field(default_factory=list)  # regions answered by the gate (skip_ok), not asked
-    worst: int = 0  # the index in `regions` of `score`
-
-    @property
-    def threshold(self) -> float:
-        """The threshold `score` is judged by (its region's, for a program's regions)."""
-        if not self.regions:
-            return self.camera.threshold
-        return self.camera.regions[self.worst].threshold
-
-    def field(self) -> dict[str, Any]:
-        box = self.score.worst_box()
-        search_ms = sum(r.search_ms for r in self.regions) if self.regions else self.score.search_ms
-        out: dict[str, Any] = {"mode": self.camera.config.mode, "score": round(self.score.score, 6),
-                               "threshold": self.threshold, "gated": self.gated, "audit": self.audit,
-                               "search_ms": round(search_ms, 3), "worst_box": list(box) if box is not None else None}
-        if self.regions:  # the worst patch's box in the frame, and each region's look
-            worst = self.camera.regions[self.worst]
-            out["worst_box"] = None if box is None else list(_in_frame(box, worst.box))
-            out["regions"] = [{"name": g.name, "box": list(g.box), "score": round(r.score, 6),
-                               "threshold": g.threshold, "gated": r.score < g.threshold,
-                               "answered": g.name in self.answered}
-                              for g, r in zip(self.camera.regions, self.regions, strict=True)]
-        return out
-
-
-def _in_frame(box: tuple[float, float, float, float], region: tuple[int, int, int, int]) -> tuple[float, ...]:
-    """A patch box of a region's crop in the frame's pixels."""
-    return (box[0] + region[0], box[1] + region[1], box[2] + region[0], box[3] + region[1])
-
-
-def ok_verdict(cfg: GateConfig, schema: Mapping[str, Any], nok_field: str) -> dict[str, Any]:
-    """The verdict of a gated frame: the configured one, or the schema's NOK field false and each
-    string field whose enum holds "none" set to it."""
-    if cfg.verdict is not None:
-        return dict(cfg.verdict)
-    out: dict[str, Any] = {nok_field: False}
-    for name, prop in (schema.get("properties") or {}).items():
-        if name != nok_field and isinstance(prop, dict) and "none" in (prop.get("enum") or []):
-            out[name] = "none"
-    return out
-
-
-def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraConfig],
-               nok_fields: Mapping[str, str] | None = None,
-               recipes: Sequence[tuple[str, str, str, GateConfig]] = (),
-               programs: Mapping[str, ProgramConfig] | None = None) -> dict[str, CameraGate | None]:
-    """Each gated camera's bank (and each line recipe's: (station, recipe, camera, gate)), checked
-    against the encoder, budget and crop its frames get. A recipe's gate replaces its camera's for that
-    recipe's frames (None: `mode: off`, not gated). Raises GateLoadError (one line) for the first that
-    cannot be used. `programs`: each camera's inspection program, by camera name, and a recipe's own (a
-    recipe's or its station's program) by `<station>/<recipe>`."""
-    schema = bundle.manifest.verdict_schema
-    validator = Draft202012Validator(schema)
-    out: dict[str, CameraGate | None] = {}
-    by_name = {c.name: c for c in cameras}
-
-    def load(why: str, cam: CameraConfig, cfg: GateConfig, name: str = "") -> CameraGate:
-        assert cfg.bank is not None  # GateConfig refuses a mode without a bank
-        program = (programs or {}).get(name, (programs or {}).get(cam.name)) if name else (programs or {}).get(cam.name)
-        if program is not None and program.clip is not None:
-            raise GateLoadError(f"{why}: camera {cam.name}'s program asks about a clip of {program.clip.frames} "
-                                "frames; the gate scores single frames and their regions: remove the gate or the clip")
-        context = gate_context(bundle, settings, region=cam.roi, budget=program_budget(program))
-        regions: list[AnomalyGate] = []
-        try:
-            if program is not None and has_regions(program):
-                # Its frames are encoded as crops, never whole: each region against its own bank section.
-                regions = load_region_gates(cfg.bank, context, program, _frame_size(cam),
-                                            int(cfg.max_bank_mb * 2**20))
-                gate = regions[0]
-            else:
-                gate = AnomalyGate.load(cfg.bank, context, int(cfg.max_bank_mb * 2**20))
-        except BankError as exc:
-            raise GateLoadError(f"{why}: {exc}") from None
-        except OSError as exc:
-            raise GateLoadError(f"{why}: cannot read the bank {cfg.bank}: {exc.strerror or exc}") from None
-        threshold = _threshold(why, cfg, gate)
-        parts = tuple(RegionGate(g.context.part[0], g.context.part[1], g, _threshold(why, cfg, g))
-                      for g in regions if g.context.part is not None)
-        nok_field = (nok_fields or {}).get(cam.name, "defect")
-        verdict = ok_verdict(cfg, schema, nok_field)
-        errors = sorted(validator.iter_errors(verdict), key=str)
-        if cfg.mode == "skip_ok" and errors:
-            raise GateLoadError(f"{why}.verdict: the gated OK verdict {verdict} does not match the bundle's "
-                                f"schema ({errors[0].message}); set gate.verdict to a whole OK verdict")
-        # OK as the audits and regions judge it (bool of the NOK field): present and exactly false.
-        if cfg.mode == "skip_ok" and verdict.get(nok_field, True) is not False:
-            raise GateLoadError(f"{why}.verdict: the gated verdict must be OK, with {nok_field!r} (the camera's "
-                                f"NOK field) false; it is {verdict.get(nok_field, '(missing)')!r}")
-        if cfg.mode == "skip_ok" and cfg.threshold is None and not gate.header.threshold.supported:
-            log.warning("%s: skip_ok on the bank's threshold %.4g, which makes no escape claim (%s); "
-                        "run annotate until labelled data supports it", why, threshold,
-                        gate.header.threshold.method)
-        return CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field, name, parts)
-
-    for cam in cameras:
-        if cam.gate is not None and cam.gate.mode != "off" and cam.enabled:
-            out[cam.name] = load(f"cameras.{cam.name}.gate", cam, cam.gate)
-    for station, recipe, camera, cfg in recipes:
-        key, bound = f"{station}/{recipe}", by_name.get(camera)
-        if bound is not None and bound.enabled:
-            out[key] = None if cfg.mode == "off" else load(
-                f"line_io.stations.{station}.recipes.{recipe}.gate", bound, cfg, key)
-    return out
-
-
-def _threshold(why: str, cfg: GateConfig, gate: AnomalyGate) -> float:
-    """The configured threshold, else the bank's (a region's section has its own); GateLoadError unless
-    it is a finite number over 0."""
-    threshold = cfg.threshold if cfg.threshold is not None else gate.threshold
-    if threshold is None:
-        raise GateLoadError(f"{why}: the bank {cfg.bank} holds no threshold; set gate.threshold or fit "
-                            "with --labelled DIR --max-escape RATE")
-    if not (math.isfinite(threshold) and threshold > 0):  # JSON has no infinity; inf would gate every frame
-        raise GateLoadError(f"{why}.threshold: {threshold} (the bank's {cfg.bank}) is not a finite number "
-                            "over 0; set gate.threshold")
-    return float(threshold)
-
-
-def _frame_size(cam: CameraConfig) -> tuple[int, int] | None:
-    """The size of the camera's frames where the config fixes it (tiles are cut from it)."""
-    if cam.roi is not None:
-        return cam.roi[2], cam.roi[3]
-    return (cam.width, cam.height) if cam.width and cam.height else None
 
 
 class GateStep:
@@ -510,8 +312,6 @@ def _overlay_regions(image: np.ndarray, look: GateLook, frame: tuple[int, int]) 
         out[oy + y:oy + y + h, ox + x:ox + x + w] = overlay_heat(out[oy + y:oy + y + h, ox + x:ox + x + w],
                                                                  heat_map(sc), g.threshold)
     return out
-
-
 
 
 def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
