@@ -155,33 +155,57 @@ def cmd_gate_show(args: argparse.Namespace, config: Config) -> int:
 def cmd_gate_score(args: argparse.Namespace, config: Config) -> int:
     import cv2
 
-    from edge_runtime.evaluation.gate_fit import FrameReader, _camera_roi
+    from edge_runtime.evaluation.gate_fit import FrameReader, _camera
     from edge_runtime.inference.anomaly import AnomalyGate, gate_context, heat_map, overlay_heat, read_header
+    from edge_runtime.inference.anomaly.regions import has_regions, load_region_gates, program_budget
     from edge_runtime.inference.model_source import open_inspector
 
     if not 0 < args.max_bank_mb <= 65536:
         raise EdgeRuntimeError("--max-bank-mb must be over 0 and at most 65536")
-    roi = _camera_roi(config, args.camera)
+    cam = _camera(config, args.camera)
+    roi = cam.roi if cam is not None else None
+    program = config.programs.get(cam.program) if cam is not None and cam.program else None
     bank = Path(args.bank)
     read_header(bank)  # a file that is not a bank fails before the model loads
     frame = FrameReader(config, roi).read(Path(args.image))
     config.model.warmup = False
     inspector = open_inspector(config, args.model)
-    try:
-        context = gate_context(inspector.bundle, inspector.settings, roi)
-        gate = AnomalyGate.load(bank, context, int(args.max_bank_mb * 2**20))
-        result = gate.score(inspector.encode(frame))
+    try:  # encoded as the daemon encodes this camera's frames: its program's budget and regions
+        context = gate_context(inspector.bundle, inspector.settings, roi, budget=program_budget(program))
+        max_bytes = int(args.max_bank_mb * 2**20)
+        if program is not None and has_regions(program):
+            gates = load_region_gates(str(bank), context, program, (frame.shape[1], frame.shape[0]), max_bytes)
+        else:
+            gates = [AnomalyGate.load(bank, context, max_bytes)]
+        enc = inspector.encode_frame(cam.name if cam is not None else "", frame)
+        crops = dict((spec.name, renc) for spec, renc in getattr(enc, "regions", []))
+        results = [g.score(crops[g.context.part[0]] if g.context.part is not None else enc) for g in gates]
     finally:
         inspector.close()
-    threshold = gate.threshold
-    out: dict[str, Any] = {"score": round(result.score, 6), "threshold": threshold,
-                           "gated": threshold is not None and result.score < threshold,
-                           "worst_patch_box": [round(v, 1) for v in result.worst_box() or ()] or None,
-                           "search_ms": round(result.search_ms, 3)}
+    looks = [_look(g, r) for g, r in zip(gates, results, strict=True)]
+    out: dict[str, Any] = looks[0] if len(looks) == 1 else {"gated": all(lk["gated"] for lk in looks),
+                                                            "regions": looks}
     if args.heat_map:
-        image = overlay_heat(frame, heat_map(result), threshold or result.score)
+        image = frame.copy()
+        for g, r in zip(gates, results, strict=True):
+            x, y, w, h = g.context.part[1] if g.context.part is not None else (0, 0, frame.shape[1], frame.shape[0])
+            image[y:y + h, x:x + w] = overlay_heat(image[y:y + h, x:x + w], heat_map(r), g.threshold or r.score)
         if not cv2.imwrite(args.heat_map, image):
             raise EdgeRuntimeError(f"--heat-map {args.heat_map}: cannot be written (give a .png or .jpg path)")
         out["heat_map"] = args.heat_map
     print(json.dumps(out))
     return 0
+
+
+def _look(gate: Any, result: Any) -> dict[str, Any]:
+    """One bank section's score of the image (a region's, with its name and box)."""
+    threshold = gate.threshold
+    part = gate.context.part
+    box = result.worst_box()
+    if box is not None and part is not None:  # a region's patch, in the image's pixels
+        box = (box[0] + part[1][0], box[1] + part[1][1], box[2] + part[1][0], box[3] + part[1][1])
+    return {**({"name": part[0], "box": list(part[1])} if part is not None else {}),
+            "score": round(result.score, 6), "threshold": threshold,
+            "gated": threshold is not None and result.score < threshold,
+            "worst_patch_box": [round(v, 1) for v in box or ()] or None,
+            "search_ms": round(result.search_ms, 3)}

@@ -250,3 +250,27 @@ def test_three_good_images_are_enough_to_fit_and_hold_one_out(demo_dir: Path, tm
                  "--data-dir", str(tmp_path)]) == 0
     header = read_header(out)
     assert header.fit["images"] == 2 and header.fit["held_out"]["images"] == 1
+
+
+def test_fit_show_and_score_on_a_cameras_program_with_regions(
+        good_dir: Path, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("programs:\n  halves:\n    regions:\n      - {name: left, box: [0, 0, 112, 224]}\n"
+                      "      - {name: right, box: [112, 0, 112, 224]}\n"
+                      "cameras:\n  - {name: belt, source: /dev/null, program: halves}\n")
+    out = tmp_path / "halves.bank"
+    common = ["--model", str(demo_dir), "--config", str(config), "--data-dir", str(tmp_path)]
+    assert main(["gate", "fit", str(good_dir), str(out), "--camera", "belt", "--quiet", *common]) == 0
+    assert "region left [0, 0, 112, 224]: a bank of" in capsys.readouterr().out
+    assert main(["gate", "show", str(out)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [h["part"]["name"] for h in shown] == ["left", "right"]
+    image = clean_part(41, W, W).copy()
+    cv2.circle(image, (168, 112), 12, (25, 30, 35), -1)  # a stain in the right half
+    cv2.imwrite(str(tmp_path / "part.png"), image)
+    assert main(["gate", "score", str(tmp_path / "part.png"), "--bank", str(out), "--camera", "belt",
+                 "--heat-map", str(tmp_path / "heat.png"), *common]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["gated"] is False and [(r["name"], r["gated"]) for r in scored["regions"]] == [
+        ("left", True), ("right", False)]
+    assert scored["regions"][1]["worst_patch_box"][0] >= 112  # in the image's pixels
