@@ -85,23 +85,23 @@ class Daemon:
         # Every verdict, local or remote, takes one path: journal, then the sinks (verdicts/pipeline.py).
         self.pipeline = VerdictPipeline(self.journal, self._stats_for)
         self.sinks = self.pipeline.sinks  # MQTT, the API's event stream and metrics, line I/O stations
+        # The anomaly gate per camera and line recipe (inference/anomaly/step.py); its heat map goes on
+        # the evidence image when evidence is kept.
+        self.gates = GateStep(heat_wanted=config.evidence.enabled)
         self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal,
                                        self.pipeline.deliver, self.gate, self._stats_for,
                                        overlap=config.inspection.overlap_stages,
-                                       max_batch=config.inspection.max_batch)
-        self.gates = self.worker.gates = GateStep()  # the anomaly gate per camera (inference/anomaly/step.py)
+                                       max_batch=config.inspection.max_batch, gates=self.gates,
+                                       energy=self.governor.energy_j if self.governor is not None else None)
         # Started after the model, stopped before it (MQTT, API, …); the governor first: cameras start
         # behind its gate.
-        self.services: list[Service] = []
-        if self.governor is not None:
-            self.worker.energy = self.governor.energy_j
-            self.services.append(self.governor)
+        self.services: list[Service] = [self.governor] if self.governor is not None else []
         self.mqtt: MqttService | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
         # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
         self.faults: set[str] = set()
-        # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts.py).
+        # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts/stage.py).
         mqtt_wake = threading.Event()  # alerts and reviews committed: the MQTT service sends them
         self.messages = MessageOutbox(config.journal_path(), wake=mqtt_wake.set)
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
@@ -109,14 +109,12 @@ class Daemon:
                                         webhooks=WebhookOutbox(config.journal_path(), headers_for=lambda source:
                                                                webhook_headers(self.config.rules, source)),
                                         messages=self.messages, keep_undelivered=config.mqtt.enabled,
-                                        budget=config.rules_budget,
+                                        budget=config.rules_budget, evidence_overlay=self.gates.overlay,
                                         gate=lambda: self.gate.decision())  # re-asks wait out a throttled governor
         self.pipeline.before_journal.append(self.verdicts.before_journal)
         self.pipeline.in_journal.append(self.verdicts.in_journal)
         self.pipeline.after_journal.append(self.verdicts.after_journal)
         self.services.append(self.verdicts)
-        self.gates.heat_wanted = self.verdicts.evidence is not None
-        self.verdicts.evidence_overlay = self.gates.overlay  # the gate's heat map on the evidence image
         if config.mqtt.enabled:
             self._add_mqtt(config, mqtt_wake)
         self.api: ApiServer | None = None
@@ -132,7 +130,6 @@ class Daemon:
         if self.line_io is not None:
             self.services.append(self.line_io)
             self.sinks.append(self.line_io)  # the station hears its verdict after the commit
-            self.gates.recipe_of = self.line_io.recipe_of  # a recipe's own anomaly gate
         self.report = StatusReport(self.running, started=self.started, faults=self.faults,
                                    inspections=self.inspections, journal=self.journal, worker=self.worker,
                                    pipeline=self.pipeline, verdicts=self.verdicts, gate=self.gate, mqtt=self.mqtt,

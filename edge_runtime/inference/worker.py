@@ -39,7 +39,8 @@ class InspectionWorker:
 
     def __init__(self, inspections: InspectionQueue, get_inspector: Callable[[], Inspector],
                  journal: ResultJournal, deliver: Deliver, gate: Gate,
-                 stats_for: Callable[[str], ScheduleStats | None], overlap: bool = True, max_batch: int = 4) -> None:
+                 stats_for: Callable[[str], ScheduleStats | None], overlap: bool = True, max_batch: int = 4,
+                 gates: GateStep | None = None, energy: Callable[[float, float], float | None] | None = None) -> None:
         self.inspections = inspections
         self.get_inspector = get_inspector
         self.journal = journal
@@ -53,10 +54,10 @@ class InspectionWorker:
         self._full_log = RateLimitedLog(log)
         self.batches = 0  # generations that ran several frames or chats as parallel sequences
         self.peak_batch = 0  # the most sequences one of them ran at once
-        self.energy: Callable[[float, float], float | None] | None = None  # joules between two instants
+        self.energy = energy  # joules between two instants (the governor's sensor)
         self.last_energy_j: float | None = None
         self.overlap = overlap
-        self.gates: GateStep | None = None  # the anomaly gate in front of the model (inference/anomaly/step.py)
+        self.gates = gates  # the anomaly gate in front of the model (inference/anomaly/step.py)
         self.max_batch = max_batch if overlap else 1  # batching needs frames encoded ahead of generation
         self._stop = threading.Event()
         # Stage 1 (encoder) hands each request to stage 2 (language model) through a one-slot queue,

@@ -169,11 +169,6 @@ class LineIO:
 
         return rig.schedule.capture_for_line(job.prompt, job.deadline, lambda _frame: on_acquired(), tag).future
 
-    @staticmethod
-    def recipe_of(request: InspectionRequest) -> tuple[str, str] | None:
-        """The (station, recipe) of a line job's request, for the recipe's own anomaly gate."""
-        return (request.line.station, request.line.recipe) if request.line is not None else None
-
     def notify(self, result: Result) -> None:
         """Sink: a journaled verdict; a line job's goes to its station (which returns at once)."""
         if result.station is None:

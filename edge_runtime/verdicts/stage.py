@@ -87,13 +87,13 @@ class VerdictServices:
 
     def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
                  faults: set[str], get_inspector: Callable[[], Reasker | None], *, webhooks: WebhookQueue,
-                 messages: MessageQueue,
+                 messages: MessageQueue, evidence_overlay: Callable[[np.ndarray, Result], np.ndarray] | None = None,
                  gate: Callable[[], GateDecision] | None = None,
                  keep_undelivered: bool = True, budget: RulesBudget | None = None) -> None:
         self.evidence_cfg = evidence
         self.evidence: EvidenceStore | None = None
         # Draws over the evidence image before it is kept (the anomaly gate's heat map); None: as captured.
-        self.evidence_overlay: Callable[[np.ndarray, Result], np.ndarray] | None = None
+        self.evidence_overlay = evidence_overlay
         if evidence.enabled:
             root = evidence.path or data_dir / "evidence"
             try:

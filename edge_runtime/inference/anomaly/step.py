@@ -56,17 +56,16 @@ class FrameSource(Protocol):
 class GateStep:
     """The worker's gate: which cameras have one, each frame's look, and the counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, heat_wanted: bool = False) -> None:
+        """`heat_wanted`: evidence is kept, so scores are kept for its heat map (`overlay`)."""
         self._gates: dict[str, CameraGate | None] = {}  # by camera, and by `<station>/<recipe>`
-        # The (station, recipe) of a line job's request (lineio/service.py), for the recipes' own gates.
-        self.recipe_of: Callable[[InspectionRequest], tuple[str, str] | None] | None = None
         self._counts: dict[str, GateCounts] = {}
         # id(request) -> look (None: not scored), until its Result is delivered or it fails
         self._looks: dict[int, GateLook | None] = {}
         self._scores: dict[str, GateLook] = {}  # result id -> look, for the evidence heat map
         self._lock = threading.Lock()
         self._log = RateLimitedLog(log)
-        self.heat_wanted = False  # set when evidence is kept: only then are scores kept for `overlay`
+        self.heat_wanted = heat_wanted
 
     def install(self, gates: Mapping[str, CameraGate | None]) -> None:
         """Replace the gates (start, reload); counters of cameras that keep a gate go on."""
@@ -85,10 +84,9 @@ class GateStep:
 
     def gate_for(self, request: InspectionRequest) -> CameraGate | None:
         """The gate of a request: its line recipe's own when it has one, else its camera's."""
-        if self.recipe_of is not None:
-            job = self.recipe_of(request)
-            if job is not None and f"{job[0]}/{job[1]}" in self._gates:
-                return self._gates[f"{job[0]}/{job[1]}"]
+        job = request.line  # a line job's tag (lineio/service.py): its recipe may have a gate of its own
+        if job is not None and f"{job.station}/{job.recipe}" in self._gates:
+            return self._gates[f"{job.station}/{job.recipe}"]
         return self._gates.get(request.camera)
 
     def status(self) -> dict[str, Any]:
