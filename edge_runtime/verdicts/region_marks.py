@@ -42,6 +42,7 @@ def draw_regions(image: np.ndarray, regions: Sequence[dict[str, Any]], offset: t
     thick = line_width(out)
     scale = max(0.4, min(h, w) / 800)
     drawable = [r for r in regions[:_MAX_DRAWN] if isinstance(r, dict)]
+    tabs: list[tuple[str, tuple[int, int], tuple[int, int, int]]] = []
     for region in sorted(drawable, key=lambda r: _ORDER.get(str(r.get("outcome")), 0)):
         box = region.get("box")
         if not (isinstance(box, (list, tuple)) and len(box) == 4 and all(isinstance(v, int) for v in box)):
@@ -52,12 +53,13 @@ def draw_regions(image: np.ndarray, regions: Sequence[dict[str, Any]], offset: t
             continue  # outside this image (a region the frame was too small for)
         colour = OUTCOME_BGR.get(str(region.get("outcome")), OUTCOME_BGR["none"])
         cv2.rectangle(out, (x0, y0), (x1, y1), colour, thick)
-        label = str(region.get("name", ""))[:40]
+        tabs.append((str(region.get("name", ""))[:40], (max(0, x0) + thick, max(0, y0) + thick), colour))
+    # The names after every box (no line crosses a name), each on a tab of its box's colour inside the
+    # box's top-left corner: tiles and named regions that share a corner do not cover each other's names.
+    for label, (x, y), colour in tabs:
         (tw, th), base = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
-        # The name on a tab of the box's colour: above the box, or inside it at the frame's top edge.
-        ty = y0 - th - base - 2 if y0 - th - base - 2 >= 0 else max(0, y0) + thick
-        tx = min(max(0, x0), max(0, w - tw - 4))
-        cv2.rectangle(out, (tx, ty), (tx + tw + 4, ty + th + base + 2), colour, cv2.FILLED)
-        cv2.putText(out, label, (tx + 2, ty + th + 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1,
+        x = min(x, max(0, w - tw - 4))
+        cv2.rectangle(out, (x, y), (x + tw + 4, y + th + base + 2), colour, cv2.FILLED)
+        cv2.putText(out, label, (x + 2, y + th + 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1,
                     cv2.LINE_AA)
     return out

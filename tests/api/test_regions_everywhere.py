@@ -24,6 +24,7 @@ from tests.support.browser import chromium
 from tests.support.receiver import Subscriber
 from tests.support.waiting import wait_for
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 PROGRAM = {"regions": [{"name": "screw", "box": [10, 20, 100, 80]}, {"name": "label", "box": [180, 120, 120, 100]}],
            "tiling": {"rows": 1, "cols": 2}}
 NAMES = ["screw", "label", "tile_r1_c1", "tile_r1_c2"]
@@ -122,4 +123,8 @@ def test_the_status_page_lists_each_region_with_its_outcome(line: tuple[Daemon, 
         detail = page.eval_on_selector_all("#insp-regions li",
                                            "els => els.map(e => [e.dataset.region, e.dataset.outcome])")
         assert [tuple(d) for d in detail] == expected
+        page.wait_for_function("(() => { const i = document.getElementById('insp-image'); "
+                               "return i.complete && i.naturalWidth > 0; })()", timeout=5000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "regions_page.png"), full_page=True)
         assert errors == []
