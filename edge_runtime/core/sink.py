@@ -1,7 +1,9 @@
 """The one interface for everything that consumes a journaled verdict.
 
-MQTT, webhooks, the event stream, offload's escalations and the line I/O stations are all sinks; the
-daemon holds them as one list (Frigate's `Communicator` and its `comms: list[...]` are the model).
+MQTT, the API's event stream and metrics and the line I/O stations are sinks; the daemon holds them as
+one list (Frigate's `Communicator` and its `comms: list[...]` are the model). Webhooks are a rule's
+action, staged in the journal's transaction (`verdicts/stage.py`), and offload's second opinions hang
+on the local inspection (`capture/scheduler.py`): neither is a sink yet.
 A sink is told about a result only after the result is committed to the journal, so a sink that
 falls behind or fails never loses a verdict: it catches up from the journal or its own queue.
 """
