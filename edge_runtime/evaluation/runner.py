@@ -46,6 +46,8 @@ def variant_key(inspector: Inspector, prompt: str | None) -> str:
     program = inspector.program_of(EVAL_CAMERA)
     if program is not None and program.config is not None:  # absent without: older runs' records stay valid
         ident["program"] = program.config.model_dump(mode="json")
+        # A reference replaced under the same path changes every verdict: its size and mtime count too.
+        ident["references"] = [_image_stamp(r.image) for r in program.config.references]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -88,10 +88,16 @@ def test_eval_under_a_program_reports_escape_and_false_reject_per_region(
 
     page = (out / "report.html").read_text()
     assert "<h3>Regions</h3>" in page and "<td>left</td>" in page and "<td>right</td>" in page
-    # The text report has a line per region.
+    # The text report has a line per region; a rerun reuses every record of the same program.
     code = main(["eval", str(labels), "--config", str(config), "--program", "halves", "--out", str(out), "--quiet"])
     text = capsys.readouterr().out
     assert code == 0 and "  region left: escape " in text and "  region right: escape " in text
+    assert "this run" not in text  # nothing inspected again
+    # Another box is another variant: its records are not the old program's.
+    config.write_text(PROGRAM_YAML.replace("80, 0, 80, 120", "70, 0, 90, 120").format(model=demo_dir,
+                                                                                        data=tmp_path / "data"))
+    code = main(["eval", str(labels), "--config", str(config), "--program", "halves", "--out", str(out), "--quiet"])
+    assert code == 0 and "this run: 12 images" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("program", "says"), [("nope", "--program 'nope': no such program"),
