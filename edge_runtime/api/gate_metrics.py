@@ -21,6 +21,9 @@ def gate_metrics(gates: dict[str, Any] | None) -> Iterator[Any]:
                                  "audits)", labels=["camera"])
     disagree = CounterMetricFamily("edge_gate_disagreements", "Audits the language model called NOK (the gate "
                                    "said OK)", labels=["camera"])
+    answered = CounterMetricFamily("edge_gate_regions_answered", "Regions of an inspection program under their "
+                                   "threshold answered OK by the gate in frames that went to the language model for "
+                                   "their other regions (skip_ok)", labels=["camera"])
     threshold = GaugeMetricFamily("edge_gate_threshold", "The threshold in use", labels=["camera"])
     scores = HistogramMetricFamily("edge_gate_score_ratio", "Gate scores as a share of the threshold (under 1: "
                                    "gated)", labels=["camera"])
@@ -31,8 +34,9 @@ def gate_metrics(gates: dict[str, Any] | None) -> Iterator[Any]:
         skipped.add_metric([camera], g["skipped"])
         audits.add_metric([camera], g["audits"])
         disagree.add_metric([camera], g["disagreements"])
+        answered.add_metric([camera], g.get("regions_answered", 0))
         threshold.add_metric([camera], g["threshold"])
         h = g["histogram"]
         scores.add_metric([camera], [(str(b), n) for b, n in h["buckets"]],
                           h["sum"])
-    yield from (decisions, skipped, audits, disagree, threshold, scores)
+    yield from (decisions, skipped, audits, disagree, answered, threshold, scores)

@@ -12,7 +12,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from edge_runtime.api.metrics import StatusCollector
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig
 from edge_runtime.config.gate import GateConfig
@@ -81,3 +83,8 @@ def test_skip_ok_on_regions_journals_the_gates_ok_and_asks_only_the_region_over_
     assert hot[:, :112].sum() > 100 and hot[:, 112:].sum() < hot[:, :112].sum() / 10  # the stained half's heat map
     counts = daemon.gates.counts()["belt"]
     assert (counts.skipped, counts.passed, counts.regions_answered) == (1, 1, 1)
+    status = daemon.status()["gate"]["belt"]
+    assert status["regions_answered"] == 1 and [r["name"] for r in status["regions"]] == ["left", "right"]
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(daemon.status))
+    assert 'edge_gate_regions_answered_total{camera="belt"} 1.0' in generate_latest(registry).decode()
