@@ -31,7 +31,7 @@ from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.handles import log_to
-from edge_runtime.inference.llm.parallel import Prompt
+from edge_runtime.inference.llm.sequence import Prompt
 
 _MESSAGES = {"graphs": b"added ubatch to split", "cuda_captures": b"CUDA graph warmup complete",
              "cuda_resets": b"CUDA graph warmup reset", "cuda_reused": b"CUDA Graph id",

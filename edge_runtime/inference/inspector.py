@@ -39,8 +39,8 @@ from edge_runtime.inference.llm.feed import Generation, Head, ImagePart
 from edge_runtime.inference.llm.grammar import schema_to_grammar
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MtmdContext
-from edge_runtime.inference.llm.parallel import Item, Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
+from edge_runtime.inference.llm.sequence import Item, Prompt
 from edge_runtime.inference.program_fit import check_frame_budgets, check_references_fit
 from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
 from edge_runtime.inference.prompting import PromptBuilder

@@ -14,8 +14,8 @@ from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import Generation, head_tokens
 from edge_runtime.inference.llm.grammar import schema_to_grammar
-from edge_runtime.inference.llm.parallel import Prompt
 from edge_runtime.inference.llm.picker import Sampling
+from edge_runtime.inference.llm.sequence import Prompt
 from tests.support.images import synthetic_frames
 
 CHAT_SCHEMA: dict[str, Any] = {

@@ -18,7 +18,7 @@ from edge_runtime.config import Config
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.handles import log_to
-from edge_runtime.inference.llm.parallel import Prompt
+from edge_runtime.inference.llm.sequence import Prompt
 from tests.support.images import synthetic_frames
 
 graphs = [0]

@@ -24,8 +24,8 @@ from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.draft import DraftLength
 from edge_runtime.inference.llm.feed import Generation
 from edge_runtime.inference.llm.handles import DecodeError
-from edge_runtime.inference.llm.parallel import Prompt
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
+from edge_runtime.inference.llm.sequence import Prompt
 from tests.support.images import synthetic_frames
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 from tests.support.waiting import wait_for

@@ -17,7 +17,7 @@ from edge_runtime.config import Config
 from edge_runtime.core.bundle.manifest import Bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import Generation
-from edge_runtime.inference.llm.parallel import Prompt
+from edge_runtime.inference.llm.sequence import Prompt
 from tests.support.images import synthetic_frames
 
 FRAMES = synthetic_frames(4, seed=41)

@@ -1,5 +1,5 @@
 """Speculative decoding's draft: a small model of the same vocabulary guesses the next tokens, and the
-language model checks all of them in one batch (parallel.py), as llama-server's `--model-draft` does.
+language model checks all of them in one batch (speculate.py), as llama-server's `--model-draft` does.
 
 Greedy decoding only: the language model still picks every token from its own logits under the
 grammar, so the answer is the one it gives without a draft. A guess it agrees with saves that

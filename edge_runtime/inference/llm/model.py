@@ -32,8 +32,9 @@ from edge_runtime.inference.llm.feed import (
     image_segments,
 )
 from edge_runtime.inference.llm.handles import Context, Llama, Model, Vocab
-from edge_runtime.inference.llm.parallel import Admit, Finished, Item, ParallelSequences, Prompt
+from edge_runtime.inference.llm.parallel import ParallelSequences
 from edge_runtime.inference.llm.picker import GREEDY, Candidates, Sampling, TokenPicker
+from edge_runtime.inference.llm.sequence import Admit, Finished, Item, Prompt
 
 _GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type values for the KV cache
 
@@ -62,7 +63,7 @@ class LanguageModel:
         self.drafter: Drafter | None = None
         with ExitStack() as stack:
             try:  # llama-cpp-python's Llama owns the model and the main context (its _internals)
-                # The parallel context copies this choice (parallel.py): both compute attention alike.
+                # The parallel context copies this choice (parallel_context.py): both compute attention alike.
                 llm = Llama(str(path), context_size, batch_size, threads, gpu_layers, self.kv_type, flash_attention)
             except ValueError as exc:  # llama-cpp-python's only signal is "Failed to load model"
                 raise BundleError(f"{path} could not be loaded by llama.cpp ({exc}); "

@@ -26,24 +26,24 @@ more to the extra steps and to the changes of shape when cameras join and leave 
 
 A sequence that runs alone, greedy, on a model with a draft (draft.py) speculates: the draft's guesses
 go into the step's batch after the row's own tokens, with logits for each, and the picks that match a
-guess are taken from those rows without a step of their own (`_speculate`).
+guess are taken from those rows without a step of their own (speculate.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
 from edge_runtime.core.errors import InferenceError
-from edge_runtime.inference.llm.draft import Drafter
-from edge_runtime.inference.llm.feed import Feed, Generation, Head, ImagePart, Prefix, head_cells, image_segments
-from edge_runtime.inference.llm.handles import Context, Model
-from edge_runtime.inference.llm.picker import GREEDY, PickerHost, Sampling, TokenPicker
+from edge_runtime.inference.llm.feed import Head, Prefix, head_cells, image_segments
+from edge_runtime.inference.llm.handles import Context
+from edge_runtime.inference.llm.parallel_context import ParallelHost, parallel_context
+from edge_runtime.inference.llm.picker import TokenPicker
+from edge_runtime.inference.llm.sequence import Admit, Finished, Item, Prompt, Running
+from edge_runtime.inference.llm.speculate import speculate
 
 # Picks go to threads only for llama.cpp's GBNF sampler on a large vocabulary: its full pass costs
 # 1.5-2 ms of C with the GIL released, so four run side by side (150k-token vocabularies went from
@@ -52,104 +52,6 @@ from edge_runtime.inference.llm.picker import GREEDY, PickerHost, Sampling, Toke
 _PARALLEL_PICK_VOCAB = 16_384
 _MIN_SLOTS = 4
 _MIN_SLOT_CELLS = 512  # a slot's KV room at least, so a short chat can join a batch of short verdicts
-
-Item = tuple[Head, ImagePart, list[int]]
-
-
-@dataclass
-class Prompt:
-    """One sequence to generate and how: its grammar, sampling, length, stop strings and stream."""
-
-    prefix: Head
-    image: ImagePart
-    suffix: list[int]
-    grammar: str | None
-    max_tokens: int
-    sampling: Sampling = GREEDY
-    stops: Sequence[str] = ()
-    on_text: Callable[[str], None] | None = None  # each complete piece of text, as it is generated
-    tag: Any = None  # the caller's own handle on this prompt (what `Finished` hands back)
-
-    def cells(self) -> int:
-        """KV cells the whole sequence may take: prompt plus answer."""
-        return (head_cells(self.prefix) + sum(len(s) for s in image_segments(self.image)) + len(self.suffix)
-                + self.max_tokens)
-
-
-# Called once for every prompt served (first or joined): its Generation, or why it failed.
-Finished = Callable[[Prompt, Generation | Exception], None]
-# Up to n more prompts that are ready now (never blocks); [] when there are none or none may join.
-Admit = Callable[[int], Sequence[Prompt]]
-
-
-class ParallelHost(PickerHost, Protocol):
-    """What the parallel sequences need of the model that owns them (llm.model.LanguageModel)."""
-
-    n_ctx: int
-    n_batch: int
-    threads: int
-    kv_type: int
-    batch_kv_cache: str
-    fast_forward: bool
-    steady_steps: bool
-    feed: Feed
-    drafter: Drafter | None
-
-    @property
-    def model(self) -> Model: ...
-    @property
-    def context_params(self) -> Any: ...
-
-
-class _Running:
-    """One sequence in its slot: what it emitted so far and the token chosen for it next."""
-
-    def __init__(self, prompt: Prompt, slot: int, picker: TokenPicker, reused: int, t0: float) -> None:
-        self.prompt, self.slot, self.picker, self.reused, self.t0 = prompt, slot, picker, reused, t0
-        self.pos = self.prompt_tokens = 0  # the next position; the prompt's positions
-        self.pending: tuple[int, bytes] = (-1, b"")
-        self.out: list[bytes] = []
-        self.ids: list[int] = []
-        self.todo: list[int] = []  # emitted tokens not decoded yet; the next pick waits for the last
-        self.prefill_ms = 0.0
-        self.t_decode = 0.0
-        self.calls0 = 0
-        self.llama0 = 0.0
-        self.shared = 0  # sequences decoded with this one, summed over its steps (its share of the work)
-        self.ended: str | None = None  # the finish reason, when it came with a draft's guess (_speculate)
-        self.forced = self.drafted = self.draft_accepted = 0
-
-    def advance(self, room: int, fast_forward: bool) -> str | None:
-        """Take the chosen token (and the forced ones after it); the finish reason once it is done."""
-        token, piece = self.pending
-        if token < 0:
-            return "stop"
-        p, picker = self.prompt, self.picker
-        step = [(token, piece)]
-        if fast_forward:
-            step += picker.forced(min(room, p.max_tokens - len(self.ids) - 1))
-            self.forced += len(step) - 1
-        self.out.extend(b for _, b in step)
-        self.todo = [t for t, _ in step]
-        self.ids.extend(self.todo)
-        if p.stops and any(s in picker.emitted.decode("utf-8", "ignore") for s in p.stops):
-            return "stop"
-        if p.on_text is not None:
-            delta = picker.text_so_far_delta()
-            if delta:
-                p.on_text(delta)
-        return "length" if len(self.ids) >= p.max_tokens else None
-
-    def generation(self, finish: str, feed: Feed) -> Generation:
-        text = b"".join(self.out).decode("utf-8", errors="replace")
-        for s in self.prompt.stops:
-            text = text.split(s, 1)[0]  # OpenAI semantics: the stop string is not returned
-        steps = max(1, feed.decode_calls - self.calls0)
-        return Generation(text, len(self.out), self.prompt_tokens, self.prefill_ms,
-                          (time.perf_counter() - self.t_decode) * 1000, finish, self.reused, self.ids,
-                          feed.decode_calls - self.calls0, (feed.decode_s - self.llama0) * 1000,
-                          batched=max(1.0, self.shared / steps), forced=self.forced, drafted=self.drafted,
-                          draft_accepted=self.draft_accepted)
 
 
 class ParallelSequences:
@@ -180,7 +82,7 @@ class ParallelSequences:
         once, as it ends. Returns the most sequences that ran at once. A prompt the grammar engine
         refuses fails alone; a failed decode fails every unfinished prompt (the KV cache is in doubt)."""
         waiting = list(prompts)
-        running: list[_Running] = []
+        running: list[Running] = []
         peak = 0
         try:
             self._context(max(_MIN_SLOTS, len(waiting)), max((p.cells() for p in waiting), default=1))
@@ -207,16 +109,16 @@ class ParallelSequences:
         return peak
 
     # -- slots --------------------------------------------------------------------------------------
-    def _free_slots(self, running: list[_Running]) -> int:
+    def _free_slots(self, running: list[Running]) -> int:
         return len(self._holds) - len(running)
 
-    def _start_fitting(self, waiting: list[Prompt], running: list[_Running], finished: Finished) -> list[Prompt]:
+    def _start_fitting(self, waiting: list[Prompt], running: list[Running], finished: Finished) -> list[Prompt]:
         """Start the waiting prompts that a free slot has room for; return the others. With nothing
         running the context grows first, so a prompt larger than every slot is never stuck."""
         if not running and waiting and max(p.cells() for p in waiting) > self._slot_cells:
             self._context(max(_MIN_SLOTS, len(waiting)), max(p.cells() for p in waiting))
         left: list[Prompt] = []
-        started: list[_Running] = []
+        started: list[Running] = []
         for prompt in waiting:
             busy = {seq.slot for seq in running}
             free = [s for s in range(len(self._holds)) if s not in busy]
@@ -233,19 +135,19 @@ class ParallelSequences:
             except Exception as exc:  # noqa: BLE001 - a grammar the engine refuses fails this prompt alone
                 finished(prompt, exc)
                 continue
-            seq = _Running(prompt, slot, picker, 0, time.perf_counter())
+            seq = Running(prompt, slot, picker, 0, time.perf_counter())
             running.append(seq)  # from here a failed decode reaches it through serve's handler
             started.append(seq)
         if started:
             self._prefill_all(started)
         return left
 
-    def _prefill_all(self, seqs: list[_Running]) -> None:
+    def _prefill_all(self, seqs: list[Running]) -> None:
         """Prefill the sequences that start together. Text-only prompts (chats: their prefix is kept,
         only the question is new) share llama_decode calls of up to n_batch tokens, as many chats
         joining at once would otherwise cost one decode each; a prompt with an image is fed alone."""
         n_batch = self.lm.n_batch
-        group: list[_Running] = []
+        group: list[Running] = []
         for seq in seqs:
             seq.reused = self._place_prefix(seq.slot, seq.prompt.prefix)
             if image_segments(seq.prompt.image) or len(seq.prompt.suffix) > n_batch:
@@ -258,14 +160,14 @@ class ParallelSequences:
         if group:
             self._prefill_tokens(group)
 
-    def _prefill(self, seq: _Running) -> None:
+    def _prefill(self, seq: Running) -> None:
         feed, ctx, prompt = self.lm.feed, self._live_ctx, seq.prompt
         pos = feed.segments(ctx, image_segments(prompt.image), len(prompt.prefix),
                             want_last_logits=not prompt.suffix, seq=seq.slot)
         seq.pos = seq.prompt_tokens = feed.token_ids(ctx, prompt.suffix, pos, want_last_logits=True, seq=seq.slot)
         self._first_pick(seq, -1)
 
-    def _prefill_tokens(self, group: list[_Running]) -> None:
+    def _prefill_tokens(self, group: list[Running]) -> None:
         """The suffixes of several text-only prompts (at most n_batch tokens together) in one decode."""
         batch = self.lm.feed.tokens.struct
         i, rows = 0, []
@@ -285,7 +187,7 @@ class ParallelSequences:
         for seq, row in zip(group, rows, strict=True):
             self._first_pick(seq, row)
 
-    def _first_pick(self, seq: _Running, row: int) -> None:
+    def _first_pick(self, seq: Running, row: int) -> None:
         feed = self.lm.feed
         seq.pending = seq.picker.next_token(self._live_ctx, row)  # now: the next decode overwrites the logits
         seq.prefill_ms = (time.perf_counter() - seq.t0) * 1000
@@ -316,7 +218,7 @@ class ParallelSequences:
         holds[slot] = prefix if isinstance(prefix, Prefix) else list(prefix)
         return 0
 
-    def _end(self, seq: _Running, finish: str, finished: Finished) -> None:
+    def _end(self, seq: Running, finish: str, finished: Finished) -> None:
         """Answer the sequence's caller; its slot keeps the prefix for the next prompt."""
         seq.picker.close()
         gen = seq.generation(finish, self.lm.feed)
@@ -326,7 +228,7 @@ class ParallelSequences:
         finished(seq.prompt, gen)
 
     # -- one step -----------------------------------------------------------------------------------
-    def _step(self, running: list[_Running], finished: Finished) -> None:
+    def _step(self, running: list[Running], finished: Finished) -> None:
         """One step of every running sequence; a greedy one running alone on a model with a draft is
         timed, so the draft's guessing stops where it costs more than it saves (draft.DraftLength)."""
         drafter = self.lm.drafter
@@ -339,12 +241,12 @@ class ParallelSequences:
         if running:  # not its last step (that one decodes nothing)
             drafter.length.timed(guessed, time.perf_counter() - t0, len(solo.ids) - tokens0)
 
-    def _step_rows(self, running: list[_Running], finished: Finished) -> bool:
+    def _step_rows(self, running: list[Running], finished: Finished) -> bool:
         """The step; True when the draft's guesses went into it."""
         lm, feed = self.lm, self.lm.feed
         room = max(0, lm.n_batch // len(running) - 1)  # forced tokens per sequence that fit one batch
-        stepping: list[_Running] = []
-        ended: list[tuple[_Running, str]] = []
+        stepping: list[Running] = []
+        ended: list[tuple[Running, str]] = []
         for seq in running:
             # A row with tokens left to decode has no pick yet: it only feeds them.
             finish = seq.ended or (None if seq.todo else seq.advance(room, lm.fast_forward))
@@ -358,7 +260,8 @@ class ParallelSequences:
         if not stepping:
             return False
         stepping.sort(key=lambda seq: seq.slot)
-        if len(stepping) == 1 and self._speculate(stepping[0], room):
+        if len(stepping) == 1 and speculate(stepping[0], room, lm.drafter, feed, self._live_ctx, lm.n_batch,
+                                            lm.fast_forward):
             return True
         # Steady: one token and one logit row per sequence, every step, so the shape changes only when a
         # sequence joins or leaves (ggml-cuda replays a graph after two steps of one shape). Otherwise
@@ -391,75 +294,12 @@ class ParallelSequences:
             seq.pending = choice
         return False
 
-    def _speculate(self, seq: _Running, room: int) -> bool:
-        """One step of a sequence running alone, with the draft's guesses after its own tokens; False
-        when it drafts nothing (sampled, no draft, paused, or no room): then the plain step runs.
-        Each pick is the one the plain step would make, from the row after the same tokens: where it
-        equals the next guess, that guess's row holds the logits of the pick after it."""
-        lm, drafter, p = self.lm, self.lm.drafter, seq.prompt
-        if drafter is None or p.sampling.temperature > 0:
-            return False
-        n = min(drafter.length.take(), p.max_tokens - len(seq.ids) - 1, lm.n_batch - len(seq.todo))
-        if n <= 0:
-            return False
-        try:
-            # A Prefix holding images goes to the draft as segments (it keeps no KV of its own for it).
-            head, segs = (([], [*p.prefix.segments, *image_segments(p.image)]) if isinstance(p.prefix, Prefix)
-                          else (p.prefix, image_segments(p.image)))
-            drafts = drafter.propose(seq, (head, segs, p.suffix), seq.ids, n, seq.picker)
-        except Exception:  # noqa: BLE001 - the draft's own failure (its context full, a decode error) is no
-            # reason to fail the answer: this step runs without guesses, the draft starts over next time
-            drafter.failed()
-            return False
-        finally:
-            seq.picker.forget_guesses()
-        if not drafts:
-            return False
-        ctx, feed, batch = self._live_ctx, lm.feed, lm.feed.tokens.struct
-        todo, seq.todo = seq.todo, []
-        for i, tok in enumerate(todo + drafts):
-            batch.token[i] = tok
-            batch.pos[i] = seq.pos + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq.slot
-            batch.logits[i] = int(i >= len(todo) - 1)
-        batch.n_tokens = len(todo) + len(drafts)
-        seq.shared += 1
-        feed.decode(ctx, batch)
-        first = seq.pos + len(todo)  # the first guess's position
-        row = len(todo) - 1  # the row whose logits give the next pick
-        seq.pending = seq.picker.next_token(ctx, row)
-        taken = 0
-        while taken < len(drafts) and seq.pending[0] == drafts[taken]:
-            taken += 1
-            finish = seq.advance(room, lm.fast_forward)
-            # The tokens the grammar forces after the pick are decoded already where they are guesses too.
-            forced = seq.todo[1:]
-            ahead = drafts[taken:taken + len(forced)]
-            same = next((k for k, (a, b) in enumerate(zip(forced[:len(ahead)], ahead, strict=True)) if a != b),
-                        len(ahead))
-            taken += same
-            seq.todo = forced[same:]
-            if finish is not None:
-                seq.ended = finish
-                break
-            if seq.todo:
-                break  # a forced token the draft did not guess: decoded by the next step
-            seq.pending = seq.picker.next_token(ctx, row + taken)
-        if taken < len(drafts):  # the cells of the guesses not taken
-            ctx.memory_seq_rm(seq.slot, first + taken, -1)
-        seq.pos = first + taken
-        seq.drafted += len(drafts)
-        seq.draft_accepted += taken
-        drafter.length.update(len(drafts), taken)
-        return True
-
     @property
     def _equal_rows(self) -> bool:
         """Whether a step's rows must have as many tokens each to run as one graph."""
         return self.lm.batch_kv_cache != "unified" and len(self._holds) > 1
 
-    def _pick_all(self, stepping: list[_Running], rows: list[int]) -> list[tuple[int, bytes]]:
+    def _pick_all(self, stepping: list[Running], rows: list[int]) -> list[tuple[int, bytes]]:
         """Next token of each stepping sequence; batch row rows[i] holds the logits of stepping[i]."""
         ctx = self._live_ctx
 
@@ -523,31 +363,10 @@ class ParallelSequences:
             self._ctx.close()
             self._ctx = None
             self._holds = []
-        params = Context.default_params()
         # Per sequence, each slot has its own KV stream of n_ctx / n_seq_max cells; unified, they share
         # one buffer that is sized as if they did not share their prefixes.
         n_ctx = max(lm.n_ctx, per_slot * sequences)
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = lm.n_batch
-        params.n_seq_max = sequences
-        # Unified: all sequences share one KV buffer (the most batch throughput). Per sequence:
-        # each has its own stream, so a sequence's attention runs exactly as in the one-at-a-time
-        # context; on the H200 the unified cache changed the first-token logits of sequences 1..3
-        # (max |diff| 0.11-2.9) and with them 2 of 4 verdicts (docs/benchmarks.md).
-        params.kv_unified = lm.batch_kv_cache == "unified"
-        params.n_threads = params.n_threads_batch = lm.threads
-        params.type_k = params.type_v = lm.kv_type
-        # The numerics of the one-at-a-time context: llama.cpp's defaults differ from
-        # llama-cpp-python's (flash attention auto vs off, RoPE scaling), and those differences
-        # alone changed 2 of 4 real-weight verdicts on the H200.
-        main = lm.context_params
-        params.flash_attn_type = main.flash_attn_type
-        params.yarn_attn_factor, params.yarn_beta_fast = main.yarn_attn_factor, main.yarn_beta_fast
-        params.yarn_beta_slow = main.yarn_beta_slow
-        try:
-            self._ctx = Context(lm.model, params, n_ctx, sequences)
-        except InferenceError:
-            raise InferenceError("llama.cpp could not create a context for parallel sequences") from None
+        self._ctx = parallel_context(lm, sequences, n_ctx)
         self._slot_cells = n_ctx // sequences
         self._holds = [None] * sequences
         return self._ctx
