@@ -30,7 +30,7 @@ from edge_runtime.config import Config
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Inspector
-from edge_runtime.inference.llm.handles import log_to
+from edge_runtime.inference.llm.runtime import log_to
 from edge_runtime.inference.llm.sequence import Prompt
 
 _MESSAGES = {"graphs": b"added ubatch to split", "cuda_captures": b"CUDA graph warmup complete",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from edge_runtime.inference.llm.handles import disable_extra_buffer_types
+from edge_runtime.inference.llm.runtime import disable_extra_buffer_types
 
 disable_extra_buffer_types()
 

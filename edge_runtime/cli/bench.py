@@ -26,9 +26,9 @@ from edge_runtime.core.images import decode_image
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart
-from edge_runtime.inference.llm.handles import engine_info
 from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.picker import GREEDY
+from edge_runtime.inference.llm.runtime import engine_info
 
 
 @dataclass

@@ -46,14 +46,14 @@ class Check:
 
 def llama_cpp_probe() -> tuple[str, bool]:
     """(llama-cpp-python version, whether this build offloads to a GPU)."""
-    from edge_runtime.inference.llm.handles import engine_info
+    from edge_runtime.inference.llm.runtime import engine_info
 
     info = engine_info()
     return str(info["llama_cpp_python"]), bool(info["gpu_offload"])
 
 
 def llama_cpp_system_info() -> str:
-    from edge_runtime.inference.llm.handles import system_info
+    from edge_runtime.inference.llm.runtime import system_info
 
     return system_info()
 

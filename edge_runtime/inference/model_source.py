@@ -48,7 +48,7 @@ def open_inspector(config: Config, model_dir: str | None) -> Inspector:
 
     bundle = resolve_bundle(config, model_dir)
     if config.model.memory_check:  # before a byte is allocated: refused with the figures, not OOM-killed
-        from edge_runtime.inference.llm.handles import engine_info
+        from edge_runtime.inference.llm.runtime import engine_info
         from edge_runtime.inference.memory_fit import check_fit
 
         check_fit(bundle, config, gpu_offload=bool(engine_info()["gpu_offload"]))

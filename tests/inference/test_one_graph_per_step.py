@@ -17,7 +17,7 @@ import json, sys
 from edge_runtime.config import Config
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
-from edge_runtime.inference.llm.handles import log_to
+from edge_runtime.inference.llm.runtime import log_to
 from edge_runtime.inference.llm.sequence import Prompt
 from tests.support.images import synthetic_frames
 

@@ -1,5 +1,5 @@
 """Owning wrappers for raw llama.cpp handles, and the one place that calls llama.cpp (with mtmd.py
-for libmtmd): nobody else calls a `llama_cpp` function.
+for libmtmd, runtime.py for the library as a whole): nobody else calls a `llama_cpp` function.
 
 In the manner of llama-cpp-python's `_internals` (LlamaModel, LlamaContext, LlamaBatch): a
 wrapper is created holding a live handle or not at all (its constructor raises), is a context
@@ -15,7 +15,6 @@ from __future__ import annotations
 from edge_runtime.inference.engines import llama_cpp  # isort: skip - onnxruntime, then llama_cpp (see engines.py)
 
 import ctypes
-from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -141,34 +140,6 @@ class Vocab:
     def tokenize_fptr(self) -> int:
         """The address of llama.cpp's llama_tokenize (llguidance calls it to tokenize forced text)."""
         return int(ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value or 0)
-
-
-_log_hook: list[Any] = []  # the ctypes callback llama.cpp holds: alive as long as it may be called
-
-
-def log_to(sink: Callable[[bytes], None]) -> None:
-    """Hand every later llama.cpp and ggml log line (debug lines included) to `sink`, instead of
-    llama-cpp-python's logger: for benchmarks that count what llama.cpp says (benchmarks/step_graphs.py)."""
-    @llama_cpp.llama_log_callback
-    def hook(_level: int, text: bytes, _user: Any) -> None:
-        sink(text)
-
-    _log_hook[:] = [hook]
-    llama_cpp.llama_log_set(hook, ctypes.c_void_p(0))
-
-
-def disable_extra_buffer_types() -> None:
-    """Load every later model without llama.cpp's extra CPU buffer types (AMX, x86 weight repacking),
-    as llama-server's `--no-repack` does: for like-for-like runs beside it (benchmarks/peers_lib/launch.py)."""
-    raw = llama_cpp.llama_cpp
-    default = raw.llama_model_default_params
-
-    def no_extra_buffers() -> Any:
-        params = default()
-        params.use_extra_bufts = False
-        return params
-    raw.llama_model_default_params = no_extra_buffers  # llama-cpp-python's Llama looks it up there
-    llama_cpp.llama_model_default_params = no_extra_buffers  # Model above looks it up here
 
 
 _MROPE_TYPES = frozenset({llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_VISION,
@@ -403,14 +374,3 @@ class Sampler(_Handle):
         """Move `sampler` into this chain: the chain frees it from now on."""
         llama_cpp.llama_sampler_chain_add(self.ptr, sampler.ptr)
         sampler._ptr = None
-
-
-def engine_info() -> dict[str, object]:
-    """The llama.cpp build: the binding's version and whether it offloads to a GPU."""
-    return {"llama_cpp_python": llama_cpp.__version__, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload())}
-
-
-def system_info() -> str:
-    """llama.cpp's own line about its build: per backend, e.g. `CPU : NEON = 1 | DOTPROD = 1 | ...`, the
-    instruction sets its CPU backend was compiled to use (ggml's `ggml_cpu_has_*`, compile-time answers)."""
-    return bytes(llama_cpp.llama_print_system_info()).decode(errors="replace")
