@@ -11,11 +11,6 @@ thread-safe) and `generate()` (the language model, one at a time under a lock).
 
 from __future__ import annotations
 
-# The native engines load first, in their one safe order (engines.py).
-from edge_runtime.inference import engines  # noqa: F401
-
-# isort: split
-
 import logging
 import threading
 import time

@@ -13,10 +13,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import edge_runtime.inference.engines  # noqa: F401  # isort: skip - the engines' safe load order
-
-from llama_cpp import llama_grammar
-from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
+from edge_runtime.inference.engines import llama_grammar  # isort: skip - onnxruntime, then llama_cpp (engines.py)
 
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.schema_budget import (
@@ -68,11 +65,11 @@ _LITERAL_SPECIAL = re.compile(r'[\\"\r\n]')
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9-]+")
 
 
-class _StrictConverter(SchemaConverter):
+class _StrictConverter(llama_grammar.SchemaConverter):
     def visit(self, schema: dict[str, Any], name: str) -> str:
         bounded = _bounded_numeric_rule(schema)
         if bounded is not None:
-            rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+            rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
             return str(self._add_rule(rule_name, bounded))
         if isinstance(schema.get("type"), list):
             # The converter turns `type: [A, B]` into a union of bare `{"type": A}`, dropping every
