@@ -1,7 +1,7 @@
 """Where the model comes from: `--model`, then `model.path`, then the demo bundle (built on first use).
 
-One place for the daemon and the CLI. It lives apart from `bundle.py` because building the demo
-bundle needs the offline builders (`edge_runtime_models`), which themselves import `bundle`.
+One place for the daemon and the CLI. It lives apart from `core/bundle/` because building the demo
+bundle needs the offline builders (`edge_runtime_models`), which themselves import `core/bundle/manifest.py`.
 """
 
 from __future__ import annotations

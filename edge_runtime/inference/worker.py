@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typ
     # it meanwhile), the encoder's failure, or None (not encoded ahead: jobs, overlap off).
     Staged = tuple[Inspector, Encoded] | Exception | None
 
-log = logging.getLogger(__name__)  # the result lines are counted by tests/test_lifecycle.py
+log = logging.getLogger(__name__)  # the result lines are counted by tests/app/test_lifecycle.py
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""

@@ -1,6 +1,6 @@
 """Choosing each next token: a grammar (llguidance, or llama.cpp's GBNF sampler), then greedy or sampled.
 
-Split from language.py, which owns the llama.cpp context; a picker only reads a row of its logits.
+The context belongs to the model (model.py, parallel.py); a picker only reads a row of its logits.
 """
 
 from __future__ import annotations
