@@ -184,3 +184,20 @@ def test_a_bank_of_other_regions_or_of_whole_frames_is_refused_in_one_line(
         with pytest.raises(GateLoadError, match=rf"^cameras\.belt\.gate: gate bank .*{why}") as err:
             load_gates(ins.bundle, ins.settings, [belt(gate)], programs={"belt": program(spec)})
         assert "\n" not in str(err.value)
+
+
+def test_a_line_recipes_own_gate_loads_against_the_recipes_program(
+        ins: Inspector, bank: Path) -> None:
+    """The camera has no program; the recipe names the two-region one: its gate is the regions' bank."""
+    from edge_runtime.config.line_io import LineIOConfig
+    from edge_runtime.inference.anomaly.step import gates_for
+
+    schema_ok = {"mode": "skip_ok", "bank": str(bank), "audit_every": 1000, "verdict": OK}
+    cfg = Config(device_id="t", programs={"halves": program()},
+                 cameras=[CameraConfig(name="cam", source="/tmp", kind="folder")])
+    station = {"name": "st1", "camera": "cam", "result_deadline_ms": 60_000,
+               "nok_when": [{"field": "verdict.defect", "equals": True}],
+               "recipes": {"housing": {"program": "halves", "gate": schema_ok}}}
+    cfg.line_io = LineIOConfig.model_validate({"stations": [station]})
+    loaded = gates_for(ins.bundle, cfg)["st1/housing"]
+    assert loaded is not None and [r.name for r in loaded.regions] == ["left", "right"]

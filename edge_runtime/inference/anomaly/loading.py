@@ -105,7 +105,8 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
         threshold = _threshold(why, cfg, gate)
         parts = tuple(RegionGate(g.context.part[0], g.context.part[1], g, _threshold(why, cfg, g))
                       for g in regions if g.context.part is not None)
-        nok_field = (nok_fields or {}).get(cam.name, "defect")
+        nok_field = (nok_fields or {}).get(name, (nok_fields or {}).get(cam.name, "defect")) if name \
+            else (nok_fields or {}).get(cam.name, "defect")
         verdict = ok_verdict(cfg, schema, nok_field)
         errors = sorted(validator.iter_errors(verdict), key=str)
         if cfg.mode == "skip_ok" and errors:

@@ -326,6 +326,7 @@ def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
             named = r.program or st.program
             if r.gate is not None and named is not None and named in config.programs:
                 programs[f"{st.name}/{name}"] = config.programs[named]
+                nok[f"{st.name}/{name}"] = config.programs[named].nok_field
     return load_gates(bundle, config.model, config.cameras, nok, recipes, programs)
 
 
