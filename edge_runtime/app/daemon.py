@@ -82,25 +82,13 @@ class Daemon:
         # Unsent rows are kept through retention only while an outbox will ever send them.
         self.journal = Journal(config.journal_path(), config.journal.max_rows, config.journal.max_age_days,
                                keep_unsent=config.mqtt.enabled, min_free_mb=config.journal.min_free_mb)
-        # Every verdict, local or remote, takes one path: journal, then the sinks (verdicts/pipeline.py).
-        self.pipeline = VerdictPipeline(self.journal, self._stats_for)
-        self.sinks = self.pipeline.sinks  # MQTT, the API's event stream and metrics, line I/O stations
-        # The anomaly gate per camera and line recipe (inference/anomaly/step.py); its heat map goes on
-        # the evidence image when evidence is kept.
-        self.gates = GateStep(heat_wanted=config.evidence.enabled)
-        self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal,
-                                       self.pipeline.deliver, self.gate, self._stats_for,
-                                       overlap=config.inspection.overlap_stages,
-                                       max_batch=config.inspection.max_batch, gates=self.gates,
-                                       energy=self.governor.energy_j if self.governor is not None else None)
-        # Started after the model, stopped before it (MQTT, API, …); the governor first: cameras start
-        # behind its gate.
-        self.services: list[Service] = [self.governor] if self.governor is not None else []
-        self.mqtt: MqttService | None = None
         self._stop = threading.Event()
         self._reload = threading.Event()
         # Short reasons of faults that currently stop inspection or delivery ("disk full", …); see health().
         self.faults: set[str] = set()
+        # The anomaly gate per camera and line recipe (inference/anomaly/step.py); its heat map goes on
+        # the evidence image when evidence is kept.
+        self.gates = GateStep(heat_wanted=config.evidence.enabled)
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts/stage.py).
         mqtt_wake = threading.Event()  # alerts and reviews committed: the MQTT service sends them
         self.messages = MessageOutbox(config.journal_path(), wake=mqtt_wake.set)
@@ -111,25 +99,27 @@ class Daemon:
                                         messages=self.messages, keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget, evidence_overlay=self.gates.overlay,
                                         gate=lambda: self.gate.decision())  # re-asks wait out a throttled governor
-        self.pipeline.before_journal.append(self.verdicts.before_journal)
-        self.pipeline.in_journal.append(self.verdicts.in_journal)
-        self.pipeline.after_journal.append(self.verdicts.after_journal)
-        self.services.append(self.verdicts)
-        if config.mqtt.enabled:
-            self._add_mqtt(config, mqtt_wake)
-        self.api: ApiServer | None = None
-        if config.api.enabled:
-            self.api = ApiServer(self, config.api)
-            self.services.append(self.api)
-            self.sinks.append(self.api)
-        self.offload: Offloader | None = None
-        if config.offload.enabled:
-            self._add_offload(config)
+        # Every verdict, local or remote, takes one path: the stage around the journal row, then the sinks
+        # (verdicts/pipeline.py), filled below.
+        self.pipeline = VerdictPipeline(self.journal, self._stats_for, self.verdicts)
+        self.sinks = self.pipeline.sinks
+        self.worker = InspectionWorker(self.inspections, self._current_inspector, self.journal,
+                                       self.pipeline.deliver, self.gate, self._stats_for,
+                                       overlap=config.inspection.overlap_stages,
+                                       max_batch=config.inspection.max_batch, gates=self.gates,
+                                       energy=self.governor.energy_j if self.governor is not None else None)
+        self.mqtt = self._mqtt(config, mqtt_wake) if config.mqtt.enabled else None
+        self.api = ApiServer(self, config.api) if config.api.enabled else None
+        self.offload = self._offload(config) if config.offload.enabled else None
         # The line's stations and their OPC UA/Modbus/... servers (lineio/service.py), when configured.
         self.line_io = LineIO(self, config.line_io) if config.line_io is not None and config.line_io.stations else None
-        if self.line_io is not None:
-            self.services.append(self.line_io)
-            self.sinks.append(self.line_io)  # the station hears its verdict after the commit
+        # Every consumer of a committed verdict (core/sink.py), in one list.
+        self.sinks += [sink for sink in (self.mqtt, self.api, self.line_io) if sink is not None]
+        # Started after the model in this order, stopped in reverse: the governor first (cameras start
+        # behind its gate); offload stops before the API, MQTT and the verdict stage (its queued frames are
+        # counted drops).
+        self.services: list[Service] = [service for service in (
+            self.governor, self.verdicts, self.mqtt, self.api, self.offload, self.line_io) if service is not None]
         self.report = StatusReport(self.running, started=self.started, faults=self.faults,
                                    inspections=self.inspections, journal=self.journal, worker=self.worker,
                                    pipeline=self.pipeline, verdicts=self.verdicts, gate=self.gate, mqtt=self.mqtt,
@@ -165,25 +155,22 @@ class Daemon:
     def rigs(self, rigs: dict[str, CameraRig]) -> None:
         self.running.rigs = rigs
 
-    def _add_mqtt(self, config: Config, wake: threading.Event) -> None:
+    def _mqtt(self, config: Config, wake: threading.Event) -> MqttService:
         discovery: Callable[[], list[tuple[str, str]]] | None = None
         if config.mqtt.homeassistant.enabled:
             ha = config.mqtt.homeassistant.discovery_prefix
             discovery = lambda: homeassistant_discovery(  # noqa: E731 - the configs of the cameras running now
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
-        self.mqtt = MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
-                                self.telemetry, command_table(self), discovery=discovery,
-                                messages=self.messages, wake=wake)  # alerts and reviews, from the journal's file too
-        self.sinks.append(self.mqtt)
-        self.services.append(self.mqtt)
+        return MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
+                           self.telemetry, command_table(self), discovery=discovery,
+                           messages=self.messages, wake=wake)  # alerts and reviews, from the journal's file too
 
-    def _add_offload(self, config: Config) -> None:
+    def _offload(self, config: Config) -> Offloader:
         """Scale-out (docs/scale-out.md): remote results are journaled and published like local ones."""
-        self.offload = Offloader(
+        return Offloader(
             config.offload, {c.name for c in config.cameras if c.remote}, config.device_id,
             self._current_inspector, self.pipeline.deliver, self.inspections.submit, lambda: self.gate.decision(),
             lambda reason, active: self.faults.add(reason) if active else self.faults.discard(reason))
-        self.services.append(self.offload)  # the first service stopped: frames still queued are counted drops
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import sqlite3
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -26,16 +27,23 @@ from edge_runtime.core.supervise import RateLimitedLog
 log = logging.getLogger(__name__)
 
 
+class VerdictStage(Protocol):
+    """What runs around the journal row of a journaled result (`verdicts/stage.py:VerdictServices`)."""
+
+    def before_journal(self, image: np.ndarray | None, result: Result) -> None: ...  # evidence, rules; never raises
+
+    def in_journal(self, db: sqlite3.Connection, result: Result) -> None: ...  # its actions' rows, same transaction
+
+    def after_journal(self, result: Result) -> None: ...  # wake-ups after the commit
+
+
 class VerdictPipeline:
-    def __init__(self, journal: ResultJournal, stats_for: Callable[[str], ScheduleStats | None]) -> None:
+    def __init__(self, journal: ResultJournal, stats_for: Callable[[str], ScheduleStats | None],
+                 stage: VerdictStage | None = None, sinks: list[Sink] | None = None) -> None:
         self.journal = journal
         self.stats_for = stats_for
-        self.sinks: list[Sink] = []
-        # Around the journal row of journaled results: evidence and rules (before),
-        self.before_journal: list[Callable[[np.ndarray | None, Result], None]] = []
-        # the rows of their actions inside the journal's transaction, wake-ups after its commit.
-        self.in_journal: list[Callable[[sqlite3.Connection, Result], None]] = []
-        self.after_journal: list[ResultListener] = []
+        self.stage = stage
+        self.sinks: list[Sink] = sinks if sinks is not None else []
         self.delivered = 0
         self.sink_errors = Counter[str]()  # notify() raised: counted per sink, the others went on
         self._lock = threading.Lock()
@@ -49,14 +57,15 @@ class VerdictPipeline:
                 tag = request.line
                 result.station, result.part_id, result.recipe, result.inspection_seq = \
                     tag.station, tag.part_id, tag.recipe, tag.seq
-            if request.journal:
-                for hook in self.before_journal:
-                    hook(request.image, result)  # the image the model saw (ROI crop); hooks never raise
+            if request.journal and self.stage is not None:
+                stage = self.stage
+                stage.before_journal(request.image, result)  # the image the model saw (ROI crop)
                 # The result row and the rows of its side effects (alerts, webhooks, review marks) in one
                 # transaction; raises StorageFull: then nobody sees this verdict and nothing is queued.
-                self.journal.add(result, extra=self._in_journal(result))
-                for after in self.after_journal:
-                    after(result)
+                self.journal.add(result, extra=lambda db: stage.in_journal(db, result))
+                stage.after_journal(result)
+            elif request.journal:
+                self.journal.add(result)
             self.delivered += 1
             stats = self.stats_for(request.camera)
             if stats:
@@ -71,16 +80,6 @@ class VerdictPipeline:
                     self.sink_errors[sink.name] += 1
                     self._sink_log.log(logging.ERROR, "sink %s failed on a result", sink.name, exc_info=True)
             return result
-
-    def _in_journal(self, result: Result) -> Callable[[sqlite3.Connection], None] | None:
-        if not self.in_journal:
-            return None
-        hooks = list(self.in_journal)
-
-        def stage(db: sqlite3.Connection) -> None:
-            for hook in hooks:
-                hook(db, result)
-        return stage
 
     def health(self) -> dict[str, SinkHealth]:
         """Each sink's own health; one that cannot answer counts as unhealthy, never as an error here."""

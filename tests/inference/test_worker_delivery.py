@@ -19,7 +19,6 @@ from tests.verdicts.test_journal import make_result
 
 def test_deliveries_from_several_threads_never_interleave_their_hooks(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j.sqlite3")
-    pipeline = VerdictPipeline(journal, lambda _camera: None)
     current: list[str] = []  # the result between its before_journal and after_journal hooks
     overlaps: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -35,8 +34,14 @@ def test_deliveries_from_several_threads_never_interleave_their_hooks(tmp_path: 
         with lock:
             current.remove(result.id)
 
-    pipeline.before_journal.append(before)
-    pipeline.after_journal.append(after)
+    class Stage:  # the verdict stage around the journal row, as the pipeline calls it
+        before_journal = staticmethod(before)
+        after_journal = staticmethod(after)
+
+        def in_journal(self, _db: object, _result: Result) -> None:
+            return None
+
+    pipeline = VerdictPipeline(journal, lambda _camera: None, Stage())
 
     def deliver(camera: str) -> None:
         for n in range(10):
