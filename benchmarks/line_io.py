@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))  # tests.support: the node-opcua driver and certif
 import edge_runtime.inference.engines  # noqa: E402,F401 - onnxruntime, then llama_cpp (see engines.py)
 from edge_runtime.app.daemon import Daemon  # noqa: E402
 from edge_runtime.config import CameraConfig, Config, TriggerConfig  # noqa: E402
-from edge_runtime.config.line_io import LineIOConfig, SparkplugConfig  # noqa: E402
+from edge_runtime.config.line_io import LineIOConfig  # noqa: E402
+from edge_runtime.config.line_protocols import SparkplugConfig  # noqa: E402
 from edge_runtime.config.mqtt import MqttConfig  # noqa: E402
 from edge_runtime.core.samples import write_sample_video  # noqa: E402
 from edge_runtime.lineio.passwords import hash_password  # noqa: E402

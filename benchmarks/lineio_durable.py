@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from pymodbus.client import ModbusTcpClient  # noqa: E402
 
-from edge_runtime.config.line_io import ModbusConfig, StationConfig  # noqa: E402
+from edge_runtime.config.line_io import StationConfig  # noqa: E402
+from edge_runtime.config.line_protocols import ModbusConfig  # noqa: E402
 from edge_runtime.core.result import FrameInfo, Result  # noqa: E402
 from edge_runtime.lineio import modbus_map as rm  # noqa: E402
 from edge_runtime.lineio.modbus import ModbusServer  # noqa: E402

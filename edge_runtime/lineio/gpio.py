@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import gpiod
 from gpiod.line import Bias, Direction, Edge, Value
 
-from edge_runtime.config.line_io import GpioCellConfig, GpioConfig
+from edge_runtime.config.line_protocols import GpioCellConfig, GpioConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio.signals import LineOutcome, LineRefused, Signals

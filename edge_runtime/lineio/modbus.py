@@ -26,7 +26,7 @@ from pymodbus.server import ModbusTcpServer
 from pymodbus.server.requesthandler import ServerRequestHandler
 from pymodbus.simulator import DataType, SimData, SimDevice
 
-from edge_runtime.config.line_io import ModbusConfig
+from edge_runtime.config.line_protocols import ModbusConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
 from edge_runtime.lineio import modbus_map as rm

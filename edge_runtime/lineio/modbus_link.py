@@ -33,7 +33,7 @@ from pymodbus.exceptions import ModbusIOException
 from pymodbus.pdu import ExceptionResponse
 from pymodbus.server.requesthandler import ServerRequestHandler
 
-from edge_runtime.config.line_io import ModbusConfig
+from edge_runtime.config.line_protocols import ModbusConfig
 from edge_runtime.core.supervise import RateLimitedLog
 
 KEEPALIVE_IDLE_S = 10

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge_runtime.config.line_io import SparkplugConfig
+from edge_runtime.config.line_protocols import SparkplugConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.lineio.sparkplug.node import SparkplugNode
 from tests.support.line_station import Line

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.config.line_io import GpioConfig
+from edge_runtime.config.line_protocols import GpioConfig
 from edge_runtime.lineio.gpio import GpioService
 from edge_runtime.lineio.signals import JobRequest
 from tests.support.fake_gpiod import FakeChip

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pymodbus.client import ModbusTcpClient
 
-from edge_runtime.config.line_io import ModbusConfig
+from edge_runtime.config.line_protocols import ModbusConfig
 from edge_runtime.lineio import modbus_map as rm
 from edge_runtime.lineio.modbus import ModbusServer
 from edge_runtime.lineio.signals import JobRequest

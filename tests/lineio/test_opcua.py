@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from edge_runtime.config.line_io import OpcUaConfig
+from edge_runtime.config.line_protocols import OpcUaConfig
 from edge_runtime.lineio.opcua.server import OpcUaServer
 from edge_runtime.lineio.passwords import hash_password
 from edge_runtime.lineio.signals import DEFECT_TIMEOUT, LineOutcome

@@ -14,7 +14,7 @@ from typing import Any
 
 from asyncua import Client, ua
 
-from edge_runtime.config.line_io import OpcUaConfig
+from edge_runtime.config.line_protocols import OpcUaConfig
 from edge_runtime.lineio.opcua.server import NAMESPACE, OpcUaServer
 from edge_runtime.lineio.passwords import hash_password
 from edge_runtime.lineio.signals import LineOutcome

@@ -5,7 +5,7 @@ included, for as long as anyone kept guessing."""
 
 from __future__ import annotations
 
-from edge_runtime.config.line_io import OpcUaUser
+from edge_runtime.config.line_protocols import OpcUaUser
 from edge_runtime.lineio.opcua.pki import ConfiguredUsers
 from edge_runtime.lineio.passwords import hash_password
 

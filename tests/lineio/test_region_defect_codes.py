@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from edge_runtime.config import load_config
-from edge_runtime.config.line_io import ModbusConfig
+from edge_runtime.config.line_protocols import ModbusConfig
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.lineio.modbus import ModbusServer
 from edge_runtime.lineio.signals import JobRequest

@@ -20,7 +20,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import SecretStr
 
-from edge_runtime.config.line_io import SparkplugConfig
+from edge_runtime.config.line_protocols import SparkplugConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.lineio.signals import JobRequest

@@ -13,7 +13,7 @@ import pytest
 from asyncua import Client, ua
 from asyncua.crypto.security_policies import SecurityPolicyNone
 
-from edge_runtime.config.line_io import OpcUaConfig
+from edge_runtime.config.line_protocols import OpcUaConfig
 from edge_runtime.lineio.opcua.server import NAMESPACE, OpcUaServer
 from edge_runtime.lineio.passwords import hash_password
 from tests.support.line_station import Line

@@ -38,7 +38,7 @@ from asyncua.server.uaprocessor import UaProcessor
 from asyncua.ua.ua_binary import struct_from_binary, uatcp_to_binary
 from cryptography.exceptions import InvalidSignature
 
-from edge_runtime.config.line_io import OpcUaConfig
+from edge_runtime.config.line_protocols import OpcUaConfig
 from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.lineio.opcua.pki import CertificateRefused, TrustList, ensure_server_certificate, fingerprint
 from edge_runtime.lineio.opcua.sessions import (

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from edge_runtime.config.line_io import OpcUaUser
+from edge_runtime.config.line_protocols import OpcUaUser
 from edge_runtime.lineio.passwords import verify_password
 
 log = logging.getLogger(__name__)

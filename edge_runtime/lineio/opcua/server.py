@@ -28,7 +28,7 @@ from asyncua.common.connection import TransportLimits
 from asyncua.common.methods import uamethod
 from asyncua.server.address_space import NodeData
 
-from edge_runtime.config.line_io import OpcUaConfig
+from edge_runtime.config.line_protocols import OpcUaConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.lineio.opcua.asyncua_logs import tame_asyncua_logs

@@ -29,7 +29,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edge_runtime.config.line_io import SparkplugConfig
+from edge_runtime.config.line_protocols import SparkplugConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
