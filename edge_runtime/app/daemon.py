@@ -316,12 +316,7 @@ class Daemon:
         return self.verdicts.status()
 
     def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
-        store = self.verdicts.evidence
-        found = store.lookup(result_id) if store is not None else None
-        if store is None or found is None:
-            return None
-        return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
-            EvidenceFile(found.path, found.sha256)
+        return self.verdicts.evidence_file(result_id, thumbnail)
 
     def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
         return self.verdicts.reviews.query(f)

@@ -126,8 +126,7 @@ class Reloader:
                 state.rigs = rigs
                 rig.stop()
                 log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
-        self.journal.max_rows, self.journal.max_age_s = new.journal.max_rows, new.journal.max_age_days * 86400
-        self.journal.min_free_bytes = int(new.journal.min_free_mb * 1024 * 1024)
+        self.journal.set_limits(new.journal.max_rows, new.journal.max_age_days, new.journal.min_free_mb)
         logging.getLogger().setLevel(new.log_level.upper())
         state.config = new
         for rig in state.rigs.values():  # a program's clip changed under a running camera: a new ring

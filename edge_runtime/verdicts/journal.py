@@ -71,9 +71,8 @@ class Journal:
                  keep_unsent: bool = True, min_free_mb: float = 0.0, retry_s: float = 1.0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.max_rows, self.max_age_s = max_rows, max_age_days * 86400
+        self.set_limits(max_rows, max_age_days, min_free_mb)
         self.keep_unsent = keep_unsent
-        self.min_free_bytes = int(min_free_mb * 1024 * 1024)
         self.retry_s = retry_s
         self.full_since: float | None = None  # monotonic time the disk was found full; None: writable
         self.free_bytes: int | None = None
@@ -100,6 +99,11 @@ class Journal:
         self._recount()
 
     # ---- writes ------------------------------------------------------------------------------
+
+    def set_limits(self, max_rows: int, max_age_days: float, min_free_mb: float) -> None:
+        """Retention and the free-space floor (at start, and on a reload from the next write on)."""
+        self.max_rows, self.max_age_s = max_rows, max_age_days * 86400
+        self.min_free_bytes = int(min_free_mb * 1024 * 1024)
 
     @property
     def full(self) -> bool:

@@ -24,6 +24,7 @@ import numpy as np
 
 from edge_runtime.config import EvidenceConfig
 from edge_runtime.config.rules import AlertAction, ReaskAction, ReviewAction, Rule, RulesBudget, WebhookAction
+from edge_runtime.core.device import EvidenceFile
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import GateDecision, OpenGate
 from edge_runtime.core.result import Result, utc_now
@@ -324,6 +325,15 @@ class VerdictServices:
                 "ms": round((time.perf_counter() - t0) * 1000, 1)}
 
     # ---- reporting -----------------------------------------------------------------------------------
+
+    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
+        """A result's kept image (or its thumbnail); None when none was kept or evidence is off."""
+        store = self.evidence
+        found = store.lookup(result_id) if store is not None else None
+        if store is None or found is None:
+            return None
+        return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
+            EvidenceFile(found.path, found.sha256)
 
     def status(self) -> dict[str, Any]:
         return {
