@@ -11,7 +11,12 @@ out), so the load of a shared machine falls on both alike; `--inflight` requests
 a camera's scheduler keeps the queue fed. An escape is a defective frame answered by the gate
 (`source.engine: gate`); on this set it must be 0.
 
-    python benchmarks/gate_stream.py [--model DIR] [--frames 400] [--defect-every 20] [--audit-every 50]
+With `--tiles N` the camera's inspection program cuts each frame into N tiles side by side: the bank
+is fitted by `gate fit --camera` (one section per tile), skip_ok answers a frame whose every tile is
+under its threshold and asks the language model only about the tiles over theirs; a defect whose tile
+the gate answered counts as an escape too.
+
+    python benchmarks/gate_stream.py [--model DIR] [--frames 400] [--defect-every 20] [--audit-every 50] [--tiles 2]
 """
 
 from __future__ import annotations
@@ -40,18 +45,37 @@ OK_VERDICT = {"defect": False, "category": "none", "confidence": 1.0, "notes": "
 DEFECTS = (("scratch", 40), ("stain", 20), ("missing_hole", 14))  # kind, size in px of a 224 frame
 
 
-def stream(frames: int, defect_every: int, size: int) -> list[tuple[np.ndarray, str | None]]:
-    """The frames in order with the defect drawn on each (None: a good part)."""
+def stream(frames: int, defect_every: int, size: int) -> list[tuple[np.ndarray, str | None, Any]]:
+    """The frames in order with the defect drawn on each (None: a good part) and its box (x, y, w, h)."""
     from tests.support.parts import clean_part, defective_part
 
-    out: list[tuple[np.ndarray, str | None]] = []
+    out: list[tuple[np.ndarray, str | None, Any]] = []
     for i in range(frames):
         if i % defect_every == defect_every - 1:
             kind, px = DEFECTS[(i // defect_every) % len(DEFECTS)]
-            out.append((defective_part(50_000 + i, kind, px * size // 224, size, size)[0], kind))  # type: ignore[arg-type]
+            image, defect = defective_part(50_000 + i, kind, px * size // 224, size, size)  # type: ignore[arg-type]
+            out.append((image, kind, defect.box))
         else:
-            out.append((clean_part(20_000 + i, size, size), None))
+            out.append((clean_part(20_000 + i, size, size), None, None))
     return out
+
+
+def fit_tiles(config: Any, model: str, bank: Path, train: int, holdout: int, size: int, tmp: Path) -> dict[str, Any]:
+    """`gate fit --camera line` on good parts: one bank section per tile, each with its held-out threshold."""
+    from edge_runtime.evaluation.gate_fit import FitOptions, fit_gate
+    from edge_runtime.inference.anomaly.bank import read_headers
+    from tests.support.parts import clean_part
+
+    folder = tmp / "ok"
+    folder.mkdir()
+    for s in range(train + holdout):
+        cv2.imwrite(str(folder / f"part-{s:04d}.png"), clean_part(s, size, size))
+    fit_gate(config, FitOptions(images=folder, out=bank, model=model, camera="line",
+                                holdout=holdout / (train + holdout), max_images=train + holdout, progress=False))
+    headers = read_headers(bank)
+    return {"train": train, "holdout": holdout, "tiles": len(headers),
+            "threshold": [round(h.threshold.value or 0.0, 6) for h in headers],
+            "bank_patches": [h.vectors.patches for h in headers]}
 
 
 def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int) -> dict[str, Any]:
@@ -81,7 +105,7 @@ def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int
             "bank_patches": result.vectors.shape[0]}
 
 
-def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None]], inflight: int, warmup: int,
+def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]], inflight: int, warmup: int,
         chunk: int) -> dict[str, Any]:
     """Both modes on one Daemon started from `config` (its camera's gate in skip_ok), in alternating
     chunks of `chunk` frames (off: the gates taken out; skip_ok: the ones read from the config), so a
@@ -118,11 +142,13 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None]], in
         after = _counts(daemon)
     finally:
         daemon.stop()
-    defective = [kind for _, kind in frames]
+    defective = [kind for _, kind, _ in frames]
     report: dict[str, Any] = {}
     for mode, m in out.items():
         engines = [r.source.get("engine") for r in m["results"]]
-        escapes = [i for i, (e, k) in enumerate(zip(engines, defective, strict=True)) if k is not None and e == "gate"]
+        # An escape: a defective frame answered by the gate, or the tile holding its defect answered by it.
+        escapes = [i for i, (r, (_, k, box)) in enumerate(zip(m["results"], frames, strict=True))
+                   if k is not None and (r.source.get("engine") == "gate" or _tile_answered(r, box))]
         scores = [(r.gate or {}).get("score") for r in m["results"]]
         defect_scores = [s for s, k in zip(scores, defective, strict=True) if k is not None and s is not None]
         report[mode] = {
@@ -131,9 +157,19 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None]], in
             "load_per_chunk": [round(x, 1) for x in m["loads"]],
             "by_gate": engines.count("gate"), "by_vlm": len(frames) - engines.count("gate"),
             "defective": sum(k is not None for k in defective), "escapes": len(escapes), "escaped_frames": escapes,
+            "tiles_asked": sum(1 for r in m["results"] for t in r.regions or [] if t.get("engine") != "gate"),
             "lowest_defect_score": round(min(defect_scores), 6) if defect_scores else None}
     report["skip_ok"]["gate_counts"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return report
+
+
+def _tile_answered(result: Any, box: Any) -> bool:
+    """Whether the gate answered a tile that holds the centre of the defect's box."""
+    if box is None:
+        return False
+    cx, cy = box[0] + box[2] / 2, box[1] + box[3] / 2
+    return any(t.get("engine") == "gate" and t["box"][0] <= cx < t["box"][0] + t["box"][2]
+               and t["box"][1] <= cy < t["box"][1] + t["box"][3] for t in result.regions or [])
 
 
 def _counts(daemon: Any) -> dict[str, int]:
@@ -157,10 +193,12 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=100, help="frames per turn of each mode")
     ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: every layer and the mmproj "
                     "on the GPU)")
+    ap.add_argument("--tiles", type=int, default=1, help="the camera's program cuts each frame into N tiles "
+                    "side by side, a bank section each (1: whole frames)")
     ap.add_argument("--no-evidence", action="store_true", help="evidence.enabled false in both modes")
     args = ap.parse_args()
 
-    from edge_runtime.config import CameraConfig, Config, TriggerConfig
+    from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig
     from edge_runtime.config.gate import GateConfig
 
     with tempfile.TemporaryDirectory() as tmp_s:
@@ -174,13 +212,19 @@ def main() -> None:
         still = tmp / "still.png"
         cv2.imwrite(str(still), frames[0][0])
         bank = tmp / "line.bank"
-        base = Config(device_id="gate-stream", data_dir=tmp / "fit")
+        programs = {} if args.tiles <= 1 else {"tiles": ProgramConfig.model_validate(
+            {"tiling": {"rows": 1, "cols": args.tiles, "overlap": 0}})}
+        program = "tiles" if programs else None
+        base = Config(device_id="gate-stream", data_dir=tmp / "fit", programs=programs,
+                      cameras=[CameraConfig(name="line", source=str(still), program=program)])
         base.model.warmup, base.model.gpu_layers = False, args.gpu_layers
+        fitted = fit_tiles(base, model, bank, args.train, args.holdout, args.size, tmp) if programs else \
+            fit(base, model, bank, args.train, args.holdout, args.size)
         out: dict[str, Any] = {"model": model, "frame": f"{args.size}x{args.size}",
                                "defective_share": round(1 / args.defect_every, 4), "inflight": args.inflight,
                                "audit_every": args.audit_every, "evidence": not args.no_evidence,
-                               "fit": fit(base, model, bank, args.train, args.holdout, args.size), "modes": {}}
-        cfg = Config(device_id="gate-stream", data_dir=tmp / "data")
+                               "fit": fitted, "modes": {}}
+        cfg = Config(device_id="gate-stream", data_dir=tmp / "data", programs=programs)
         cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
         cfg.evidence.enabled = not args.no_evidence
         # Both modes see the same frames: cached embeddings would spare the second mode its encodes.
@@ -188,7 +232,7 @@ def main() -> None:
         cfg.model.gpu_layers = args.gpu_layers
         gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT)
         cfg.cameras = [CameraConfig(name="line", source=str(still), trigger=TriggerConfig(mode="on_demand"),
-                                    gate=gate)]
+                                    gate=gate, program=program)]
         out["modes"] = run(cfg, model, frames, args.inflight, args.warmup, args.chunk)
     modes = out["modes"]
     out["speedup"] = round(modes["skip_ok"]["verdicts_per_s"] / modes["off"]["verdicts_per_s"], 2)
