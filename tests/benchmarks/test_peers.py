@@ -5,6 +5,9 @@ server that refuses first."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -152,3 +155,27 @@ def test_table_names_the_errors_behind_a_row_of_invalid_answers() -> None:
     table = peers.render("image", [failed], [1])
     assert ("llama-server · chat: 40 of 40 not valid; first errors: 400: Failed to initialize samplers: "
             "std::exception") in table
+
+
+def test_session_pids_include_the_children_a_server_process_starts() -> None:
+    """vLLM's engine runs in a child of the API server: its GPU memory is found through the session
+    the server was started in (start_new_session), the child's pid included."""
+    from peers_lib.servers import session_pids
+
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+                               "print(c.pid, flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    outsider = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert leader.stdout is not None
+        child = int(leader.stdout.readline())
+        found = session_pids(leader.pid)
+        assert {leader.pid, child} <= found and outsider.pid not in found
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        outsider.kill()
+        leader.wait()
+        outsider.wait()
+        assert leader.stdout is not None
+        leader.stdout.close()
