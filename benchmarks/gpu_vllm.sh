@@ -10,7 +10,8 @@
 # Phases (the machine keeps /tmp and /root between calls while it stays warm; the end of a call kills what
 # it started, except the llama.cpp build of gpu_pair.sh, which runs in its own session):
 #   pack     (CPU machine) download the wheels, install them into one folder, tar | xz -9, split into
-#            .vllm/p0 (P0_MB, small: it travels beside .device) and .vllm/p1.. (PART_MB each)
+#            .vllm/p0 (P0_MB, small: it travels beside .device) and .vllm/p1.. (PART_MB each); xz -9 of the
+#            912 MB folder took 31 minutes on the busy 2-core machine (234.8 MB: 28 + 3x58 + 22 MiB)
 #   part     copy every carried .vllm/pN to /root/vparts (one call per piece: 64 MiB a call)
 #   build    gpu_pair.sh build, the checkpoint kept (KEEP_HF) and the llama.cpp build left running (BUILD_WAIT=0)
 #   install  join /root/vparts, unpack into /tmp/vsite, `import vllm`
@@ -20,7 +21,10 @@
 #            (VLLM_BACKEND: xgrammar) at CLIENTS (default 1,4,16); JSON and tables into $OUT
 #   ours     our chat route alone on each bundle in BUNDLES (default pair3b-q8 pair3b-f16), the same client
 #   offload  benchmarks/offload_vllm.py: the device on pair3b, vLLM as the center, stopped and started again
-#   bash benchmarks/gpu_vllm.sh part build; ... part; bash benchmarks/gpu_vllm.sh part install pair; ... peers
+# Measured on the H200 (2026-12-04, docs/benchmarks.md): build 117 s (the llama.cpp build then ran on for ~5
+# minutes), pair 286 s (waiting for that build), install 19 s, vLLM's first start 150 s (65-85 s later, with
+# its compile cache), peers with vLLM alone 177 s, ours on three bundles 106 s, offload 182 s.
+#   bash benchmarks/gpu_vllm.sh part build; ... part; bash benchmarks/gpu_vllm.sh pair; ... part install peers
 set -euo pipefail
 OUT=${OUT:-$PWD/out}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -46,7 +50,7 @@ if [ "$PHASE" = pack ]; then
   tar -C "$DL/vsite" -cf - . | xz -9 -T0 > "$DL/vsite.tar.xz"
   rm -f .vllm/p*
   head -c "$(( ${P0_MB:-28} * 1048576 ))" "$DL/vsite.tar.xz" > .vllm/p0
-  tail -c +"$(( ${P0_MB:-28} * 1048576 + 1 ))" "$DL/vsite.tar.xz" | split -b "${PART_MB:-59}M" -d -a 1 - .vllm/q
+  tail -c +"$(( ${P0_MB:-28} * 1048576 + 1 ))" "$DL/vsite.tar.xz" | split -b "${PART_MB:-58}M" -d -a 1 - .vllm/q
   i=1; for f in .vllm/q*; do mv "$f" ".vllm/p$i"; i=$((i + 1)); done
   sha256sum "$DL/vsite.tar.xz" | cut -d' ' -f1 > .vllm/sha256
   ls -l .vllm
@@ -71,7 +75,8 @@ if [ "$PHASE" = install ]; then
   fi
   rm -rf "$VSITE" && mkdir -p "$VSITE"
   cat $PIECES | xz -d -T0 | tar -x -C "$VSITE"
-  PYTHONPATH=$VSITE python3 -c "import vllm, torch, transformers, xgrammar; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'xgrammar', xgrammar.__version__)" 2>&1 | tail -3 | tee "$OUT/vllm-install.txt"
+  # (xgrammar has no __version__: the versions come from the installed metadata)
+  PYTHONPATH=$VSITE python3 -c "import importlib.metadata as m, vllm; print(*(f'{p} {m.version(p)}' for p in ('vllm', 'torch', 'transformers', 'xgrammar', 'llguidance')))" 2>&1 | tail -3 | tee "$OUT/vllm-install.txt"
   echo "install $(( $(date +%s) - t0 )) s" | tee -a "$OUT/vllm-install.txt"
 fi
 if [ "$PHASE" = pair ]; then
