@@ -281,17 +281,28 @@ def main() -> None:
     report: dict[str, Any] = {"machine": cpu.describe() if cpu else "unknown", "cores": os.cpu_count(),
                               "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
+        def ran(name: str, t0: float) -> None:  # progress on stderr: a slow part shows which it is
+            print(f"programs.py: {name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+        t0 = time.perf_counter()
         if "reference" in parts:
             report["reference"] = reference_cost(args.bundle, args.frames, args.threads, Path(tmp), args.gpu_layers)
         if "api" in parts and args.requests > 0:
             report["repeated_api_image"] = repeated_image(args.bundle, args.requests, args.threads, Path(tmp),
                                                           args.gpu_layers)
+        ran("reference and api", t0)
         if "regions" in parts:
+            t0 = time.perf_counter()
             report["regions"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
+            ran("regions", t0)
         if "budgets" in parts:
+            t0 = time.perf_counter()
             report["budgets"] = budget_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
+            ran("budgets", t0)
         if "clip" in parts:
+            t0 = time.perf_counter()
             report["clip"] = clip_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
+            ran("clip", t0)
     report["load_after"] = os.getloadavg()[0]
     text = json.dumps(report, indent=2)
     print(text)
