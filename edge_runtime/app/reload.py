@@ -14,11 +14,12 @@ from edge_runtime.api import ApiServer
 from edge_runtime.app.running import Running
 from edge_runtime.capture.rig import clip_of
 from edge_runtime.config import CameraConfig, Config, load_config
-from edge_runtime.config.changes import describe_changes, programs_changed, restart_only
+from edge_runtime.config.changes import Changes, describe_changes, programs_changed, restart_only
 from edge_runtime.config.reload_guard import refusal
 from edge_runtime.core import systemd
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.delivery.mqtt.client import MqttService
+from edge_runtime.inference.anomaly.loading import CameraGate
 from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.verdicts.journal import Journal
@@ -60,20 +61,7 @@ class Reloader:
             log.info("daemon: reload requested but no config file was given; nothing to do")
             return {"applied": [], "restart_needed": []}
         systemd.notify("RELOADING=1")
-        try:
-            new = load_config(self.config_path)
-            extra = {c.name for c in self.extra_cameras}
-            why = refusal(state.file_config, new, [c.name for c in state.file_config.cameras if c.name not in extra])
-            if why:
-                raise EdgeRuntimeError(f"{self.config_path}: {why}")
-            # The gates' banks against the running model (a bank that does not fit refuses the file);
-            # a new model's are loaded with it below.
-            same_model = state.inspector is not None and new.model == state.config.model
-            gates = gates_for(state.inspector.bundle, new) if same_model and state.inspector is not None else None
-        except Exception as exc:  # noqa: BLE001 - any unreadable or weakening file: one line, keep running
-            log.error("daemon: reload refused, keeping the running config: %s", exc)
-            systemd.notify("READY=1")
-            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
+        new, gates = self._read(self.config_path)
         state.file_config = new  # what the next reload is compared with (before command-line cameras)
         if self.extra_cameras:
             names = {c.name for c in new.cameras}
@@ -82,44 +70,13 @@ class Reloader:
         changes = describe_changes(state.config, new)
         new = restart_only(state.config, new)  # settings that need a restart keep their running value
         if new.model != state.config.model or new.device_id != state.config.device_id:
-            log.info("daemon: model settings changed; loading the new model")
-            try:
-                fresh = self.load_inspector(new)
-            except EdgeRuntimeError as exc:
-                log.error("daemon: new model failed to load, keeping the old one: %s", exc)
-                new = new.model_copy(update={"model": state.config.model, "device_id": state.config.device_id})
-                # Not applied after all: the reply and the log line must not say they were.
-                changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
-            else:
-                old, state.inspector = state.inspector, fresh
-                if old is not None:
-                    old.close()  # waits for the inspection in progress (inspector lock)
+            new = self._swap_model(new, changes)
         elif state.inspector is not None and (programs_changed(state.config, new)
                                              or state.inspector.changed_references()):
-            files = state.inspector.changed_references()  # a reference file replaced under the same config
-            try:  # references through the encoder cache: unchanged ones are not encoded again
-                state.inspector.use_programs(new.programs, new.cameras, new.images)
-            except EdgeRuntimeError as exc:
-                log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
-                new = new.model_copy(update={"programs": state.config.programs})
-                changes.applied = [k for k in changes.applied if not k.startswith("programs")]
-            else:
-                changes.applied += [f for f in files if f not in changes.applied]
-        # A configured gate turned off by a new model stays visible: a health reason (degraded) until a
-        # reload loads the gates again.
-        for fault in [f for f in list(self.faults) if f.startswith(GATES_OFF)]:  # list(): other threads add
-            self.faults.discard(fault)
-        if gates is None and state.inspector is not None:
-            try:
-                gates = gates_for(state.inspector.bundle, new)
-            except EdgeRuntimeError as exc:
-                log.error("daemon: the anomaly gates do not fit the new model and are off: %s", exc)
-                self.faults.add(f"{GATES_OFF}{exc}")
-                gates = {}
-        self.gates.install(gates or {})
-        old_cams = {c.name: c for c in state.config.cameras}
+            new = self._use_programs(state.inspector, new, changes)
+        self._install_gates(new, gates)
         new_cams = {c.name: c for c in new.cameras}
-        for name, cfg in old_cams.items():
+        for name, cfg in {c.name: c for c in state.config.cameras}.items():
             if new_cams.get(name) != cfg and name in state.rigs:
                 rigs = dict(state.rigs)
                 rig = rigs.pop(name)
@@ -143,3 +100,65 @@ class Reloader:
                  ", ".join(changes.applied) or "nothing", ", ".join(changes.restart_needed) or "nothing")
         systemd.notify("READY=1")
         return {"applied": changes.applied, "restart_needed": changes.restart_needed}
+
+    def _read(self, path: Path) -> tuple[Config, dict[str, CameraGate | None] | None]:
+        """The file, refused (one line, the running config kept) when unreadable or weakening, with its
+        gates' banks loaded against the running model (a bank that does not fit refuses the file); None
+        when the model changes: a new model's gates are loaded with it."""
+        state = self.running
+        try:
+            new = load_config(path)
+            extra = {c.name for c in self.extra_cameras}
+            why = refusal(state.file_config, new, [c.name for c in state.file_config.cameras if c.name not in extra])
+            if why:
+                raise EdgeRuntimeError(f"{path}: {why}")
+            same_model = state.inspector is not None and new.model == state.config.model
+            gates = gates_for(state.inspector.bundle, new) if same_model and state.inspector is not None else None
+        except Exception as exc:  # noqa: BLE001 - any unreadable or weakening file: one line, keep running
+            log.error("daemon: reload refused, keeping the running config: %s", exc)
+            systemd.notify("READY=1")
+            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
+        return new, gates
+
+    def _swap_model(self, new: Config, changes: Changes) -> Config:
+        """Load the new model and close the old one; if it fails, keep the old model's settings."""
+        state = self.running
+        log.info("daemon: model settings changed; loading the new model")
+        try:
+            fresh = self.load_inspector(new)
+        except EdgeRuntimeError as exc:
+            log.error("daemon: new model failed to load, keeping the old one: %s", exc)
+            # Not applied after all: the reply and the log line must not say they were.
+            changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
+            return new.model_copy(update={"model": state.config.model, "device_id": state.config.device_id})
+        old, state.inspector = state.inspector, fresh
+        if old is not None:
+            old.close()  # waits for the inspection in progress (inspector lock)
+        return new
+
+    def _use_programs(self, inspector: Inspector, new: Config, changes: Changes) -> Config:
+        """Encode the programs' references again (through the encoder cache: unchanged ones are not)."""
+        files = inspector.changed_references()  # a reference file replaced under the same config
+        try:
+            inspector.use_programs(new.programs, new.cameras, new.images)
+        except EdgeRuntimeError as exc:
+            log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
+            changes.applied = [k for k in changes.applied if not k.startswith("programs")]
+            return new.model_copy(update={"programs": self.running.config.programs})
+        changes.applied += [f for f in files if f not in changes.applied]
+        return new
+
+    def _install_gates(self, new: Config, gates: dict[str, CameraGate | None] | None) -> None:
+        """The gates of `new` (loaded for a new model here). A configured gate a new model turned off stays
+        visible: a health reason (degraded) until a reload loads the gates again."""
+        for fault in [f for f in list(self.faults) if f.startswith(GATES_OFF)]:  # list(): other threads add
+            self.faults.discard(fault)
+        inspector = self.running.inspector
+        if gates is None and inspector is not None:
+            try:
+                gates = gates_for(inspector.bundle, new)
+            except EdgeRuntimeError as exc:
+                log.error("daemon: the anomaly gates do not fit the new model and are off: %s", exc)
+                self.faults.add(f"{GATES_OFF}{exc}")
+                gates = {}
+        self.gates.install(gates or {})
