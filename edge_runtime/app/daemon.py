@@ -1,4 +1,6 @@
-"""Wiring only: builds every component from the config, starts and stops them in order.
+"""The composition root: builds every component from the config, hands each its collaborators as
+constructor arguments, starts and stops them in order; the `core/device.py` roles it answers delegate
+to the part that owns the data (`StatusReport`, `Reloader`, the journal, the verdict stage).
 
 This is the one module that knows the concrete classes. Signals: SIGTERM/SIGINT stop (the
 inspection in progress finishes and is journaled), SIGHUP reloads the config file.
