@@ -9,6 +9,7 @@ encoder's time (`Inspector.encode`) and the gate's (`AnomalyGate.score`: feature
 score) at each bank size. Also per size: the memory the search holds and the time to load the bank.
 
     python benchmarks/gate.py [--model DIR] [--frames 20] [--sizes 1000,10000,100000] [--size 224]
+        [--search-threads 1,4]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def bank_of(vectors: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
 
 
 def run(model: str | None, frames: int, sizes: list[int], size: int, train: int, threads: int,
-        gpu_layers: int = 0) -> dict[str, Any]:
+        gpu_layers: int = 0, search_threads: tuple[int, ...] = (1,)) -> dict[str, Any]:
     from edge_runtime.config import Config
     from edge_runtime.inference.anomaly import AnomalyGate, gate_context, patch_features, write_bank
     from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
@@ -77,25 +78,27 @@ def run(model: str | None, frames: int, sizes: list[int], size: int, train: int,
                 t0 = time.perf_counter()
                 gates[n] = AnomalyGate.load(path, context, 8 << 30)
                 loads[n] = time.perf_counter() - t0
+        runs = [(n, t) for n in sizes for t in search_threads]  # gate.search_threads of each bank
         inspector.encode(images[0])  # the first encode allocates
         enc_ms: list[float] = []
-        gate_ms: dict[int, list[float]] = {n: [] for n in sizes}
+        gate_ms: dict[tuple[int, int], list[float]] = {r: [] for r in runs}
         for img in images:
             t0 = time.perf_counter()
             enc = inspector.encode(img)
             enc_ms.append((time.perf_counter() - t0) * 1000)
-            for n in sizes:  # right after the encode it is measured against: the same load on the machine
+            for n, t in runs:  # right after the encode it is measured against: the same load on the machine
+                gates[n].search_threads = t
                 t0 = time.perf_counter()
                 gates[n].score(enc)
-                gate_ms[n].append((time.perf_counter() - t0) * 1000)
+                gate_ms[(n, t)].append((time.perf_counter() - t0) * 1000)
         enc50 = statistics.median(enc_ms)
         out["encode_ms"] = {"p50": round(enc50, 2), "p95": pct(enc_ms, 0.95)}
         rows = []
-        for n in sizes:
-            row = {"bank_patches": n, "memory_mib": round(index_bytes(n, out["width"]) / 2**20, 1),
-                   "load_s": round(loads[n], 2), "gate_ms_p50": round(statistics.median(gate_ms[n]), 3),
-                   "gate_ms_p95": pct(gate_ms[n], 0.95),
-                   "share_of_encode": round(statistics.median(gate_ms[n]) / enc50, 4)}
+        for n, t in runs:
+            row = {"bank_patches": n, "search_threads": t, "memory_mib": round(index_bytes(n, out["width"]) / 2**20, 1),
+                   "load_s": round(loads[n], 2), "gate_ms_p50": round(statistics.median(gate_ms[(n, t)]), 3),
+                   "gate_ms_p95": pct(gate_ms[(n, t)], 0.95),
+                   "share_of_encode": round(statistics.median(gate_ms[(n, t)]) / enc50, 4)}
             rows.append(row)
         out["banks"] = rows
     finally:
@@ -111,16 +114,19 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="the parts' frame size (square)")
     ap.add_argument("--train", type=int, default=40, help="good parts encoded for the bank's vectors")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--search-threads", default="1", help="gate.search_threads to measure, comma-separated "
+                    "(each bank at each, interleaved frame by frame)")
     ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: every layer and the mmproj "
                     "on the GPU)")
     args = ap.parse_args()
     out = run(args.model, args.frames, [int(s) for s in args.sizes.split(",")], args.size, args.train, args.threads,
-              args.gpu_layers)
+              args.gpu_layers, tuple(int(t) for t in args.search_threads.split(",")))
     print(json.dumps(out, indent=2))
     print(f"\n{out['bundle']} ({out['kind']}), {out['frame']} frames, {out['patches_per_frame']} patches of "
           f"{out['width']} values; encoder p50 {out['encode_ms']['p50']} ms")
     for r in out["banks"]:
-        print(f"  bank {r['bank_patches']:>7} patches ({r['memory_mib']} MiB, load {r['load_s']} s): "
+        print(f"  bank {r['bank_patches']:>7} patches ({r['memory_mib']} MiB, load {r['load_s']} s), "
+              f"{r['search_threads']} search thread(s): "
               f"gate {r['gate_ms_p50']} ms p50 = {r['share_of_encode']:.1%} of the encoder")
 
 

@@ -144,3 +144,30 @@ def test_a_bank_fitted_at_the_bundles_budget_is_refused_for_a_program_with_its_o
                        r"in the bank, .*\{\"max\": 20, \"min\": 4\}\} now\)") as err:
         load_gates(demo_bundle, inspector.settings, [belt(gate)], programs={"belt": program})
     assert "\n" not in str(err.value)
+
+
+def test_gate_search_threads_from_the_config_is_what_the_search_runs_on(
+        inspector: Inspector, demo_bundle: Bundle, bank: Path) -> None:
+    """gate.search_threads reaches faiss on the thread that scores (the encoder's), and a gate left at the
+    default puts that thread back on one: the setting is per gate, not whatever ran last."""
+    import threading
+
+    import faiss
+
+    wide = load_gates(demo_bundle, inspector.settings,
+                      [belt(GateConfig(mode="annotate", bank=str(bank), threshold=1.0, search_threads=2))])["belt"]
+    narrow = load_gates(demo_bundle, inspector.settings,
+                        [belt(GateConfig(mode="annotate", bank=str(bank), threshold=1.0))])["belt"]
+    assert wide is not None and narrow is not None
+    enc = inspector.encode(clean_part(3))
+    seen: list[int] = []
+
+    def score() -> None:
+        for gate in (wide, narrow, wide):
+            gate.gate.score(enc)
+            seen.append(faiss.omp_get_max_threads())
+
+    worker = threading.Thread(target=score)
+    worker.start()
+    worker.join()
+    assert seen == [2, 1, 2]

@@ -50,8 +50,9 @@ class GateScore:
 class AnomalyGate:
     """A bank loaded for one encoder, budget and crop; `score` is safe from several threads."""
 
-    def __init__(self, bank: LoadedBank, context: GateContext) -> None:
+    def __init__(self, bank: LoadedBank, context: GateContext, search_threads: int = 1) -> None:
         self.header: BankHeader = bank.header
+        self.search_threads = search_threads  # gate.search_threads (inference/anomaly/search.py)
         self.path: Path = bank.path
         self.context = context
         self._index = bank.index
@@ -60,9 +61,9 @@ class AnomalyGate:
         self._weight = lay.position_weight
 
     @classmethod
-    def load(cls, path: Path | str, context: GateContext, max_bytes: int) -> AnomalyGate:
+    def load(cls, path: Path | str, context: GateContext, max_bytes: int, search_threads: int = 1) -> AnomalyGate:
         """Read and check a bank (BankError, one line, when it does not fit `context` or the bound)."""
-        return cls(read_bank(Path(path), max_bytes, context), context)
+        return cls(read_bank(Path(path), max_bytes, context), context, search_threads)
 
     @property
     def threshold(self) -> float | None:
@@ -91,6 +92,6 @@ class AnomalyGate:
                                 f"{feats.layout.grid()} x {feats.vectors.shape[1]}; the bank holds {self._grid} x "
                                 f"{lay.embed_dim}")
         t0 = time.perf_counter()
-        distances = self._index.nearest(with_positions(feats.vectors, feats.layout, self._weight))
+        distances = self._index.nearest(with_positions(feats.vectors, feats.layout, self._weight), self.search_threads)
         ms = (time.perf_counter() - t0) * 1000
         return GateScore(float(distances.max()), distances.astype(np.float32), feats.layout, ms)

@@ -94,10 +94,10 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
             if program is not None and has_regions(program):
                 # Its frames are encoded as crops, never whole: each region against its own bank section.
                 regions = load_region_gates(cfg.bank, context, program, _frame_size(cam),
-                                            int(cfg.max_bank_mb * 2**20))
+                                            int(cfg.max_bank_mb * 2**20), cfg.search_threads)
                 gate = regions[0]
             else:
-                gate = AnomalyGate.load(cfg.bank, context, int(cfg.max_bank_mb * 2**20))
+                gate = AnomalyGate.load(cfg.bank, context, int(cfg.max_bank_mb * 2**20), cfg.search_threads)
         except BankError as exc:
             raise GateLoadError(f"{why}: {exc}") from None
         except OSError as exc:

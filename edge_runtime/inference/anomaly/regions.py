@@ -53,7 +53,7 @@ class RegionGate:
 
 
 def load_region_gates(path: str, context: GateContext, program: ProgramConfig, frame: tuple[int, int] | None,
-                      max_bytes: int) -> list[AnomalyGate]:
+                      max_bytes: int, search_threads: int = 1) -> list[AnomalyGate]:
     """Each region's gate of a program's bank, checked region by region against `context` (encoder,
     budget, crop) and the boxes the program cuts from frames of size `frame` (width, height; None:
     the size the bank was fitted on). BankError (one line) when they are not the same regions."""
@@ -65,7 +65,7 @@ def load_region_gates(path: str, context: GateContext, program: ProgramConfig, f
         frame = first.part.frame
     contexts = [for_part(context, spec.name, spec.box) for spec in program_regions(program, frame)]
     banks: list[LoadedBank] = read_banks(Path(path), max_bytes, contexts)
-    return [AnomalyGate(bank, ctx) for bank, ctx in zip(banks, contexts, strict=True)]
+    return [AnomalyGate(bank, ctx, search_threads) for bank, ctx in zip(banks, contexts, strict=True)]
 
 
 def score_regions(gates: Sequence[RegionGate], enc: Encoded) -> list[GateScore]:
