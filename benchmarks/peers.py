@@ -8,15 +8,20 @@ the same client (peers_lib/client.py: honours 429 + Retry-After as the openai SD
          notes: string of at most 60}, max_tokens 96, temperature 0 (the peer gets the bundle's language GGUF)
   image  an image + the bundle's verdict schema and prompt (a GGUF + mmproj bundle for the peer);
          ours also through /api/v1/infer (the inspection path) and camera triggers (the camera path).
-         Every request carries the next of 64 distinct parts, as a camera never sends one frame twice
-         (`--same-image`: one JPEG throughout, which llama-server's prompt cache answers without
-         encoding or prefilling the image again)
+         Every request carries the next of 64 distinct parts, as a camera never sends one frame twice,
+         and request i of every route the same part i (each route its own turn through the parts; a
+         camera's image file is replaced by the next part before each trigger, CameraParts). Our encoder
+         cache is off, else a later route would find the parts an earlier one encoded
+         (`--same-image`: one JPEG throughout, on every route and camera, the encoder cache on; llama-server's
+         prompt cache then answers without encoding or prefilling the image again)
 
 Per server and route: latency p50/p95 of sequential requests (request in, schema-valid verdict out),
 time to first token (streamed), verdicts/s and tokens/s from 1/2/4/8 concurrent clients, tokens per
-verdict, the share of strict-JSON schema-valid verdicts (jsonschema; finish `stop`: the openai SDK's
-`parse()` refuses a `length` one; the JSON-valid count whatever the finish beside it), 429 retries, peak RSS (VmHWM)
-and GPU memory (nvidia-smi, when there). One table with ratios ours/peer; `--out FILE` writes JSON.
+verdict (our infer and camera results carry no count: their text re-tokenized with the bundle's vocabulary),
+the p50 of each stage of our results' `timings_ms` and what is ours outside the model (a second table),
+the share of strict-JSON schema-valid verdicts (jsonschema; finish `stop`: the openai SDK's `parse()` refuses
+a `length` one; the JSON-valid count whatever the finish beside it), 429 retries, peak RSS (VmHWM) and GPU
+memory (nvidia-smi, when there). One table with ratios ours/peer; `--out FILE` writes JSON.
 
     python benchmarks/peers.py --bundle DIR [--workload chat|image|both] [--threads 2] [--out peers.json]
     python benchmarks/peers.py --bundle DIR --no-peer       # our daemon alone (the smoke test does this)
@@ -77,6 +82,7 @@ class Route:
     schema: dict[str, Any]
     stream: Callable[[Client], Reply] | None = None  # the same request streamed, for time to first token
     base: str = ""  # the server's URL, set when it runs
+    parts: Frames | None = None  # the route's own turn through the images (run_route aligns the phases)
 
 
 @dataclass
@@ -148,6 +154,59 @@ class Frames:
             self._next += 1
             return i
 
+    def seek(self, index: int) -> None:
+        """The next take() returns `index` (modulo the count)."""
+        with self._lock:
+            self._next = index
+
+    def turn(self) -> Frames:
+        """The same images with a turn of their own: each route starts at the first part."""
+        return Frames(self.jpegs)
+
+
+class CameraParts:
+    """Camera triggers that see the parts in turn: before each trigger the camera's image file is replaced
+    by the next part and the client waits (not timed) until the camera has read it, i.e. until its
+    `captured` count (our status) is 2 past the replace: a read under way at the replace may still
+    deliver the old file, the one after it cannot."""
+
+    def __init__(self, files: list[Path], parts: Frames, timeout_s: float = 30) -> None:
+        self.files, self.parts, self.timeout_s = files, parts, timeout_s
+
+    def send(self, client: Client, index: int) -> Reply:
+        camera = index % len(self.files)
+        error = self.show(client, camera, self.parts.jpegs[self.parts.take()])
+        return Reply(0, 0.0, error=error) if error else _trigger(client, camera)
+
+    def show(self, client: Client, camera: int, jpeg: bytes) -> str | None:
+        """Put `jpeg` in front of camera `camera`; an error line when it was not read in time."""
+        path = self.files[camera]
+        staged = path.with_suffix(".next")  # not an image suffix; replaced in one step, never half written
+        staged.write_bytes(jpeg)
+        os.replace(staged, path)
+        seen = self._captured(client, camera)
+        deadline = time.monotonic() + self.timeout_s
+        while seen is not None and time.monotonic() < deadline:
+            now = self._captured(client, camera)
+            if now is not None and now >= seen + 2:
+                return None
+            time.sleep(0.01)
+        return f"camera cam{camera} did not read its next part within {self.timeout_s:.0f} s"
+
+    @staticmethod
+    def _captured(client: Client, camera: int) -> int | None:
+        reply = client.get("/api/v1/status")
+        cameras = (reply.body.get("cameras") or []) if reply.status == 200 else []
+        for cam in cameras:
+            if cam.get("name") == f"cam{camera}":
+                return int((cam.get("frames") or {}).get("captured", 0))
+        return None
+
+
+# Files a parts camera re-reads per second: it sees a replaced file within ~0.1-0.2 s (not timed), and the
+# re-reads (a 640x480 JPEG decode each) cost the timed requests little.
+PART_CAMERA_FPS = 10.0
+
 
 def chat_routes(server: str, system: str, prompt: str, schema: dict[str, Any], max_tokens: int,
                 frames: Frames | None = None) -> Route:
@@ -159,7 +218,7 @@ def chat_routes(server: str, system: str, prompt: str, schema: dict[str, Any], m
     bodies = [chat_request(system, prompt, schema, max_tokens, j) for j in frames.jpegs]
     stream_bodies = [chat_request(system, prompt, schema, max_tokens, j, stream=True) for j in frames.jpegs]
     return Route(server, "chat", lambda c, _i: c.chat(bodies[frames.take()]), schema,
-                 lambda c: c.chat(stream_bodies[frames.take()]))
+                 lambda c: c.chat(stream_bodies[frames.take()]), parts=frames)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -194,7 +253,13 @@ def run_route(route: Route, levels: list[int], requests: int, streamed: int, tim
     """Warm-up, `requests` sequential requests, `streamed` streamed ones, then each concurrency level."""
     report = RouteReport(route.server, route.name)
     client = Client(route.base, timeout_s)
+
+    def seek(index: int) -> None:  # request i of each phase carries the same part on every route
+        if route.parts is not None:
+            route.parts.seek(index)
+
     try:
+        seek(0)
         warm = route.send(client, 0)  # warm-up: the schema's grammar compiled, caches primed; not counted
         report.first_verdict_s = round(warm.latency_s, 3)  # measure() adds the start to ready
         seq = [route.send(client, 0) for _ in range(requests)]
@@ -211,6 +276,7 @@ def run_route(route: Route, levels: list[int], requests: int, streamed: int, tim
             report.ttft_ms_p50 = round(statistics.median(ttft), 1) if ttft else None
     finally:
         client.close()
+    seek(1 + requests + streamed)  # where a streamed phase ends, whether this route streamed or not
     progress(f"{route.server} {route.name}: sequential p50 {report.latency_ms.get('p50')} ms")
     for n in levels:
         report.levels[str(n)] = _concurrent(route, report, n, max(requests, n), timeout_s)
@@ -387,7 +453,7 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
     language, mmproj = bundle_files(args.bundle)
     image_tokens = (manifest.get("mtmd") or {}).get("image_max_tokens")
     frames = sample_frames(1 if args.same_image else 64)
-    jpeg_path = work / "part.jpg"  # the cameras' still frame
+    jpeg_path = work / "part.jpg"  # the cameras' still frame (--same-image)
     jpeg_path.write_bytes(frames.jpegs[0])
     image: Frames | None
     if workload == "chat":
@@ -398,16 +464,30 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
         schema = manifest["verdict_schema"]
         max_tokens, image = int((manifest.get("generation") or {}).get("max_tokens") or 160), frames
     cameras = max(args.levels) if workload == "image" and "camera" in args.routes else 0
-    ours = OurDaemon(work, args.bundle, args.threads, args.parallel, args.context, cameras=cameras, image=jpeg_path,
-                     gpu_layers=args.gpu_layers, no_repack=args.no_repack, source=args.ours_src,
-                     extra=args.ours_set)
-    our_routes = [chat_routes("edge-runtime", system, prompt, schema, max_tokens, image)]
+    # Distinct parts: one image file per camera, replaced before each trigger (CameraParts)
+    camera_files = [work / f"cam{i}.jpg" for i in range(cameras)]
+    for path in camera_files:
+        path.write_bytes(frames.jpegs[0])
+    extra: dict[str, dict[str, Any]] = {} if args.same_image else {"model": {"encoder_cache_mb": 0}}
+    for section, values in args.ours_set.items():
+        extra.setdefault(section, {}).update(values)
+    ours = OurDaemon(work, args.bundle, args.threads, args.parallel, args.context, cameras=cameras,
+                     image=jpeg_path if args.same_image else camera_files,
+                     camera_fps=None if args.same_image else PART_CAMERA_FPS,
+                     gpu_layers=args.gpu_layers, no_repack=args.no_repack, source=args.ours_src, extra=extra)
+    our_routes = [chat_routes("edge-runtime", system, prompt, schema, max_tokens, image and image.turn())]
     if workload == "image":
+        count = token_counter(language)
         if "infer" in args.routes:
-            our_routes.append(Route("edge-runtime", "infer", lambda c, _i: c.infer(frames.jpegs[frames.take()]),
+            infer_parts = frames.turn()
+            our_routes.append(Route("edge-runtime", "infer", counted(
+                lambda c, _i: c.infer(infer_parts.jpegs[infer_parts.take()]), count), schema, parts=infer_parts))
+        if cameras and args.same_image:
+            our_routes.append(Route("edge-runtime", "camera", counted(lambda c, i: _trigger(c, i % cameras), count),
                                     schema))
-        if cameras:
-            our_routes.append(Route("edge-runtime", "camera", lambda c, i: _trigger(c, i % cameras), schema))
+        elif cameras:
+            shown = CameraParts(camera_files, frames.turn())
+            our_routes.append(Route("edge-runtime", "camera", counted(shown.send, count), schema, parts=shown.parts))
     result: dict[str, Any] = {"workload": workload, "servers": {}}
     reports: list[RouteReport] = []
     if not args.no_ours:
@@ -418,7 +498,8 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
         vllm = VllmServer(work, args.vllm_model, args.parallel, args.context, pythonpath=args.vllm_pythonpath,
                           backend=args.vllm_backend, extra_args=args.vllm_args.split())
         result["servers"]["vllm"] = vllm.describe() | {"version": vllm.version()}
-        reports += measure(vllm, [chat_routes("vllm", system, prompt, schema, max_tokens, image)], args)
+        reports += measure(vllm, [chat_routes("vllm", system, prompt, schema, max_tokens, image and image.turn())],
+                           args)
     elif peer_bin is None:
         peer_note = "peer skipped (--no-peer)"
     elif workload == "image" and mmproj is None:
@@ -429,7 +510,8 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
                            chat_template=chat_template_for(manifest), gpu_layers=args.gpu_layers,
                            no_repack=args.no_repack, extra_args=args.peer_args.split())
         result["servers"]["llama-server"] = peer.describe() | {"version": peer.version()}
-        reports += measure(peer, [chat_routes("llama-server", system, prompt, schema, max_tokens, image)], args)
+        reports += measure(peer, [chat_routes("llama-server", system, prompt, schema, max_tokens,
+                                              image and image.turn())], args)
     result["peer_note"] = peer_note
     result["routes"] = [asdict(r) for r in reports]
     peer_report = next((r for r in reports if r.server in PEERS), None)
@@ -437,7 +519,7 @@ def run_workload(workload: str, args: argparse.Namespace, work: Path, peer_bin: 
                                         if r is not peer_report} if peer_report else {})
     result["request"] = chat_request(system, prompt, schema, max_tokens) | (
         {"image": f"640x480 JPEG (data URL), {len(image.jpegs)} distinct in turn"} if image else {})
-    result["table"] = render(workload, reports, args.levels)
+    result["table"] = render(workload, reports, args.levels) + "\n\n" + render_stages(reports)
     return result
 
 
@@ -451,6 +533,54 @@ def ours_settings(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, di
             ap.error(f"--ours-set {item!r}: expected SECTION.KEY=VALUE")
         out.setdefault(section, {})[name] = yaml.safe_load(value)
     return out
+
+
+def token_counter(language: Path) -> Callable[[str], int] | None:
+    """Tokens of a verdict's text in the bundle's vocabulary (our infer and camera results carry no count;
+    the stop token is not counted). None where llama.cpp cannot read the GGUF's vocabulary."""
+    try:
+        from llama_cpp import Llama
+
+        vocab = Llama(model_path=str(language), vocab_only=True, verbose=False)
+    except Exception:  # noqa: BLE001 - a count is a nicety; the benchmark runs without it
+        return None
+    lock = threading.Lock()
+
+    def count(text: str) -> int:
+        with lock:
+            return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+    return count
+
+
+def counted(send: Callable[[Client, int], Reply], count: Callable[[str], int] | None) -> Callable[[Client, int], Reply]:
+    """`send` with the reply's completion tokens counted from its text where the server gave none."""
+    def wrapped(client: Client, index: int) -> Reply:
+        reply = send(client, index)
+        if count is not None and reply.status == 200 and reply.completion_tokens is None:
+            reply.completion_tokens = count(reply.text)
+        return reply
+    return wrapped
+
+
+def render_stages(reports: list[RouteReport]) -> str:
+    """Our routes side by side: tokens per verdict, p50, each `timings_ms` stage's p50 and `outside` (the
+    latency less the result's total: queueing, journal, HTTP: ours outside the model), with ratios to chat."""
+    ours = [r for r in reports if r.server not in PEERS]
+    stages = list(dict.fromkeys(k for r in ours for k in r.stages_ms))
+    if not ours:
+        return ""
+    chat = next((r for r in ours if r.route == "chat"), None)
+    heads = ["route", "tokens/verdict", "p50 ms", *[f"{k} p50" for k in stages], "p50 / chat", "tokens / chat"]
+    lines = ["our routes: p50 of each stage of the results' timings_ms (ms; chat replies carry none); "
+             "outside = latency less total (queue, journal, HTTP: ours outside the model)", "",
+             "| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
+    for r in ours:
+        lines.append("| " + " | ".join([r.route, _fmt(r.tokens_per_verdict), _fmt(r.latency_ms.get("p50"))]
+                                       + [_fmt(r.stages_ms.get(k)) for k in stages]
+                                       + [_fmt(_ratio(r.latency_ms.get("p50"), chat and chat.latency_ms.get("p50"))),
+                                          _fmt(_ratio(r.tokens_per_verdict, chat and chat.tokens_per_verdict))])
+                     + " |")
+    return "\n".join(lines)
 
 
 def _trigger(client: Client, camera: int) -> Reply:

@@ -50,12 +50,12 @@ class Client:
             self.conn.close()
             self.conn = None
 
-    def _send(self, path: str, body: bytes, content_type: str) -> http.client.HTTPResponse:
+    def _send(self, path: str, body: bytes | None, content_type: str, method: str = "POST") -> http.client.HTTPResponse:
         for attempt in range(2):  # a keep-alive connection the server closed meanwhile: once more, fresh
             if self.conn is None:
                 self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
             try:
-                self.conn.request("POST", path, body, {"Content-Type": content_type, **self.headers})
+                self.conn.request(method, path, body, {"Content-Type": content_type, **self.headers})
                 return self.conn.getresponse()
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
                 self.close()
@@ -63,11 +63,16 @@ class Client:
                     raise
         raise AssertionError("unreachable")
 
-    def post(self, path: str, body: bytes, content_type: str = "application/json", stream: bool = False) -> Reply:
+    def get(self, path: str) -> Reply:
+        """GET `path` (e.g. our status), its JSON in `body`."""
+        return self.post(path, None, method="GET")
+
+    def post(self, path: str, body: bytes | None, content_type: str = "application/json", stream: bool = False,
+             method: str = "POST") -> Reply:
         t0 = time.perf_counter()
         retries = 0
         while True:
-            resp = self._send(path, body, content_type)
+            resp = self._send(path, body, content_type, method)
             if resp.status in RETRY_STATUSES and retries < self.max_retries:
                 delay = _retry_delay(resp, retries)
                 resp.read()

@@ -173,14 +173,17 @@ class Server:
 
 class OurDaemon(Server):
     """`edge-runtime run` on the bundle; `parallel` requests may be in flight at once (the API's
-    inference slots and the queue sized for them, parallel sequences up to it), as llama-server's -np."""
+    inference slots and the queue sized for them, parallel sequences up to it), as llama-server's -np.
+    `cameras` on-demand cameras cam0.. show `image` (one file for all, or a list: one file each, re-read
+    `camera_fps` times a second, so a file replaced between triggers is the next part)."""
 
     name = "edge-runtime"
     ready_path = "/readyz"
 
     def __init__(self, log_dir: Path, bundle: Path, threads: int, parallel: int, context: int,
-                 cameras: int = 0, image: Path | None = None, gpu_layers: int = 0,
-                 extra: dict[str, Any] | None = None, no_repack: bool = False, source: Path | None = None) -> None:
+                 cameras: int = 0, image: Path | list[Path] | None = None, gpu_layers: int = 0,
+                 extra: dict[str, Any] | None = None, no_repack: bool = False, source: Path | None = None,
+                 camera_fps: float | None = None) -> None:
         super().__init__(log_dir)
         self.no_repack = no_repack
         if source is not None:  # a source tree exported from one commit, ahead of the installed package
@@ -198,7 +201,9 @@ class OurDaemon(Server):
             "api": {"host": "127.0.0.1", "port": self.port, "threads": min(64, max(6, 2 * parallel)),
                     "request_timeout_s": 300},
             "inspection": {"queue_size": max(4, parallel), "max_batch": max(1, min(32, parallel))},
-            "cameras": [{"name": f"cam{i}", "source": str(image), "kind": "image", "trigger": {"mode": "on_demand"}}
+            "cameras": [{"name": f"cam{i}", "source": str(image[i] if isinstance(image, list) else image),
+                         "kind": "image", "trigger": {"mode": "on_demand"},
+                         **({"fps": camera_fps} if camera_fps else {})}
                         for i in range(cameras)] if image is not None else [],
         }
         for section, values in (extra or {}).items():

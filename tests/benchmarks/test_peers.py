@@ -47,10 +47,13 @@ def test_peers_measures_every_route_of_our_daemon_alone(
     chat = routes["chat"]
     assert chat["tokens_per_verdict"] > 0 and chat["ttft_ms_p50"] > 0  # usage and the streamed first delta
     assert chat["levels"]["2"]["tok_s"] > 0
-    assert routes["infer"]["tokens_per_verdict"] is None  # our Result JSON carries no token count
+    # our Result JSON carries no token count: the verdict's text re-tokenized with the bundle's vocabulary
+    assert routes["infer"]["tokens_per_verdict"] > 0 and routes["camera"]["tokens_per_verdict"] > 0
+    assert {"decode", "total", "outside"} <= set(routes["camera"]["stages_ms"]) <= set(routes["infer"]["stages_ms"])
     assert workload["peer_note"] == "peer skipped (--no-peer)" and workload["ratios_ours_over_peer"] == {}
     printed = capsys.readouterr().out
     assert "| edge-runtime · camera |" in printed and "6/6" in printed
+    assert "| camera |" in printed and "outside p50" in printed  # the stage table, a row per route
 
 
 def test_table_puts_ours_over_peer_in_ratio_rows() -> None:
@@ -179,3 +182,24 @@ def test_session_pids_include_the_children_a_server_process_starts() -> None:
         outsider.wait()
         assert leader.stdout is not None
         leader.stdout.close()
+
+
+def test_request_i_of_every_route_carries_part_i_whether_or_not_the_route_streams() -> None:
+    frames = peers.sample_frames(64)
+    sent: dict[str, list[int]] = {}
+
+    def route(name: str, streams: bool) -> peers.Route:
+        parts = frames.turn()
+        sent[name] = []
+
+        def send(_client: object, _index: int) -> object:
+            sent[name].append(parts.take())
+            return peers.Reply(200, 0.01, text="{}", finish_reason="stop")
+        stream = (lambda c: send(c, 0)) if streams else None
+        return peers.Route("edge-runtime", name, send, {}, stream, "http://127.0.0.1:9", parts)  # type: ignore[arg-type]
+
+    for r in (route("chat", True), route("camera", False)):
+        peers.run_route(r, [1, 2], requests=3, streamed=2, timeout_s=5, progress=lambda _m: None)
+    # warm-up part 0, sequential 1-3, chat's streamed 4-5, then both levels from part 6 on every route
+    assert sent["chat"] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert sent["camera"] == [0, 1, 2, 3, 6, 7, 8, 9, 10, 11]
