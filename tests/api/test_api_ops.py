@@ -51,7 +51,7 @@ def test_readiness_is_200_while_degraded_and_503_only_when_results_cannot_be_jou
         monkeypatch.undo()
         # The line's job store is the journal of line jobs: while it cannot write, the device is unready.
         writer = SimpleNamespace(fault=lambda: "the line job writer restarted 1 time(s), last 3 s ago: OSError")
-        monkeypatch.setattr(daemon, "line_io", SimpleNamespace(jobs=writer))
+        monkeypatch.setattr(daemon.report, "line_io", SimpleNamespace(jobs=writer))  # what readiness reads
         unready = client.get("/readyz")
         assert unready.status_code == 503 and json_of(unready)["ready"] is False
         assert "line_io: job store: the line job writer restarted 1 time(s)" in " ".join(json_of(unready)["reasons"])

@@ -196,7 +196,7 @@ def test_request_i_of_every_route_carries_part_i_whether_or_not_the_route_stream
             sent[name].append(parts.take())
             return peers.Reply(200, 0.01, text="{}", finish_reason="stop")
         stream = (lambda c: send(c, 0)) if streams else None
-        return peers.Route("edge-runtime", name, send, {}, stream, "http://127.0.0.1:9", parts)  # type: ignore[arg-type]
+        return peers.Route("edge-runtime", name, send, {}, stream, "http://127.0.0.1:9", parts)
 
     for r in (route("chat", True), route("camera", False)):
         peers.run_route(r, [1, 2], requests=3, streamed=2, timeout_s=5, progress=lambda _m: None)
