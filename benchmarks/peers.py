@@ -539,16 +539,16 @@ def token_counter(language: Path) -> Callable[[str], int] | None:
     """Tokens of a verdict's text in the bundle's vocabulary (our infer and camera results carry no count;
     the stop token is not counted). None where llama.cpp cannot read the GGUF's vocabulary."""
     try:
-        from llama_cpp import Llama
+        from edge_runtime.inference.llm.handles import Model
 
-        vocab = Llama(model_path=str(language), vocab_only=True, verbose=False)
+        model = Model(str(language), vocab_only=True)  # the process's lifetime: the count is used to its end
     except Exception:  # noqa: BLE001 - a count is a nicety; the benchmark runs without it
         return None
     lock = threading.Lock()
 
     def count(text: str) -> int:
         with lock:
-            return len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+            return len(model.vocab.tokenize(text.encode()))
     return count
 
 

@@ -131,6 +131,17 @@ class Vocab:
             n = self.token_to_piece(token, buf, special)
         return buf.raw[:n]
 
+    def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """The tokens of `text` (the array grown once when llama_tokenize says it needs more)."""
+        size = len(text) + 8
+        for _ in range(2):
+            tokens = (llama_cpp.llama_token * size)()
+            n = int(llama_cpp.llama_tokenize(self.ptr, text, len(text), tokens, size, add_special, parse_special))
+            if n >= 0:
+                return list(tokens[:n])
+            size = -n
+        raise InferenceError(f"llama_tokenize wanted {size} tokens for {len(text)} bytes")
+
     def longest_piece(self) -> int:
         """The byte length of the longest token, rendered with its special text (at least 1)."""
         ptr, to_piece, probe = self.ptr, llama_cpp.llama_token_to_piece, ctypes.create_string_buffer(256)
