@@ -27,6 +27,7 @@ from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.mtmd import MediaEmbeds
 from edge_runtime.inference.programs import check_bundle_programs
 from tests.support.images import encode
+from tests.support.mtmd_reference import helper_logits
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 
 TOLERANCE = 1e-5
@@ -51,19 +52,6 @@ def ins(tiny_pairs: Callable[[str], TinyPair], tmp_path_factory: pytest.TempPath
     inspector.use_programs({"cap": ProgramConfig(clip=CLIP)}, CAMERAS, ImageLimits())
     yield inspector
     inspector.close()
-
-
-def helper_logits(ins: Inspector, images: list[np.ndarray], question: str) -> np.ndarray:
-    """libmtmd's own path on the whole prompt: one media marker per frame at the image slot, in order."""
-    assert ins.mtmd is not None
-    p = ins.bundle.manifest.prompt
-    text = p.template.format(system=p.system, image=ins.mtmd.marker * len(images), prompt=question)
-    lm = ins.language
-    lm.forget_prefix(clear=True)
-    with ins.mtmd.tokenize(text, [img[:, :, ::-1].copy() for img in images], add_special=True) as chunks:
-        ins.mtmd.eval_chunks(lm.ctx, chunks, 0, 0, lm.n_batch)
-    lm.forget_prefix(clear=True)
-    return lm.ctx.logits_ith(-1).copy()
 
 
 def test_a_clips_prompt_holds_its_frames_images_oldest_first(ins: Inspector) -> None:

@@ -20,6 +20,7 @@ from edge_runtime.core.errors import InputError
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart
 from edge_runtime.inference.llm.mtmd import MediaEmbeds
+from tests.support.mtmd_reference import helper_logits
 from tests.support.tiny_pairs import FAMILIES, TinyPair, write_pair_bundle
 
 PROMPT = "Compare the two parts. Answer in JSON."
@@ -42,19 +43,6 @@ def pair_inspector(request: pytest.FixtureRequest, tiny_pairs: Callable[[str], T
     ins = make_inspector(tiny_pairs(request.param), tmp_path_factory.mktemp("pair") / request.param)
     yield ins
     ins.close()
-
-
-def helper_logits(ins: Inspector, images: list[np.ndarray]) -> np.ndarray:
-    """libmtmd's own path: the whole prompt, one marker per image, through mtmd_helper_eval_chunks."""
-    assert ins.mtmd is not None
-    p = ins.bundle.manifest.prompt
-    text = p.template.format(system=p.system, image=ins.mtmd.marker * len(images), prompt=PROMPT)
-    lm = ins.language
-    lm.forget_prefix(clear=True)
-    with ins.mtmd.tokenize(text, [img[:, :, ::-1].copy() for img in images], add_special=True) as chunks:
-        ins.mtmd.eval_chunks(lm.ctx, chunks, 0, 0, lm.n_batch)
-    lm.forget_prefix(clear=True)
-    return lm.ctx.logits_ith(-1).copy()
 
 
 def shift_first_image(image: ImagePart) -> ImagePart:
@@ -82,7 +70,7 @@ def our_logits(ins: Inspector, images: list[np.ndarray], mutate: bool = False) -
 
 def test_two_image_logits_equal_the_mtmd_helper(pair_inspector: Inspector) -> None:
     images = frames(2, seed=21)
-    ours, ref = our_logits(pair_inspector, images), helper_logits(pair_inspector, images)
+    ours, ref = our_logits(pair_inspector, images), helper_logits(pair_inspector, images, PROMPT)
     assert ref.std() > 0.5  # random weights that spread the logits: the tolerance means something
     assert np.abs(ours - ref).max() <= TOLERANCE
     # Both images count: the same prompt with the second image replaced gives other logits.
@@ -95,7 +83,7 @@ def test_shifting_the_first_images_positions_fails_the_equality(family: str, tin
                                                                 tmp_path: Path) -> None:
     with make_inspector(tiny_pairs(family), tmp_path / family) as ins:
         images = frames(2, seed=23)
-        ref = helper_logits(ins, images)
+        ref = helper_logits(ins, images, PROMPT)
         assert np.abs(our_logits(ins, images) - ref).max() <= TOLERANCE
         assert np.abs(our_logits(ins, images, mutate=True) - ref).max() > 100 * TOLERANCE
 
@@ -105,7 +93,7 @@ def test_three_images_and_a_repeated_one_agree_too(pair_inspector: Inspector) ->
     the layout still gives each its own positions)."""
     a, b = frames(2, seed=24)
     images = [a, b, a]
-    assert np.abs(our_logits(pair_inspector, images) - helper_logits(pair_inspector, images)).max() <= TOLERANCE
+    assert np.abs(our_logits(pair_inspector, images) - helper_logits(pair_inspector, images, PROMPT)).max() <= TOLERANCE
 
 
 def test_an_onnx_bundle_refuses_several_images_in_one_line(inspector: Inspector) -> None:
