@@ -133,7 +133,8 @@ def modbus(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         out = subprocess.run([node, str(ROOT / "tests/lineio/modbus_plc.js"), str(port),
                               *[f"handshake:B{i}" for i in range(args.jobs)]], capture_output=True, text=True,
                              timeout=60 + 30 * args.jobs,
-                             env={"NODE_PATH": str(npm_package(MODBUS_SERIAL)), "PATH": "/usr/bin:/bin"})
+                             env={"NODE_PATH": str(npm_package(MODBUS_SERIAL)), "PATH": "/usr/bin:/bin",
+                                  "RESULT_WAIT_MS": "60000"})  # the station's result_deadline_ms
         rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
         assert rows and all("ms_result" in r for r in rows), (rows, out.stderr)
         return summary("modbus", args, [r["ms_acquired"] for r in rows], [r["ms_result"] for r in rows])
