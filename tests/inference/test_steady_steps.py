@@ -30,16 +30,25 @@ def _serve(bundle: Bundle, config: Config, steady: bool) -> tuple[list[Generatio
     with Inspector(bundle, settings, config.device_id) as ins:
         prompts = [Prompt(*ins.sequence(ins.default_prompt, ins.encode(f)), ins.grammar, ins.max_tokens, tag=i)
                    for i, f in enumerate(FRAMES)]
-        feed, steps = ins.language.feed, []
-        decode = feed.decode
+        feed, steps, parallel = ins.language.feed, [], ins.language.parallel
+        decode, prefill_all = feed.decode, parallel._prefill_all
+        prefilling = [False]
 
         def recorded(ctx: Any, batch: Any) -> None:
             n = batch.n_tokens
-            steps.append({"rows": [batch.seq_id[i][0] for i in range(n)],
+            steps.append({"rows": [batch.seq_id[i][0] for i in range(n)], "prefill": prefilling[0],
                           "logits": [batch.logits[i] for i in range(n)], "tokens": bool(batch.token)})
             decode(ctx, batch)
 
+        def marked(seqs: Any) -> None:  # the starting sequences' prefill decodes several sequences too
+            prefilling[0] = True
+            try:
+                prefill_all(seqs)
+            finally:
+                prefilling[0] = False
+
         feed.decode = recorded  # type: ignore[method-assign]
+        parallel._prefill_all = marked  # type: ignore[method-assign]
         done: dict[int, Generation | Exception] = {}
         ins.language.serve(prompts, lambda p, g: done.__setitem__(p.tag, g), None)
     gens = [done[i] for i in range(len(FRAMES))]
@@ -53,8 +62,8 @@ def served(demo_bundle: Bundle, config: Config) -> Served:
 
 
 def _batched(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The generation steps of more than one sequence (not a prefill, which has one sequence)."""
-    return [s for s in steps if s["tokens"] and len(set(s["rows"])) > 1]
+    """The generation steps of more than one sequence (not the prefill)."""
+    return [s for s in steps if s["tokens"] and not s["prefill"] and len(set(s["rows"])) > 1]
 
 
 def test_a_steady_step_has_one_token_and_one_logit_row_per_sequence(served: Served) -> None:

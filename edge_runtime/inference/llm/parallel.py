@@ -42,6 +42,7 @@ from edge_runtime.inference.llm.feed import Head, Prefix, head_cells, image_segm
 from edge_runtime.inference.llm.handles import Context
 from edge_runtime.inference.llm.parallel_context import ParallelHost, parallel_context
 from edge_runtime.inference.llm.picker import TokenPicker
+from edge_runtime.inference.llm.prefill import prefill_together
 from edge_runtime.inference.llm.sequence import Admit, Finished, Item, Prompt, Running
 from edge_runtime.inference.llm.speculate import speculate
 
@@ -143,49 +144,18 @@ class ParallelSequences:
         return left
 
     def _prefill_all(self, seqs: list[Running]) -> None:
-        """Prefill the sequences that start together. Text-only prompts (chats: their prefix is kept,
-        only the question is new) share llama_decode calls of up to n_batch tokens, as many chats
-        joining at once would otherwise cost one decode each; a prompt with an image is fed alone."""
-        n_batch = self.lm.n_batch
-        group: list[Running] = []
+        """Prefill the sequences that start together: their prefixes placed (kept, copied or decoded),
+        then the rest of every prompt, images and text, in as few decodes as n_batch allows (prefill.py):
+        a frame's regions prefill their images in one decode, not one after the other."""
         for seq in seqs:
             seq.reused = self._place_prefix(seq.slot, seq.prompt.prefix)
-            if image_segments(seq.prompt.image) or len(seq.prompt.suffix) > n_batch:
-                self._prefill(seq)
-                continue
-            if sum(len(s.prompt.suffix) for s in group) + len(seq.prompt.suffix) > n_batch:
-                self._prefill_tokens(group)
-                group = []
-            group.append(seq)
-        if group:
-            self._prefill_tokens(group)
-
-    def _prefill(self, seq: Running) -> None:
-        feed, ctx, prompt = self.lm.feed, self._live_ctx, seq.prompt
-        pos = feed.segments(ctx, image_segments(prompt.image), len(prompt.prefix),
-                            want_last_logits=not prompt.suffix, seq=seq.slot)
-        seq.pos = seq.prompt_tokens = feed.token_ids(ctx, prompt.suffix, pos, want_last_logits=True, seq=seq.slot)
-        self._first_pick(seq, -1)
-
-    def _prefill_tokens(self, group: list[Running]) -> None:
-        """The suffixes of several text-only prompts (at most n_batch tokens together) in one decode."""
-        batch = self.lm.feed.tokens.struct
-        i, rows = 0, []
-        for seq in group:
-            pos = len(seq.prompt.prefix)
-            for k, tok in enumerate(seq.prompt.suffix):
-                batch.token[i] = tok
-                batch.pos[i] = pos + k
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq.slot
-                batch.logits[i] = int(k == len(seq.prompt.suffix) - 1)
-                i += 1
-            rows.append(i - 1)
-            seq.pos = seq.prompt_tokens = pos + len(seq.prompt.suffix)
-        batch.n_tokens = i
-        self.lm.feed.decode(self._live_ctx, batch)
-        for seq, row in zip(group, rows, strict=True):
-            self._first_pick(seq, row)
+        seqs = sorted(seqs, key=lambda seq: seq.slot)  # increasing sequence ids: one graph a batch
+        ends = prefill_together(self.lm.feed, self._live_ctx,
+                                [(seq.slot, len(seq.prompt.prefix), [*image_segments(seq.prompt.image),
+                                                                     seq.prompt.suffix]) for seq in seqs],
+                                lambda i, row: self._first_pick(seqs[i], row))
+        for seq, end in zip(seqs, ends, strict=True):
+            seq.pos = seq.prompt_tokens = end
 
     def _first_pick(self, seq: Running, row: int) -> None:
         feed = self.lm.feed
@@ -315,11 +285,14 @@ class ParallelSequences:
             self._pool = ThreadPoolExecutor(max_workers=max(2, min(8, self.lm.threads)), thread_name_prefix="sampler")
         return list(self._pool.map(pick, range(len(stepping))))
 
-    def prompt_logits(self, items: Sequence[Item], copy_prefix: bool = True) -> list[np.ndarray]:
+    def prompt_logits(self, items: Sequence[Item], copy_prefix: bool = True, together: bool = False
+                      ) -> list[np.ndarray]:
         """The logits after each prompt, each prefilled alone into this context (copies): with
         `copy_prefix` the prefix is decoded once into sequence 0 and copied to the others, as
         `serve` does; without it every sequence decodes its own prefix. A difference from the
-        one-at-a-time context here comes from the context (unified KV, shared-prefix copy, size)."""
+        one-at-a-time context here comes from the context (unified KV, shared-prefix copy, size).
+        With `together` the prompts after their prefixes are prefilled together, as `serve` starts
+        sequences (prefill.py)."""
         feed = self.lm.feed
         own = [head_cells(pre) + sum(len(s) for s in image_segments(im)) + len(sf) + 1 for pre, im, sf in items]
         ctx = self._context(len(items), max(own))
@@ -328,7 +301,17 @@ class ParallelSequences:
             feed.head(ctx, items[0][0], seq=0)
             for seq in range(1, len(items)):
                 ctx.memory_seq_cp(0, seq)
-        logits = []
+        logits: list[np.ndarray] = []
+        if together:
+            if not copy_prefix:
+                for seq, (prefix, _, _) in enumerate(items):
+                    feed.head(ctx, prefix, seq=seq)
+            got: dict[int, np.ndarray] = {}
+            prefill_together(feed, ctx, [(seq, len(pre), [*image_segments(im), sf])
+                                         for seq, (pre, im, sf) in enumerate(items)],
+                             lambda i, row: got.__setitem__(i, ctx.logits_ith(row).copy()))
+            self._forget()
+            return [got[i] for i in range(len(items))]
         for seq, (prefix, image, suffix) in enumerate(items):
             if not copy_prefix:
                 feed.head(ctx, prefix, seq=seq)
