@@ -94,10 +94,11 @@ class Daemon:
         # Evidence, rules, alerts, webhooks and reviews around the journal (verdicts/stage.py).
         mqtt_wake = threading.Event()  # alerts and reviews committed: the MQTT service sends them
         self.messages = MessageOutbox(config.journal_path(), wake=mqtt_wake.set)
+        # Rules' webhooks: staged by the verdict stage in the result's transaction, sent by this sink.
+        self.webhooks = WebhookOutbox(config.journal_path(),
+                                      headers_for=lambda source: webhook_headers(self.config.rules, source))
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
-                                        self.faults, self._current_inspector,
-                                        webhooks=WebhookOutbox(config.journal_path(), headers_for=lambda source:
-                                                               webhook_headers(self.config.rules, source)),
+                                        self.faults, self._current_inspector, webhooks=self.webhooks,
                                         messages=self.messages, keep_undelivered=config.mqtt.enabled,
                                         budget=config.rules_budget, evidence_overlay=self.gates.overlay,
                                         gate=lambda: self.gate.decision())  # re-asks wait out a throttled governor
@@ -116,15 +117,17 @@ class Daemon:
         # The line's stations and their OPC UA/Modbus/... servers (lineio/service.py), when configured.
         self.line_io = LineIO(self, config.line_io) if config.line_io is not None and config.line_io.stations else None
         # Every consumer of a committed verdict (core/sink.py), in one list.
-        self.sinks += [sink for sink in (self.mqtt, self.api, self.line_io) if sink is not None]
+        self.sinks += [sink for sink in (self.webhooks, self.mqtt, self.api, self.line_io) if sink is not None]
         # Started after the model in this order, stopped in reverse: the governor first (cameras start
         # behind its gate); offload stops before the API, MQTT and the verdict stage (its queued frames are
-        # counted drops).
+        # counted drops); the verdict stage, stopped last, closes the outboxes it stages into.
         self.services: list[Service] = [service for service in (
-            self.governor, self.verdicts, self.mqtt, self.api, self.offload, self.line_io) if service is not None]
+            self.governor, self.verdicts, self.webhooks, self.mqtt, self.api, self.offload, self.line_io)
+            if service is not None]
         self.report = StatusReport(self.running, started=self.started, faults=self.faults,
                                    inspections=self.inspections, journal=self.journal, worker=self.worker,
-                                   pipeline=self.pipeline, verdicts=self.verdicts, gate=self.gate, mqtt=self.mqtt,
+                                   pipeline=self.pipeline, verdicts=self.verdicts, webhooks=self.webhooks,
+                                   gate=self.gate, mqtt=self.mqtt,
                                    offload=self.offload, line_io=self.line_io)
         self.reloader = Reloader(self.running, config_path, extra_cameras=self.extra_cameras, journal=self.journal,
                                  verdicts=self.verdicts, gates=self.gates, faults=self.faults, api=self.api,
@@ -315,7 +318,7 @@ class Daemon:
         return future
 
     def verdict_status(self) -> dict[str, Any] | None:
-        return self.verdicts.status()
+        return self.report.verdict_status()
 
     def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
         return self.verdicts.evidence_file(result_id, thumbnail)

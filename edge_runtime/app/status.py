@@ -14,6 +14,7 @@ from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import InspectionQueue
 from edge_runtime.core.supervise import SupervisedThread
 from edge_runtime.delivery.mqtt.client import MqttService
+from edge_runtime.delivery.webhooks import WebhookOutbox
 from edge_runtime.fleet.offload.router import Offloader
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.lineio.service import LineIO
@@ -27,7 +28,8 @@ class StatusReport:
 
     def __init__(self, running: Running, *, started: float, faults: set[str], inspections: InspectionQueue,
                  journal: Journal, worker: InspectionWorker, pipeline: VerdictPipeline, verdicts: VerdictServices,
-                 gate: Gate, mqtt: MqttService | None, offload: Offloader | None, line_io: LineIO | None) -> None:
+                 webhooks: WebhookOutbox, gate: Gate, mqtt: MqttService | None, offload: Offloader | None,
+                 line_io: LineIO | None) -> None:
         self.running = running
         self.started = started
         self.faults = faults  # shared with the daemon's parts, which add and discard their own reasons
@@ -36,6 +38,7 @@ class StatusReport:
         self.worker = worker
         self.pipeline = pipeline
         self.verdicts = verdicts
+        self.webhooks = webhooks
         self.gate = gate
         self.mqtt = mqtt
         self.offload = offload
@@ -67,9 +70,7 @@ class StatusReport:
         reasons = sorted(self.faults)
         if model_ready and not alive:
             reasons.insert(0, "inspection stalled (the worker has not turned for 60 s)")
-        reasons += [f"webhooks blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}"
-                    for blocked in [self.verdicts.webhooks.blocked()] if blocked]
-        reasons += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]
+        reasons += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]  # the sinks
         if store_fault and not any(r.startswith("line_io: ") for r in reasons):  # the sink names it first
             reasons.append(f"line_io: job store: {store_fault}")
         ready = model_ready and alive and can_journal
@@ -120,8 +121,12 @@ class StatusReport:
             "offload": self.offload.status() if self.offload else {"enabled": False},
             "line_io": self.line_io.status() if self.line_io else {"enabled": False},
             "gate": self.worker.gates.status() if self.worker.gates else {},  # per gated camera
-            **self.verdicts.status(),  # evidence, rules (firings per rule), webhooks, reviews
+            **self.verdict_status(),
         }
+
+    def verdict_status(self) -> dict[str, Any]:
+        """Evidence, rules (firings per rule), webhooks and reviews: the page's and /metrics' share."""
+        return {**self.verdicts.status(), "webhooks": self.webhooks.status()}
 
     def telemetry(self) -> dict[str, Any]:
         """The periodic health message: camera states and rates, throughput, backlog, governor."""

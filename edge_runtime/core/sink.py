@@ -1,9 +1,11 @@
 """The one interface for everything that consumes a journaled verdict.
 
-MQTT, the API's event stream and metrics and the line I/O stations are sinks; the daemon holds them as
-one list (Frigate's `Communicator` and its `comms: list[...]` are the model). Webhooks are a rule's
-action, staged in the journal's transaction (`verdicts/stage.py`), and offload's second opinions hang
-on the local inspection (`capture/scheduler.py`): neither is a sink yet.
+The webhook outbox, MQTT, the API's event stream and metrics and the line I/O stations are sinks; the
+daemon holds them as one list, `app/daemon.py:Daemon.sinks` (Frigate's `Communicator` and its
+`comms: list[...]` are the model). A sink whose messages must be as durable as the verdict (a rule's
+webhook) has them staged in the journal's transaction by the verdict stage (the outbox pattern,
+`verdicts/stage.py`) and only delivers them: its `notify` is the wake-up after the commit. Offload's
+second opinions still hang on the local inspection (`capture/scheduler.py`).
 A sink is told about a result only after the result is committed to the journal, so a sink that
 falls behind or fails never loses a verdict: it catches up from the journal or its own queue.
 """

@@ -13,6 +13,11 @@ overall deadline over name lookup, connect, TLS, send, headers and body, so a re
 byte every few seconds costs one sender for `timeout_s`, never the other destinations.
 Before a POST its row's `next_try` is pushed past the deadline, so after a crash mid-POST the row is
 not tried first, ahead of other destinations' due rows.
+
+The outbox is the daemon's webhook `Sink` (core/sink.py): the verdict stage stages a fired rule's
+POSTs in the journal's transaction of the result (`stage(..., result_id=)`: the outbox pattern, as
+MQTT's alerts), and `notify(result)`, called once that transaction committed, counts what the bound
+dropped for it and wakes the senders. `health()` names the destinations that are blocked.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from edge_runtime.core import http
+from edge_runtime.core.result import Result
+from edge_runtime.core.sink import SinkHealth
 from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
@@ -85,7 +92,9 @@ class _Dest:
 
 
 class WebhookOutbox:
-    """Queue with `put`, deliver from background threads (`start`/`stop`)."""
+    """Queue with `put` (or `stage` in a caller's transaction), deliver from background threads; a `Sink`."""
+
+    name = "webhooks"
 
     def __init__(self, db_path: Path, max_rows: int = 10_000, backoff_min_s: float = 1.0,
                  backoff_max_s: float = 300.0, senders: int = SENDERS,
@@ -110,6 +119,11 @@ class WebhookOutbox:
         self._busy: set[str] = set()  # destinations with a POST in flight
         self._rr = 0  # round-robin cursor over destinations
         self._logged: dict[str, tuple[str | None, float]] = {}
+        # (result id, rows staged, oldest rows dropped) of the journal transaction in progress: applied by
+        # `notify` once it committed; replaced, not added to, by the next result (a transaction that never
+        # committed is forgotten, so this stays one entry).
+        self._staging: tuple[str, int, int] = ("", 0, 0)
+        self._staging_lock = threading.Lock()
 
     def put(self, url: str, body: dict[str, Any], key: str, source: str = "", timeout_s: float = 5.0) -> None:
         with self._lock, self._db:
@@ -118,18 +132,24 @@ class WebhookOutbox:
         self.queued(over)
 
     def stage(self, db: sqlite3.Connection, url: str, body: dict[str, Any], key: str, source: str = "",
-              timeout_s: float = 5.0) -> int:
+              timeout_s: float = 5.0, *, result_id: str | None = None) -> int:
         """Insert one delivery on `db` (the caller's transaction, e.g. the journal's); returns how many
-        of the oldest rows were dropped to stay bounded. The caller calls `queued(dropped)` after its
-        commit. Raises ValueError for an oversized body before touching the database."""
+        of the oldest rows were dropped to stay bounded. After the commit: `notify(result)` for the
+        result `result_id` names (the verdict stage's rows), else the caller's `queued(dropped)`.
+        Raises ValueError for an oversized body before touching the database."""
         text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
         if len(text) > MAX_BODY:
             raise ValueError(f"webhook body is larger than {MAX_BODY} bytes")
         now = time.time()
         db.execute("INSERT INTO webhook_outbox (url, source, body, key, timeout_s, created, next_try) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?)", (url, source, text, key, timeout_s, now, now))
-        return int(db.execute("DELETE FROM webhook_outbox WHERE seq <= (SELECT seq FROM webhook_outbox "
-                              "ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount)
+        dropped = int(db.execute("DELETE FROM webhook_outbox WHERE seq <= (SELECT seq FROM webhook_outbox "
+                                 "ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount)
+        if result_id is not None:
+            with self._staging_lock:
+                rid, rows, over = self._staging if self._staging[0] == result_id else (result_id, 0, 0)
+                self._staging = (rid, rows + 1, over + dropped)
+        return dropped
 
     def queued(self, dropped: int = 0) -> None:
         """After a commit that staged deliveries: count what the bound dropped and wake the senders."""
@@ -142,6 +162,25 @@ class WebhookOutbox:
                 self._drop_logged_at = now
         self._wake.set()
 
+    # ---- the Sink (core/sink.py) ----------------------------------------------------------------------
+
+    def notify(self, result: Result) -> None:
+        """`result` is committed: so are the POSTs staged with its id. Count what the bound dropped for
+        them and wake the senders; never blocks (no query, no network)."""
+        with self._staging_lock:
+            rid, rows, dropped = self._staging
+            if rid != result.id or rows == 0:
+                return  # no rule with a webhook fired on it
+            self._staging = ("", 0, 0)
+        self.queued(dropped)
+
+    def health(self) -> SinkHealth:
+        """Not ok while a destination keeps failing or a POST hangs (`blocked`); cheap (no query)."""
+        blocked = self.blocked()
+        detail = f"blocked: {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''}" if blocked else ""
+        return SinkHealth(not blocked, detail, {"delivered": self.delivered, "dropped": self.dropped,
+                                                "attempts_failed": self.attempts_failed})
+
     # ---- delivery ----------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -152,6 +191,7 @@ class WebhookOutbox:
             t.start()
 
     def stop(self) -> None:
+        """Stop the senders (tolerates a never-started outbox); the rows stay for the next start."""
         self._stop.set()
         self._wake.set()
         for t in self._threads:  # a POST in flight ends by its own deadline; its row stays for the restart

@@ -3,8 +3,9 @@
 `before_journal` runs on the inspection worker between the verdict and its journal row, so the row
 (and every MQTT/REST copy of it) already carries `evidence`, `rules` and a pending `review`.
 `in_journal` stages the side effects of fired rules (MQTT alerts, webhooks, review marks) on the
-journal's connection, inside the transaction of the result row: all are durable or none is.
-`after_journal` wakes the MQTT outbox and the webhook sender once that transaction committed.
+journal's connection, inside the transaction of the result row: all are durable or none is (the
+outbox pattern). `after_journal` wakes the MQTT outbox once that transaction committed; the webhook
+outbox is a sink of its own (`delivery/webhooks.py`), told of the committed result by the pipeline.
 """
 
 from __future__ import annotations
@@ -54,27 +55,18 @@ class _Staged:
     """What one journal transaction queued, applied (counters, wake-ups) only after its commit."""
 
     messages: int = 0
-    webhooks: int = 0
-    dropped: int = 0
     errors: int = 0
 
 
 class WebhookQueue(Protocol):
     """The webhook outbox as the verdict stage stages into it (`delivery/webhooks.WebhookOutbox`): rows
-    on the journal's transaction, a wake-up after its commit."""
+    on the journal's transaction, tagged with the result's id. The outbox is a sink: the pipeline tells
+    it of the committed result (its wake-up); like the MQTT outbox, the stage closes it when it stops."""
 
     def stage(self, db: sqlite3.Connection, url: str, body: dict[str, Any], key: str, source: str = "",
-              timeout_s: float = 5.0) -> int: ...
-
-    def queued(self, dropped: int = 0) -> None: ...
-
-    def start(self) -> None: ...
+              timeout_s: float = 5.0, *, result_id: str | None = None) -> int: ...
 
     def close(self) -> None: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-    def blocked(self) -> list[str]: ...  # destinations that keep failing (/readyz's degraded reasons)
 
 
 class Reasker(Protocol):
@@ -84,7 +76,7 @@ class Reasker(Protocol):
 
 
 class VerdictServices:
-    """Evidence store, rule engine, MQTT message outbox, webhook outbox and reviews, wired together."""
+    """Evidence store, rule engine, reviews, and the outboxes (MQTT messages, webhooks) it stages into."""
 
     def __init__(self, evidence: EvidenceConfig, rules: list[Rule], data_dir: Path, db_path: Path,
                  faults: set[str], get_inspector: Callable[[], Reasker | None], *, webhooks: WebhookQueue,
@@ -126,7 +118,6 @@ class VerdictServices:
     # ---- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.webhooks.start()
         if self.evidence is not None:
             self.evidence.apply_retention()
 
@@ -211,7 +202,8 @@ class VerdictServices:
                 self._staged = (result.id, staged)
 
     def after_journal(self, result: Result) -> None:
-        """The result and its side effects are committed: wake the MQTT outbox and the webhook sender."""
+        """The result and its side effects are committed: wake the MQTT outbox (the webhook outbox
+        hears of it as a sink, verdicts/pipeline.py), apply retention now and then."""
         with self._lock:
             self._fired.pop(result.id, None)
             staged_id, staged = self._staged
@@ -220,8 +212,6 @@ class VerdictServices:
             self.action_errors += staged.errors
             if staged.messages:
                 self.messages.notify()
-            if staged.webhooks:
-                self.webhooks.queued(staged.dropped)
         if time.monotonic() - self._retention_at > RETENTION_EVERY_S:
             self._retention_at = time.monotonic()
             try:
@@ -244,10 +234,8 @@ class VerdictServices:
                                         json.dumps(body, separators=(",", ":"), ensure_ascii=False))
                     staged.messages += 1
                 elif isinstance(action, WebhookAction):
-                    staged.dropped += self.webhooks.stage(db, str(action.url), body,
-                                                          key=f"{result.id}:{rule.name}:{i}",
-                                                          source=f"{rule.name}:{i}", timeout_s=action.timeout_s)
-                    staged.webhooks += 1
+                    self.webhooks.stage(db, str(action.url), body, key=f"{result.id}:{rule.name}:{i}",
+                                        source=f"{rule.name}:{i}", timeout_s=action.timeout_s, result_id=result.id)
                 else:
                     self.reviews.stage_pending(db, result.id, rule.name, utc_now())
             except sqlite3.Error as exc:
@@ -344,6 +332,5 @@ class VerdictServices:
                       "action_errors": self.action_errors,
                       "alerts_backlog": self.messages.backlog(),
                       "messages_dropped": self.messages.dropped_unsent},
-            "webhooks": self.webhooks.status(),
             "reviews": self.reviews.counts(),
         }

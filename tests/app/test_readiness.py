@@ -64,7 +64,7 @@ def test_a_dead_webhook_receiver_degrades_the_device_but_readyz_stays_200_and_he
                                  hook=receiver.port, video=write_sample_video(tmp_path / "v.avi", frames=20)))
     log = tmp_path / "log"
     proc = start(cfg, log)
-    reason = f"webhooks blocked: http://127.0.0.1:{receiver.port}"
+    reason = f"webhooks: blocked: http://127.0.0.1:{receiver.port}"  # the webhook sink's health
     try:
         code, health = wait_for(lambda: (r := readyz(api))[1].get("state") == "degraded" and r, 90,
                                 "/readyz to report the blocked receiver")

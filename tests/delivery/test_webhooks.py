@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
+from edge_runtime.core.result import FrameInfo, Result
+from edge_runtime.core.sink import Sink
 from edge_runtime.delivery.webhooks import WebhookOutbox
 from tests.support.receiver import Receiver
 from tests.support.waiting import wait_for
@@ -57,3 +60,32 @@ def test_the_outbox_is_bounded(tmp_path: Path) -> None:
         box.put("http://127.0.0.1:9/x", {"n": i}, key=str(i))
     assert box.status()["pending"] == 10 and box.dropped == 15
     box.close()
+
+
+def test_as_a_sink_the_outbox_wakes_only_for_the_committed_result_that_staged_rows(tmp_path: Path) -> None:
+    """The verdict stage stages POSTs in the result's transaction; `notify(result)` after its commit
+    counts what the bound dropped for them and wakes the senders; another result's notify does neither."""
+    def result() -> Result:
+        return Result(device="d", camera="cam", frame=FrameInfo(0, 1, 1), verdict={}, text="", model="m",
+                      timings_ms={"total": 1.0}, prompt="p")
+
+    box = WebhookOutbox(tmp_path / "j.sqlite3", max_rows=2)  # not started: nothing is delivered
+    assert isinstance(box, Sink) and box.name == "webhooks"
+    db = sqlite3.connect(str(tmp_path / "j.sqlite3"), isolation_level=None)
+    try:
+        staged, other = result(), result()
+        db.execute("BEGIN")
+        for i in range(3):  # three rows over a bound of two: one dropped
+            box.stage(db, "http://127.0.0.1:9/x", {"n": i}, key=f"{staged.id}:{i}", result_id=staged.id)
+        db.execute("COMMIT")
+        box.notify(other)
+        assert not box._wake.is_set() and box.dropped == 0
+        box.notify(staged)
+        assert box._wake.is_set() and box.dropped == 1
+        box._wake.clear()
+        box.notify(staged)  # told twice: counted once
+        assert not box._wake.is_set() and box.dropped == 1
+        assert box.health().ok and box.health().detail == ""
+    finally:
+        db.close()
+        box.close()

@@ -35,7 +35,8 @@ def make_result(n: int = 0, notes: str = "") -> Result:
 
 
 class Line:
-    """A journal and the verdict services on one SQLite file, composed as the inspection worker does."""
+    """A journal and the verdict services on one SQLite file, composed as the pipeline does: the webhook
+    outbox is told of each committed result as a sink (verdicts/pipeline.py)."""
 
     def __init__(self, path: Path, actions: list[dict[str, Any]] | None = None,
                  inspector: Inspector | None = None) -> None:
@@ -60,6 +61,7 @@ class Line:
 
         self.journal.add(result, extra=extra)
         self.services.after_journal(result)
+        self.webhooks.notify(result)  # the sinks hear of a result once it is committed
 
     def rows(self) -> dict[str, int]:
         db = sqlite3.connect(str(self.journal.path))
