@@ -7,6 +7,7 @@ of its crop asked alone; one region's positions shifted breaks the equality, so 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -124,3 +125,13 @@ def test_a_frame_asked_as_four_regions_gives_each_the_verdict_tokens_of_its_crop
     for region, crop in zip(result.regions, crops(img), strict=True):
         own = ins.inspect(crop, camera="nobody")
         assert region["text"] == own.text, region["name"]
+
+
+def test_a_regions_frames_prefill_and_decode_times_are_wall_times_not_the_regions_sum(ins: Inspector) -> None:
+    """The regions run together: their prefill and decode times overlap, so the frame's are the longest
+    region's (the sum counted the shared time once per region, more than the frame took)."""
+    t0 = time.perf_counter()
+    result = ins.inspect(frame(seed=74), camera="belt")
+    wall = (time.perf_counter() - t0) * 1000
+    t = result.timings_ms
+    assert t["preprocess"] + t["encode"] + t["prefill"] + t["decode"] <= wall
