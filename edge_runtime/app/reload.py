@@ -140,7 +140,7 @@ class Reloader:
         """Encode the programs' references again (through the encoder cache: unchanged ones are not)."""
         files = inspector.changed_references()  # a reference file replaced under the same config
         try:
-            inspector.use_programs(new.programs, new.cameras, new.images)
+            inspector.use_programs(new.programs, new.cameras, new.images, new.line_io.stations)
         except EdgeRuntimeError as exc:
             log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
             changes.applied = [k for k in changes.applied if not k.startswith("programs")]

@@ -213,10 +213,13 @@ def cmd_models_verify(args: argparse.Namespace, config: Config) -> int:
 def cmd_config_validate(args: argparse.Namespace, config: Config) -> int:
     from edge_runtime.inference.anomaly.step import any_gate, gates_for
     from edge_runtime.inference.model_source import resolve_bundle
+    from edge_runtime.inference.program_fit import check_programs_offline
     from edge_runtime.inference.programs import check_bundle_programs
 
-    if config.programs:  # what start refuses of a program before encoding (the same function)
-        check_bundle_programs(resolve_bundle(config, getattr(args, "model", None)), config.programs, config.cameras)
+    if config.programs:  # what start refuses of a program before encoding (the same functions)
+        bundle = resolve_bundle(config, getattr(args, "model", None))
+        check_bundle_programs(bundle, config.programs, config.cameras)
+        check_programs_offline(bundle, config)  # budgets and context, counted by libmtmd (no weights)
     if any_gate(config):  # each camera's bank against the bundle it would score (one line, exit 2)
         gates_for(resolve_bundle(config, getattr(args, "model", None)), config)
     print(f"{args.file}: ok")

@@ -210,24 +210,29 @@ class FrameEncoder:
         return self.mtmd.image_tokens(rgb(frame))
 
     def fit_tokens(self, pixels: np.ndarray, low: int, high: int) -> np.ndarray:
-        """RGB `pixels` resized until libmtmd makes low..high image tokens of them (a dynamic-resolution
-        projector; a few tries, each scaled by the square root of the miss). InputError naming
-        `image_tokens` when the projector cannot go under `high` (its own floor, or a fixed size); under
-        `low` it stays as it can."""
+        """`fit_tokens` with this encoder's libmtmd context."""
         assert self.mtmd is not None
-        for _ in range(6):
-            n = self.mtmd.image_tokens(pixels)
-            if low <= n <= high or n == 0:
-                break
-            factor = math.sqrt(high / n) * 0.97 if n > high else math.sqrt(low / n) * 1.03
-            h, w = pixels.shape[:2]
-            size = (max(1, round(w * factor)), max(1, round(h * factor)))
-            if size == (w, h) or size[0] * size[1] > MAX_IMAGE_PIXELS:
-                break
-            pixels = cv2.resize(pixels, size, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_CUBIC)
-        else:
-            n = self.mtmd.image_tokens(pixels)
-        if n > high:  # the projector's own floor (or a fixed size) is above the budget
-            raise InputError(f"image_tokens: the projector makes at least {n} image tokens of this image, more "
-                             f"than the budget's max of {high}", field="image_tokens")
-        return pixels
+        return fit_tokens(self.mtmd, pixels, low, high)
+
+
+def fit_tokens(mtmd: MtmdContext, pixels: np.ndarray, low: int, high: int) -> np.ndarray:
+    """RGB `pixels` resized until libmtmd makes low..high image tokens of them (a dynamic-resolution
+    projector; a few tries, each scaled by the square root of the miss). InputError naming
+    `image_tokens` when the projector cannot go under `high` (its own floor, or a fixed size); under
+    `low` it stays as it can."""
+    for _ in range(6):
+        n = mtmd.image_tokens(pixels)
+        if low <= n <= high or n == 0:
+            break
+        factor = math.sqrt(high / n) * 0.97 if n > high else math.sqrt(low / n) * 1.03
+        h, w = pixels.shape[:2]
+        size = (max(1, round(w * factor)), max(1, round(h * factor)))
+        if size == (w, h) or size[0] * size[1] > MAX_IMAGE_PIXELS:
+            break
+        pixels = cv2.resize(pixels, size, interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_CUBIC)
+    else:
+        n = mtmd.image_tokens(pixels)
+    if n > high:  # the projector's own floor (or a fixed size) is above the budget
+        raise InputError(f"image_tokens: the projector makes at least {n} image tokens of this image, more "
+                         f"than the budget's max of {high}", field="image_tokens")
+    return pixels

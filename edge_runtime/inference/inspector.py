@@ -23,6 +23,7 @@ import numpy as np
 from jsonschema import Draft202012Validator
 
 from edge_runtime.config import CameraConfig, ImageLimits, ModelConfig
+from edge_runtime.config.line_io import StationConfig
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import BatchJob, ChatWork, ClipFrame, Encoded
 from edge_runtime.core.bundle.manifest import Bundle, Manifest
@@ -36,7 +37,7 @@ from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MtmdContext
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from edge_runtime.inference.llm.sequence import Item, Prompt
-from edge_runtime.inference.program_fit import check_frame_budgets, check_references_fit
+from edge_runtime.inference.program_fit import askers, check_context, check_frame_budgets, loaded_reference_tokens
 from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
 from edge_runtime.inference.prompting import PromptBuilder
 from edge_runtime.inference.regions import RegionsEncoded, judge
@@ -170,16 +171,19 @@ class Inspector:
         return self.prompts.prompt_parts(prompt)
 
     def use_programs(self, programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig],
-                     limits: ImageLimits) -> None:
+                     limits: ImageLimits, stations: Sequence[StationConfig] = ()) -> None:
         """Load the config's inspection programs: every reference read and encoded (through the encoder
         cache: a reload with the same references encodes nothing). All or nothing: on a ConfigError
-        (one line naming the program and the file) the programs in use stay."""
+        (one line naming the program and the file) the programs in use stay. `stations`: the line stations
+        whose recipes (or themselves) name a program, checked like the cameras that do."""
         loaded = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
                                self.several_images, self.bundle.name, self.image_budget,
                                self.bundle.manifest.verdict_schema)
-        check_frame_budgets(loaded[0], cameras, self.encoder)
-        check_references_fit(loaded[0], cameras, self.encoder, self.prompts.tokenize, self.max_tokens,
-                             self.language.n_ctx)
+        asked = askers(programs, cameras, stations)  # cameras, line stations and their recipes
+        budgets = {name: p.tokens for name, p in loaded[0].items()}
+        check_frame_budgets(budgets, asked, self.encoder.mtmd)
+        check_context(programs, budgets, loaded_reference_tokens(loaded[0], self.prompts.tokenize), asked,
+                      self.encoder.mtmd, self.max_tokens, self.language.n_ctx)
         self._programs = loaded
 
     def changed_references(self) -> list[str]:

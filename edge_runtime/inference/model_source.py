@@ -54,7 +54,7 @@ def open_inspector(config: Config, model_dir: str | None) -> Inspector:
         check_fit(bundle, config, gpu_offload=bool(engine_info()["gpu_offload"]))
     inspector = on_passing_thread(Inspector, bundle, config.model, config.device_id, name="model-load")
     try:  # the programs' references, encoded once (a missing or unusable one: one ConfigError line)
-        inspector.use_programs(config.programs, config.cameras, config.images)
+        inspector.use_programs(config.programs, config.cameras, config.images, config.line_io.stations)
     except BaseException:
         inspector.close()
         raise

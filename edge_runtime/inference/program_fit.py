@@ -1,72 +1,190 @@
-"""Whether the loaded inspection programs fit this model, checked at start and reload (ConfigError,
-one line naming the program and the camera): a program whose every frame would be refused never runs.
+"""Whether the inspection programs fit this model, checked at start and reload (the model loaded) and at
+`config validate` (libmtmd over the language model's vocabulary alone: no weights, no warm-up, nothing
+encoded): a program whose every frame would be refused never runs. ConfigError, one line naming the
+program and who asks it: a camera, a line station or one of its recipes (they ask a program in place
+of their camera's).
 
-libmtmd counts a frame's image tokens from its size, so a camera of known size (width/height or roi)
-is checked without a frame and nothing is encoded.
+libmtmd counts an image's tokens from its size, so a frame of known size (the camera's width/height or
+roi; a station's camera), a region's box and a reference file are counted without encoding anything.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from edge_runtime.config import CameraConfig
-from edge_runtime.core.errors import ConfigError, InputError
-from edge_runtime.inference.encoding import FrameEncoder
-from edge_runtime.inference.programs import REFERENCE_TEXT, LoadedProgram
+from edge_runtime.config import CameraConfig, Config, ImageLimits
+from edge_runtime.config.line_io import StationConfig
+from edge_runtime.config.programs import ProgramConfig, reference_pixels
+from edge_runtime.core.bundle.manifest import Bundle, MmprojManifest
+from edge_runtime.core.errors import ConfigError, ImageError, InputError
+from edge_runtime.core.images import read_image_file
+from edge_runtime.inference.encoding import fit_tokens
+from edge_runtime.inference.llm import mtmd as mtmd_module
+from edge_runtime.inference.llm.handles import Model
+from edge_runtime.inference.llm.mtmd import MtmdContext
+from edge_runtime.inference.llm.runtime import log_to
+from edge_runtime.inference.programs import REFERENCE_TEXT, LoadedProgram, check_programs
+from edge_runtime.inference.regions import frame_regions
+
+log = logging.getLogger(__name__)
+Budgets = Mapping[str, tuple[int, int] | None]  # each program's image token budget (min, max)
 
 
-def _size(cam: CameraConfig) -> tuple[int | None, int | None]:
-    return (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
+@dataclass(frozen=True)
+class Asker:
+    """Who asks a program's questions, and the size of the frames it asks about (None: not known)."""
+
+    label: str  # "camera belt", "station line_io.stations.s1", "recipe line_io.stations.s1.recipes.7"
+    size: tuple[int, int] | None
 
 
-def check_frame_budgets(programs: Mapping[str, LoadedProgram], cameras: Sequence[CameraConfig],
-                        encoder: FrameEncoder) -> None:
-    """ConfigError when a camera of known size gets frames the projector cannot bring under its
-    program's image_tokens.max: every frame would be refused."""
-    if encoder.mtmd is None:
-        return
+def _size(cam: CameraConfig) -> tuple[int, int] | None:
+    w, h = (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
+    return None if w is None or h is None else (w, h)
+
+
+def askers(programs: Mapping[str, object], cameras: Sequence[CameraConfig],
+           stations: Sequence[StationConfig] = ()) -> dict[str, list[Asker]]:
+    """Each program's askers: the cameras naming it, then the stations and recipes (their camera's size)."""
+    sizes = {cam.name: _size(cam) for cam in cameras}
+    out: dict[str, list[Asker]] = {name: [] for name in programs}
     for cam in cameras:
-        program = programs.get(cam.program) if cam.program is not None else None
-        size = _size(cam)
-        if program is None or program.tokens is None or size[0] is None or size[1] is None:
-            continue
-        try:
-            encoder.fit_tokens(np.zeros((size[1], size[0], 3), np.uint8), *program.tokens)
-        except InputError as exc:
-            why = str(exc).removeprefix("image_tokens: ").replace("this image", f"its {size[0]}x{size[1]} frame")
-            raise ConfigError(f"programs.{program.name} (camera {cam.name}): image_tokens.max "
-                              f"{program.tokens[1]} is below what the camera's frames can have: {why}") from None
+        if cam.program in out:
+            out[cam.program].append(Asker(f"camera {cam.name}", sizes[cam.name]))
+    for st in stations:
+        size = sizes.get(st.camera)
+        if st.program in out:
+            out[st.program].append(Asker(f"station line_io.stations.{st.name}", size))
+        for rid, recipe in st.recipes.items():
+            if recipe.program in out:
+                out[recipe.program].append(Asker(f"recipe line_io.stations.{st.name}.recipes.{rid}", size))
+    return out
 
 
-def check_references_fit(programs: Mapping[str, LoadedProgram], cameras: Sequence[CameraConfig],
-                         encoder: FrameEncoder, tokenize: Callable[[str], list[int]], max_tokens: int,
-                         n_ctx: int) -> None:
-    """ConfigError when a program's references (their image tokens and captions), a frame of each
-    camera of known size and the answer's max_tokens cannot fit the context: every frame would be
-    refused. The references are encoded already; the frame is counted from its size."""
-    users = {name: [c for c in cameras if c.program == name] for name in programs}
-    for name, program in programs.items():
-        clip = program.config.clip if program.config is not None else None
-        if not program.references and clip is None:
+def check_frame_budgets(budgets: Budgets, asked: Mapping[str, list[Asker]], mtmd: MtmdContext | None) -> None:
+    """ConfigError when frames of known size cannot be brought under their program's image_tokens.max
+    (the projector's own floor is above it): every frame would be refused."""
+    if mtmd is None:
+        return
+    for name, tokens in budgets.items():
+        for who in asked.get(name, []):
+            if tokens is None or who.size is None:
+                continue
+            w, h = who.size
+            try:
+                fit_tokens(mtmd, np.zeros((h, w, 3), np.uint8), *tokens)
+            except InputError as exc:
+                why = str(exc).removeprefix("image_tokens: ").replace("this image", f"its {w}x{h} frame")
+                raise ConfigError(f"programs.{name} ({who.label}): image_tokens.max {tokens[1]} is below what "
+                                  f"the camera's frames can have: {why}") from None
+
+
+def loaded_reference_tokens(programs: Mapping[str, LoadedProgram], tokenize: Callable[[str], list[int]]
+                            ) -> dict[str, int]:
+    """Each loaded program's references as prompt tokens: their image tokens and captions."""
+    return {name: sum(len(r.encoded.embeds) + len(tokenize(REFERENCE_TEXT.format(caption=r.caption)))
+                      for r in p.references) for name, p in programs.items()}
+
+
+def _image_tokens(mtmd: MtmdContext, w: int, h: int, tokens: tuple[int, int] | None) -> int:
+    pixels = np.zeros((h, w, 3), np.uint8)
+    try:
+        return mtmd.image_tokens(fit_tokens(mtmd, pixels, *tokens) if tokens else pixels)
+    except InputError:
+        return mtmd.image_tokens(pixels)  # under a budget it cannot meet: check_frame_budgets says so
+
+
+def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple[int, int] | None,
+                 mtmd: MtmdContext | None) -> tuple[str, int]:
+    """What one question of the program shows besides the references, and its image tokens: the largest
+    region (named boxes; tiles where the frame's size is known), a clip's frames, or the frame."""
+    if mtmd is None:
+        return "a frame", 0  # an ONNX encoder's fixed count is the prompt's own check
+    if cfg.regions or cfg.tiling is not None:
+        boxes = [s.box for s in frame_regions(cfg, *size)] if size else [r.box for r in cfg.regions]
+        return "its largest region", max((_image_tokens(mtmd, b[2], b[3], tokens) for b in boxes), default=0)
+    frame = _image_tokens(mtmd, *size, tokens) if size else 0
+    if cfg.clip is not None:
+        return f"a clip of {cfg.clip.frames} frames", frame * cfg.clip.frames
+    return "a frame", frame
+
+
+def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, reference_tokens: Mapping[str, int],
+                  asked: Mapping[str, list[Asker]], mtmd: MtmdContext | None, max_tokens: int, n_ctx: int) -> None:
+    """ConfigError when a program's references, what one of its questions shows (a frame of known size,
+    its largest region, a clip) and the answer's max_tokens cannot fit the context: every question
+    would be refused."""
+    for name, cfg in programs.items():
+        refs = reference_tokens.get(name, 0)
+        if not refs and cfg.clip is None and not cfg.regions and cfg.tiling is None:
             continue
-        shown = "a frame" if clip is None else f"a clip of {clip.frames} frames"
-        refs = sum(len(r.encoded.embeds) + len(tokenize(REFERENCE_TEXT.format(caption=r.caption)))
-                   for r in program.references)
-        listed: list[CameraConfig | None] = list(users[name]) or [None]
-        for cam in listed:
-            size = None if cam is None else _size(cam)
-            frame = 0
-            if encoder.mtmd is not None and size is not None and size[0] is not None and size[1] is not None:
-                pixels = np.zeros((size[1], size[0], 3), np.uint8)
-                frame = encoder.mtmd.image_tokens(
-                    encoder.fit_tokens(pixels, *program.tokens) if program.tokens else pixels)
-                frame *= clip.frames if clip is not None else 1
-            need = refs + frame + max_tokens
+        listed: list[Asker | None] = list(asked.get(name, [])) or [None]
+        for who in listed:
+            shown, image = _asked_image(cfg, budgets.get(name), who.size if who else None, mtmd)
+            need = refs + image + max_tokens
             if need >= n_ctx:
-                where = f" (camera {cam.name})" if cam is not None else ""
+                where = f" ({who.label})" if who is not None else ""
                 raise ConfigError(
-                    f"programs.{name}{where}: the references take {refs} tokens, {shown} {frame} and the answer "
+                    f"programs.{name}{where}: the references take {refs} tokens, {shown} {image} and the answer "
                     f"up to {max_tokens}: {need}, more than the context of {n_ctx} tokens "
                     "(model.context_size; or fewer/smaller references, image_tokens.max)")
+
+
+def check_programs_offline(bundle: Bundle, config: Config) -> None:
+    """`config validate`: what start and reload check of the programs after loading, with libmtmd over
+    the language model's vocabulary (no weights, no warm-up) counting the tokens of every frame,
+    region and reference from their sizes. Nothing is loaded when no program is used."""
+    m = bundle.manifest
+    asked = askers(config.programs, config.cameras, config.line_io.stations)
+    if not isinstance(m, MmprojManifest) or bundle.mmproj_path is None or not any(asked.values()):
+        return
+    budgets = check_programs(config.programs, config.cameras, True, bundle.name, m.mtmd.image_max_tokens,
+                             m.verdict_schema)
+    # validate prints one line: llama.cpp's loader lines and libmtmd's warnings about the projector
+    # (start logs those) go to the debug log here
+    log_to(lambda text: log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip()))
+    mtmd_log = logging.getLogger(mtmd_module.__name__)
+    level = mtmd_log.level
+    mtmd_log.setLevel(logging.ERROR)
+    try:
+        _check_offline(bundle, m, config, asked, budgets)
+    finally:
+        mtmd_log.setLevel(level)
+
+
+def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Mapping[str, list[Asker]],
+                   budgets: Budgets) -> None:
+    assert bundle.mmproj_path is not None
+    with Model(str(bundle.language_path), vocab_only=True) as model, \
+            MtmdContext(bundle.mmproj_path, model.ptr, config.model.threads, False, m.mtmd.image_max_tokens,
+                        warmup=False) as mtmd:
+        check_frame_budgets(budgets, asked, mtmd)
+
+        def tokenize(text: str) -> list[int]:
+            return model.vocab.tokenize(text.encode("utf-8"), False, True)
+
+        refs = {name: sum(_reference_tokens(name, config.cameras, i, ref.image, config.images, budgets[name], mtmd)
+                          + len(tokenize(REFERENCE_TEXT.format(caption=ref.caption)))
+                          for i, ref in enumerate(cfg.references)) for name, cfg in config.programs.items()}
+        check_context(config.programs, budgets, refs, asked, mtmd,
+                      config.model.max_tokens or m.generation.max_tokens, config.model.context_size)
+
+
+def _reference_tokens(program: str, cameras: Sequence[CameraConfig], i: int, path: Path, limits: ImageLimits,
+                      tokens: tuple[int, int] | None, mtmd: MtmdContext) -> int:
+    """A reference file's image tokens, counted from its decoded size; one that cannot be read is
+    refused with the line start gives it (programs.load_programs)."""
+    try:
+        frame = read_image_file(path, reference_pixels(limits), limits.min_side, int(limits.max_file_mb * 2**20))
+    except (ImageError, InputError) as exc:
+        users = [cam.name for cam in cameras if cam.program == program]
+        used = f" (cameras: {', '.join(users)})" if users else ""
+        why = str(exc).removeprefix(f"{path}: ").removeprefix("image: ")
+        raise ConfigError(f"programs.{program}{used}: references.{i}.image {path}: {why}") from None
+    h, w = frame.shape[:2]
+    return _image_tokens(mtmd, w, h, tokens)

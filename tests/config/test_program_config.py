@@ -152,3 +152,60 @@ def test_references_that_cannot_fit_the_context_with_a_frame_are_refused_at_load
         ins.use_programs({"p1": ProgramConfig(references=refs[:1], image_tokens={"max": 16})}, cams, ImageLimits())
     finally:
         ins.close()
+
+
+def test_config_validate_refuses_an_image_token_max_below_the_projectors_floor_with_starts_line(
+        pair_dir: Path, tmp_path: Path) -> None:
+    """Start and reload refused it (every frame would be refused); validate passed it."""
+    settings = Config(device_id="t").model.model_copy(update={"threads": 2, "warmup": False})
+    cams = [CameraConfig(name="belt", source="x.png", program="p1", width=320, height=240)]
+    with Inspector(load_bundle(pair_dir), settings, "t") as ins, pytest.raises(ConfigError) as start:
+        ins.use_programs({"p1": ProgramConfig.model_validate({"image_tokens": {"max": 2}})}, cams, ImageLimits())
+    assert str(start.value).startswith("programs.p1 (camera belt): image_tokens.max 2 is below what the camera's "
+                                       "frames can have: the projector makes at least ")
+    line = refused(validate(tmp_path, pair_dir, {"image_tokens": {"max": 2}}))
+    assert line.endswith(str(start.value)), (line, str(start.value))
+
+
+def _recipe_config(tmp: Path, bundle: Path) -> Path:
+    """A program named only by a line recipe: one small reference (fits the context with the answer)
+    and a region of the whole 448 x 448 frame, whose image tokens do not fit beside them."""
+    import numpy as np
+
+    from tests.support.images import encode
+    ref = tmp / "ref.png"
+    ref.write_bytes(encode(np.random.default_rng(5).integers(0, 256, (112, 112, 3), dtype=np.uint8), ".png"))
+    path = tmp / "edge.yaml"
+    path.write_text(json.dumps({
+        "model": {"path": str(bundle), "context_size": 256, "max_tokens": 64},
+        "programs": {"big": {"references": [{"image": str(ref), "caption": "golden OK sample"}],
+                             "regions": [{"name": "whole", "box": [0, 0, 448, 448]}]}},
+        "cameras": [{"name": "cam1", "source": "x.png", "width": 448, "height": 448, "trigger": {"mode": "on_demand"}}],
+        "line_io": {"stations": [{"name": "weld3", "camera": "cam1",
+                                  "nok_when": [{"field": "verdict.defect", "equals": True}],
+                                  "recipes": {"std": {}, "bolt": {"program": "big"}}}]}}))
+    return path
+
+
+def test_a_recipes_program_that_overflows_the_context_is_refused_at_start_and_validate_naming_the_recipe(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """Only camera programs were checked against the context: a recipe's references + regions passed,
+    and every job of that recipe was refused at run time."""
+    from edge_runtime.config import load_config
+
+    bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "q", image_max_tokens=256)
+    config = load_config(_recipe_config(tmp_path, bundle))
+    with Inspector(load_bundle(bundle), config.model.model_copy(update={"threads": 2, "warmup": False}), "t") as ins:
+        with pytest.raises(ConfigError) as start:
+            ins.use_programs(config.programs, config.cameras, config.images, config.line_io.stations)
+        message = str(start.value)
+        assert message.startswith("programs.big (recipe line_io.stations.weld3.recipes.bolt): the references take ")
+        assert "its largest region" in message and "more than the context of 256 tokens" in message
+        assert "\n" not in message
+        corner = ProgramConfig.model_validate({**config.programs["big"].model_dump(),
+                                               "regions": [{"name": "corner", "box": [0, 0, 112, 112]}]})
+        ins.use_programs({"big": corner}, config.cameras, config.images, config.line_io.stations)  # it fits
+    proc = subprocess.run([sys.executable, "-m", "edge_runtime", "config", "validate",
+                           str(_recipe_config(tmp_path, bundle))], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp_path)})
+    assert refused(proc).endswith(message)

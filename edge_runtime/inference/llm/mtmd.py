@@ -104,12 +104,13 @@ def chunk_tokens(chunk: Any) -> list[int]:
 class MtmdContext(Handle):
     """libmtmd's context for one mmproj over one loaded language model. Thread-safe (one lock)."""
 
-    def __init__(self, mmproj: Path, model: Any, threads: int, use_gpu: bool, image_max_tokens: int) -> None:
+    def __init__(self, mmproj: Path, model: Any, threads: int, use_gpu: bool, image_max_tokens: int,
+                 warmup: bool = True) -> None:
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.n_threads = threads
         params.print_timings = False
-        params.warmup = True
+        params.warmup = warmup  # off where only image tokens are counted (config validate)
         params.image_max_tokens = image_max_tokens  # caps the warm-up's compute reservation too
         ptr = mtmd_cpp.mtmd_init_from_file(str(mmproj).encode(), model, params)
         if not ptr:
