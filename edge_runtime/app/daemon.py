@@ -117,7 +117,8 @@ class Daemon:
         # The line's stations and their OPC UA/Modbus/... servers (lineio/service.py), when configured.
         self.line_io = LineIO(self, config.line_io) if config.line_io is not None and config.line_io.stations else None
         # Every consumer of a committed verdict (core/sink.py), in one list.
-        self.sinks += [sink for sink in (self.webhooks, self.mqtt, self.api, self.line_io) if sink is not None]
+        self.sinks += [sink for sink in (self.webhooks, self.mqtt, self.api, self.line_io,
+                                         self.offload.escalation if self.offload else None) if sink is not None]
         # Started after the model in this order, stopped in reverse: the governor first (cameras start
         # behind its gate); offload stops before the API, MQTT and the verdict stage (its queued frames are
         # counted drops); the verdict stage, stopped last, closes the outboxes it stages into.

@@ -175,16 +175,19 @@ class CameraSchedule:
             self._stop.wait(busy * (1.0 / max(gate.rate_factor, 1e-3) - 1.0))
 
     def _submit(self, request: InspectionRequest, route: str | None) -> Future[Any]:
-        """The local queue, or the central server when offload engages (docs/scale-out.md)."""
+        """The local queue, or the central server when offload engages (docs/scale-out.md). A local
+        frame's image is held by offload for a second opinion on its verdict (its escalation sink)."""
         offload = self.offload
         if offload is not None and route is not None:
             return offload.take(request, route)
+        if offload is not None:
+            offload.hold(request)
         try:
-            future = self.inspections.submit(request)
+            return self.inspections.submit(request)
         except QueueFull:
-            if offload is None or not offload.engages_on_queue_full:
+            if offload is None:
+                raise
+            offload.release(request)  # not inspected here: no local verdict to escalate
+            if not offload.engages_on_queue_full:
                 raise
             return offload.take(request, "queue_full")
-        if offload is not None:
-            future.add_done_callback(lambda f: offload.after_local(request, f))
-        return future

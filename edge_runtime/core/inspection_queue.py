@@ -47,6 +47,9 @@ class InspectionRequest:
     # validated against it instead of the bundle's verdict_schema; None: the bundle's.
     schema: dict[str, Any] | None = None
     line: LineTag | None = None  # a line station's job: travels to the result (verdicts/pipeline.py)
+    # The key offload's escalation holds this frame's image under (fleet/offload/escalation.py); travels
+    # to the result like `line`, so the escalation sink finds the image of a committed verdict.
+    offload_tag: int | None = None
     chat: ChatJob | None = None  # a chat completion: generated in the worker's batch beside the verdicts
     program: str | None = None  # the inspection program by name (a line recipe's); None: the camera's
     clip: tuple[ClipFrame, ...] | None = None  # a program's clip, oldest first (`image` is its newest frame)
@@ -102,8 +105,8 @@ Deliver = Callable[[InspectionRequest, Result], Result]
 
 
 class FrameRouter(Protocol):
-    """Where a camera's frame may go instead of (or after) the local queue: `fleet/offload`'s
-    Offloader, seen by capture only through this."""
+    """Where a camera's frame may go instead of the local queue, and who keeps a local frame's image for
+    a second opinion on its verdict: `fleet/offload`'s Offloader, seen by capture only through this."""
 
     @property
     def engages_on_queue_full(self) -> bool: ...
@@ -112,4 +115,6 @@ class FrameRouter(Protocol):
 
     def take(self, request: InspectionRequest, reason: str) -> Future[Result]: ...  # never blocks
 
-    def after_local(self, request: InspectionRequest, future: Future[Result]) -> None: ...  # second opinions
+    def hold(self, request: InspectionRequest) -> None: ...  # before the local queue: keep its image, tag it
+
+    def release(self, request: InspectionRequest) -> None: ...  # the local queue refused it: forget the image

@@ -64,6 +64,9 @@ class Result:
     # A program's clip (docs/inspection.md): the frames the question was about, oldest first, each
     # {seq, captured_at}; `frame` is the newest. Left out of the JSON without a clip.
     clip: list[dict[str, Any]] | None = None
+    # Offload's key for the frame's image while an escalation may ask about it (the request's
+    # `offload_tag`, fleet/offload/escalation.py). In-process only: never in the JSON.
+    offload_tag: int | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.source.get("engine") == "edge" and self.source.get("model") is None:
@@ -71,6 +74,7 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["offload_tag"]
         if out["gate"] is None:  # consumers of cameras without a gate see the JSON they always saw
             del out["gate"]
         if out["clip"] is None:

@@ -1,11 +1,13 @@
 """The one interface for everything that consumes a journaled verdict.
 
-The webhook outbox, MQTT, the API's event stream and metrics and the line I/O stations are sinks; the
-daemon holds them as one list, `app/daemon.py:Daemon.sinks` (Frigate's `Communicator` and its
-`comms: list[...]` are the model). A sink whose messages must be as durable as the verdict (a rule's
-webhook) has them staged in the journal's transaction by the verdict stage (the outbox pattern,
-`verdicts/stage.py`) and only delivers them: its `notify` is the wake-up after the commit. Offload's
-second opinions still hang on the local inspection (`capture/scheduler.py`).
+The webhook outbox, MQTT, the API's event stream and metrics, the line I/O stations and offload's
+escalation (second opinions) are sinks; the daemon holds them as one list, `app/daemon.py:Daemon.sinks`
+(Frigate's `Communicator` and its `comms: list[...]` are the model). A sink whose messages must be as
+durable as the verdict (a rule's webhook) has them staged in the journal's transaction by the verdict
+stage (the outbox pattern, `verdicts/stage.py`) and only delivers them: its `notify` is the wake-up
+after the commit. A sink that needs more than the committed `Result` (escalation needs the frame)
+keeps it itself, bounded, under a tag that travels on the request and comes back on the result
+(`InspectionRequest.offload_tag`, as a line job's `LineTag`).
 A sink is told about a result only after the result is committed to the journal, so a sink that
 falls behind or fails never loses a verdict: it catches up from the journal or its own queue.
 """

@@ -57,6 +57,7 @@ class VerdictPipeline:
                 tag = request.line
                 result.station, result.part_id, result.recipe, result.inspection_seq = \
                     tag.station, tag.part_id, tag.recipe, tag.seq
+            result.offload_tag = request.offload_tag  # escalation's key for the frame's image (a sink reads it)
             if request.journal and self.stage is not None:
                 stage = self.stage
                 stage.before_journal(request.image, result)  # the image the model saw (ROI crop)

@@ -226,11 +226,14 @@ def test_defect_verdict_gets_a_second_opinion_journaled_as_its_own_remote_result
             assert local[remote["source"]["second_opinion_of"]]["verdict"]["defect"] is True
         status = daemon.status()["offload"]
         assert status["frames"]["taken"] == 0  # escalation does not move frames off the device
+        # A sink of committed verdicts, in the daemon's one list; the images it holds wait only for verdicts.
+        assert daemon.offload is not None and daemon.offload.escalation in daemon.sinks
+        assert status["second_opinions"]["images_held"] <= 2 and status["second_opinions"]["images_evicted"] == 0
         # The API a rules engine calls: any result, any frame.
         row = dict(daemon.journal.query(camera="line", limit=1)[0])
         row.pop("journal_seq", None)
         asked = Result.from_dict(row)
-        second = daemon.offload.second_opinion(asked, np.full((240, 320, 3), 90, np.uint8)).result(60)  # type: ignore[union-attr]
+        second = daemon.offload.second_opinion(asked, np.full((240, 320, 3), 90, np.uint8)).result(60)
         assert second.source["engine"] == "remote" and second.source["second_opinion_of"] == asked.id
         assert daemon.journal.get(second.id) is not None
     finally:

@@ -24,7 +24,8 @@ from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import Result
 from edge_runtime.fleet.offload.breaker import CircuitBreaker
 from edge_runtime.fleet.offload.client import Endpoint
-from edge_runtime.fleet.offload.router import Dropped, Offloader, matches
+from edge_runtime.fleet.offload.escalation import matches
+from edge_runtime.fleet.offload.router import Dropped, Offloader
 from tests.support.mjpeg import free_port
 from tests.support.offload import stand_in_inspector
 

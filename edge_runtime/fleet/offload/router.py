@@ -31,6 +31,7 @@ from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.fleet.offload.client import Answer, Endpoint, chat_request, encode_jpeg
+from edge_runtime.fleet.offload.escalation import Escalation
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,8 @@ class Offloader:
         self._store_logged = -1e9
         self._store_failed_at = 0.0
         self._error_logged = -1e9
+        # Second opinions: a sink of committed local verdicts, holding their images until then.
+        self.escalation = Escalation(cfg.escalate.when, self.second_opinion) if cfg.escalate is not None else None
 
     # ---- routing ------------------------------------------------------------------------------
 
@@ -144,13 +147,15 @@ class Offloader:
             self._fallback(job, "offload queue full")
         return job.future
 
-    def after_local(self, request: InspectionRequest, future: Future[Result]) -> None:
-        """Done-callback of a local inspection: ask for a second opinion when the verdict matches."""
-        if self.cfg.escalate is None or request.image is None or future.cancelled() or future.exception():
-            return
-        result = future.result()
-        if isinstance(result, Result) and matches(result.verdict, self.cfg.escalate.when):
-            self.second_opinion(result, request.image, request.prompt)
+    def hold(self, request: InspectionRequest) -> None:
+        """A camera's frame goes to the local queue: keep its image for a second opinion (escalation)."""
+        if self.escalation is not None:
+            self.escalation.hold(request)
+
+    def release(self, request: InspectionRequest) -> None:
+        """The local queue refused the frame held by `hold`."""
+        if self.escalation is not None:
+            self.escalation.release(request)
 
     def second_opinion(self, result: Result, image: np.ndarray, prompt: str | None = None) -> Future[Result]:
         """Ask the central server about the frame behind `result`; the answer is journaled as a remote
@@ -183,6 +188,8 @@ class Offloader:
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the requests in progress; frames still queued take the fallback."""
         self._stop.set()
+        if self.escalation is not None:
+            self.escalation.stop()
         for thread in self._threads:
             thread.join(timeout)
         while True:
@@ -379,17 +386,12 @@ class Offloader:
                 "frames": frames, "taken_by_reason": dict(self.taken), "dropped_by_reason": dict(self.dropped),
                 "second_opinions": {"asked": self.escalations["asked"], "refused": self.escalations["refused"],
                                     "answered": self.outcomes["second_opinion"],
-                                    "failed": self.escalations["failed"]},
+                                    "failed": self.escalations["failed"],
+                                    **(self.escalation.status() if self.escalation is not None else {})},
                 "worker_errors": self.worker_errors,
                 "store_failures": self.store_failures, "last_store_error": self.last_store_error,
                 "endpoints": [e.status() for e in self.endpoints],
             }
-
-
-def matches(verdict: dict[str, Any], when: dict[str, Any]) -> bool:
-    """Every listed top-level field equals its value (true is not 1 here, as in JSON)."""
-    return all(k in verdict and isinstance(verdict[k], bool) == isinstance(v, bool) and verdict[k] == v
-               for k, v in when.items())
 
 
 def _copy(source: Future[Result], target: Future[Result]) -> None:
