@@ -40,7 +40,7 @@ def add_eval_parser(p: Any, sub: Any) -> None:
     ev.add_argument("--gate", metavar="BANK", help="also measure this anomaly gate bank (edge-runtime gate fit) on "
                     "the first --model: its escape and false-reject rates, the calls it saves, skip_ok's outcome")
     ev.add_argument("--gate-threshold", type=float, metavar="SCORE", help="the gate's threshold (default: the "
-                    "bank's)")
+                    "bank's; a bank of --program's regions: a factor on every region's threshold, default 1)")
     ev.add_argument("--program", metavar="NAME", help="inspect each image under this inspection program of the "
                     "config (its regions, tiles, references); a dataset labelling `regions` is measured per region")
     ev.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -134,7 +134,9 @@ def render(report: dict[str, Any], out: Path) -> str:
 
 def render_gate(g: dict[str, Any]) -> list[str]:
     s = g["skip_ok"]
-    out = [f"gate {g['bank']} at threshold {g['threshold']:.4g} ({g['threshold_source']}; {g['scored']} images scored"
+    unit = f", {g['score_unit']}" if "score_unit" in g else ""
+    out = [f"gate {g['bank']} at threshold {g['threshold']:.4g} ({g['threshold_source']}{unit}; "
+           f"{g['scored']} images scored"
            f"{', left out: ' + ', '.join(f'{k} {v}' for k, v in g['left_out'].items()) if g['left_out'] else ''})",
            f"  gate escape rate        {_rate(g['escape'])}  (defective parts scoring under the threshold)",
            f"  gate false-reject rate  {_rate(g['false_reject'])}  (good parts flagged: they go to the model)",

@@ -126,8 +126,11 @@ def render_fit(report: Any) -> str:
         lab = report.labelled
         low, high = min(lab["bad"], default=float("nan")), max(lab["good"], default=float("nan"))
         lines.append(f"labelled: {len(lab['good'])} good, {len(lab['bad'])} defective; defective parts score from "
-                     f"{low:.4g}, good parts up to {high:.4g}")
+                     f"{low:.4g}, good parts up to {high:.4g}{' (' + lab['score'] + ')' if 'score' in lab else ''}")
     shown = "none" if th.value is None else f"{th.value:.4g}"
+    if report.labelled is not None and len(report.headers) > 1:  # one factor on every region's own threshold
+        factor = report.labelled["threshold"]["value"]
+        shown = "none" if factor is None else f"each region's held-out largest score x {factor:.4g}"
     lines.append(f"threshold {shown} ({th.method}){'' if th.supported else ' - NOT an escape claim'}")
     lines.append(f"  {th.note}")
     for r in report.headers if len(report.headers) > 1 else []:  # one section per region of the program

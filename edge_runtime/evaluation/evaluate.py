@@ -117,8 +117,9 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
         check_program(config, opts.program)
     if opts.gate is not None:
         from edge_runtime.evaluation.gate_eval import check_bank
+        from edge_runtime.inference.anomaly.regions import has_regions
 
-        check_bank(opts.gate)
+        check_bank(opts.gate, opts.program, opts.program is not None and has_regions(config.programs[opts.program]))
     ds = read_dataset(config, opts, schema)
     if not ds.samples:
         raise EdgeRuntimeError(f"no usable labelled image in the dataset ({_counts(ds.counts)}); "
@@ -157,7 +158,8 @@ def evaluate(config: Config, opts: EvalOptions) -> dict[str, Any]:
                     from edge_runtime.evaluation.gate_eval import gate_section
 
                     gate = gate_section(inspector, opts.gate, opts.gate_threshold, pairs_of[variants[0]["key"]],
-                                        rule, config.images, opts.progress)
+                                        rule, config.images, opts.progress,
+                                        config.programs[opts.program] if opts.program is not None else None)
             finally:
                 inspector.close()
     finally:

@@ -1,7 +1,11 @@
 """`eval --gate BANK`: the gate measured on the labelled set beside the language model.
 
 Each image is read and encoded once more for the gate (the encoder is a small part of a verdict's
-time) and scored against the bank. The report gives the gate's escape and false-reject rates at the
+time) and scored against the bank. Under `--program` with regions (a bank of `gate fit --camera` on
+such a program: one section per region) each region's crop is scored against its own section and the
+frame's score is its worst region's score over that region's threshold, the daemon's rule in skip_ok
+(regions.frame_ratios): the threshold is then 1, and `--gate-threshold` a factor on every region's.
+The report gives the gate's escape and false-reject rates at the
 threshold (Wilson 95% intervals) and over a range of thresholds (the curve in report.html), the share
 of language-model calls `skip_ok` would save, and what `skip_ok` would have done on this set with the
 first variant's verdicts: a gated part is an OK, every other part gets the language model's verdict.
@@ -13,6 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.config.schema import ImageLimits
 from edge_runtime.core.errors import EdgeRuntimeError, ImageError
 from edge_runtime.core.images import read_image_file
@@ -20,27 +27,77 @@ from edge_runtime.evaluation.defect import DefectRule
 from edge_runtime.evaluation.gate_fit import cut
 from edge_runtime.evaluation.gate_threshold import curve
 from edge_runtime.evaluation.metrics import Pair, rate
-from edge_runtime.evaluation.runner import Progress
-from edge_runtime.inference.anomaly.bank import BankError, read_header
+from edge_runtime.evaluation.runner import EVAL_CAMERA, Progress
+from edge_runtime.inference.anomaly.bank import BankError, read_header, read_headers
 from edge_runtime.inference.anomaly.features import gate_context
 from edge_runtime.inference.anomaly.gate import AnomalyGate
+from edge_runtime.inference.anomaly.regions import (
+    RegionGate,
+    frame_ratios,
+    has_regions,
+    load_region_gates,
+    program_budget,
+    score_regions,
+)
 from edge_runtime.inference.inspector import Inspector
 
 MAX_BANK_BYTES = 4 << 30  # eval runs beside nothing else: a bank up to 4 GiB is measured
 
 
-def check_bank(path: Path) -> None:
-    """Fail before any model loads when the file is not a bank (one line)."""
-    read_header(path)
+def check_bank(path: Path, program: str | None = None, regions: bool = False) -> None:
+    """Fail before any model loads when the file is not a bank, or a bank of a program's regions is
+    measured without that program (`--program`), or a whole-frame bank with a program of regions (one line)."""
+    headers = read_headers(path)
+    if headers[0].part is not None and not regions:
+        names = ", ".join(h.part.name for h in headers if h.part is not None)
+        raise EdgeRuntimeError(f"--gate {path}: the bank holds the regions {names} of an inspection program: give "
+                               "--program NAME, the program it was fitted for (gate fit --camera)"
+                               + (f"; program {program} has no regions" if program else ""))
+    if headers[0].part is None and regions:
+        raise EdgeRuntimeError(f"--gate {path}: the bank holds whole frames, but program {program} cuts each image "
+                               "into regions: fit the gate for that program (gate fit --camera NAME)")
+
+
+class _Scorer:
+    """A frame's gate score as the daemon judges it: a whole frame's score, or a program's frame's worst
+    region's score over that region's threshold (regions.frame_ratios)."""
+
+    def __init__(self, inspector: Inspector, bank: Path, program: ProgramConfig | None) -> None:
+        self.inspector = inspector
+        header = read_header(bank)
+        self.region = header.region
+        context = gate_context(inspector.bundle, inspector.settings, header.region, budget=program_budget(program))
+        self.program = program is not None
+        self.regions: list[RegionGate] = []
+        if program is not None and has_regions(program):
+            for g in load_region_gates(str(bank), context, program, None, MAX_BANK_BYTES):
+                assert g.context.part is not None
+                if g.threshold is None:
+                    raise EdgeRuntimeError(f"--gate {bank}: region {g.context.part[0]} has no threshold: fit again")
+                self.regions.append(RegionGate(g.context.part[0], g.context.part[1], g, g.threshold))
+            self.gate = self.regions[0].gate
+        else:
+            self.gate = AnomalyGate.load(bank, context, MAX_BANK_BYTES)
+
+    def score(self, frame: np.ndarray) -> tuple[float, str | None]:
+        """(the frame's score, its worst region's name; None for a whole frame)."""
+        enc = self.inspector.encode_frame(EVAL_CAMERA, frame) if self.program else self.inspector.encode(frame)
+        if not self.regions:
+            return self.gate.score(enc).score, None
+        scores = score_regions(self.regions, enc)
+        ratios, worst = frame_ratios([sc.score for sc in scores], [r.threshold for r in self.regions])
+        return ratios[worst], self.regions[worst].name
 
 
 def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pairs: list[Pair],
-                 rule: DefectRule, limits: ImageLimits, progress: bool = True) -> dict[str, Any]:
-    """The report's `gate` object for `bank` on the samples of `pairs` (the first variant's)."""
+                 rule: DefectRule, limits: ImageLimits, progress: bool = True,
+                 program: ProgramConfig | None = None) -> dict[str, Any]:
+    """The report's `gate` object for `bank` on the samples of `pairs` (the first variant's); `program`:
+    the images were inspected under it (eval --program), and so are they encoded and scored."""
     header = read_header(bank)
-    context = gate_context(inspector.bundle, inspector.settings, header.region)
-    gate = AnomalyGate.load(bank, context, MAX_BANK_BYTES)
-    th = threshold if threshold is not None else gate.threshold
+    scorer = _Scorer(inspector, bank, program)
+    # A program's regions: scores are ratios to each region's own threshold, so the frame's is 1.
+    th = threshold if threshold is not None else 1.0 if scorer.regions else scorer.gate.threshold
     if th is None:
         raise EdgeRuntimeError(f"--gate {bank}: the bank has no threshold; give --gate-threshold")
     rows: list[dict[str, Any]] = []
@@ -56,17 +113,21 @@ def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pair
         try:
             frame = cut(read_image_file(p.sample.image, limits.max_pixels, limits.min_side,
                                         int(limits.max_file_mb * 2**20)), header.region, p.sample.image)
-            score = gate.score(inspector.encode(frame)).score
+            score, worst = scorer.score(frame)
         except (ImageError, BankError, EdgeRuntimeError) as exc:  # one record, one line: the run goes on
             left_out["gate_refused"] += 1
             issues.append(f"gate: {p.sample.id}: {str(exc)[:300]}")
             continue
         vlm = rule.holds(p.verdict) if p.verdict is not None else None
-        rows.append({"id": p.sample.id, "bad": truth, "score": score, "vlm_defect": vlm})
+        rows.append({"id": p.sample.id, "bad": truth, "score": score, "vlm_defect": vlm,
+                     **({"region": worst} if worst is not None else {})})
+    regions = {"score_unit": "the worst region's score / its threshold",
+               "regions": [{"name": r.name, "box": list(r.box), "threshold": r.threshold} for r in scorer.regions],
+               "worst_region": {r["id"]: r["region"] for r in rows}} if scorer.regions else {}
     return {"bank": str(bank), "sha256": header.vectors.sha256, "encoder": header.encoder.model_dump(),
             "threshold": th, "threshold_source": "--gate-threshold" if threshold is not None else "bank",
             "bank_threshold": header.threshold.model_dump(), "scored": len(rows), "left_out": dict(left_out),
-            "issues": issues[:1000], **measure(rows, th)}
+            "issues": issues[:1000], **regions, **measure(rows, th)}
 
 
 def measure(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from edge_runtime.inference.anomaly.fit import (
     fit_bank,
 )
 from edge_runtime.inference.anomaly.gate import AnomalyGate
-from edge_runtime.inference.anomaly.regions import has_regions, program_budget
+from edge_runtime.inference.anomaly.regions import frame_ratios, has_regions, program_budget
 from edge_runtime.inference.anomaly.search import PatchIndex
 from edge_runtime.inference.regions import RegionsEncoded
 
@@ -212,11 +212,6 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
     camera = _camera(config, opts.camera)
     roi = camera.roi if camera is not None else None
     program = config.programs.get(camera.program) if camera is not None and camera.program else None
-    if opts.labelled and has_regions(program):
-        assert camera is not None
-        raise EdgeRuntimeError(f"gate fit --labelled: camera {camera.name}'s program {camera.program} has regions; "
-                               "a threshold from labelled frames is not chosen per region yet: fit without "
-                               "--labelled (each region's threshold is its held-out good parts' largest score)")
     bundle = resolve_bundle(config, opts.model)
     schema = bundle.manifest.verdict_schema
     paths, notes = good_images(config, opts, schema)
@@ -258,7 +253,10 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
         for f in _each(encode, held, "scoring held-out parts", opts.progress):
             for k, (_, feat) in enumerate(f):
                 held_scores[k].append(sections[k][2].score_features(feat).score)
-        scored = _score_labelled(sections[0][2], encode, labelled, opts) if labelled else None
+        # A program's frame is judged as the daemon judges it: its worst region's score over that region's
+        # held-out largest score; the labelled threshold is then a factor on each region's (regions.py).
+        units = [max(sc) for sc in held_scores] if has_regions(program) else [1.0]
+        scored = _score_labelled([g for _, _, g in sections], units, encode, labelled, opts) if labelled else None
     finally:
         inspector.close()
     found = None
@@ -268,9 +266,10 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
         found = choose_threshold(scored["good"], scored["bad"], opts.max_escape or 0.001)
         scored["threshold"] = found
     written = []
-    for (fit, header, _), scores in zip(sections, held_scores, strict=True):
+    for (fit, header, _), scores, unit in zip(sections, held_scores, units, strict=True):
         held_out = _summary(scores)
-        written.append((header.model_copy(update={"threshold": _threshold(held_out, found, opts), "fit": {
+        threshold = _threshold(held_out, found, unit if header.part is not None else None)
+        written.append((header.model_copy(update={"threshold": threshold, "fit": {
             **header.fit, "held_out": held_out, **({"labelled": _labelled_summary(scored)} if scored else {})}}),
             fit.vectors))
     try:
@@ -342,12 +341,22 @@ def _labelled_samples(config: Config, opts: FitOptions, schema: dict[str, Any], 
     return out
 
 
-def _score_labelled(gate: AnomalyGate, encode: Any, labelled: list[tuple[Sample, bool]],
-                    opts: FitOptions) -> dict[str, Any]:
+def _score_labelled(gates: list[AnomalyGate], units: list[float], encode: Any,
+                    labelled: list[tuple[Sample, bool]], opts: FitOptions) -> dict[str, Any]:
+    """Each labelled frame's score: a whole frame's own, or a program's frame's worst region's score over
+    `units` (each region's held-out largest score), by the daemon's rule (regions.frame_ratios)."""
     feats = _each(encode, [s.image for s, _ in labelled], "scoring labelled parts", opts.progress)
-    scores = [(s.id, bad, gate.score_features(f[0][1]).score) for (s, bad), f in zip(labelled, feats, strict=True)]
-    return {"good": [sc for _, bad, sc in scores if not bad], "bad": [sc for _, bad, sc in scores if bad],
-            "ids": [(i, bad, sc) for i, bad, sc in scores]}
+    scores = []
+    for (s, bad), f in zip(labelled, feats, strict=True):
+        # f holds one (context, features) per section, in the sections' order (sections_of)
+        ratios, worst = frame_ratios([g.score_features(feat).score for g, (_, feat) in zip(gates, f, strict=True)],
+                                     units)
+        scores.append((s.id, bad, ratios[worst]))
+    out = {"good": [sc for _, bad, sc in scores if not bad], "bad": [sc for _, bad, sc in scores if bad],
+           "ids": [(i, bad, sc) for i, bad, sc in scores]}
+    if len(units) > 1 or gates[0].context.part is not None:
+        out["score"] = "the frame's worst region: its score over that region's held-out largest score"
+    return out
 
 
 def _summary(scores: list[float]) -> dict[str, Any]:
@@ -358,16 +367,21 @@ def _summary(scores: list[float]) -> dict[str, Any]:
 
 def _labelled_summary(scored: dict[str, Any]) -> dict[str, Any]:
     return {"good": len(scored["good"]), "bad": len(scored["bad"]),
-            "bad_min": min(scored["bad"], default=None), "good_max": max(scored["good"], default=None)}
+            "bad_min": min(scored["bad"], default=None), "good_max": max(scored["good"], default=None),
+            **({"score": scored["score"]} if "score" in scored else {})}
 
 
-def _threshold(held: dict[str, Any], found: dict[str, Any] | None, opts: FitOptions) -> BankThreshold:
+def _threshold(held: dict[str, Any], found: dict[str, Any] | None, unit: float | None) -> BankThreshold:
+    """A section's threshold: its held-out good parts' largest score, or the labelled one; on a program's
+    region `found` is a factor of that region's held-out largest score (`unit`), as its scores were."""
     if found is None:
         return BankThreshold(value=held["max"], method="held-out good parts: their largest score", supported=False,
                              note=f"every held-out good part ({held['images']}) scores under it; no defective part "
                                   "was seen, so nothing is claimed about escapes: use annotate, or fit with "
                                   "--labelled DIR --max-escape RATE before skip_ok")
-    return BankThreshold(value=found["value"], method="labelled: highest threshold whose escape bound meets the "
+    value = found["value"] if found["value"] is None or unit is None else found["value"] * unit
+    scale = "" if unit is None else f" (x {unit:.4g}, this region's held-out largest score)"
+    return BankThreshold(value=value, method="labelled: highest threshold whose escape bound meets the "
                          "target" if found["supported"] else "labelled: lowest defective score (claim unsupported)",
                          target_escape=found["target_escape"], supported=bool(found["supported"]),
-                         note=found["note"][:2000])
+                         note=(found["note"] + scale)[:2000])

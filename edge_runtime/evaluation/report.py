@@ -237,7 +237,7 @@ def _gate_plot(section: dict[str, Any]) -> str:
         if any(y is not None for y in ys):
             ax.plot(xs, [float("nan") if y is None else y for y in ys], label=label)
     ax.axvline(section["threshold"], color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("gate threshold (score)")
+    ax.set_xlabel(f"gate threshold ({section.get('score_unit', 'score')})")
     ax.set_ylabel("share")
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7)

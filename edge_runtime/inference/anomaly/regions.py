@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import Encoded
 from edge_runtime.inference.anomaly.bank import BankMismatch, LoadedBank, read_banks, read_headers
@@ -66,6 +68,16 @@ def load_region_gates(path: str, context: GateContext, program: ProgramConfig, f
     contexts = [for_part(context, spec.name, spec.box) for spec in program_regions(program, frame)]
     banks: list[LoadedBank] = read_banks(Path(path), max_bytes, contexts)
     return [AnomalyGate(bank, ctx, search_threads) for bank, ctx in zip(banks, contexts, strict=True)]
+
+
+def frame_ratios(scores: Sequence[float], thresholds: Sequence[float]) -> tuple[list[float], int]:
+    """The daemon's rule for one frame: each region's score over its own threshold (a whole frame: its
+    score over the bank's), and which region is the worst. The frame's ratio is the worst region's, the
+    largest: under 1 the frame is gated (every region under its threshold), so one region over its
+    threshold sends the frame on however clean the others are. `gate fit --labelled` and `eval --gate`
+    judge a program's frames by this same function."""
+    ratios = [s / t for s, t in zip(scores, thresholds, strict=True)]
+    return ratios, int(np.argmax(ratios))
 
 
 def score_regions(gates: Sequence[RegionGate], enc: Encoded) -> list[GateScore]:

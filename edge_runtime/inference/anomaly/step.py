@@ -29,7 +29,7 @@ from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.inference.anomaly.heatmap import heat_map, overlay_heat
 from edge_runtime.inference.anomaly.loading import CameraGate, load_gates
 from edge_runtime.inference.anomaly.look import RATIO_BUCKETS, GateCounts, GateLook
-from edge_runtime.inference.anomaly.regions import score_regions
+from edge_runtime.inference.anomaly.regions import frame_ratios, score_regions
 from edge_runtime.inference.regions import RegionsEncoded, judge
 
 if TYPE_CHECKING:
@@ -225,8 +225,7 @@ class GateStep:
                           cam.camera, request.seq, exc)
             return None
         limits = [g.threshold for g in cam.regions] if cam.regions else [cam.threshold]
-        ratios = [sc.score / t for sc, t in zip(scores, limits, strict=True)]
-        worst = int(np.argmax(ratios))
+        ratios, worst = frame_ratios([sc.score for sc in scores], limits)
         score, ratio = scores[worst], ratios[worst]
         gated = ratio < 1  # every region (or the frame) under its threshold
         # Who may take the gate's OK: the request's own schema (a recipe's), else a region's own.
