@@ -16,6 +16,7 @@ taken as cut).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -253,6 +254,7 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
         for f in _each(encode, held, "scoring held-out parts", opts.progress):
             for k, (_, feat) in enumerate(f):
                 held_scores[k].append(sections[k][2].score_features(feat).score)
+        _check_held_out(held_scores, [h for _, h, _ in sections], len(held))
         # A program's frame is judged as the daemon judges it: its worst region's score over that region's
         # held-out largest score; the labelled threshold is then a factor on each region's (regions.py).
         units = [max(sc) for sc in held_scores] if has_regions(program) else [1.0]
@@ -277,6 +279,21 @@ def fit_gate(config: Config, opts: FitOptions) -> FitReport:
     except OSError as exc:
         raise EdgeRuntimeError(f"{opts.out}: cannot be written ({exc.strerror or exc})") from None
     return FitReport(opts.out, headers[0], headers[0].fit["held_out"], scored, skipped, notes, headers)
+
+
+def _check_held_out(held_scores: list[list[float]], headers: list[Any], images: int) -> None:
+    """EdgeRuntimeError unless every section's held-out good parts give a threshold the daemon can use (a
+    finite number over 0). All of them scoring 0 means they are copies of fitted images (one photo copied,
+    a still camera): such a bank tells nothing apart, and its threshold of 0 is refused at load."""
+    for scores, header in zip(held_scores, headers, strict=True):
+        top = max(scores)
+        if math.isfinite(top) and top > 0:
+            continue
+        where = f"region {header.part.name}: " if header.part is not None else ""
+        why = ("every one scores 0: they are copies of images the bank was fitted on (duplicated files, or a "
+               "still frame), so the bank cannot tell parts apart; fit on images of distinct good parts"
+               if top == 0 else "their scores are not finite numbers (the encoder's output is not)")
+        raise EdgeRuntimeError(f"gate fit: {where}{images} held-out good images give no usable threshold: {why}")
 
 
 def sections_of(enc: Encoded, context: GateContext) -> list[tuple[GateContext, PatchFeatures]]:

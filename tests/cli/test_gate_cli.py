@@ -274,3 +274,27 @@ def test_fit_show_and_score_on_a_cameras_program_with_regions(
     assert scored["gated"] is False and [(r["name"], r["gated"]) for r in scored["regions"]] == [
         ("left", True), ("right", False)]
     assert scored["regions"][1]["worst_patch_box"][0] >= 112  # in the image's pixels
+
+
+@pytest.mark.parametrize("program", [False, True])
+def test_a_fit_on_copies_of_one_image_is_one_line_not_a_bank_with_a_threshold_of_0(
+        program: bool, demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every held-out copy scores 0 against the fitted copies: a threshold of 0 is refused at load (and on a
+    program's regions would divide each region's score by 0), so the fit stops in one line instead."""
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    for s in range(6):
+        cv2.imwrite(str(folder / f"p{s}.png"), clean_part(7, W, W))
+    args = ["gate", "fit", str(folder), str(tmp_path / "c.bank"), "--model", str(demo_dir), "--quiet",
+            "--data-dir", str(tmp_path)]
+    if program:  # a camera's program of two halves, with a labelled set
+        config = tmp_path / "c.yaml"
+        config.write_text("programs:\n  halves:\n    regions:\n      - {name: left, box: [0, 0, 112, 224]}\n"
+                          "      - {name: right, box: [112, 0, 112, 224]}\n"
+                          "cameras:\n  - {name: belt, source: /dev/null, program: halves}\n")
+        args += ["--camera", "belt", "--config", str(config), "--labelled", str(_labelled(tmp_path, 2, 2))]
+    assert main(args) == 2
+    line = _one_line(capsys)
+    assert "held-out good images give no usable threshold: every one scores 0: they are copies" in line
+    assert ("region left: " in line) == program
+    assert not (tmp_path / "c.bank").exists()
