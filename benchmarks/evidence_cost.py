@@ -88,7 +88,7 @@ def daemon_ab(tmp: Path, n: int) -> dict[str, object]:
             for keep in (True, False) if i % 2 else (False, True):  # interleaved: drift hits both
                 daemon.verdicts.evidence = store if keep else None
                 t0 = time.perf_counter()
-                daemon.submit_image(frame, journal=True).result(timeout=60)
+                daemon.entry.submit_image(frame, journal=True).result(timeout=60)
                 totals[keep].append((time.perf_counter() - t0) * 1000)
     finally:
         daemon.verdicts.evidence = store

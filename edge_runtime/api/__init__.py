@@ -20,7 +20,7 @@ from edge_runtime.api.guard import ConnectionMetrics, Limits, create_guarded_ser
 from edge_runtime.api.memory import fix_mmap_threshold
 from edge_runtime.api.metrics import Metrics
 from edge_runtime.config import ApiConfig
-from edge_runtime.core.device import Device
+from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth
@@ -40,9 +40,9 @@ CLEANUP_S = 1
 RESTART_SETTINGS = ("enabled", "host", "port", "threads")
 
 
-def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
+def create_app(device: DeviceRoles, cfg: ApiConfig, metrics: Metrics | None = None,
                events: EventHub | None = None, stream_seconds: float = STREAM_SECONDS) -> Flask:
-    """Build the app around a running daemon (passed in, never a global)."""
+    """Build the app around a running device's roles (passed in, never a global)."""
     from edge_runtime.api import openai, page, rest, review
 
     app = Flask(__name__, static_folder=None)
@@ -51,20 +51,20 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
     app.config["EDGE_API_AUTH"] = cfg.auth
     app.config["EDGE_STREAM_SECONDS"] = stream_seconds
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions["edge_runtime"] = daemon
+    app.extensions["edge_runtime"] = device
     app.extensions["edge_runtime_events"] = events or EventHub()
     max_streams, max_inference = slots(cfg.threads)
     # Pixels in flight: room for one image of the largest accepted size, or many small ones.
-    max_pixels = daemon.config.images.max_pixels
+    max_pixels = device.status.config.images.max_pixels
     app.extensions["edge_runtime_admission"] = Admission(max_inference, max_pixels)
     app.extensions["edge_runtime_streams"] = Admission(max_streams, 0, "event streams")
-    metrics = metrics or Metrics(daemon.status)
+    metrics = metrics or Metrics(device.status.status)
     metrics.admission = {"inference": app.extensions["edge_runtime_admission"],
                          "events": app.extensions["edge_runtime_streams"]}
     app.extensions["edge_runtime_metrics"] = metrics
     for bp in (rest.bp, openai.bp, page.bp):
         app.register_blueprint(bp)
-    review.register(app, daemon, metrics.registry)  # evidence, queries, exports, review
+    review.register(app, device, metrics.registry)  # evidence, queries, exports, review
 
     @app.get("/metrics")
     def prometheus() -> Response:
@@ -86,12 +86,12 @@ def create_app(daemon: Device, cfg: ApiConfig, metrics: Metrics | None = None,
 class ApiServer:
     """Serves the app with waitress in a background thread; a daemon service (start/stop)."""
 
-    def __init__(self, daemon: Device, cfg: ApiConfig, stream_seconds: float = STREAM_SECONDS) -> None:
+    def __init__(self, device: DeviceRoles, cfg: ApiConfig, stream_seconds: float = STREAM_SECONDS) -> None:
         self.cfg = cfg
         self.events = EventHub()
         # Looked up at scrape time, not bound now: what the daemon reports may be replaced or extended.
-        self.metrics = Metrics(lambda: daemon.status(), lambda: daemon.health())
-        self.app = create_app(daemon, cfg, self.metrics, self.events, stream_seconds)
+        self.metrics = Metrics(lambda: device.status.status(), lambda: device.status.health())
+        self.app = create_app(device, cfg, self.metrics, self.events, stream_seconds)
         self._server: Any = None
         self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client, _bodies_bytes(cfg))
         self.metrics.registry.register(ConnectionMetrics(lambda: self._server))

@@ -63,9 +63,9 @@ log = logging.getLogger(__name__)
 def models() -> Any:
     d = daemon()
     data = []
-    info = d.model_info()
+    info = d.status.model_info()
     if info is not None:
-        data.append({"id": info.name, "object": "model", "created": int(d.started), "owned_by": "edge-runtime",
+        data.append({"id": info.name, "object": "model", "created": int(d.status.started), "owned_by": "edge-runtime",
                      "root": info.model_name, "max_model_len": info.context_size})
     return jsonify(object="list", data=data)
 
@@ -75,14 +75,14 @@ def _grammar(fmt: dict[str, Any] | None) -> str | None:
     if not fmt or fmt.get("type") in (None, "text"):
         return None
     if fmt["type"] == "json_object":
-        return daemon().constraint({"type": "object"})
+        return daemon().inference.constraint({"type": "object"})
     if fmt["type"] == "json_schema":
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise invalid("response_format.json_schema.schema", "must be an object")
         try:
-            return daemon().constraint(schema)
+            return daemon().inference.constraint(schema)
         except InputError:
             raise  # over the complexity budget, or beyond the constraint engine: a 4xx naming the field
         except EdgeRuntimeError:  # the model is being swapped: no engine to check the schema against
@@ -99,12 +99,12 @@ def _image_bytes(url: str, field: str) -> bytes:
             raise invalid(field, "image data URLs must be base64 encoded")
         return decode_base64(url, field)
     if url.startswith(("http://", "https://")):
-        if not daemon().config.api.allow_remote_image_urls:
+        if not daemon().status.config.api.allow_remote_image_urls:
             raise invalid(field, "remote image URLs are disabled on this device; send a data: URL "
                           "(or enable api.allow_remote_image_urls)")
         from edge_runtime.core.http import request  # one deadline over every phase: a dripping server cannot hold us
 
-        api = daemon().config.api
+        api = daemon().status.config.api
         limit = int(api.max_request_mb * 1024 * 1024)
         try:
             parts = urllib.parse.urlsplit(url)
@@ -226,7 +226,7 @@ def _chat(ticket: Ticket) -> Any:
     req: ChatRequest = validate(ChatRequest, json_body(force=True))
     _check_parts(req.messages)
     d = daemon()
-    info = d.model_info()
+    info = d.status.model_info()
     if info is None:
         raise ApiError(503, "not_ready", "the model is not loaded yet", headers={"Retry-After": "5"})
     if req.model and req.model not in (info.name, info.model_name, "default"):
@@ -241,10 +241,10 @@ def _chat(ticket: Ticket) -> Any:
     _check_text(req.messages, context)
     fmt = req.response_format.model_dump(by_alias=True, exclude_none=True) if req.response_format else None
     rid = request_id(request.headers.get("X-Request-Id"), "chatcmpl")
-    rails = live_rails(d.config.rails)
+    rails = live_rails(d.status.config.rails)
     rewrites = rails.check_input(chat_request(req.messages, rid, req.model or info.name, schema_name(fmt)))
     rewrite_messages(req.messages, rewrites.texts)
-    api = d.config.api
+    api = d.status.config.api
     _check_image_count(req.messages, info.several_images, api.max_images_per_request)
     system, prompt, image_bytes = _conversation(req.messages, rails, rid, api.max_request_pixels)
     system = "\n".join([s for s in (system, *rewrites.system) if s]) or None
@@ -261,10 +261,10 @@ def _chat(ticket: Ticket) -> Any:
     job = ChatJob(prompt, system, frames[0] if frames else None, grammar, max_tokens, temperature, req.top_p, seed,
                   stops, on_text=deltas.put if live else None, on_end=lambda: deltas.put(None),
                   more_images=frames[1:])
-    future = submit(d.chat, job)
+    future = submit(d.inference.chat, job)
     created = int(time.time())
     if live:
-        stream = _stream(future, deltas, rid, created, info.name, d.config.api.request_timeout_s)
+        stream = _stream(future, deltas, rid, created, info.name, d.status.config.api.request_timeout_s)
         return Response(Closing(stream, ticket.release), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Request-Id": rid})
     gen: ChatOutput = wait_result(future)
@@ -288,8 +288,8 @@ def _regenerate(job: ChatJob) -> Callable[[str], ChatOutput]:
 
     def again(instruction: str) -> ChatOutput:
         system = "\n".join(s for s in (job.system, instruction) if s)
-        out: ChatOutput = wait_result(submit(daemon().chat, dataclasses.replace(job, system=system, on_text=None,
-                                                                                 on_end=None)))
+        out: ChatOutput = wait_result(submit(daemon().inference.chat, dataclasses.replace(
+            job, system=system, on_text=None, on_end=None)))
         return out
 
     return again

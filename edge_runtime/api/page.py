@@ -36,7 +36,7 @@ MAX_EVALUATION_BYTES = 256 * 1024
 def evaluations() -> Any:
     """`<data_dir>/evaluations/*.json` (written by eval, which keeps the newest 50); an unreadable or
     oversized file is skipped."""
-    folder = current_app.extensions["edge_runtime"].config.data_dir / "evaluations"
+    folder = current_app.extensions["edge_runtime"].status.config.data_dir / "evaluations"
     try:
         with os.scandir(folder) as it:
             names = sorted((e.name for e in it if e.name.endswith(".json") and e.is_file(follow_symlinks=False)),

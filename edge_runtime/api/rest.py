@@ -39,7 +39,7 @@ from edge_runtime.api.openapi import doc, openapi_document
 from edge_runtime.api.rails.http import checked_result, infer_prompt
 from edge_runtime.api.rails.live import live_rails
 from edge_runtime.api.rails.request import request_id
-from edge_runtime.core.device import Device
+from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, QueueFull, StorageFull
 from edge_runtime.core.images import decode_image
 from edge_runtime.delivery.events import SHUTDOWN, EventHub
@@ -48,9 +48,9 @@ bp = Blueprint("rest", __name__)
 KEEPALIVE_S = 5.0
 
 
-def daemon() -> Device:
-    """The device this app serves (passed to create_app, never a global)."""
-    device: Device = current_app.extensions["edge_runtime"]
+def daemon() -> DeviceRoles:
+    """The device this app serves, by role (passed to create_app, never a global)."""
+    device: DeviceRoles = current_app.extensions["edge_runtime"]
     return device
 
 
@@ -75,7 +75,7 @@ def json_body(force: bool = False) -> Any:
 
 
 def wait_result(future: Future[Any]) -> Any:
-    timeout = daemon().config.api.request_timeout_s
+    timeout = daemon().status.config.api.request_timeout_s
     try:
         return future.result(timeout=timeout)
     except FutureTimeout:
@@ -111,7 +111,7 @@ def storage_full(exc: StorageFull) -> ApiError:
 def decode_base64(text: str, field: str) -> bytes:
     """Base64 (or a data: URL's payload) to bytes, its size checked before anything is decoded."""
     payload = text.split(",", 1)[-1] if text.startswith("data:") else text
-    limit = int(daemon().config.api.max_request_mb * 1024 * 1024)
+    limit = int(daemon().status.config.api.max_request_mb * 1024 * 1024)
     if len(payload) // 4 * 3 > limit:
         raise ApiError(413, "image_too_large", f"{field}: the image is larger than {limit // (1024 * 1024)} MB",
                        field=field)
@@ -123,7 +123,7 @@ def decode_base64(text: str, field: str) -> bytes:
 
 def decode_upload(data: bytes, ticket: Ticket | None = None, field: str = "image") -> Any:
     """Reserve the image's pixels (read from its header) with admission, then decode it."""
-    limits = daemon().config.images
+    limits = daemon().status.config.images
     size = image_size(data)
     if ticket is not None and size is not None and size[0] * size[1] <= limits.max_pixels:
         ticket.reserve_pixels(size[0], size[1], field)
@@ -147,8 +147,8 @@ def healthz() -> Any:
      "else 503 with state and reasons", response=Readiness, errors=(503,))
 def readyz() -> Any:
     d = daemon()
-    health = d.health()  # cheap by contract: no journal query
-    info = d.model_info()
+    health = d.status.health()  # cheap by contract: no journal query
+    info = d.status.model_info()
     response = jsonify(**health, model=info.model_name if info else None)
     # Readiness is "can inspect and journal": a degraded sink shows in the body, status, metrics and
     # telemetry, never here (the image's HEALTHCHECK and the OTA health gate read this code).
@@ -161,7 +161,7 @@ def readyz() -> Any:
 @bp.get("/api/v1/status")
 @doc("Device, model, cameras, queue, journal, MQTT, governor, health", response=AnyObject)
 def status() -> Any:
-    return jsonify(daemon().status())
+    return jsonify(daemon().status.status())
 
 
 @bp.get("/api/v1/openapi.json")
@@ -177,7 +177,7 @@ def openapi() -> Any:
 def results() -> Any:
     q: ResultsQuery = validate(ResultsQuery, request.args.to_dict())
     last_event_id = current_app.extensions["edge_runtime_events"].last_id  # before the query: no gap
-    rows = daemon().query_results(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
+    rows = daemon().results.query_results(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
                                   before_seq=q.before)
     next_before = rows[-1]["journal_seq"] if len(rows) == q.limit else None
     return jsonify(results=rows, next_before=next_before, last_event_id=last_event_id)
@@ -186,7 +186,7 @@ def results() -> Any:
 @bp.get("/api/v1/results/<result_id>")
 @doc("One result", response=ResultModel, errors=(404,))
 def result(result_id: str) -> Any:
-    found = daemon().get_result(result_id[:128])
+    found = daemon().results.get_result(result_id[:128])
     if found is None:
         raise ApiError(404, "not_found", f"no result with id {result_id[:128]!r}", field="result_id")
     return jsonify(found)
@@ -196,7 +196,7 @@ def result(result_id: str) -> Any:
 @doc("Latest frame of a camera", response="image/jpeg", errors=(404,))
 def frame(name: str) -> Any:
     try:
-        jpeg = daemon().latest_jpeg(name)
+        jpeg = daemon().cameras.latest_jpeg(name)
     except EdgeRuntimeError as exc:
         raise ApiError(404, "not_found", str(exc), field="name") from None
     if jpeg is None:
@@ -215,8 +215,8 @@ def infer() -> Any:
     """multipart: `image` file + optional `prompt`; or JSON {"image": base64, "prompt": ...}."""
     with admission().admitted() as ticket:  # before the body is parsed or decoded
         d = daemon()
-        info = d.model_info()
-        rails, rid = live_rails(d.config.rails), request_id(request.headers.get("X-Request-Id"), "infer")
+        info = d.status.model_info()
+        rails, rid = live_rails(d.status.config.rails), request_id(request.headers.get("X-Request-Id"), "infer")
         # The input rails read the prompt before the image is read or its base64 decoded, as on chat.
         if request.mimetype == "multipart/form-data":
             upload = request.files.get("image")
@@ -234,8 +234,8 @@ def infer() -> Any:
                            field="body")
         rails.check_image(image_size(data), "image", rid)  # from the header: nothing decoded yet
         image = decode_upload(data, ticket)
-        result = wait_result(submit(d.submit_image, image, prompt))
-        out = checked_result(rails, result, lambda p: wait_result(submit(d.submit_image, image, p)), rid)
+        result = wait_result(submit(d.inference.submit_image, image, prompt))
+        out = checked_result(rails, result, lambda p: wait_result(submit(d.inference.submit_image, image, p)), rid)
         current_app.extensions["edge_runtime_events"].publish(out)  # as answered: after the output rails
         return jsonify(out)
 
@@ -248,10 +248,10 @@ def trigger(name: str) -> Any:
     with admission().admitted():
         body = validate(TriggerBody, json_body() if request.get_data(cache=True).strip() else {})
         d = daemon()
-        if name not in d.camera_names():
+        if name not in d.status.camera_names():
             raise ApiError(404, "not_found", f"no camera named {name[:64]!r}", field="name")
         try:
-            future = submit(d.trigger, name, body.prompt)
+            future = submit(d.cameras.trigger, name, body.prompt)
         except (StorageFull, ApiError):
             raise
         except EdgeRuntimeError as exc:

@@ -27,7 +27,7 @@ from edge_runtime.api.admission import parse_json
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError
 from edge_runtime.api.metrics import webhook_metrics
-from edge_runtime.core.device import Device
+from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
 
 bp = Blueprint("inspection", __name__)
@@ -36,8 +36,8 @@ CSV_COLUMNS = ("id", "ts", "camera", "defect", "category", "confidence", "verdic
                "correction", "rules", "evidence_uri", "total_ms", "model")
 
 
-def daemon() -> Device:
-    device: Device = current_app.extensions["edge_runtime"]
+def daemon() -> DeviceRoles:
+    device: DeviceRoles = current_app.extensions["edge_runtime"]
     return device
 
 
@@ -76,7 +76,7 @@ def _filter() -> ResultFilter:
                      defect=None if defect is None else defect.lower() in ("true", "1"),
                      since=args.get("since") or None, until=args.get("until") or None,
                      review=args.get("review") or None, below=below, before=_int("before"), after=_int("after"),
-                     limit=50 if limit is None else limit, defect_field=d.config.evidence.defect_field)
+                     limit=50 if limit is None else limit, defect_field=d.status.config.evidence.defect_field)
     try:
         return f.check()
     except ReviewError as exc:
@@ -90,12 +90,12 @@ def _evidence(result_id: str, thumbnail: bool) -> Any:
     if len(result_id) > 64:
         raise ApiError(404, "not_found", "no result with that id")
     try:  # opened here: retention may delete the file between the lookup and now
-        found = d.evidence_file(result_id, thumbnail)
+        found = d.results.evidence_file(result_id, thumbnail)
         handle = found.path.open("rb") if found is not None else None
     except OSError:
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: deleted by retention") from None
     if found is None or handle is None:
-        exists = d.get_result(result_id) is not None
+        exists = d.results.get_result(result_id) is not None
         why = "its image was not kept (passes are sampled) or was deleted by retention" if exists else \
             "no result with that id"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
@@ -128,7 +128,7 @@ def thumbnail(result_id: str) -> Any:
 
 @bp.get("/api/v1/inspections")
 def inspections() -> Any:
-    rows, cursor = daemon().query_inspections(_filter())
+    rows, cursor = daemon().results.query_inspections(_filter())
     return jsonify(results=rows, next_before=cursor)
 
 
@@ -154,7 +154,7 @@ def export(fmt: str) -> Any:
     if fmt not in ("csv", "jsonl"):
         raise ApiError(404, "not_found", "export formats: export.csv, export.jsonl")
     f = _filter()
-    matches = daemon().iterate_inspections(f)
+    matches = daemon().results.iterate_inspections(f)
 
     def rows() -> Iterator[str]:
         if fmt == "csv":
@@ -171,7 +171,7 @@ def export(fmt: str) -> Any:
 
 @bp.get("/api/v1/review/schema")
 def review_schema() -> Any:
-    info = daemon().model_info()
+    info = daemon().status.model_info()
     if info is None:
         raise ApiError(503, "not_ready", "the model is not loaded yet")
     return jsonify(schema=info.verdict_schema,
@@ -188,7 +188,7 @@ def review(result_id: str) -> Any:
     if not isinstance(body, dict):
         raise _bad("send a JSON object {action, verdict?, note?}", "body")
     d = daemon()
-    result = d.get_result(result_id) if len(result_id) <= 64 else None
+    result = d.results.get_result(result_id) if len(result_id) <= 64 else None
     if result is None:
         raise ApiError(404, "not_found", f"no result with id {result_id!r}")
     # A confirmation keeps the model's verdict: a `verdict` sent with it is not stored.
@@ -196,14 +196,14 @@ def review(result_id: str) -> Any:
     if body.get("action") == "correct":
         if not isinstance(correction, dict):
             raise _bad("the corrected verdict object is required to correct", "verdict")
-        if d.model_info() is None:
+        if d.status.model_info() is None:
             raise ApiError(503, "not_ready", "the model is not loaded yet (its schema checks corrections)")
-        error = d.verdict_error(correction)
+        error = d.review.verdict_error(correction)
         if error is not None:  # jsonschema quotes the offending value: a 60 kB string is not echoed back
             message = error[0] if len(error[0]) <= 200 else error[0][:200] + "…"
             raise _bad(f"does not match the bundle's schema: {message}", f"verdict{error[1]}")
     try:
-        written = d.review_result(result, str(body.get("action")), correction, body.get("note"))
+        written = d.review.review_result(result, str(body.get("action")), correction, body.get("note"))
     except ReviewError as exc:
         raise _bad(str(exc), exc.field) from None
     return jsonify(id=result_id, review=written)
@@ -214,11 +214,11 @@ def review(result_id: str) -> Any:
 class VerdictCollector(Collector):
     """Rule firings, evidence, webhooks and reviews, read from the services at scrape time."""
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: DeviceRoles) -> None:
         self.device = device
 
     def collect(self) -> Iterator[Any]:
-        s = self.device.verdict_status()
+        s = self.device.status.verdict_status()
         if s is None:
             return
         fired = CounterMetricFamily("edge_rule_firings", "Rule firings by rule", labels=["rule"])
@@ -255,7 +255,7 @@ class VerdictCollector(Collector):
         yield reviews
 
 
-def register(app: Flask, daemon: Device, registry: Any) -> None:
+def register(app: Flask, daemon: DeviceRoles, registry: Any) -> None:
     """Blueprint and metrics of evidence, queries, exports and review."""
     app.register_blueprint(bp)
     registry.register(VerdictCollector(daemon))

@@ -1,6 +1,9 @@
 """The composition root: builds every component from the config, hands each its collaborators as
-constructor arguments, starts and stops them in order; the `core/device.py` roles it answers delegate
-to the part that owns the data (`StatusReport`, `Reloader`, the journal, the verdict stage).
+constructor arguments, starts and stops them in order. `api/` and the MQTT commands get the
+`core/device.py` roles as one `DeviceRoles`: the verdicts' queries and reviews are answered by
+`verdicts/queries.py`, the cameras and the inference queue by `capture/entry.py`; status and reload
+by the Daemon, which delegates them to `StatusReport` and `Reloader`: those read the API and MQTT
+services, which are handed the roles when they are built, so they cannot be built before them.
 
 This is the one module that knows the concrete classes. Signals: SIGTERM/SIGINT stop (the
 inspection in progress finishes and is journaled), SIGHUP reloads the config file.
@@ -12,28 +15,24 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
-
-import numpy as np
+from typing import Any, Protocol
 
 from edge_runtime import __version__
 from edge_runtime.api import ApiServer
 from edge_runtime.app.reload import Reloader
 from edge_runtime.app.running import Running
 from edge_runtime.app.status import StatusReport
+from edge_runtime.capture.entry import EntryPoints
 from edge_runtime.capture.rig import CameraRig, cameras_not_in_file, clip_of
 from edge_runtime.config import CameraConfig, Config
 from edge_runtime.config.rules import webhook_headers
 from edge_runtime.core import systemd
-from edge_runtime.core.device import ChatJob, ChatOutput, Device, EvidenceFile, ModelInfo
-from edge_runtime.core.errors import EdgeRuntimeError, StorageFull, UnknownCamera
+from edge_runtime.core.device import DeviceRoles, ModelInfo
+from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import Gate, OpenGate
-from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest, ScheduleStats
-from edge_runtime.core.result import Result
-from edge_runtime.core.result_filter import ResultFilter
+from edge_runtime.core.inspection_queue import InspectionQueue, ScheduleStats
 from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.delivery.mqtt.commands import command_table
 from edge_runtime.delivery.mqtt.discovery import homeassistant_discovery
@@ -49,10 +48,10 @@ from edge_runtime.power.governor import GovernorGate, GovernorService
 from edge_runtime.power.sensors import detect_sensor
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
+from edge_runtime.verdicts.queries import VerdictQueries
 from edge_runtime.verdicts.stage import VerdictServices
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class Service(Protocol):
@@ -111,8 +110,13 @@ class Daemon:
                                        overlap=config.inspection.overlap_stages,
                                        max_batch=config.inspection.max_batch, gates=self.gates,
                                        energy=self.governor.energy_j if self.governor is not None else None)
+        # What api/ and the MQTT commands see of the device, one part per role (core/device.py).
+        queries = VerdictQueries(self.journal, self.verdicts, self._current_inspector)
+        self.entry = EntryPoints(self.running, self.inspections, self.journal, self._current_inspector)
+        self.device = DeviceRoles(status=self, results=queries, cameras=self.entry, inference=self.entry,
+                                  review=queries, control=self)
         self.mqtt = self._mqtt(config, mqtt_wake) if config.mqtt.enabled else None
-        self.api = ApiServer(self, config.api) if config.api.enabled else None
+        self.api = ApiServer(self.device, config.api) if config.api.enabled else None
         self.offload = self._offload(config) if config.offload.enabled else None
         # The line's stations and their OPC UA/Modbus/... servers (lineio/service.py), when configured.
         self.line_io = LineIO(self, config.line_io) if config.line_io is not None and config.line_io.stations else None
@@ -141,25 +145,13 @@ class Daemon:
     def config(self) -> Config:
         return self.running.config
 
-    @config.setter
-    def config(self, config: Config) -> None:
-        self.running.config = config
-
     @property
     def inspector(self) -> Inspector | None:
         return self.running.inspector
 
-    @inspector.setter
-    def inspector(self, inspector: Inspector | None) -> None:
-        self.running.inspector = inspector
-
     @property
     def rigs(self) -> dict[str, CameraRig]:
         return self.running.rigs
-
-    @rigs.setter
-    def rigs(self, rigs: dict[str, CameraRig]) -> None:
-        self.running.rigs = rigs
 
     def _mqtt(self, config: Config, wake: threading.Event) -> MqttService:
         discovery: Callable[[], list[tuple[str, str]]] | None = None
@@ -168,7 +160,7 @@ class Daemon:
             discovery = lambda: homeassistant_discovery(  # noqa: E731 - the configs of the cameras running now
                 ha, self.config.topic_prefix(), self.config.device_id, sorted(self.rigs), __version__)
         return MqttService(config.mqtt, config.device_id, config.topic_prefix(), self.journal,
-                           self.telemetry, command_table(self), discovery=discovery,
+                           self.telemetry, command_table(self.device), discovery=discovery,
                            messages=self.messages, wake=wake)  # alerts and reviews, from the journal's file too
 
     def _offload(self, config: Config) -> Offloader:
@@ -182,8 +174,8 @@ class Daemon:
 
     def start(self) -> None:
         t0 = time.perf_counter()
-        self.inspector = self._load_inspector(self.config)
-        self.gates.install(gates_for(self.inspector.bundle, self.config))  # a bank that does not fit: one line
+        inspector = self.running.inspector = self._load_inspector(self.config)
+        self.gates.install(gates_for(inspector.bundle, self.config))  # a bank that does not fit: one line
         self.worker.start()
         for service in self.services:  # governor first: cameras start behind its gate
             service.start()
@@ -192,13 +184,13 @@ class Daemon:
         if self.mqtt is not None:
             self.mqtt.publish_discovery()
         log.info("daemon: ready in %.1f s (model %s, %d cameras)", time.perf_counter() - t0,
-                 self.inspector.model_name, len(self.rigs))
+                 inspector.model_name, len(self.rigs))
         systemd.notify("READY=1\nSTATUS=inspecting")
 
     def stop(self) -> None:
         systemd.notify("STOPPING=1")
         log.info("daemon: stopping")
-        rigs, self.rigs = self.rigs, {}
+        rigs, self.running.rigs = self.rigs, {}
         for rig in rigs.values():
             rig.stop()
         self.worker.stop()  # finishes and journals the inspection in progress
@@ -209,7 +201,7 @@ class Daemon:
                 log.exception("daemon: stopping %s failed", type(service).__name__)
         if self.inspector is not None:
             self.inspector.close()
-            self.inspector = None
+            self.running.inspector = None
         self.journal.close()
         log.info("daemon: stopped")
 
@@ -238,41 +230,11 @@ class Daemon:
         finally:
             self.stop()
 
-    # ---- inspection entry points ---------------------------------------------------------------
-
-    def trigger(self, camera: str, prompt: str | None = None) -> Future[Result]:
-        """Inspect a camera's newest frame now (any trigger mode). Raises QueueFull or UnknownCamera."""
-        rig = self.rigs.get(camera)
-        if rig is None:
-            raise UnknownCamera(f"no camera named {camera!r}")
-        if self.journal.refusing():
-            raise StorageFull("disk full: the journal cannot store results; free space on the device")
-        frame = rig.camera.slot.peek()
-        if frame is None:
-            raise EdgeRuntimeError(f"camera {camera!r} has no frame yet (state: {rig.camera.state.value})")
-        return self.inspections.submit(InspectionRequest(
-            frame.image, camera, prompt or rig.cfg.prompt, frame.seq, frame.capture_ms, "trigger"))
-
-    def submit_image(self, image: np.ndarray, prompt: str | None = None, camera: str = "api",
-                     journal: bool = False) -> Future[Result]:
-        """Inspect an uploaded image through the shared queue. Raises QueueFull."""
-        return self.inspections.submit(InspectionRequest(image, camera, prompt, journal=journal))
-
-    def submit_job(self, job: Callable[[Any], T]) -> Future[T]:
-        """Run `job(inspector)` in the worker, in turn with inspections (chat completions). Raises QueueFull."""
-        return self.inspections.submit(InspectionRequest(None, "openai", journal=False, job=job))
-
-    def latest_jpeg(self, camera: str) -> bytes | None:
-        rig = self.rigs.get(camera)
-        if rig is None:
-            raise UnknownCamera(f"no camera named {camera!r}")
-        return rig.latest_jpeg(self.config.inspection.jpeg_quality)
+    # ---- control and status (the rest of the Device roles answered here) ------------------------------
 
     def reload(self) -> dict[str, Any]:
         """Re-read the config file (app/reload.py): what was applied, what needs a restart."""
         return self.reloader.reload()
-
-    # ---- queries (the rest of Device) ----------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
         return self.report.health()
@@ -297,46 +259,8 @@ class Daemon:
                          inspector.max_tokens, self.config.model.context_size,
                          inspector.bundle.manifest.verdict_schema, inspector.several_images)
 
-    def get_result(self, result_id: str) -> dict[str, Any] | None:
-        return self.journal.get(result_id)
-
-    def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
-                      limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
-        return self.journal.query(camera, since, until, limit, before_seq)
-
-    def constraint(self, schema: dict[str, Any]) -> str:
-        return self._current_inspector().constraint(schema)
-
-    def chat(self, job: ChatJob) -> Future[ChatOutput]:
-        """Queue a chat completion: the worker generates it in the same batched decode as the cameras'
-        verdicts and other chats (its image encoded ahead like a frame). Raises QueueFull."""
-        future: Future[ChatOutput] = self.inspections.submit(InspectionRequest(
-            job.image, "openai", journal=False, chat=job))
-        if job.on_end is not None:
-            on_end = job.on_end
-            # Whatever settles it (its generation, a failure, the daemon stopping): the stream ends.
-            future.add_done_callback(lambda _future: on_end())
-        return future
-
     def verdict_status(self) -> dict[str, Any] | None:
         return self.report.verdict_status()
-
-    def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
-        return self.verdicts.evidence_file(result_id, thumbnail)
-
-    def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
-        return self.verdicts.reviews.query(f)
-
-    def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]:
-        return self.verdicts.reviews.iterate(f)
-
-    def verdict_error(self, verdict: dict[str, Any]) -> tuple[str, str] | None:
-        errors = sorted(self._current_inspector().validator.iter_errors(verdict), key=str)
-        return (errors[0].message, "".join(f".{p}" for p in errors[0].absolute_path)) if errors else None
-
-    def review_result(self, result: dict[str, Any], action: str, correction: dict[str, Any] | None,
-                      note: str | None) -> dict[str, Any]:
-        return self.verdicts.reviews.write(result, action, correction, note)
 
     # ---- internals ---------------------------------------------------------------------------
 
@@ -357,7 +281,7 @@ class Daemon:
                         clip_of(self.config, cfg), self.offload)
         if self.offload is not None:
             self.offload.set_remote(cfg.name, cfg.remote)  # a reload may flip `remote`
-        self.rigs = {**self.rigs, cfg.name: rig}
+        self.running.rigs = {**self.rigs, cfg.name: rig}
         rig.start()
         log.info("daemon: camera %s started (%s, trigger %s)", cfg.name, rig.camera.kind, cfg.trigger.mode)
 
@@ -371,8 +295,3 @@ def _governor(config: Config) -> GovernorService:
     except (RuntimeError, ValueError) as exc:
         raise EdgeRuntimeError(f"governor: {exc}") from None
     return GovernorService(config.governor, sensor)
-
-
-def _as_device(daemon: Daemon) -> Device:
-    """Never called: mypy checks here that the composition root implements the interface it hands out."""
-    return daemon

@@ -85,7 +85,7 @@ class CameraSchedule:
     def _run(self) -> None:
         mode = self.trigger.mode
         if mode == "on_demand":
-            self._stop.wait()  # inspections come only through Daemon.trigger(); stay visible as alive
+            self._stop.wait()  # only EntryPoints.trigger (capture/entry.py) inspects; stay visible as alive
             return
         next_due = time.monotonic()
         while not self._stop.is_set():

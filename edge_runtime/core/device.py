@@ -1,8 +1,8 @@
 """The `Device` role protocols: what the HTTP layer and the MQTT commands see of the running daemon.
 
-No engine imports here: `api/` and `delivery/mqtt/commands.py` depend on these roles only, and
-`app.daemon.Daemon` implements them (mypy checks that in `app/daemon.py`), so they never reach into
-the daemon's insides.
+No engine imports here: `api/` and `delivery/mqtt/commands.py` depend on these roles only, handed to
+them as one `DeviceRoles` whose fields are the parts that answer each role (built in `app/daemon.py`),
+so they never reach into the daemon's insides.
 """
 
 from __future__ import annotations
@@ -159,10 +159,28 @@ class DeviceControl(Protocol):
 
 
 class Device(DeviceStatus, DeviceResults, DeviceCameras, DeviceInference, DeviceReview, DeviceControl, Protocol):
-    """The running device as a whole (implemented by `app.daemon.Daemon`; mypy checks that in `app/daemon.py`).
+    """Every role in one object (a test's fake device: `DeviceRoles.of(fake)`).
 
     Consumers depend on the roles they use, as vLLM's `EngineClient` keeps a client to the engine
     alone: the metrics on `DeviceStatus`, the review blueprint on results + review, the OpenAI
     endpoint on `DeviceInference`. Methods that queue work raise `QueueFull` when the queue is full,
     `UnknownCamera` for a camera that is not configured and `StorageFull` when the journal refuses results.
     """
+
+
+@dataclass(frozen=True)
+class DeviceRoles:
+    """The running device handed to `api/` and the MQTT commands: one typed collaborator per role (as
+    Home Assistant's typed `runtime_data`), each the part that answers it (`app/daemon.py` says which)."""
+
+    status: DeviceStatus
+    results: DeviceResults
+    cameras: DeviceCameras
+    inference: DeviceInference
+    review: DeviceReview
+    control: DeviceControl
+
+    @classmethod
+    def of(cls, device: Device) -> DeviceRoles:
+        """One object answering every role (a test's fake device)."""
+        return cls(device, device, device, device, device, device)

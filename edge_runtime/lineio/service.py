@@ -38,11 +38,20 @@ if TYPE_CHECKING:
 class LineHost(Protocol):
     """What line I/O reads of the daemon (`app.daemon.Daemon`); a protocol, so lineio/ imports no app."""
 
-    config: Config
-    extra_cameras: list[CameraConfig]
-    rigs: dict[str, CameraRig]
-    journal: Journal
-    inspector: Inspector | None
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def extra_cameras(self) -> list[CameraConfig]: ...
+
+    @property
+    def rigs(self) -> dict[str, CameraRig]: ...
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def inspector(self) -> Inspector | None: ...
 
 log = logging.getLogger(__name__)
 _DOWN = {CameraState.FAILED, CameraState.RECONNECTING, CameraState.ENDED, CameraState.STOPPED}

@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 
 from edge_runtime.api import ApiServer, create_app
 from edge_runtime.config import Config
-from edge_runtime.core.device import ChatJob, ChatOutput, Device, EvidenceFile, ModelInfo
+from edge_runtime.core.device import ChatJob, ChatOutput, DeviceRoles, EvidenceFile, ModelInfo
 from edge_runtime.core.errors import QueueFull, UnknownCamera
 from edge_runtime.core.result import Result
 from edge_runtime.core.result_filter import ResultFilter
@@ -111,8 +111,8 @@ class FakeDevice:
         return {"state": "confirmed"}
 
 
-def _as_device(fake: FakeDevice) -> Device:
-    return fake  # mypy: the fake implements the Protocol in full
+def _as_device(fake: FakeDevice) -> DeviceRoles:
+    return DeviceRoles.of(fake)  # mypy: the fake implements every role (`Device`) in full
 
 
 MODEL = ModelInfo("demo", "demo-1", True, 32, 512, {"type": "object"})

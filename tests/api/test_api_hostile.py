@@ -103,7 +103,7 @@ def test_input_error_from_the_model_layer_is_400_naming_its_field(client: FlaskC
     # The model layer refuses a prompt longer than its context with InputError inside the future.
     refused: Future[object] = Future()
     refused.set_exception(InputError("the prompt has 3000 tokens; the context holds 2048", field="prompt"))
-    monkeypatch.setattr(daemon, "submit_image", lambda *a, **k: refused)
+    monkeypatch.setattr(daemon.entry, "submit_image", lambda *a, **k: refused)
     error = error_of(client.post("/api/v1/infer", json={"image": base64.b64encode(JPEG).decode(),
                                                         "prompt": "x"}), 400)
     assert error["field"] == "prompt" and "context holds 2048" in str(error["message"])

@@ -45,7 +45,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
     d = Daemon(load_config(path), config_path=path)
     d.start()
     wait_for(lambda: d.rigs["belt"].camera.slot.peek() is not None, 10, "a frame")
-    d.trigger("belt").result(timeout=30)
+    d.entry.trigger("belt").result(timeout=30)
     yield d
     d.stop()
 

@@ -51,7 +51,7 @@ def test_a_defect_is_seen_alerted_corrected_in_the_page_and_exported(tmp_path: P
             page.wait_for_selector("#insp-filter")
             page.select_option("#insp-filter", "defect=true")  # the technician filters to defects
 
-            result = daemon.trigger("demo").result(timeout=60)
+            result = daemon.entry.trigger("demo").result(timeout=60)
             journaled = time.monotonic()
             assert result.verdict["defect"] is True and result.evidence is not None
             row = f'#insp-list tr[data-id="{result.id}"] img'

@@ -58,7 +58,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
 
 def use_rails(d: Daemon, **rails: Any) -> None:
     """Put a rails section in the live config, as a reload does (a new Config object)."""
-    d.config = d.config.model_copy(update={"rails": RailsConfig.model_validate(rails)})
+    d.running.config = d.config.model_copy(update={"rails": RailsConfig.model_validate(rails)})
 
 
 @pytest.fixture

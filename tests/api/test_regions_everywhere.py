@@ -49,7 +49,7 @@ def line(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[t
     daemon.start()
     try:
         wait_for(lambda: daemon.rigs["cover-cam"].camera.slot.peek() is not None, 10, "a frame")
-        result = daemon.trigger("cover-cam").result(timeout=60)
+        result = daemon.entry.trigger("cover-cam").result(timeout=60)
         yield daemon, results, result
     finally:
         daemon.stop()

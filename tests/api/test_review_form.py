@@ -145,7 +145,7 @@ def status_after_click(page: Any, button: str) -> str:
 
 def test_a_technician_corrects_a_nested_verdict_and_the_stored_correction_is_exact(
         nested: Daemon, browser: Any) -> None:
-    result = nested.trigger("cam").result(timeout=120)
+    result = nested.entry.trigger("cam").result(timeout=120)
     verdict = get_json(nested, f"/api/v1/results/{result.id}")["verdict"]
     assert verdict == result.verdict  # the model's verdict, valid against the nested schema
     page, errors = open_result(browser, nested, result.id)
@@ -196,7 +196,7 @@ def test_a_technician_corrects_a_nested_verdict_and_the_stored_correction_is_exa
 
 
 def test_the_form_is_prefilled_from_the_previous_correction(nested: Daemon, browser: Any) -> None:
-    result = nested.trigger("cam").result(timeout=120)
+    result = nested.entry.trigger("cam").result(timeout=120)
     previous = {"defect": True, "location": {"x": 3, "y": 4}, "findings": [{"kind": "crack", "severity": 5}],
                 "tags": ["stain"], "operator_note": None, "disposition": {"rework": True}}
     review = {"action": "correct", "verdict": previous}
@@ -236,7 +236,7 @@ def test_a_recursive_ref_schema_renders_to_a_bounded_depth_then_as_json(nested: 
 
 
 def test_a_correction_that_breaks_a_nested_schema_is_a_400_naming_the_path_and_never_lands(nested: Daemon) -> None:
-    result = nested.trigger("cam").result(timeout=120)
+    result = nested.entry.trigger("cam").result(timeout=120)
     bad = json.loads(json.dumps(result.verdict))
     bad["findings"] = [{"kind": "dent", "severity": 9}]
     status, body = post_json(nested, f"/api/v1/results/{result.id}/review", {"action": "correct", "verdict": bad})
@@ -251,7 +251,7 @@ def test_a_correction_that_breaks_a_nested_schema_is_a_400_naming_the_path_and_n
 def test_a_hostile_schema_renders_inert_and_round_trips(tmp_path: Path, demo_dir: Path, browser: Any) -> None:
     d = start_daemon(tmp_path, bundle_with(demo_dir, tmp_path, HOSTILE_SCHEMA))
     try:
-        result = d.trigger("cam").result(timeout=120)
+        result = d.entry.trigger("cam").result(timeout=120)
         earlier = {"defect": True, ODD_NAME: "fine", "remark": STORED_REMARK}
         assert post_json(d, f"/api/v1/results/{result.id}/review", {"action": "correct", "verdict": earlier})[0] == 200
         page, errors = open_result(browser, d, result.id)
@@ -376,12 +376,12 @@ def test_a_page_left_open_across_a_bundle_update_builds_the_form_from_the_new_sc
     port = d.api.port  # type: ignore[union-attr]
     page = None
     try:
-        first = d.trigger("cam").result(timeout=120)
+        first = d.entry.trigger("cam").result(timeout=120)
         page, errors = open_result(browser, d, first.id)
         assert by_id(page, "rv-remark").count() == 1  # the old schema's form
         d.stop()
         d = start_daemon(tmp_path, bundle_with(demo_dir, tmp_path / "new", NESTED_SCHEMA), port=port)
-        second = d.trigger("cam").result(timeout=120)
+        second = d.entry.trigger("cam").result(timeout=120)
         page.click(f'#insp-list tr[data-id="{second.id}"]', timeout=15000)
         page.wait_for_selector("#review-fields fieldset [id='rv-location.x']")
         assert by_id(page, "rv-remark").count() == 0
@@ -425,7 +425,7 @@ def _post_raw(d: Daemon, path: str, raw: bytes) -> tuple[int, Any]:
 
 
 def test_hostile_review_bodies_are_400s_naming_the_body(nested: Daemon) -> None:
-    result = nested.trigger("cam").result(timeout=120)
+    result = nested.entry.trigger("cam").result(timeout=120)
     path = f"/api/v1/results/{result.id}/review"
     deep = '{"action": "correct", "verdict": {"defect": true, "tags": ' + "[" * 500 + "]" * 500 + "}}"
     nan = '{"action": "correct", "verdict": {"defect": NaN}}'
@@ -436,7 +436,7 @@ def test_hostile_review_bodies_are_400s_naming_the_body(nested: Daemon) -> None:
 
 
 def test_a_confirmation_stores_no_verdict_sent_with_it(nested: Daemon) -> None:
-    result = nested.trigger("cam").result(timeout=120)
+    result = nested.entry.trigger("cam").result(timeout=120)
     status, body = post_json(nested, f"/api/v1/results/{result.id}/review",
                              {"action": "confirm", "verdict": {"evil": 1}})
     assert status == 200 and body["review"]["correction"] is None

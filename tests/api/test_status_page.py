@@ -61,7 +61,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
     deadline = time.monotonic() + 10
     while d.rigs["station-a"].camera.slot.peek() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    d.trigger("station-a").result(timeout=10)
+    d.entry.trigger("station-a").result(timeout=10)
     yield d
     d.stop()
 
@@ -80,7 +80,7 @@ def test_status_page_renders_and_updates_live(daemon: Daemon, browser: Any) -> N
             page.wait_for_function("document.querySelectorAll('#results tr').length >= 1", timeout=10000)
             page.wait_for_selector("#live.ok", timeout=10000)
             before = page.eval_on_selector_all("#results tr", "rows => rows.length")
-            result = daemon.trigger("station-a").result(timeout=10)  # a new verdict arrives
+            result = daemon.entry.trigger("station-a").result(timeout=10)  # a new verdict arrives
             page.wait_for_function(f"seen.has({json.dumps(result.id)})", timeout=10000)
             page.wait_for_function(f"document.querySelectorAll('#results tr').length > {before}", timeout=10000)
             assert page.inner_text("#results tr:first-child td:nth-child(2)") == "station-a"
@@ -130,7 +130,7 @@ def test_page_resumes_events_it_missed_while_loading(daemon: Daemon, browser: An
         deadline = time.monotonic() + 10
         while not held and time.monotonic() < deadline:
             page.wait_for_timeout(50)
-        result = daemon.trigger("station-a").result(timeout=10)  # made between the fetch and the connect
+        result = daemon.entry.trigger("station-a").result(timeout=10)  # made between the fetch and the connect
         assert held and "last_event_id=" in held[0].request.url
         held[0].continue_()
         page.wait_for_function(f"seen.has({json.dumps(result.id)})", timeout=10000)

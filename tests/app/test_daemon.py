@@ -72,7 +72,7 @@ def test_mjpeg_stream_camera_fills_the_journal(run_daemon: Callable[..., Daemon]
                                          trigger=TriggerConfig(mode="continuous")))
         wait_for(lambda: daemon.journal.counts()["total"] >= 3, what="3 results")
         assert cam(daemon, "mjpeg")["kind"] == "http"
-        assert daemon.latest_jpeg("mjpeg")[:2] == b"\xff\xd8"  # type: ignore[index]
+        assert daemon.entry.latest_jpeg("mjpeg")[:2] == b"\xff\xd8"  # type: ignore[index]
     finally:
         server.stop()
 
@@ -156,7 +156,7 @@ def test_trigger_inspects_an_on_demand_camera(run_daemon: Callable[..., Daemon],
     wait_for(lambda: daemon.rigs["ondemand"].camera.slot.peek(), what="a frame")
     time.sleep(0.3)
     assert daemon.journal.counts()["total"] == 0
-    result = daemon.trigger("ondemand", prompt="Any burrs?").result(timeout=10)
+    result = daemon.entry.trigger("ondemand", prompt="Any burrs?").result(timeout=10)
     assert result.prompt == "Any burrs?" and daemon.journal.get(result.id) is not None
 
 

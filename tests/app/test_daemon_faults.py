@@ -13,7 +13,7 @@ import pytest
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
-from edge_runtime.core.device import Device
+from edge_runtime.core.device import DeviceCameras
 from edge_runtime.core.errors import EdgeRuntimeError, QueueFull
 from edge_runtime.core.samples import write_sample_video
 from tests.app.test_reload import daemon_with_file
@@ -26,9 +26,9 @@ def on_demand(tmp_path: Path) -> CameraConfig:
     return CameraConfig(name="cam", source=str(video), fps=10, trigger=TriggerConfig(mode="on_demand"))
 
 
-def inspect_now(daemon: Device) -> Any:
-    wait_for(lambda: daemon.latest_jpeg("cam"), what="a frame")
-    return daemon.trigger("cam").result(timeout=30)
+def inspect_now(cameras: DeviceCameras) -> Any:
+    wait_for(lambda: cameras.latest_jpeg("cam"), what="a frame")
+    return cameras.trigger("cam").result(timeout=30)
 
 
 def test_a_changed_model_is_loaded_on_reload_and_the_old_one_closed(tmp_path: Path, demo_dir: Path,
@@ -43,7 +43,7 @@ def test_a_changed_model_is_loaded_on_reload_and_the_old_one_closed(tmp_path: Pa
         info = daemon.model_info()
         assert info is not None and info.ready and info.max_tokens == 200
         assert info.verdict_schema["required"] == ["defect", "category", "confidence", "notes"]
-        assert inspect_now(daemon).model == info.model_name
+        assert inspect_now(daemon.entry).model == info.model_name
     finally:
         daemon.stop()
 
@@ -62,7 +62,7 @@ def test_a_model_that_fails_to_load_on_reload_keeps_the_running_one(tmp_path: Pa
         assert daemon.inspector is old and old is not None and old.ready
         assert daemon.config.model.path == demo_dir  # the running model's settings stay with it
         assert outcome["applied"] == ["log_level"]  # the rest of the file applies; the model path did not
-        assert daemon.health()["state"] == "ok" and inspect_now(daemon).verdict
+        assert daemon.health()["state"] == "ok" and inspect_now(daemon.entry).verdict
     finally:
         daemon.stop()
 
@@ -90,9 +90,9 @@ def blocking_job(started: threading.Event, release: threading.Event) -> Any:
 
 def test_work_still_queued_at_shutdown_is_refused_not_left_waiting(bare_daemon: Daemon) -> None:
     started, release = threading.Event(), threading.Event()
-    first = bare_daemon.submit_job(blocking_job(started, release))
+    first = bare_daemon.entry.submit_job(blocking_job(started, release))
     assert started.wait(30)
-    queued: list[Future[Any]] = [bare_daemon.submit_job(lambda _i: "ran") for _ in range(8)]
+    queued: list[Future[Any]] = [bare_daemon.entry.submit_job(lambda _i: "ran") for _ in range(8)]
     stopper = threading.Thread(target=bare_daemon.stop)
     stopper.start()
     wait_for(lambda: bare_daemon.worker._stop.is_set(), what="the stop to begin")
@@ -111,9 +111,9 @@ def test_work_still_queued_at_shutdown_is_refused_not_left_waiting(bare_daemon: 
 
 def test_stop_refuses_work_not_started_even_while_an_inspection_overruns_it(bare_daemon: Daemon) -> None:
     started, release = threading.Event(), threading.Event()
-    first = bare_daemon.submit_job(blocking_job(started, release))
+    first = bare_daemon.entry.submit_job(blocking_job(started, release))
     assert started.wait(30)
-    queued = [bare_daemon.submit_job(lambda _i: "ran") for _ in range(8)]  # 4 handed on, 1 held, 3 queued
+    queued = [bare_daemon.entry.submit_job(lambda _i: "ran") for _ in range(8)]  # 4 handed on, 1 held, 3 queued
     try:
         bare_daemon.worker.stop(timeout=0.3)  # the inspection in progress outlasts the stop's patience
         wait_for(lambda: all(f.done() for f in queued), timeout=5, what="every waiting caller to be answered")
@@ -127,7 +127,7 @@ def test_a_hung_inspection_makes_the_pipeline_not_alive_until_it_returns(bare_da
     started, release = threading.Event(), threading.Event()
     try:
         assert bare_daemon.worker.alive(max_busy_s=0.3)
-        future = bare_daemon.submit_job(blocking_job(started, release))
+        future = bare_daemon.entry.submit_job(blocking_job(started, release))
         assert started.wait(30)
         wait_for(lambda: not bare_daemon.worker.alive(max_busy_s=0.3), what="the watchdog to see the hang")
         assert bare_daemon.worker.alive(max_busy_s=60)  # the daemon's own limit is not reached yet
@@ -138,7 +138,7 @@ def test_a_hung_inspection_makes_the_pipeline_not_alive_until_it_returns(bare_da
 
 
 def test_an_unknown_camera_is_refused_through_the_device_interface(bare_daemon: Daemon) -> None:
-    device: Device = bare_daemon
+    device = bare_daemon.device  # what api/ and the MQTT commands are handed: one part per role
     with pytest.raises(EdgeRuntimeError, match="no camera named 'nope'"):
-        device.trigger("nope")
-    assert device.camera_names() == [] and device.get_result("no-such-id") is None
+        device.cameras.trigger("nope")
+    assert device.status.camera_names() == [] and device.results.get_result("no-such-id") is None

@@ -50,12 +50,12 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
         program = ins.program_of("belt")
         assert program is not None and [r.caption for r in program.references] == ["golden OK sample", "known NOK"]
         wait_for(lambda: daemon.rigs["belt"].camera.slot.peek() is not None, what="the camera's first frame")
-        result = daemon.trigger("belt").result(timeout=60)
+        result = daemon.entry.trigger("belt").result(timeout=60)
         assert set(result.verdict) == {"defect", "category"} and result.regions is None
         # A tiled camera through the worker's two stages: a verdict per tile, journaled with the result.
         wait_for(lambda: daemon.rigs["cover"].camera.slot.peek() is not None, what="the cover camera's frame")
         try:
-            tiled = daemon.trigger("cover").result(timeout=60)
+            tiled = daemon.entry.trigger("cover").result(timeout=60)
         except InferenceError as exc:  # random weights: no tile NOK and one without a verdict
             assert "regions without a verdict" in str(exc)
         else:
@@ -72,7 +72,7 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
             daemon.reload()
         assert f"references.1.image {broken}" in str(caught.value) and "\n" not in str(caught.value)
         assert ins.program_of("belt") is program  # the old program keeps running
-        assert daemon.trigger("belt").result(timeout=60).verdict == result.verdict
+        assert daemon.entry.trigger("belt").result(timeout=60).verdict == result.verdict
 
         misses = ins.encoder_cache.stats()["misses"]
         data["programs"]["housing"]["references"][1] = {"image": str(paths[1]), "caption": "known NOK: missing screw"}
@@ -81,7 +81,7 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
         fresh = ins.program_of("belt")
         assert fresh is not None and fresh is not program and fresh.references[1].caption == "known NOK: missing screw"
         assert ins.encoder_cache.stats()["misses"] == misses  # both references were cache hits
-        daemon.trigger("belt").result(timeout=60)
+        daemon.entry.trigger("belt").result(timeout=60)
     finally:
         daemon.stop()
 

@@ -42,7 +42,7 @@ def test_a_receiver_that_is_down_degrades_health_without_unreadying_and_heals(tm
     daemon.start()
     try:
         wait_for(lambda: daemon.rigs["cam"].camera.slot.peek() is not None, 30, "the camera's first frame")
-        daemon.trigger("cam").result(timeout=60)
+        daemon.entry.trigger("cam").result(timeout=60)
         health = wait_for(lambda: (h := daemon.health())["state"] == "degraded" and h, 30, "degraded health")
         assert health["ready"] is True, health  # inspection goes on: no rollout undoes an update for this
         assert health["reasons"] == [f"webhooks: blocked: http://127.0.0.1:{port}"], health

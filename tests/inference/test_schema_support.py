@@ -110,13 +110,13 @@ def test_a_schema_the_engine_cannot_express_is_a_400_before_anything_is_queued(
 
     monkeypatch.setattr(constraint, "gbnf_to_lark", refuse)
     queued: list[object] = []
-    real_submit = daemon.submit_job
+    real_submit = daemon.entry.submit_job
 
     def submit(job: Any) -> Any:
         queued.append(job)
         return real_submit(job)
 
-    monkeypatch.setattr(daemon, "submit_job", submit)
+    monkeypatch.setattr(daemon.entry, "submit_job", submit)
     schema = {"type": "object", "properties": {"only_here": {"type": "boolean"}}, "required": ["only_here"]}
     body = {"messages": [{"role": "user", "content": "?"}], "max_tokens": 8,
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}

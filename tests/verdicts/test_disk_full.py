@@ -89,7 +89,7 @@ def test_full_disk_degrades_and_heals_without_restart(cameras: int, small_disk: 
         assert status["health"]["state"] == "degraded" and status["journal"]["full"] is True
         assert "disk full" in daemon.telemetry()["health"]["reasons"]
         with pytest.raises(StorageFull):
-            daemon.trigger("cam0").result(timeout=10)
+            daemon.entry.trigger("cam0").result(timeout=10)
         base = f"http://127.0.0.1:{daemon.api.port}"  # type: ignore[union-attr]
         ready = requests.get(f"{base}/readyz", timeout=5)
         assert ready.status_code == 503 and "disk full" in ready.json()["reasons"]

@@ -124,7 +124,7 @@ def http(line: Line, path: str, body: Any = None, token: str | None = TOKEN,
 
 
 def inspect(line: Line) -> Result:
-    return line.daemon.trigger("station-a").result(timeout=60)
+    return line.daemon.entry.trigger("station-a").result(timeout=60)
 
 
 def test_a_result_links_its_evidence_on_rest_and_mqtt_never_the_bytes(line: Line) -> None:
@@ -314,13 +314,13 @@ def test_a_full_evidence_disk_degrades_the_device_and_heals(tmp_path: Path, demo
                 except OSError:
                     pass
             frame = np.full((64, 64, 3), 90, np.uint8)
-            first = daemon.submit_image(frame, journal=True).result(timeout=60)
+            first = daemon.entry.submit_image(frame, journal=True).result(timeout=60)
             assert first.evidence is None and daemon.journal.get(first.id) is not None  # the verdict is kept
             health = daemon.status()["health"]
             assert health["state"] == "degraded" and FAULT in health["reasons"]
             assert health["ready"] is True  # verdicts are still journaled: /readyz stays 200
             filler.unlink()
-            second = daemon.submit_image(frame, journal=True).result(timeout=60)
+            second = daemon.entry.submit_image(frame, journal=True).result(timeout=60)
             assert second.evidence is not None and daemon.health()["state"] == "ok"
         finally:
             daemon.stop()

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from edge_runtime.core.device import Device
+from edge_runtime.core.device import DeviceRoles
 
 
 class CommandError(Exception):
@@ -44,10 +44,10 @@ def _parse(model: type[_Payload], payload: dict[str, Any]) -> Any:
         raise CommandError(f"{field}: {err['msg']}") from None
 
 
-def command_table(daemon: Device) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+def command_table(device: DeviceRoles) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
     def trigger(payload: dict[str, Any]) -> dict[str, Any]:
         req = _parse(TriggerPayload, payload)
-        future = daemon.trigger(req.camera, req.prompt)
+        future = device.cameras.trigger(req.camera, req.prompt)
         try:
             result = future.result(timeout=req.timeout_s)
         except FutureTimeout:
@@ -56,11 +56,11 @@ def command_table(daemon: Device) -> dict[str, Callable[[dict[str, Any]], dict[s
 
     def reload(payload: dict[str, Any]) -> dict[str, Any]:
         _parse(EmptyPayload, payload)
-        outcome = daemon.reload()  # a refused file raises: the reply carries its one-line error
-        return {"cameras": daemon.camera_names(), **outcome}
+        outcome = device.control.reload()  # a refused file raises: the reply carries its one-line error
+        return {"cameras": device.status.camera_names(), **outcome}
 
     def status(payload: dict[str, Any]) -> dict[str, Any]:
         _parse(EmptyPayload, payload)
-        return daemon.status()
+        return device.status.status()
 
     return {"trigger": trigger, "reload": reload, "status": status}
