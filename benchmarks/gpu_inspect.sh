@@ -44,7 +44,9 @@ if "repeated_api_image" in r:
           f"{x['first_encode_ms']} ms, repeats p50 {x['repeat_encode_p50_ms']} ms")
 if "regions" in r:
     x = r["regions"]
-    print(f"regions: one p50 {x['one']['p50_ms']} ms, four in one batch p50 {x['four']['p50_ms']} ms: {x['ratio_p50']}x")
+    print(f"regions: one p50 {x['one']['p50_ms']} ms, four in one batch p50 {x['four']['p50_ms']} ms: {x['ratio_p50']}x "
+          f"(to the regions' first tokens {x['one']['ttft_p50_ms']} -> {x['four']['ttft_p50_ms']} ms, "
+          f"{x.get('ratio_ttft_p50', '?')}x)")
 if "budgets" in r:
     x = r["budgets"]
     for k, v in x.items():
