@@ -158,9 +158,22 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]
             "by_gate": engines.count("gate"), "by_vlm": len(frames) - engines.count("gate"),
             "defective": sum(k is not None for k in defective), "escapes": len(escapes), "escaped_frames": escapes,
             "tiles_asked": sum(1 for r in m["results"] for t in r.regions or [] if t.get("engine") != "gate"),
-            "lowest_defect_score": round(min(defect_scores), 6) if defect_scores else None}
+            "lowest_defect_score": round(min(defect_scores), 6) if defect_scores else None,
+            "timings_ms": _timings(m["results"])}
     report["skip_ok"]["gate_counts"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return report
+
+
+def _timings(results: list[Any]) -> dict[str, dict[str, float]]:
+    """Where a frame's time went, by who answered it: the mean of each stage of its `timings_ms`."""
+    out: dict[str, dict[str, float]] = {}
+    for engine in ("gate", "vlm"):
+        picked = [r.timings_ms for r in results if (r.source.get("engine") == "gate") == (engine == "gate")]
+        if picked:
+            out[engine] = {k: round(float(np.mean([t.get(k, 0.0) for t in picked])), 1)
+                           for k in ("encode", "prefill", "decode", "total")}
+            out[engine]["frames"] = len(picked)
+    return out
 
 
 def _tile_answered(result: Any, box: Any) -> bool:
