@@ -45,7 +45,6 @@ from edge_runtime.inference.model_source import open_inspector
 from edge_runtime.inference.worker import InspectionWorker
 from edge_runtime.lineio.service import LineIO
 from edge_runtime.power.governor import GovernorGate, GovernorService
-from edge_runtime.power.sensors import detect_sensor
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
 from edge_runtime.verdicts.queries import VerdictQueries
@@ -77,7 +76,7 @@ class Daemon:
         # Cameras the command line added beyond the file (`run --demo`): a reload keeps them.
         self.extra_cameras = cameras_not_in_file(config, config_path)
         self.started = time.time()
-        self.governor = _governor(config) if config.governor.enabled else None
+        self.governor = GovernorService.from_config(config.governor) if config.governor.enabled else None
         self.gate: Gate = gate or (GovernorGate(self.governor) if self.governor is not None else OpenGate())
         self.inspections = InspectionQueue(config.inspection.queue_size)
         # Unsent rows are kept through retention only while an outbox will ever send them.
@@ -252,12 +251,7 @@ class Daemon:
         return sorted(self.rigs)
 
     def model_info(self) -> ModelInfo | None:
-        inspector = self.inspector
-        if inspector is None:
-            return None
-        return ModelInfo(str(inspector.bundle.manifest.name), inspector.model_name, inspector.ready,
-                         inspector.max_tokens, self.config.model.context_size,
-                         inspector.bundle.manifest.verdict_schema, inspector.several_images)
+        return self.inspector.info(self.config.model.context_size) if self.inspector is not None else None
 
     def verdict_status(self) -> dict[str, Any] | None:
         return self.report.verdict_status()
@@ -288,10 +282,3 @@ class Daemon:
     def _load_inspector(self, config: Config) -> Inspector:
         return open_inspector(config, self.model_dir)
 
-
-def _governor(config: Config) -> GovernorService:
-    try:
-        sensor = detect_sensor(config.governor.sensor, config.governor.replay_file)
-    except (RuntimeError, ValueError) as exc:
-        raise EdgeRuntimeError(f"governor: {exc}") from None
-    return GovernorService(config.governor, sensor)

@@ -27,6 +27,7 @@ from edge_runtime.config.line_io import StationConfig
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import BatchJob, ChatWork, ClipFrame, Encoded
 from edge_runtime.core.bundle.manifest import Bundle, Manifest
+from edge_runtime.core.device import ModelInfo
 from edge_runtime.core.errors import BundleError, InferenceError, InputError
 from edge_runtime.core.result import Result
 from edge_runtime.inference.encoder_cache import Box, EncoderCache
@@ -140,6 +141,12 @@ class Inspector:
     def several_images(self) -> bool:
         """Whether a prompt may hold several images (a GGUF + mmproj bundle's)."""
         return self.encoder.several_images
+
+    def info(self, context_size: int) -> ModelInfo:
+        """What `/v1/models`, the status page and the review loop show of this model."""
+        manifest = self.bundle.manifest
+        return ModelInfo(str(manifest.name), self.model_name, self.ready, self.max_tokens, context_size,
+                         manifest.verdict_schema, self.several_images)
 
     def encode(self, frame: np.ndarray, crop: Box | None = None, digest: str | None = None,
                tokens: tuple[int, int] | None = None) -> Encoded:

@@ -16,7 +16,9 @@ from enum import IntEnum
 from typing import Any
 
 from edge_runtime.config import GovernorConfig
+from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import GateDecision
+from edge_runtime.power.sensors import detect_sensor
 from edge_runtime.power.snapshot import Sensor, Snapshot
 
 log = logging.getLogger(__name__)
@@ -150,6 +152,15 @@ class GovernorService:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="governor", daemon=True)
+
+    @classmethod
+    def from_config(cls, cfg: GovernorConfig) -> GovernorService:
+        """On the sensor `cfg.sensor` names (or the one found); a sensor that cannot be read: one line."""
+        try:
+            sensor = detect_sensor(cfg.sensor, cfg.replay_file)
+        except (RuntimeError, ValueError) as exc:
+            raise EdgeRuntimeError(f"governor: {exc}") from None
+        return cls(cfg, sensor)
 
     def start(self) -> None:
         self.poll()
