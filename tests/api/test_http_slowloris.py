@@ -278,9 +278,11 @@ def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spo
         start_response("401 Unauthorized", [("Content-Type", "text/plain")])
         return [b"no"]
 
-    server = create_guarded_server(app, Limits(bodies_bytes=2_000_000), map={}, host="127.0.0.1", port=0,
+    loop_map: dict[int, Any] = {}
+    server = create_guarded_server(app, Limits(bodies_bytes=2_000_000), map=loop_map, host="127.0.0.1", port=0,
                                    threads=2, max_request_body_size=1_000_000, channel_timeout=10)
-    threading.Thread(target=server.run, daemon=True).start()
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
     port = server.socket.getsockname()[1]
     head = b"POST /api/v1/status HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n"
     socks = []
@@ -309,4 +311,9 @@ def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spo
         try:  # while the server's loop runs: it is what sees the connections close
             wait_for(lambda: server.bodies_in_flight == 0, 5, "every reservation released when connections close")
         finally:
-            server.close()
+            # Closed from inside the loop's thread, as ApiServer.stop does: server.close() from here raced
+            # the loop's select() (EBADF in the server thread, a CI failure of this test).
+            server.trigger.pull_trigger(lambda: [d.close() for d in list(loop_map.values())])
+            loop.join(5)
+            assert not loop.is_alive(), "the server loop did not end once its map was empty"
+            server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
