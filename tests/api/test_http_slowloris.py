@@ -94,6 +94,16 @@ def healthz_latencies(port: int, probes: int = 20) -> list[float]:
     return sorted(out)
 
 
+def readable(socks: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """The sockets with data or a close waiting. poll(), not select(): late in a whole-suite run the
+    descriptors of 512 sockets go past select()'s 1024 (a fresh-clone run failed so)."""
+    poller = select.poll()
+    by_fd = {sock.fileno(): sock for sock in socks}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(timeout * 1000)]
+
+
 class Dribblers:
     """Connections that send a request head one byte every `every` seconds and never finish it;
     records when each one was first fed and when the server answered or closed it."""
@@ -122,8 +132,7 @@ class Dribblers:
             live = [s for s in self.socks if s not in self.ended]
             if not live:
                 return
-            readable, _, _ = select.select(live, [], [], self.every)
-            for sock in readable:
+            for sock in readable(live, self.every):
                 try:
                     data = sock.recv(4096)
                 except OSError:
@@ -132,7 +141,7 @@ class Dribblers:
             for sock in live:
                 # An answer that arrived since the select above: a byte sent now would meet the closed
                 # socket, and its reset would discard the 408 still unread.
-                if sock not in self.ended and not select.select([sock], [], [], 0)[0]:
+                if sock not in self.ended and not readable([sock], 0):
                     self._send(sock, b"x")
 
     def close(self) -> None:
