@@ -60,7 +60,8 @@ def stream(frames: int, defect_every: int, size: int) -> list[tuple[np.ndarray, 
     return out
 
 
-def fit_tiles(config: Any, model: str, bank: Path, train: int, holdout: int, size: int, tmp: Path) -> dict[str, Any]:
+def fit_tiles(config: Any, model: str, bank: Path, train: int, holdout: int, size: int, tmp: Path,
+              max_patches: int | None = None) -> dict[str, Any]:
     """`gate fit --camera line` on good parts: one bank section per tile, each with its held-out threshold."""
     from edge_runtime.evaluation.gate_fit import FitOptions, fit_gate
     from edge_runtime.inference.anomaly.bank import read_headers
@@ -70,7 +71,8 @@ def fit_tiles(config: Any, model: str, bank: Path, train: int, holdout: int, siz
     folder.mkdir()
     for s in range(train + holdout):
         cv2.imwrite(str(folder / f"part-{s:04d}.png"), clean_part(s, size, size))
-    fit_gate(config, FitOptions(images=folder, out=bank, model=model, camera="line",
+    bound = {} if max_patches is None else {"max_patches": max_patches}
+    fit_gate(config, FitOptions(images=folder, out=bank, model=model, camera="line", **bound,
                                 holdout=holdout / (train + holdout), max_images=train + holdout, progress=False))
     headers = read_headers(bank)
     return {"train": train, "holdout": holdout, "tiles": len(headers),
@@ -78,7 +80,8 @@ def fit_tiles(config: Any, model: str, bank: Path, train: int, holdout: int, siz
             "bank_patches": [h.vectors.patches for h in headers]}
 
 
-def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int) -> dict[str, Any]:
+def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int,
+        max_patches: int | None = None) -> dict[str, Any]:
     """Fit a bank on good parts and set its threshold to the held-out good parts' largest score."""
     from edge_runtime.evaluation.gate_fit import in_memory_gate
     from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
@@ -91,9 +94,10 @@ def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int
     try:
         context = gate_context(inspector.bundle, inspector.settings)
         feats = [patch_features(inspector.encode(clean_part(s, size, size)), context) for s in range(train)]
-        result = fit_bank(feats)
+        result = fit_bank(feats) if max_patches is None else fit_bank(feats, max_patches)
         header = bank_header(result, context, feats[0])
         gate = in_memory_gate(result, context, header)
+        gate.search_threads = config.cameras[0].gate.search_threads
         held = [gate.score(inspector.encode(clean_part(10_000 + s, size, size))).score for s in range(holdout)]
     finally:
         inspector.close()
@@ -209,6 +213,8 @@ def main() -> None:
     ap.add_argument("--tiles", type=int, default=1, help="the camera's program cuts each frame into N tiles "
                     "side by side, a bank section each (1: whole frames)")
     ap.add_argument("--no-evidence", action="store_true", help="evidence.enabled false in both modes")
+    ap.add_argument("--max-patches", type=int, help="the bank's size bound (gate fit --max-patches; default its own)")
+    ap.add_argument("--search-threads", type=int, default=1, help="gate.search_threads (cores for the search)")
     args = ap.parse_args()
 
     from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig
@@ -231,11 +237,13 @@ def main() -> None:
         base = Config(device_id="gate-stream", data_dir=tmp / "fit", programs=programs,
                       cameras=[CameraConfig(name="line", source=str(still), program=program)])
         base.model.warmup, base.model.gpu_layers = False, args.gpu_layers
-        fitted = fit_tiles(base, model, bank, args.train, args.holdout, args.size, tmp) if programs else \
-            fit(base, model, bank, args.train, args.holdout, args.size)
+        base.cameras[0].gate = GateConfig(mode="off", search_threads=args.search_threads)
+        fitted = fit_tiles(base, model, bank, args.train, args.holdout, args.size, tmp, args.max_patches) \
+            if programs else fit(base, model, bank, args.train, args.holdout, args.size, args.max_patches)
         out: dict[str, Any] = {"model": model, "frame": f"{args.size}x{args.size}",
                                "defective_share": round(1 / args.defect_every, 4), "inflight": args.inflight,
                                "audit_every": args.audit_every, "evidence": not args.no_evidence,
+                               "search_threads": args.search_threads,
                                "fit": fitted, "modes": {}}
         cfg = Config(device_id="gate-stream", data_dir=tmp / "data", programs=programs)
         cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
@@ -243,7 +251,8 @@ def main() -> None:
         # Both modes see the same frames: cached embeddings would spare the second mode its encodes.
         cfg.model.encoder_cache_mb = 0
         cfg.model.gpu_layers = args.gpu_layers
-        gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT)
+        gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT,
+                          search_threads=args.search_threads)
         cfg.cameras = [CameraConfig(name="line", source=str(still), trigger=TriggerConfig(mode="on_demand"),
                                     gate=gate, program=program)]
         out["modes"] = run(cfg, model, frames, args.inflight, args.warmup, args.chunk)

@@ -5,8 +5,10 @@
 #   reference  per-frame time with one reference image over none (target <= 1.15x)
 #   api        a repeated API image through a running daemon: encode time of the repeats, cache hit rate
 #   regions    four regions of one frame in one batch over one region (target <= 2.0x on the H200)
+#   regions_compact  the same, each region's schema a boolean and an enum (answers of even length)
 #   budgets    time per frame at three image token budgets (the ceiling, 1/2, 1/4) on the same frames
 #   clip       a clip of 4 frames (sliding window, encoder cache on) over a single frame
+# BATCH_SIZE=N: model.batch_size of the parts (default 512: four 144-token regions take two image decodes).
 # Needs only gpu_peers.sh's (or gpu_pair.sh's) build: the CUDA llama-cpp-python in /tmp/site and the pair in
 # /tmp/models/pair3b. One phase, within one 10-minute device call:
 #   inspect  JSON into $OUT/programs.json, the log into $OUT/programs.log, a summary into $OUT/programs.txt
@@ -28,7 +30,8 @@ if [ "$PHASE" = inspect ]; then
     { echo "no pair at $BUNDLE: run 'bash benchmarks/gpu_peers.sh build' first" | tee -a "$OUT/exit.txt"; exit 1; }
   python3 "$HERE/programs.py" "$BUNDLE" --gpu-layers "${GPU_LAYERS:--1}" --threads "${THREADS:-8}" \
     --frames "${FRAMES:-12}" --requests "${REQUESTS:-100}" --side "${SIDE:-672}" \
-    --parts "${PARTS:-reference,api,regions,budgets,clip}" --json "$OUT/programs.json" \
+    --parts "${PARTS:-reference,api,regions,regions_compact,budgets,clip}" --json "$OUT/programs.json" \
+    ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} \
     > /dev/null 2> "$OUT/programs.log" || { echo "programs.py exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/programs.log"; exit 1; }
   python3 - "$OUT/programs.json" <<'PY' | tee "$OUT/programs.txt"
 import json, sys
@@ -42,11 +45,14 @@ if "repeated_api_image" in r:
     x = r["repeated_api_image"]
     print(f"repeated API image: hit rate {x['hit_rate']} ({x['hits']}/{x['hits'] + x['misses']}), first encode "
           f"{x['first_encode_ms']} ms, repeats p50 {x['repeat_encode_p50_ms']} ms")
-if "regions" in r:
-    x = r["regions"]
-    print(f"regions: one p50 {x['one']['p50_ms']} ms, four in one batch p50 {x['four']['p50_ms']} ms: {x['ratio_p50']}x "
-          f"(to the regions' first tokens {x['one']['ttft_p50_ms']} -> {x['four']['ttft_p50_ms']} ms, "
-          f"{x.get('ratio_ttft_p50', '?')}x)")
+for part in ("regions", "regions_compact"):
+    if part in r:
+        x = r[part]
+        print(f"{part} ({x.get('schema')} schema, batch {x.get('batch_size')}): one p50 {x['one']['p50_ms']} ms, "
+              f"four in one batch p50 {x['four']['p50_ms']} ms: {x['ratio_p50']}x "
+              f"(to the regions' first tokens {x['one']['ttft_p50_ms']} -> {x['four']['ttft_p50_ms']} ms, "
+              f"{x.get('ratio_ttft_p50', '?')}x; longest answer {x['one'].get('longest_answer_chars_mean')} -> "
+              f"{x['four'].get('longest_answer_chars_mean')} chars)")
 if "budgets" in r:
     x = r["budgets"]
     for k, v in x.items():

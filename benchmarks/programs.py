@@ -11,7 +11,11 @@ of `realistic_pair.py` on a CPU):
 3. regions: a frame (2 x 2 crops of the frame size) asked as four regions in one batch against the same
    frame asked as one region (its top-left crop), interleaved, encoder cache off; its time to the first
    token is from the call to the moment every region has its first token (the regions' encodes, then
-   their prefill), measured where the parallel sequences pick it;
+   their prefill), measured where the parallel sequences pick it. The frame is done when its longest
+   answer is, so the answers' lengths are reported beside the times (one region's; the longest of four).
+   `regions_compact` asks the same with each region's schema a boolean and an enum (a screw present or
+   not, as a region of a real program asks), so the answers' lengths vary little and the ratio shows
+   the batching rather than random weights' longest free-text answer;
 4. image token budgets: the same frame under three `image_tokens.max` (the bundle's ceiling, a half and a
    quarter of it), interleaved, encoder cache off: per-frame ms and image tokens at each;
 5. a clip of 4 frames (spacing 0) against a single frame, interleaved, encoder cache on as in the
@@ -97,6 +101,12 @@ def reference_cost(bundle: str, n: int, threads: int, tmp: Path, gpu_layers: int
     return out
 
 
+BATCH_SIZE: int | None = None  # --batch-size: model.batch_size of every part's Inspector (None: the default)
+COMPACT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["defect", "category"],
+                  "properties": {"defect": {"type": "boolean"},
+                                 "category": {"enum": ["none", "missing_screw", "loose_screw"]}}}
+
+
 def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, programs: dict[str, Any],
                cameras: dict[str, str | None]) -> Any:
     """An Inspector of `bundle` with these programs and cameras (camera name -> program name)."""
@@ -107,6 +117,8 @@ def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, progra
     cfg.model.threads = threads
     cfg.model.gpu_layers = gpu_layers
     cfg.model.encoder_cache_mb = cache_mb
+    if BATCH_SIZE is not None:
+        cfg.model.batch_size = BATCH_SIZE
     cfg.programs = {name: ProgramConfig.model_validate(p) for name, p in programs.items()}
     cfg.cameras = [CameraConfig(name=cam, source="x.png", program=prog) for cam, prog in cameras.items()]
     return open_inspector(cfg, bundle)
@@ -139,13 +151,15 @@ def _first_tokens(inspector: Any) -> list[float]:
     return picks
 
 
-def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int) -> dict[str, Any]:
+def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
+                 schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per-frame ms of four regions (the 2 x 2 quadrants) in one batch against one region (a quadrant),
     and the time to the frame's first tokens: from the call to the first region's first token
-    (`ttft_first`) and to the last region's (`ttft_p50_ms`: every region has begun its answer)."""
+    (`ttft_first`) and to the last region's (`ttft_p50_ms`: every region has begun its answer).
+    `schema`: every region's verdict schema (None: the bundle's)."""
     half = side // 2
-    quads = [{"name": f"q{i}", "box": [x, y, half, half]} for i, (x, y) in enumerate(
-        [(0, 0), (half, 0), (0, half), (half, half)])]
+    quads = [{"name": f"q{i}", "box": [x, y, half, half], **({"verdict_schema": schema} if schema else {})}
+             for i, (x, y) in enumerate([(0, 0), (half, 0), (0, half), (half, half)])]
     inspector = _inspector(bundle, threads, gpu_layers, 0, {"one": {"regions": quads[:1]}, "four": {"regions": quads}},
                            {"one": "one", "four": "four"})
     out: dict[str, Any] = {"frames": n, "frame": f"{side}x{side}", "region": f"{half}x{half}"}
@@ -156,17 +170,22 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int) 
         times: dict[str, list[float]] = {"one": [], "four": []}
         ttft: dict[str, list[float]] = {"one": [], "four": []}
         first: dict[str, list[float]] = {"one": [], "four": []}
+        longest: dict[str, list[int]] = {"one": [], "four": []}  # the frame's longest answer (characters)
         for frame in frames(n, seed=11, size=side):
             for cam in ("one", "four"):
                 picks.clear()
                 t0 = time.perf_counter()
-                inspector.inspect(frame, camera=cam)
+                result = inspector.inspect(frame, camera=cam)
                 times[cam].append((time.perf_counter() - t0) * 1000)
+                longest[cam].append(max(len(r["text"]) for r in result.regions or [{"text": result.text}]))
                 assert len(picks) == (1 if cam == "one" else 4), picks
                 first[cam].append((min(picks) - t0) * 1000)
                 ttft[cam].append((max(picks) - t0) * 1000)
         for cam in times:
-            out[cam] = {**_stats(times[cam], ttft[cam]), "ttft_first_p50_ms": pct(first[cam], 0.5)}
+            out[cam] = {**_stats(times[cam], ttft[cam]), "ttft_first_p50_ms": pct(first[cam], 0.5),
+                        "longest_answer_chars_mean": round(statistics.mean(longest[cam]), 1)}
+        out["schema"] = "compact" if schema else "bundle"
+        out["batch_size"] = inspector.settings.batch_size
         out["ratio_p50"] = round(out["four"]["p50_ms"] / out["one"]["p50_ms"], 3)
         out["ratio_ttft_p50"] = round(out["four"]["ttft_p50_ms"] / out["one"]["ttft_p50_ms"], 3)
         out["region_tokens"] = len(inspector.encode(frames(1, seed=5, size=half)[0]).embeds)
@@ -294,13 +313,17 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: all layers and the mmproj)")
     ap.add_argument("--side", type=int, default=672, help="frame side of regions, budgets and clip (pixels)")
     ap.add_argument("--parts", default="reference,api,regions,budgets,clip",
-                    help="which of reference, api, regions, budgets, clip to run (comma-separated)")
+                    help="which of reference, api, regions, regions_compact, budgets, clip to run (comma-separated)")
+    ap.add_argument("--batch-size", type=int, help="model.batch_size of the regions, budgets and clip parts "
+                    "(default: the config's, 512)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"reference", "api", "regions", "budgets", "clip"}
+    unknown = parts - {"reference", "api", "regions", "regions_compact", "budgets", "clip"}
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
+    global BATCH_SIZE
+    BATCH_SIZE = args.batch_size
     from edge_runtime.core.cpuinfo import read_cpuinfo
 
     cpu = read_cpuinfo()
@@ -309,6 +332,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         def ran(name: str, t0: float) -> None:  # progress on stderr: a slow part shows which it is
             print(f"programs.py: {name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.json:  # what is done so far, so a run cut short by a time limit keeps its parts
+                args.json.write_text(json.dumps(report, indent=2) + "\n")
 
         t0 = time.perf_counter()
         if "reference" in parts:
@@ -321,6 +346,11 @@ def main() -> None:
             t0 = time.perf_counter()
             report["regions"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
             ran("regions", t0)
+        if "regions_compact" in parts:
+            t0 = time.perf_counter()
+            report["regions_compact"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers,
+                                                     args.side, schema=COMPACT_SCHEMA)
+            ran("regions_compact", t0)
         if "budgets" in parts:
             t0 = time.perf_counter()
             report["budgets"] = budget_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
