@@ -62,6 +62,7 @@ MAX_RESPONSE = 1024          # bytes of a response body read (the rest is not wa
 MAX_ERROR = 200              # characters of an error kept in status
 MAX_DESTINATIONS = 256       # destinations reported in status (most pending first)
 SENDERS = 4                  # sender threads: at most this many destinations in flight at once
+MAX_STAGING = 256            # results staged and not yet notified that are remembered (one is the norm)
 
 
 def origin(url: str) -> str:
@@ -119,10 +120,11 @@ class WebhookOutbox:
         self._busy: set[str] = set()  # destinations with a POST in flight
         self._rr = 0  # round-robin cursor over destinations
         self._logged: dict[str, tuple[str | None, float]] = {}
-        # (result id, rows staged, oldest rows dropped) of the journal transaction in progress: applied by
-        # `notify` once it committed; replaced, not added to, by the next result (a transaction that never
-        # committed is forgotten, so this stays one entry).
-        self._staging: tuple[str, int, int] = ("", 0, 0)
+        # result id -> (rows staged, oldest rows dropped), applied by `notify(result)` once its transaction
+        # committed. One entry per result, so a result staged while another's wake-up has not run yet
+        # (or whose transaction rolls back) never takes that wake-up or count away. Bounded: the entry of
+        # a transaction that never committed (its notify never comes) is forgotten after MAX_STAGING.
+        self._staging: dict[str, tuple[int, int]] = {}
         self._staging_lock = threading.Lock()
 
     def put(self, url: str, body: dict[str, Any], key: str, source: str = "", timeout_s: float = 5.0) -> None:
@@ -147,8 +149,10 @@ class WebhookOutbox:
                                  "ORDER BY seq DESC LIMIT 1 OFFSET ?)", (self.max_rows,)).rowcount)
         if result_id is not None:
             with self._staging_lock:
-                rid, rows, over = self._staging if self._staging[0] == result_id else (result_id, 0, 0)
-                self._staging = (rid, rows + 1, over + dropped)
+                rows, over = self._staging.pop(result_id, (0, 0))  # re-inserted: the newest entry
+                self._staging[result_id] = (rows + 1, over + dropped)
+                while len(self._staging) > MAX_STAGING:
+                    del self._staging[next(iter(self._staging))]  # the oldest: never committed
         return dropped
 
     def queued(self, dropped: int = 0) -> None:
@@ -168,11 +172,10 @@ class WebhookOutbox:
         """`result` is committed: so are the POSTs staged with its id. Count what the bound dropped for
         them and wake the senders; never blocks (no query, no network)."""
         with self._staging_lock:
-            rid, rows, dropped = self._staging
-            if rid != result.id or rows == 0:
-                return  # no rule with a webhook fired on it
-            self._staging = ("", 0, 0)
-        self.queued(dropped)
+            staged = self._staging.pop(result.id, None)
+        if staged is None:
+            return  # no rule with a webhook fired on it (or told twice)
+        self.queued(staged[1])
 
     def health(self) -> SinkHealth:
         """Not ok while a destination keeps failing or a POST hangs (`blocked`); cheap (no query)."""
