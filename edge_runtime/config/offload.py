@@ -53,6 +53,11 @@ class EscalateConfig(_Section):
         min_length=1, max_length=16, description="Ask the central server for a second opinion when every "
         "listed top-level verdict field equals its value, e.g. {defect: true}. The second opinion is "
         "journaled as its own result with source.second_opinion_of set to the local result's id.")
+    max_held_mb: int = Field(
+        64, ge=1, le=1024, description="MiB the frames waiting for their local verdict (to be escalated if "
+        "it matches) may pin, a crop counting the whole frame it keeps alive; at most offload.queue_size "
+        "frames are held. Beyond either bound the oldest is let go, counted in images_evicted, and its "
+        "verdict is not escalated. Keep it small on a device whose memory the GPU shares (Jetson).")
 
 
 class OffloadConfig(_Section):

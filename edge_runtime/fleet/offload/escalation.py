@@ -4,9 +4,10 @@ frame to the central server (docs/scale-out.md).
 A committed `Result` does not carry its image, so the camera schedule hands each local request here
 first (`hold`): its image is kept under a tag that travels on the request (`InspectionRequest.
 offload_tag`) and comes back on the result (`verdicts/pipeline.py` copies it, as a line job's tag).
-`notify` takes the image back by that tag. The images wait in a ring bounded by count and bytes: a
-verdict that never comes (the inspection failed, the journal refused it) leaves its image behind
-until newer ones push it out, counted in `evicted`; the memory stays bounded either way.
+`notify` takes the image back by that tag. The images wait in a ring bounded by count and bytes
+(`offload.queue_size` frames, `offload.escalate.max_held_mb`: `from_config`): a verdict that never
+comes (the inspection failed, the journal refused it) leaves its image behind until newer ones push
+it out, counted in `evicted`; the memory stays bounded either way.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth
 
 MAX_HELD = 64  # frames in flight locally: the queue, the batch, one encoding ahead per camera
-MAX_HELD_BYTES = 256 * 1024 * 1024  # what the held images pin (a crop pins its whole frame)
+MAX_HELD_BYTES = 64 * 1024 * 1024  # what the held images pin (a crop pins its whole frame)
 
 SecondOpinion = Callable[[Result, np.ndarray, str | None], Future[Result]]  # Offloader.second_opinion
 
@@ -68,6 +70,15 @@ class Escalation:
         self._tags = itertools.count(1)
         self._lock = threading.Lock()
         self.evicted = 0  # images pushed out before their verdict was committed
+
+    @classmethod
+    def from_config(cls, cfg: OffloadConfig, second_opinion: SecondOpinion) -> Escalation:
+        """Bounded by the config: `offload.escalate.max_held_mb`, and no more frames than the offload
+        queue takes (`offload.queue_size`, at most MAX_HELD). Needs `cfg.escalate`."""
+        if cfg.escalate is None:
+            raise ValueError("offload.escalate is not set")
+        return cls(cfg.escalate.when, second_opinion, max_held=min(MAX_HELD, cfg.queue_size),
+                   max_bytes=cfg.escalate.max_held_mb * 1024 * 1024)
 
     def hold(self, request: InspectionRequest) -> None:
         """Keep the image of a local request that may escalate; tags the request. Never blocks."""

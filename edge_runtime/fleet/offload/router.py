@@ -109,7 +109,7 @@ class Offloader:
         self._store_failed_at = 0.0
         self._error_logged = -1e9
         # Second opinions: a sink of committed local verdicts, holding their images until then.
-        self.escalation = Escalation(cfg.escalate.when, self.second_opinion) if cfg.escalate is not None else None
+        self.escalation = Escalation.from_config(cfg, self.second_opinion) if cfg.escalate is not None else None
 
     # ---- routing ------------------------------------------------------------------------------
 
