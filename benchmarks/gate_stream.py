@@ -27,8 +27,7 @@ import os
 import sys
 import tempfile
 import time
-from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -133,15 +132,21 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]
                 daemon.gates.install(loaded if mode == "skip_ok" else {})
                 m = out[mode]
                 m["loads"].append(os.getloadavg()[0])
-                pending: deque[Future[Any]] = deque()
+                # A camera's queue takes a new frame when any request ends, not only its oldest: waiting
+                # for the oldest would hold gated frames behind a verdict still decoding.
+                pending: dict[Future[Any], int] = {}
+                done: dict[int, Any] = {}
                 t0 = time.perf_counter()
                 for i in range(start, min(start + chunk, len(frames))):
                     if len(pending) >= inflight:
-                        m["results"].append(pending.popleft().result(timeout=300))
-                    pending.append(submit(i, frames[i][0]))
-                while pending:
-                    m["results"].append(pending.popleft().result(timeout=300))
+                        finished, _ = wait(pending, timeout=300, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            done[pending.pop(f)] = f.result()
+                    pending[submit(i, frames[i][0])] = i
+                for f in list(pending):
+                    done[pending.pop(f)] = f.result(timeout=300)
                 m["seconds"] += time.perf_counter() - t0
+                m["results"].extend(done[i] for i in sorted(done))
         daemon.gates.install(loaded)
         after = _counts(daemon)
     finally:

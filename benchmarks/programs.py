@@ -102,6 +102,7 @@ def reference_cost(bundle: str, n: int, threads: int, tmp: Path, gpu_layers: int
 
 
 BATCH_SIZE: int | None = None  # --batch-size: model.batch_size of every part's Inspector (None: the default)
+KV_CACHE: str | None = None  # --kv-cache: model.batch_kv_cache (None: the default, per_sequence)
 COMPACT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["defect", "category"],
                   "properties": {"defect": {"type": "boolean"},
                                  "category": {"enum": ["none", "missing_screw", "loose_screw"]}}}
@@ -119,6 +120,8 @@ def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, progra
     cfg.model.encoder_cache_mb = cache_mb
     if BATCH_SIZE is not None:
         cfg.model.batch_size = BATCH_SIZE
+    if KV_CACHE is not None:
+        cfg.model.batch_kv_cache = KV_CACHE  # type: ignore[assignment]
     cfg.programs = {name: ProgramConfig.model_validate(p) for name, p in programs.items()}
     cfg.cameras = [CameraConfig(name=cam, source="x.png", program=prog) for cam, prog in cameras.items()]
     return open_inspector(cfg, bundle)
@@ -151,6 +154,21 @@ def _first_tokens(inspector: Any) -> list[float]:
     return picks
 
 
+def _counted_steps(inspector: Any) -> list[int]:
+    """A one-item list counting the parallel sequences' generation steps (one `llama_decode` each): on a
+    GPU a step costs its kernel launches more than its rows, so the steps a frame takes set its decode time."""
+    parallel = inspector.language.parallel
+    steps = [0]
+    step_rows = parallel._step_rows
+
+    def counted(running: Any, finished: Any) -> bool:
+        steps[0] += 1
+        return bool(step_rows(running, finished))
+
+    parallel._step_rows = counted
+    return steps
+
+
 def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
                  schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per-frame ms of four regions (the 2 x 2 quadrants) in one batch against one region (a quadrant),
@@ -167,13 +185,16 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
         for cam in ("one", "four"):  # buffers, the parallel slots (not counted)
             inspector.inspect(frames(1, seed=800, size=side)[0], camera=cam)
         picks = _first_tokens(inspector)
+        steps = _counted_steps(inspector)
         times: dict[str, list[float]] = {"one": [], "four": []}
         ttft: dict[str, list[float]] = {"one": [], "four": []}
         first: dict[str, list[float]] = {"one": [], "four": []}
         longest: dict[str, list[int]] = {"one": [], "four": []}  # the frame's longest answer (characters)
+        stepped: dict[str, list[int]] = {"one": [], "four": []}  # generation steps per frame
         for frame in frames(n, seed=11, size=side):
             for cam in ("one", "four"):
                 picks.clear()
+                steps[0] = 0
                 t0 = time.perf_counter()
                 result = inspector.inspect(frame, camera=cam)
                 times[cam].append((time.perf_counter() - t0) * 1000)
@@ -181,11 +202,14 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
                 assert len(picks) == (1 if cam == "one" else 4), picks
                 first[cam].append((min(picks) - t0) * 1000)
                 ttft[cam].append((max(picks) - t0) * 1000)
+                stepped[cam].append(steps[0])
         for cam in times:
             out[cam] = {**_stats(times[cam], ttft[cam]), "ttft_first_p50_ms": pct(first[cam], 0.5),
-                        "longest_answer_chars_mean": round(statistics.mean(longest[cam]), 1)}
+                        "longest_answer_chars_mean": round(statistics.mean(longest[cam]), 1),
+                        "steps_mean": round(statistics.mean(stepped[cam]), 1)}
         out["schema"] = "compact" if schema else "bundle"
         out["batch_size"] = inspector.settings.batch_size
+        out["kv_cache"] = inspector.settings.batch_kv_cache
         out["ratio_p50"] = round(out["four"]["p50_ms"] / out["one"]["p50_ms"], 3)
         out["ratio_ttft_p50"] = round(out["four"]["ttft_p50_ms"] / out["one"]["ttft_p50_ms"], 3)
         out["region_tokens"] = len(inspector.encode(frames(1, seed=5, size=half)[0]).embeds)
@@ -316,14 +340,16 @@ def main() -> None:
                     help="which of reference, api, regions, regions_compact, budgets, clip to run (comma-separated)")
     ap.add_argument("--batch-size", type=int, help="model.batch_size of the regions, budgets and clip parts "
                     "(default: the config's, 512)")
+    ap.add_argument("--kv-cache", choices=("per_sequence", "unified"),
+                    help="model.batch_kv_cache of the regions, budgets and clip parts (default: the config's)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     unknown = parts - {"reference", "api", "regions", "regions_compact", "budgets", "clip"}
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
-    global BATCH_SIZE
-    BATCH_SIZE = args.batch_size
+    global BATCH_SIZE, KV_CACHE
+    BATCH_SIZE, KV_CACHE = args.batch_size, args.kv_cache
     from edge_runtime.core.cpuinfo import read_cpuinfo
 
     cpu = read_cpuinfo()
