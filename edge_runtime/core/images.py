@@ -45,6 +45,7 @@ MAX_PIXELS = 50_000_000
 MIN_SIDE = 16
 MAX_FILE_BYTES = 64 * 1024 * 1024
 _EXIF_ORIENTATION = 0x0112
+MAX_TIFF_TILE_PIXELS = 1 << 20  # a tile of a small TIFF may be padded up to 1024x1024 (4 MiB decoded)
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> np.ndarray:
@@ -56,6 +57,7 @@ def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_
             fmt, (width, height) = header.format, header.size
             animated = bool(getattr(header, "is_animated", False))
             orientation = _orientation(header) if fmt == "JPEG" else 1
+            tile = _tiff_tile(header) if fmt == "TIFF" else None
     except Exception:  # noqa: BLE001 - Pillow raises many types for garbage input
         raise ImageError("the data is not an image in a supported format "
                          f"({', '.join(sorted(SUPPORTED_FORMATS))})") from None
@@ -66,6 +68,11 @@ def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_
                             f"{max_pixels} pixels")
     if min(width, height) < min_side:
         raise ImageError(f"the image is {width}x{height} pixels; each side must be at least {min_side}")
+    if tile is not None and tile[0] * tile[1] > max(_pad(width) * _pad(height), MAX_TIFF_TILE_PIXELS):
+        # OpenCV allocates a whole tile (4 bytes a pixel) before reading it: a 200-byte file declaring
+        # 16x16 pixels in 16000x16000 tiles took 1 GiB. A writer pads tiles of a small image, no more.
+        raise ImageTooLarge(f"the TIFF declares {width}x{height} pixels in tiles of {tile[0]}x{tile[1]}, "
+                            f"larger than the image they tile and than {MAX_TIFF_TILE_PIXELS} pixels")
     if animated:
         raise ImageError(f"the {fmt} image has several frames (animated or multi-page); send one still image")
     if fmt == "JPEG":
@@ -149,6 +156,20 @@ def _decode_heif(data: bytes) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001 - libheif's errors arrive as ValueError, RuntimeError, OSError
         reason = " ".join(str(exc).split())[:160].rstrip(".") or "decoder error"
         raise ImageError(f"the HEIF image is corrupt or truncated ({reason})") from None
+
+
+def _tiff_tile(header: Image.Image) -> tuple[int, int] | None:
+    """(width, height) of a tiled TIFF's tiles, from its header; None when it is in strips (a strip is
+    never wider than the image, and OpenCV clips its rows to the image's)."""
+    tags = getattr(header, "tag_v2", None)
+    tile_w, tile_h = (tags.get(322), tags.get(323)) if tags is not None else (None, None)
+    if not isinstance(tile_w, int) or not isinstance(tile_h, int):
+        return None
+    return tile_w, tile_h
+
+
+def _pad(side: int) -> int:
+    return -(-side // 16) * 16  # TIFF tiles are multiples of 16 pixels
 
 
 def _orientation(header: Image.Image) -> int:

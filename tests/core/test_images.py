@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +48,25 @@ def test_every_hostile_file_is_refused_with_its_reason(name: str, data: bytes, r
     with pytest.raises(ImageError) as refused:
         decode_image(data)
     assert re.search(reason, str(refused.value)), str(refused.value)
+
+
+def test_a_tiff_whose_tiles_dwarf_its_declared_size_is_refused_before_they_are_allocated() -> None:
+    """A 200-byte TIFF declaring 16x16 pixels in 16000x16000 tiles: OpenCV allocated a whole tile (1 GiB)
+    before finding the data short. Decoded in a child process, whose peak memory is the measure."""
+    probe = ("import resource, sys\n"
+             "from edge_runtime.core.images import decode_image\n"
+             "from tests.support.hostile import tiff_tiled\n"
+             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+             "try:\n"
+             "    decode_image(tiff_tiled(16, 16, 16000, 16000, bytes(64)))\n"
+             "except Exception as exc:\n"
+             "    print(type(exc).__name__, exc)\n"
+             "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parents[2])
+    refusal, grown_mib = child.stdout.strip().splitlines()
+    assert refusal.startswith("ImageTooLarge") and "in tiles of 16000x16000" in refusal, child.stdout + child.stderr
+    assert int(grown_mib) < 64, f"decoding the 16x16 TIFF grew the process by {grown_mib} MiB"
 
 
 def test_truncated_jpeg_with_an_end_marker_appended_is_refused() -> None:

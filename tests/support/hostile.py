@@ -129,6 +129,7 @@ def corpus() -> list[tuple[str, bytes, str]]:
         ("tiff_multipage.tif", pil_bytes(frames[0], "TIFF", save_all=True, append_images=frames[1:]),
          "several frames"),
         ("tiff_truncated.tif", encode(_part(), ".tiff")[:5000], "corrupt or truncated|not an image"),
+        ("tiff_tile_bomb.tif", tiff_tiled(16, 16, 16000, 16000, b"\0" * 64), "in tiles of 16000x16000"),
         ("bmp_truncated.bmp", encode(_part(), ".bmp")[:20000], "corrupt or truncated"),
         ("bmp_bomb.bmp", _bmp_declaring(70000, 70000), "declares 70000x70000 pixels"),
         ("heic_bomb.heic", heic_declaring(60000, 60000, photo), "declares 60000x60000 pixels, more than the limit"),
@@ -138,6 +139,32 @@ def corpus() -> list[tuple[str, bytes, str]]:
         ("heic_truncated.heic", photo[:len(photo) // 2], "HEIF image is corrupt or truncated"),
         ("heic_header_only.heic", photo[:300], "not an image|HEIF image is corrupt"),
     ]
+
+
+def tiff_tiled(width: int, height: int, tile_w: int, tile_h: int, tile_data: bytes | None = None) -> bytes:
+    """A grey, uncompressed, tiled TIFF (Pillow writes strips only). Its tiles hold a ramp unless
+    `tile_data` (what every tile offset points at) is given: a short one makes a tile bomb, a file
+    whose tiles are far larger than the image it declares."""
+    across, down = -(-width // tile_w), -(-height // tile_h)
+    count = across * down
+    if tile_data is None:
+        tile_data = bytes(i % 251 for i in range(tile_w * tile_h))
+    tags = [(256, 4, 1, width), (257, 4, 1, height), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (277, 3, 1, 1), (322, 4, 1, tile_w), (323, 4, 1, tile_h), (324, 4, count, 0), (325, 4, count, 0)]
+    ifd_size = 2 + 12 * len(tags) + 4
+    arrays = 8 + ifd_size  # the offsets and byte counts arrays, then the tile data
+    data_at = arrays + (8 * count if count > 1 else 0)
+    out = bytearray(b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", len(tags)))
+    for tag, kind, n, value in tags:
+        if tag == 324:
+            value = arrays if count > 1 else data_at
+        elif tag == 325:
+            value = arrays + 4 * count if count > 1 else len(tile_data)
+        out += struct.pack("<HHII", tag, kind, n, value) if kind == 4 else struct.pack("<HHIHH", tag, kind, n, value, 0)
+    out += b"\0\0\0\0"
+    if count > 1:
+        out += struct.pack(f"<{count}I", *[data_at] * count) + struct.pack(f"<{count}I", *[len(tile_data)] * count)
+    return bytes(out + tile_data)
 
 
 def _bmp_declaring(width: int, height: int) -> bytes:
@@ -165,6 +192,8 @@ def odd_but_valid() -> list[tuple[str, Callable[[], bytes], tuple[int, int]]]:
         ("grey_alpha.png", lambda: pil_bytes(_rgb(part).convert("LA"), "PNG"), (240, 320)),
         ("rgba.webp", lambda: pil_bytes(_rgb(part).convert("RGBA"), "WEBP"), (240, 320)),
         ("rgb16.tif", lambda: encode(part.astype(np.uint16) * 257, ".tiff"), (240, 320)),
+        ("tiled.tif", lambda: tiff_tiled(300, 200, 64, 64), (200, 300)),
+        ("tiled_padded.tif", lambda: tiff_tiled(40, 40, 256, 256), (40, 40)),
         ("jpeg_trailing_bytes.jpg", lambda: encode(part, ".jpg") + b"\0" * 64, (240, 320)),
         ("photo.heic", lambda: heic(part), (240, 320)),
     ]
