@@ -141,6 +141,9 @@ def render_gate(g: dict[str, Any]) -> list[str]:
            f"  gate escape rate        {_rate(g['escape'])}  (defective parts scoring under the threshold)",
            f"  gate false-reject rate  {_rate(g['false_reject'])}  (good parts flagged: they go to the model)",
            f"  language-model calls saved  {_rate(g['calls_saved'])}"]
+    if g.get("not_finite"):
+        out.append(f"  {g['not_finite']} images scored a non-finite number (NaN/inf: a broken encoder or bank): "
+                   "counted as not gated (sent to the model), left out of the curve")
     if s["judged"]:
         alone = s["language_model_alone"]
         out += [f"  skip_ok on this set: escape {_rate(s['escape'])} (model alone {_rate(alone['escape'])})",

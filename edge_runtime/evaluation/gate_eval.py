@@ -9,10 +9,14 @@ The report gives the gate's escape and false-reject rates at the
 threshold (Wilson 95% intervals) and over a range of thresholds (the curve in report.html), the share
 of language-model calls `skip_ok` would save, and what `skip_ok` would have done on this set with the
 first variant's verdicts: a gated part is an OK, every other part gets the language model's verdict.
+A part whose encoding or score is not a finite number (a broken encoder) is never gated, as in the
+daemon (inference/anomaly/step.py sends such a frame to the language model): it counts as flagged,
+is counted in `not_finite` (one line in the report) and is left out of the score lists and the curve.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,7 @@ from edge_runtime.inference.anomaly.regions import (
     score_regions,
 )
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.regions import RegionsEncoded
 
 MAX_BANK_BYTES = 4 << 30  # eval runs beside nothing else: a bank up to 4 GiB is measured
 
@@ -80,8 +85,13 @@ class _Scorer:
             self.gate = AnomalyGate.load(bank, context, MAX_BANK_BYTES)
 
     def score(self, frame: np.ndarray) -> tuple[float, str | None]:
-        """(the frame's score, its worst region's name; None for a whole frame)."""
+        """(the frame's score, its worst region's name; None for a whole frame). NaN when the encoder's
+        output is not all finite numbers: faiss would turn it into a huge finite distance, not an error."""
         enc = self.inspector.encode_frame(EVAL_CAMERA, frame) if self.program else self.inspector.encode(frame)
+        crops = [e for _, e in enc.regions if not isinstance(e, Exception)] if isinstance(enc, RegionsEncoded) \
+            else [enc]
+        if not all(np.isfinite(e.embeds).all() for e in crops):
+            return math.nan, None
         if not self.regions:
             return self.gate.score(enc).score, None
         scores = score_regions(self.regions, enc)
@@ -102,6 +112,7 @@ def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pair
         raise EdgeRuntimeError(f"--gate {bank}: the bank has no threshold; give --gate-threshold")
     rows: list[dict[str, Any]] = []
     left_out: Counter[str] = Counter()
+    not_finite = 0  # parts whose score is not a finite number: never gated (they go to the language model)
     issues: list[str] = []
     bar = Progress("gate", len(pairs), progress)
     for p in pairs:
@@ -118,34 +129,41 @@ def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pair
             left_out["gate_refused"] += 1
             issues.append(f"gate: {p.sample.id}: {str(exc)[:300]}")
             continue
+        finite = math.isfinite(score)
+        not_finite += not finite
         vlm = rule.holds(p.verdict) if p.verdict is not None else None
-        rows.append({"id": p.sample.id, "bad": truth, "score": score, "vlm_defect": vlm,
-                     **({"region": worst} if worst is not None else {})})
+        rows.append({"id": p.sample.id, "bad": truth, "score": score if finite else None, "vlm_defect": vlm,
+                     **({"region": worst} if worst is not None and finite else {})})
     regions = {"score_unit": "the worst region's score / its threshold",
                "regions": [{"name": r.name, "box": list(r.box), "threshold": r.threshold} for r in scorer.regions],
-               "worst_region": {r["id"]: r["region"] for r in rows}} if scorer.regions else {}
+               "worst_region": {r["id"]: r["region"] for r in rows if "region" in r}} if scorer.regions else {}
     return {"bank": str(bank), "sha256": header.vectors.sha256, "encoder": header.encoder.model_dump(),
             "threshold": th, "threshold_source": "--gate-threshold" if threshold is not None else "bank",
             "bank_threshold": header.threshold.model_dump(), "scored": len(rows), "left_out": dict(left_out),
-            "issues": issues[:1000], **regions, **measure(rows, th)}
+            "not_finite": not_finite, "issues": issues[:1000], **regions, **measure(rows, th)}
 
 
 def measure(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
-    """Rates at `threshold`, the curve, and skip_ok's outcome with the language model's verdicts."""
-    good = [r["score"] for r in rows if not r["bad"]]
-    bad = [r["score"] for r in rows if r["bad"]]
-    gated = [r for r in rows if r["score"] < threshold]
+    """Rates at `threshold`, the curve, and skip_ok's outcome with the language model's verdicts. A row
+    whose score is None (not a finite number) is never gated, and is in neither score list nor the curve."""
+    def is_gated(r: dict[str, Any]) -> bool:
+        return r["score"] is not None and r["score"] < threshold
+
+    good = [r["score"] for r in rows if not r["bad"] and r["score"] is not None]
+    bad = [r["score"] for r in rows if r["bad"] and r["score"] is not None]
+    gated = [r for r in rows if is_gated(r)]
     escapes = [r["id"] for r in gated if r["bad"]]
-    flagged_good = [r["id"] for r in rows if not r["bad"] and r["score"] >= threshold]
+    flagged_good = [r["id"] for r in rows if not r["bad"] and not is_gated(r)]
     judged = [r for r in rows if r["vlm_defect"] is not None]
     # skip_ok: a gated part is an OK without the language model; the rest keep its verdict.
-    sys_escape = sum(1 for r in judged if r["bad"] and (r["score"] < threshold or not r["vlm_defect"]))
-    sys_reject = sum(1 for r in judged if not r["bad"] and r["score"] >= threshold and r["vlm_defect"])
+    sys_escape = sum(1 for r in judged if r["bad"] and (is_gated(r) or not r["vlm_defect"]))
+    sys_reject = sum(1 for r in judged if not r["bad"] and not is_gated(r) and r["vlm_defect"])
     vlm_escape = sum(1 for r in judged if r["bad"] and not r["vlm_defect"])
     vlm_reject = sum(1 for r in judged if not r["bad"] and r["vlm_defect"])
     n_bad, n_good = sum(1 for r in judged if r["bad"]), sum(1 for r in judged if not r["bad"])
     return {
-        "escape": rate(len(escapes), len(bad)), "false_reject": rate(len(flagged_good), len(good)),
+        "escape": rate(len(escapes), sum(1 for r in rows if r["bad"])),
+        "false_reject": rate(len(flagged_good), sum(1 for r in rows if not r["bad"])),
         "calls_saved": rate(len(gated), len(rows)), "escape_ids": escapes, "false_reject_ids": flagged_good,
         "skip_ok": {"judged": len(judged), "escape": rate(sys_escape, n_bad),
                     "false_reject": rate(sys_reject, n_good),

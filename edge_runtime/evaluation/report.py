@@ -250,7 +250,9 @@ def _gate_html(g: dict[str, Any], images: dict[str, Path], limits: ImageLimits) 
     alone = s["language_model_alone"]
     parts = [f"<h2>Anomaly gate</h2><p>bank <code>{_e(g['bank'])}</code> (sha256 {_e(g['sha256'][:16])}…, encoder "
              f"<code>{_e(g['encoder']['file'])}</code>); threshold {g['threshold']:.4g} ({_e(g['threshold_source'])}); "
-             f"{g['scored']} images scored</p><table>"
+             f"{g['scored']} images scored"
+             + (f"; {g['not_finite']} scored a non-finite number (NaN/inf): counted as not gated (sent to the "
+                "language model), left out of the curve" if g.get("not_finite") else "") + "</p><table>"
              f"<tr><th>gate escape rate (defective parts under the threshold)</th><td>{_pct(g['escape'])}</td></tr>"
              f"<tr><th>gate false-reject rate (good parts flagged)</th><td>{_pct(g['false_reject'])}</td></tr>"
              f"<tr><th>language-model calls saved</th><td>{_pct(g['calls_saved'])}</td></tr>"
