@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,9 @@ def cmd_eval(args: argparse.Namespace, config: Config) -> int:
         raise EdgeRuntimeError("--limit must be at least 1")
     if args.dataset and args.from_journal:
         raise EdgeRuntimeError("give a DATASET or --from-journal, not both")
-    if args.gate_threshold is not None and not (args.gate and args.gate_threshold > 0):
-        raise EdgeRuntimeError("--gate-threshold needs --gate and a score over 0")
+    if args.gate_threshold is not None and not (args.gate and math.isfinite(args.gate_threshold)
+                                                and args.gate_threshold > 0):
+        raise EdgeRuntimeError("--gate-threshold needs --gate and a finite score over 0")
     opts = EvalOptions(
         dataset=Path(args.dataset) if args.dataset else None, out=Path(args.out),
         models=list(args.model) if args.model else [None],

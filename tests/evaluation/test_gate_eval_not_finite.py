@@ -110,3 +110,21 @@ def test_eval_refuses_a_bank_whose_vectors_are_not_finite_in_one_line(
                  "--quiet", "--data-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "corrupt (a value is not a finite number)" in err and "Traceback" not in err
+
+
+def test_an_infinite_threshold_which_would_gate_every_part_is_refused_in_one_line(
+        demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bank, labels = labelled_set(tmp_path, demo_dir)
+    args = ["eval", str(labels), "--model", str(demo_dir), "--gate", str(bank), "--out", str(tmp_path / "o"),
+            "--quiet", "--data-dir", str(tmp_path)]
+    capsys.readouterr()
+    assert main([*args, "--gate-threshold", "inf"]) == 2
+    assert "--gate-threshold needs --gate and a finite score over 0" in capsys.readouterr().err
+    header = read_header(bank)
+    n, d = header.vectors.patches, header.vectors.dim
+    vectors = np.frombuffer(bank.read_bytes()[-n * d * 4:], "<f4").reshape(n, d)
+    write_bank(bank, header.model_copy(update={"threshold": header.threshold.model_copy(
+        update={"value": float("inf")})}), vectors)  # the writer takes it (JSON Infinity); the reader refuses it
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and "Infinity is not a JSON number" in err and "Traceback" not in err
