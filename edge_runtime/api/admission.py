@@ -23,6 +23,8 @@ from edge_runtime.core import strict_json
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 RETRY_AFTER_S = 2
 MAX_JSON_DEPTH = 32  # a request body is never legitimately deeper; json.loads recurses per level
+# The most values one body may hold: 64 messages of 512 parts are ~66k, the rest (schema, knobs) far fewer.
+MAX_JSON_VALUES = 200_000
 
 
 def slots(threads: int) -> tuple[int, int]:
@@ -114,12 +116,12 @@ def image_size(data: bytes) -> tuple[int, int] | None:
         return None
 
 
-def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, max_values: int = MAX_JSON_VALUES) -> Any:
     """Parse a request body strictly (core/strict_json.py): malformed, deeply nested or non-finite
     JSON, a key twice in one object and lone surrogates are each a 400 naming the field (or `body`)."""
     if not raw.strip():
         raise invalid("body", "a JSON body is required")
     try:
-        return strict_json.loads(raw, max_depth)
+        return strict_json.loads(raw, max_depth, max_values)
     except strict_json.StrictJsonError as exc:
         raise invalid(exc.field or "body", str(exc)) from None
