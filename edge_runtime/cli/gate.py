@@ -13,6 +13,7 @@ from typing import Any
 from edge_runtime.config.schema import Config
 from edge_runtime.core.errors import EdgeRuntimeError
 
+HEAT_MAP_SUFFIXES = (".png", ".jpg", ".jpeg")
 MAX_PATCHES_CAP = 1_000_000
 
 
@@ -156,8 +157,6 @@ def cmd_gate_show(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_gate_score(args: argparse.Namespace, config: Config) -> int:
-    import cv2
-
     from edge_runtime.evaluation.gate_fit import FrameReader, _camera
     from edge_runtime.inference.anomaly import AnomalyGate, gate_context, heat_map, overlay_heat, read_header
     from edge_runtime.inference.anomaly.regions import has_regions, load_region_gates, program_budget
@@ -165,6 +164,8 @@ def cmd_gate_score(args: argparse.Namespace, config: Config) -> int:
 
     if not 0 < args.max_bank_mb <= 65536:
         raise EdgeRuntimeError("--max-bank-mb must be over 0 and at most 65536")
+    if args.heat_map and Path(args.heat_map).suffix.lower() not in HEAT_MAP_SUFFIXES:
+        raise EdgeRuntimeError(f"--heat-map {args.heat_map}: give a .png or .jpg path")  # before the model loads
     cam = _camera(config, args.camera)
     roi = cam.roi if cam is not None else None
     program = config.programs.get(cam.program) if cam is not None and cam.program else None
@@ -193,11 +194,27 @@ def cmd_gate_score(args: argparse.Namespace, config: Config) -> int:
         for g, r in zip(gates, results, strict=True):
             x, y, w, h = g.context.part[1] if g.context.part is not None else (0, 0, frame.shape[1], frame.shape[0])
             image[y:y + h, x:x + w] = overlay_heat(image[y:y + h, x:x + w], heat_map(r), g.threshold or r.score)
-        if not cv2.imwrite(args.heat_map, image):
-            raise EdgeRuntimeError(f"--heat-map {args.heat_map}: cannot be written (give a .png or .jpg path)")
+        _write_heat_map(Path(args.heat_map), image)
         out["heat_map"] = args.heat_map
     print(json.dumps(out))
     return 0
+
+
+def _write_heat_map(path: Path, image: Any) -> None:
+    """Encoded in memory, then written by Python: cv2.imwrite raised on a folder (an internal error) and
+    only returned False on a full disk, after libpng's own line on stderr, leaving a partial file."""
+    import cv2
+
+    ok, data = cv2.imencode(path.suffix.lower(), image)
+    if not ok:
+        raise EdgeRuntimeError(f"--heat-map {path}: the image could not be encoded")
+    try:
+        with path.open("wb") as f:
+            f.write(data.tobytes())
+    except OSError as exc:
+        if path.is_file():
+            path.unlink()  # a partial image is worse than none
+        raise EdgeRuntimeError(f"--heat-map {path}: cannot be written ({exc.strerror or exc})") from None
 
 
 def _look(gate: Any, result: Any) -> dict[str, Any]:

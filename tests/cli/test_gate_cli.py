@@ -151,6 +151,28 @@ def test_a_bad_bank_is_one_line_and_exit_2(case: str, says: str, bank: Path, dem
         assert says in _one_line(capsys)
 
 
+@pytest.mark.parametrize(("case", "says"), [
+    ("folder", "cannot be written (Is a directory)"),
+    ("full_disk", "cannot be written (No space left on device)"),
+    ("not_an_image_name", "give a .png or .jpg path"),
+])
+def test_a_heat_map_that_cannot_be_written_is_one_line_and_exit_2(case: str, says: str, bank: Path, demo_dir: Path,
+                                                                  tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cv2.imwrite(str(tmp_path / "part.png"), clean_part(1, W, W))
+    heat = tmp_path / "heat.png"
+    if case == "folder":
+        heat.mkdir()
+    elif case == "full_disk":
+        heat.symlink_to("/dev/full")  # every write: ENOSPC
+    else:
+        heat = tmp_path / "heat.txt"
+    code = main(["gate", "score", str(tmp_path / "part.png"), "--bank", str(bank), "--model", str(demo_dir),
+                 "--heat-map", str(heat), "--data-dir", str(tmp_path)])
+    assert code == 2
+    assert says in _one_line(capsys)
+
+
 def _labelled(folder: Path, good: int, bad: int) -> Path:
     lines = []
     for s in range(good):
