@@ -55,8 +55,8 @@ class EscalateConfig(_Section):
         "journaled as its own result with source.second_opinion_of set to the local result's id.")
     max_held_mb: int = Field(
         64, ge=1, le=1024, description="MiB the frames waiting for their local verdict (to be escalated if "
-        "it matches) may pin, a crop counting the whole frame it keeps alive; at most offload.queue_size "
-        "frames are held. Beyond either bound the oldest is let go, counted in images_evicted, and its "
+        "it matches) may pin, a crop counting the whole frame it keeps alive; at most 64 frames "
+        "are held. Beyond either bound the oldest is let go, counted in images_evicted, and its "
         "verdict is not escalated. Keep it small on a device whose memory the GPU shares (Jetson).")
 
 

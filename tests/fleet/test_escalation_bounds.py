@@ -1,6 +1,6 @@
-"""The images held for second opinions are bounded by the config: `offload.escalate.max_held_mb` and
-`offload.queue_size` frames; beyond them the oldest is let go and counted, and the held ones still
-escalate."""
+"""The images held for second opinions are bounded by the config's `offload.escalate.max_held_mb` and
+by MAX_HELD frames (the local pipeline's, whatever the offload queue's size); beyond them the oldest is
+let go and counted, and the held ones still escalate."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.core.governor_gate import OpenGate
-from edge_runtime.fleet.offload.escalation import Escalation
+from edge_runtime.fleet.offload.escalation import MAX_HELD, Escalation
 from edge_runtime.fleet.offload.router import Offloader
 from tests.fleet.test_escalation import WHEN, Asked, committed, request
 
@@ -40,15 +40,24 @@ def test_frames_over_the_configured_byte_bound_evict_the_oldest_and_the_held_one
     assert escalation.status() == {"images_held": 0, "images_held_bytes": 0, "images_evicted": 2}
 
 
-def test_no_more_frames_are_held_than_the_offload_queue_takes() -> None:
+def test_a_small_offload_queue_does_not_evict_frames_still_waiting_for_their_local_verdict() -> None:
+    """The held frames are the local pipeline's (queue, batch, one encoding ahead per camera), not the
+    offload queue's: four cameras with three frames each in flight outnumber an offload queue of 2."""
     asked = Asked()
     escalation = Escalation.from_config(config(queue_size=2, escalate={"when": WHEN}), asked)
-    reqs = [request(i) for i in range(3)]
+    reqs = [request(i) for i in range(12)]
     for req in reqs:
         escalation.hold(req)
-    assert escalation.status()["images_held"] == 2 and escalation.status()["images_evicted"] == 1
-    escalation.notify(committed(reqs[2], defect=True))
+    assert escalation.status()["images_held"] == 12 and escalation.status()["images_evicted"] == 0
+    escalation.notify(committed(reqs[0], defect=True))  # the oldest, still held
     assert len(asked.calls) == 1
+
+
+def test_no_more_than_max_held_frames_are_held() -> None:
+    escalation = Escalation.from_config(config(escalate={"when": WHEN, "max_held_mb": 1024}), Asked())
+    for i in range(MAX_HELD + 1):
+        escalation.hold(request(i))
+    assert escalation.status()["images_held"] == MAX_HELD and escalation.status()["images_evicted"] == 1
 
 
 def test_the_offloader_builds_its_escalation_with_the_configured_bounds() -> None:
@@ -56,7 +65,7 @@ def test_the_offloader_builds_its_escalation_with_the_configured_bounds() -> Non
     offloader = Offloader(cfg, set(), "d", inspector=lambda: None,  # type: ignore[arg-type, return-value]
                           deliver=lambda _req, result: result, local=lambda _req: Future(), gate=OpenGate().decision)
     assert offloader.escalation is not None
-    assert (offloader.escalation.max_held, offloader.escalation.max_bytes) == (4, 16 * 1024 * 1024)
+    assert (offloader.escalation.max_held, offloader.escalation.max_bytes) == (MAX_HELD, 16 * 1024 * 1024)
     default = config(escalate={"when": WHEN}).escalate
     assert default is not None and default.max_held_mb == 64
 

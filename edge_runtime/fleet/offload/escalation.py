@@ -5,7 +5,7 @@ A committed `Result` does not carry its image, so the camera schedule hands each
 first (`hold`): its image is kept under a tag that travels on the request (`InspectionRequest.
 offload_tag`) and comes back on the result (`verdicts/pipeline.py` copies it, as a line job's tag).
 `notify` takes the image back by that tag. The images wait in a ring bounded by count and bytes
-(`offload.queue_size` frames, `offload.escalate.max_held_mb`: `from_config`): a verdict that never
+(MAX_HELD frames, `offload.escalate.max_held_mb`: `from_config`): a verdict that never
 comes (the inspection failed, the journal refused it) leaves its image behind until newer ones push
 it out, counted in `evicted`; the memory stays bounded either way.
 """
@@ -73,11 +73,12 @@ class Escalation:
 
     @classmethod
     def from_config(cls, cfg: OffloadConfig, second_opinion: SecondOpinion) -> Escalation:
-        """Bounded by the config: `offload.escalate.max_held_mb`, and no more frames than the offload
-        queue takes (`offload.queue_size`, at most MAX_HELD). Needs `cfg.escalate`."""
+        """Bounded by the config's `offload.escalate.max_held_mb` and by MAX_HELD frames. Not by
+        `offload.queue_size`: the held frames wait in the local pipeline (its queue, its batch, an
+        encoding ahead per camera), which holds more than a small offload queue. Needs `cfg.escalate`."""
         if cfg.escalate is None:
             raise ValueError("offload.escalate is not set")
-        return cls(cfg.escalate.when, second_opinion, max_held=min(MAX_HELD, cfg.queue_size),
+        return cls(cfg.escalate.when, second_opinion, max_held=MAX_HELD,
                    max_bytes=cfg.escalate.max_held_mb * 1024 * 1024)
 
     def hold(self, request: InspectionRequest) -> None:
