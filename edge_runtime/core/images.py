@@ -45,6 +45,10 @@ MAX_PIXELS = 50_000_000
 MIN_SIDE = 16
 MAX_FILE_BYTES = 64 * 1024 * 1024
 _EXIF_ORIENTATION = 0x0112
+# A progressive JPEG may repeat a scan, each one a pass over every block: 343 KB of 31-byte scans kept
+# libjpeg-turbo busy 13 s. Encoders write ~10 (libjpeg's script), a few dozen at most; its authors
+# suggest a limit for this reason (TJPARAM_SCANLIMIT).
+MAX_JPEG_SCANS = 100
 MAX_TIFF_TILE_PIXELS = 1 << 20  # a tile of a small TIFF may be padded up to 1024x1024 (4 MiB decoded)
 
 
@@ -76,6 +80,12 @@ def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_
     if animated:
         raise ImageError(f"the {fmt} image has several frames (animated or multi-page); send one still image")
     if fmt == "JPEG":
+        # Counted in C; an FF DA inside entropy-coded data is always stuffed (FF 00), so only markers
+        # count (and those of an EXIF thumbnail: a few more, never a hundred).
+        scans = data.count(b"\xff\xda")
+        if scans > MAX_JPEG_SCANS:
+            raise ImageError(f"the JPEG has {scans} scans, more than {MAX_JPEG_SCANS} (each one a pass over "
+                             "the whole image); re-encode it")
         return _orient(_decode_jpeg(data), orientation)
     if fmt == "PNG":
         return _decode_png(data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from edge_runtime.core.errors import ImageError, ImageTooLarge
 from edge_runtime.core.images import decode_image, read_image_file
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.vision import Preprocessor
-from tests.support.hostile import corpus, odd_but_valid
+from tests.support.hostile import corpus, jpeg_scan_bomb, odd_but_valid
 from tests.support.images import encode, png_bomb
 
 HOSTILE = corpus()
@@ -67,6 +68,15 @@ def test_a_tiff_whose_tiles_dwarf_its_declared_size_is_refused_before_they_are_a
     refusal, grown_mib = child.stdout.strip().splitlines()
     assert refusal.startswith("ImageTooLarge") and "in tiles of 16000x16000" in refusal, child.stdout + child.stderr
     assert int(grown_mib) < 64, f"decoding the 16x16 TIFF grew the process by {grown_mib} MiB"
+
+
+def test_a_progressive_jpeg_of_thousands_of_scans_is_refused_before_any_is_decoded() -> None:
+    """343 KB of repeated 31-byte scans over a 16-MP grey image kept libjpeg-turbo busy 13 s."""
+    data = jpeg_scan_bomb(4096, 4088, 10_000)
+    started = time.monotonic()
+    with pytest.raises(ImageError, match="10001 scans, more than 100"):
+        decode_image(data)
+    assert time.monotonic() - started < 1.0
 
 
 def test_truncated_jpeg_with_an_end_marker_appended_is_refused() -> None:

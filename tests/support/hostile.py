@@ -112,6 +112,7 @@ def corpus() -> list[tuple[str, bytes, str]]:
         ("jpeg_progressive_truncated_eoi.jpg", progressive[:len(progressive) // 2] + b"\xff\xd9",
          "JPEG is corrupt or truncated"),
         ("jpeg_header_only.jpg", jpg[:400], "JPEG is corrupt or truncated|not an image"),
+        ("jpeg_scan_bomb.jpg", jpeg_scan_bomb(1536, 1024, 1000), "1001 scans, more than 100"),
         ("jpeg_bomb.jpg", jpeg_declaring(60000, 60000), "declares 60000x60000 pixels, more than the limit"),
         ("png_bomb_header.png", png(60000, 60000, zlib.compress(b"\0" * 1024)), "declares 60000x60000 pixels"),
         ("png_bomb_zeros.png", png_zero_bomb(8000, 8000), "declares 8000x8000 pixels, more than the limit"),
@@ -167,6 +168,39 @@ def tiff_tiled(width: int, height: int, tile_w: int, tile_h: int, tile_data: byt
     return bytes(out + tile_data)
 
 
+def _stuffed_bits(bits: str) -> bytes:
+    """Entropy-coded bytes of a bit string, padded with 1s, each FF followed by 00 as JPEG stuffs it."""
+    bits += "1" * (-len(bits) % 8)
+    out = bytearray()
+    for i in range(0, len(bits), 8):
+        out.append(int(bits[i:i + 8], 2))
+        if out[-1] == 0xFF:
+            out.append(0)
+    return bytes(out)
+
+
+def _segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", len(payload) + 2) + payload
+
+
+def jpeg_scan_bomb(width: int, height: int, scans: int) -> bytes:
+    """A valid grey progressive JPEG: one DC scan, then `scans` identical AC first scans (Ah=0, which
+    libjpeg accepts again without a warning), each ending every block through EOB runs: ~30 bytes a
+    scan, each a pass over every block. Its blocks must make EOB runs of 16384..32767."""
+    blocks = -(-width // 8) * -(-height // 8)
+    runs = [32767] * (blocks // 32767) + ([blocks % 32767] if blocks % 32767 else [])
+    assert all(r >= 16384 for r in runs), "pick a size whose blocks make runs of 16384..32767"
+    head = b"\xff\xd8" + _segment(0xDB, b"\0" + bytes([1] * 64))
+    head += _segment(0xC2, struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00")  # SOF2, grey
+    # One symbol per table, so each has a 1-bit code: DC category 0, AC EOB14 (a run of 2^14 + 14 bits).
+    head += _segment(0xC4, b"\x00" + bytes([1] + [0] * 15) + b"\x00")
+    head += _segment(0xC4, b"\x10" + bytes([1] + [0] * 15) + b"\xe0")
+    dc = _segment(0xDA, b"\x01\x01\x00\x00\x00\x00") + _stuffed_bits("0" * blocks)
+    ac = _segment(0xDA, b"\x01\x01\x00\x01\x3f\x00") + _stuffed_bits("".join(
+        "0" + format(r - 16384, "014b") for r in runs))
+    return head + dc + ac * scans + b"\xff\xd9"
+
+
 def _bmp_declaring(width: int, height: int) -> bytes:
     data = bytearray(encode(_part(32, 32), ".bmp"))
     data[18:26] = struct.pack("<ii", width, height)
@@ -194,6 +228,7 @@ def odd_but_valid() -> list[tuple[str, Callable[[], bytes], tuple[int, int]]]:
         ("rgb16.tif", lambda: encode(part.astype(np.uint16) * 257, ".tiff"), (240, 320)),
         ("tiled.tif", lambda: tiff_tiled(300, 200, 64, 64), (200, 300)),
         ("tiled_padded.tif", lambda: tiff_tiled(40, 40, 256, 256), (40, 40)),
+        ("jpeg_99_scans.jpg", lambda: jpeg_scan_bomb(1536, 1024, 98), (1024, 1536)),
         ("jpeg_trailing_bytes.jpg", lambda: encode(part, ".jpg") + b"\0" * 64, (240, 320)),
         ("photo.heic", lambda: heic(part), (240, 320)),
     ]
