@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import warnings
 from pathlib import Path
 
@@ -49,13 +50,17 @@ _EXIF_ORIENTATION = 0x0112
 # libjpeg-turbo busy 13 s. Encoders write ~10 (libjpeg's script), a few dozen at most; its authors
 # suggest a limit for this reason (TJPARAM_SCANLIMIT).
 MAX_JPEG_SCANS = 100
-MAX_TIFF_TILE_PIXELS = 1 << 20  # a tile of a small TIFF may be padded up to 1024x1024 (4 MiB decoded)
+MAX_TIFF_TILE_PIXELS = 1 << 20
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # a tile of a small TIFF may be padded up to 1024x1024 (4 MiB decoded)
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> np.ndarray:
     """Decode JPEG/PNG/BMP/TIFF/WebP/HEIC bytes to a BGR uint8 frame, or raise ImageError saying why."""
     if not data:
         raise ImageError("the image is empty (0 bytes)")
+    too_many = png_chunks_over(data)
+    if too_many:
+        raise ImageError(too_many)
     try:
         with Image.open(io.BytesIO(data)) as header:
             fmt, (width, height) = header.format, header.size
@@ -166,6 +171,27 @@ def _decode_heif(data: bytes) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001 - libheif's errors arrive as ValueError, RuntimeError, OSError
         reason = " ".join(str(exc).split())[:160].rstrip(".") or "decoder error"
         raise ImageError(f"the HEIF image is corrupt or truncated ({reason})") from None
+
+
+def png_chunks_over(data: bytes) -> str | None:
+    """Why a PNG has too many chunks for its size (None: it has not, or it is no PNG), found by walking
+    chunk headers and stopping at the bound. Pillow reads every chunk in Python, the header too: 11 MB of
+    empty unknown chunks around a 64x64 image took 14 s. Encoders write about one chunk per 8 KB of image
+    data (or one per row); the bound is a thousand more than either."""
+    if not data.startswith(_PNG_SIGNATURE) or len(data) < 24:
+        return None
+    (height,) = struct.unpack_from(">I", data, 20)  # IHDR comes first
+    limit = 1000 + len(data) // 1024 + min(height, 1 << 16)
+    pos, count = len(_PNG_SIGNATURE), 0
+    while pos + 8 <= len(data):
+        (length,) = struct.unpack_from(">I", data, pos)
+        if data[pos + 4:pos + 8] == b"IEND":  # what follows is not read by any decoder
+            return None
+        pos += 12 + length
+        count += 1
+        if count > limit:
+            return f"the PNG has more than {limit} chunks in {len(data)} bytes (each read on its own); re-encode it"
+    return None
 
 
 def _tiff_tile(header: Image.Image) -> tuple[int, int] | None:

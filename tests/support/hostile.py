@@ -47,6 +47,23 @@ def png(width: int, height: int, idat: bytes, color_type: int = 2) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
+def png_chunk_flood(megabytes: float, kind: bytes = b"abCd") -> bytes:
+    """A valid 64x64 PNG whose image data follows `megabytes` of empty ancillary chunks (12 bytes each)."""
+    raw = b"".join(b"\0" + bytes(range(192)) for _ in range(64))
+    flood = chunk(kind, b"") * int(megabytes * 2**20 // 12)
+    full = png(64, 64, zlib.compress(raw))
+    return full[:33] + flood + full[33:]  # after the signature and IHDR
+
+
+def png_in_idats(data: bytes, size: int) -> bytes:
+    """The same PNG with its image data split into IDAT chunks of `size` bytes (as streaming encoders do)."""
+    i = data.index(b"IDAT") - 4
+    (length,) = struct.unpack(">I", data[i:i + 4])
+    idat = data[i + 8:i + 8 + length]
+    split = b"".join(chunk(b"IDAT", idat[k:k + size]) for k in range(0, length, size))
+    return data[:i] + split + data[i + 12 + length:]
+
+
 def png_zero_bomb(width: int, height: int) -> bytes:
     """A complete, valid black RGB PNG: tiny on disk, width*height*3 bytes once decoded."""
     z = zlib.compressobj(1)  # fast; the file size does not matter
@@ -116,6 +133,7 @@ def corpus() -> list[tuple[str, bytes, str]]:
         ("jpeg_bomb.jpg", jpeg_declaring(60000, 60000), "declares 60000x60000 pixels, more than the limit"),
         ("png_bomb_header.png", png(60000, 60000, zlib.compress(b"\0" * 1024)), "declares 60000x60000 pixels"),
         ("png_bomb_zeros.png", png_zero_bomb(8000, 8000), "declares 8000x8000 pixels, more than the limit"),
+        ("png_chunk_flood.png", png_chunk_flood(1), "more than 2088 chunks"),
         ("png_truncated.png", good_png[:len(good_png) // 2], "truncated|corrupt"),
         ("png_truncated_iend.png", good_png[:len(good_png) // 2] + chunk(b"IEND", b""), "truncated|corrupt"),
         ("png_bad_crc.png", bytes(bad_crc), "PNG is corrupt or truncated"),
@@ -229,6 +247,7 @@ def odd_but_valid() -> list[tuple[str, Callable[[], bytes], tuple[int, int]]]:
         ("tiled.tif", lambda: tiff_tiled(300, 200, 64, 64), (200, 300)),
         ("tiled_padded.tif", lambda: tiff_tiled(40, 40, 256, 256), (40, 40)),
         ("jpeg_99_scans.jpg", lambda: jpeg_scan_bomb(1536, 1024, 98), (1024, 1536)),
+        ("png_row_idats.png", lambda: png_in_idats(encode(part, ".png"), 64), (240, 320)),
         ("jpeg_trailing_bytes.jpg", lambda: encode(part, ".jpg") + b"\0" * 64, (240, 320)),
         ("photo.heic", lambda: heic(part), (240, 320)),
     ]
