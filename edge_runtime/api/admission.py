@@ -19,7 +19,7 @@ from PIL import Image
 
 from edge_runtime.api.errors import ApiError, invalid
 from edge_runtime.core import strict_json
-from edge_runtime.core.images import png_chunks_over
+from edge_runtime.core.images import header_flood
 
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 RETRY_AFTER_S = 2
@@ -109,7 +109,7 @@ class Admission:
 def image_size(data: bytes) -> tuple[int, int] | None:
     """Width and height from the image header (no pixel decoded); None when it is not readable —
     the decoder then says why."""
-    if png_chunks_over(data):  # Pillow would read each of them first
+    if header_flood(data):  # Pillow would read each chunk or segment first, in Python
         return None
     try:
         with Image.open(io.BytesIO(data)) as header:

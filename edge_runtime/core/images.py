@@ -50,15 +50,17 @@ _EXIF_ORIENTATION = 0x0112
 # libjpeg-turbo busy 13 s. Encoders write ~10 (libjpeg's script), a few dozen at most; its authors
 # suggest a limit for this reason (TJPARAM_SCANLIMIT).
 MAX_JPEG_SCANS = 100
-MAX_TIFF_TILE_PIXELS = 1 << 20
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"  # a tile of a small TIFF may be padded up to 1024x1024 (4 MiB decoded)
+MAX_TIFF_TILE_PIXELS = 1 << 20  # a tile of a small TIFF may be padded up to 1024x1024 (4 MiB decoded)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MAX_JPEG_SEGMENTS = 1000
+_STANDALONE = frozenset([0x01, 0xD8, *range(0xD0, 0xD8)])  # markers without a length
 
 
 def decode_image(data: bytes, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> np.ndarray:
     """Decode JPEG/PNG/BMP/TIFF/WebP/HEIC bytes to a BGR uint8 frame, or raise ImageError saying why."""
     if not data:
         raise ImageError("the image is empty (0 bytes)")
-    too_many = png_chunks_over(data)
+    too_many = header_flood(data)
     if too_many:
         raise ImageError(too_many)
     try:
@@ -171,6 +173,35 @@ def _decode_heif(data: bytes) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001 - libheif's errors arrive as ValueError, RuntimeError, OSError
         reason = " ".join(str(exc).split())[:160].rstrip(".") or "decoder error"
         raise ImageError(f"the HEIF image is corrupt or truncated ({reason})") from None
+
+
+def header_flood(data: bytes) -> str | None:
+    """Why Pillow must not read this file's header (too many PNG chunks or JPEG segments for its size),
+    or None. Pillow reads them one by one in Python before it knows the image's size."""
+    return png_chunks_over(data) or jpeg_segments_over(data)
+
+
+def jpeg_segments_over(data: bytes) -> str | None:
+    """Why a JPEG has too many marker segments or fill bytes before its first scan (None: it has not, or
+    it is no JPEG); walked up to the bound. 4 MB of empty COM segments took 1.8 s to read the header and
+    as long again to decode; cameras write a dozen (EXIF, ICC, tables)."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos, steps = 2, 0
+    while pos + 4 <= len(data) and data[pos] == 0xFF:  # junk instead of a marker: the strict decoder says so
+        marker = data[pos + 1]
+        if marker == 0xDA:  # the first scan: libjpeg (C) reads the rest
+            return None
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+        elif marker in _STANDALONE:
+            pos += 2
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        steps += 1
+        if steps > MAX_JPEG_SEGMENTS:
+            return f"the JPEG has more than {MAX_JPEG_SEGMENTS} marker segments or fill bytes before its image data"
+    return None
 
 
 def png_chunks_over(data: bytes) -> str | None:

@@ -22,7 +22,7 @@ from edge_runtime.app.daemon import Daemon
 from edge_runtime.core.errors import InputError
 from edge_runtime.core.samples import part_image
 from tests.api.test_api import running_daemon
-from tests.support.hostile import heic, heic_declaring, png_chunk_flood
+from tests.support.hostile import heic, heic_declaring, jpeg_segment_flood, png_chunk_flood
 from tests.support.images import encode, png_bomb
 
 JPEG = encode(part_image(3, defect=True), ".jpg")
@@ -139,15 +139,18 @@ def test_a_body_of_millions_of_tiny_json_values_is_a_400_naming_body_before_they
     assert client.post("/v1/chat/completions", json=many_parts).status_code == 200  # the largest valid shape
 
 
-def test_a_small_png_in_a_flood_of_empty_chunks_is_refused_in_milliseconds(client: FlaskClient) -> None:
-    """1.4 MB of 12-byte chunks around a 64x64 image (under this daemon's 2 MB body): Pillow read each in
-    Python, twice, the header's reading too (11 MB took 14 s)."""
-    url = "data:image/png;base64," + base64.b64encode(png_chunk_flood(1.4)).decode()
+@pytest.mark.parametrize("flood", ["png", "jpeg"])
+def test_a_small_image_in_a_flood_of_empty_chunks_is_refused_in_milliseconds(client: FlaskClient, flood: str) -> None:
+    """1.4 MB of empty PNG chunks or JPEG segments around a 64x64 image (under this daemon's 2 MB body):
+    Pillow read each in Python, twice, the header's reading too (11 MB of PNG chunks took 14 s)."""
+    data = png_chunk_flood(1.4) if flood == "png" else jpeg_segment_flood(1.4)
+    url = f"data:image/{flood};base64," + base64.b64encode(data).decode()
     body = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
             "max_tokens": 1}
     started = time.monotonic()
     error = error_of(client.post("/v1/chat/completions", json=body), 400)
-    assert error["field"] == "messages.0.content.0.image_url.url" and "chunks" in str(error["message"])
+    assert error["field"] == "messages.0.content.0.image_url.url"
+    assert ("chunks" if flood == "png" else "marker segments") in str(error["message"])
     assert time.monotonic() - started < 0.5
 
 

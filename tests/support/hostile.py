@@ -55,6 +55,12 @@ def png_chunk_flood(megabytes: float, kind: bytes = b"abCd") -> bytes:
     return full[:33] + flood + full[33:]  # after the signature and IHDR
 
 
+def jpeg_segment_flood(megabytes: float, segment: bytes = b"\xff\xfe\x00\x02") -> bytes:
+    """A valid 64x64 JPEG whose header holds `megabytes` of empty segments (COM by default) or fill bytes."""
+    jpg = encode(part_image(0, 64, 64), ".jpg")
+    return jpg[:2] + segment * int(megabytes * 2**20 // len(segment)) + jpg[2:]
+
+
 def png_in_idats(data: bytes, size: int) -> bytes:
     """The same PNG with its image data split into IDAT chunks of `size` bytes (as streaming encoders do)."""
     i = data.index(b"IDAT") - 4
@@ -133,6 +139,8 @@ def corpus() -> list[tuple[str, bytes, str]]:
         ("jpeg_bomb.jpg", jpeg_declaring(60000, 60000), "declares 60000x60000 pixels, more than the limit"),
         ("png_bomb_header.png", png(60000, 60000, zlib.compress(b"\0" * 1024)), "declares 60000x60000 pixels"),
         ("png_bomb_zeros.png", png_zero_bomb(8000, 8000), "declares 8000x8000 pixels, more than the limit"),
+        ("jpeg_comment_flood.jpg", jpeg_segment_flood(1), "more than 1000 marker segments"),
+        ("jpeg_fill_flood.jpg", jpeg_segment_flood(0.1, b"\xff"), "more than 1000 marker segments or fill bytes"),
         ("png_chunk_flood.png", png_chunk_flood(1), "more than 2088 chunks"),
         ("png_truncated.png", good_png[:len(good_png) // 2], "truncated|corrupt"),
         ("png_truncated_iend.png", good_png[:len(good_png) // 2] + chunk(b"IEND", b""), "truncated|corrupt"),
