@@ -157,6 +157,7 @@ def corpus() -> list[tuple[str, bytes, str]]:
          "several frames"),
         ("tiff_truncated.tif", encode(_part(), ".tiff")[:5000], "corrupt or truncated|not an image"),
         ("tiff_tile_bomb.tif", tiff_tiled(16, 16, 16000, 16000, b"\0" * 64), "in tiles of 16000x16000"),
+        ("tiff_strip_flood.tif", tiff_strip_flood(100_000), "200007 numbers, more than 66048 for its 64 rows"),
         ("bmp_truncated.bmp", encode(_part(), ".bmp")[:20000], "corrupt or truncated"),
         ("bmp_bomb.bmp", _bmp_declaring(70000, 70000), "declares 70000x70000 pixels"),
         ("heic_bomb.heic", heic_declaring(60000, 60000, photo), "declares 60000x60000 pixels, more than the limit"),
@@ -192,6 +193,22 @@ def tiff_tiled(width: int, height: int, tile_w: int, tile_h: int, tile_data: byt
     if count > 1:
         out += struct.pack(f"<{count}I", *[data_at] * count) + struct.pack(f"<{count}I", *[len(tile_data)] * count)
     return bytes(out + tile_data)
+
+
+def tiff_strip_flood(strips: int, width: int = 64, height: int = 64) -> bytes:
+    """A valid grey 64x64 TIFF whose StripOffsets and StripByteCounts list `strips` entries, all the same
+    row (far more strips than rows: Pillow unpacks every entry into a Python int)."""
+    tags = [(256, 4, 1, width), (257, 4, 1, height), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (273, 4, strips, 0), (277, 3, 1, 1), (278, 4, 1, 1), (279, 4, strips, 0)]
+    arrays = 8 + 2 + 12 * len(tags) + 4
+    pixels = arrays + 8 * strips
+    out = bytearray(b"II*\0" + struct.pack("<IH", 8, len(tags)))
+    for tag, kind, count, value in tags:
+        value = {273: arrays, 279: arrays + 4 * strips}.get(tag, value)
+        out += struct.pack("<HHII", tag, kind, count, value) if kind == 4 else struct.pack("<HHIHH", tag, kind, count,
+                                                                                           value, 0)
+    out += b"\0\0\0\0" + struct.pack(f"<{strips}I", *[pixels] * strips) + struct.pack(f"<{strips}I", *[width] * strips)
+    return bytes(out + bytes(range(width)))
 
 
 def _stuffed_bits(bits: str) -> bytes:
@@ -256,6 +273,7 @@ def odd_but_valid() -> list[tuple[str, Callable[[], bytes], tuple[int, int]]]:
         ("tiled_padded.tif", lambda: tiff_tiled(40, 40, 256, 256), (40, 40)),
         ("jpeg_99_scans.jpg", lambda: jpeg_scan_bomb(1536, 1024, 98), (1024, 1536)),
         ("png_row_idats.png", lambda: png_in_idats(encode(part, ".png"), 64), (240, 320)),
+        ("tiff_strip_a_row.tif", lambda: tiff_strip_flood(64), (64, 64)),
         ("jpeg_trailing_bytes.jpg", lambda: encode(part, ".jpg") + b"\0" * 64, (240, 320)),
         ("photo.heic", lambda: heic(part), (240, 320)),
     ]
