@@ -19,7 +19,7 @@ from PIL import Image
 
 from edge_runtime.api.errors import ApiError, invalid
 from edge_runtime.core import strict_json
-from edge_runtime.core.images import header_flood
+from edge_runtime.core.images import SUPPORTED_FORMATS, header_flood
 
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 RETRY_AFTER_S = 2
@@ -112,7 +112,7 @@ def image_size(data: bytes) -> tuple[int, int] | None:
     if header_flood(data):  # Pillow would read each chunk or segment first, in Python
         return None
     try:
-        with Image.open(io.BytesIO(data)) as header:
+        with Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS) as header:
             width, height = header.size
             return int(width), int(height)
     except Exception:  # noqa: BLE001 - Pillow raises many types for garbage; the decoder reports it
