@@ -24,8 +24,9 @@ from edge_runtime.core.images import SUPPORTED_FORMATS, header_flood
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 RETRY_AFTER_S = 2
 MAX_JSON_DEPTH = 32  # a request body is never legitimately deeper; json.loads recurses per level
-# The most values one body may hold: 64 messages of 512 parts are ~66k, the rest (schema, knobs) far fewer.
-MAX_JSON_VALUES = 200_000
+# The most commas, arrays and objects one body may hold, in strings too: 64 messages of 512 parts are ~66k,
+# their text at most 262,144 characters (MAX_TEXT_CHARS), the rest (schema, knobs) far fewer.
+MAX_JSON_VALUES = 400_000
 
 
 def slots(threads: int) -> tuple[int, int]:
