@@ -90,6 +90,8 @@ def cmd_gate_fit(args: argparse.Namespace, config: Config) -> int:
         raise EdgeRuntimeError("--position-weight must be 0 to 1000")
     if not 0 < args.holdout < 1:
         raise EdgeRuntimeError("--holdout must be over 0 and under 1 (a share of the good images)")
+    if not 0 <= args.seed < 2**63:  # numpy's generator takes no negative seed (an internal error before)
+        raise EdgeRuntimeError("--seed must be 0 or more")
     max_escape = parse_rate(args.max_escape, "--max-escape")
     if args.labelled:
         try:

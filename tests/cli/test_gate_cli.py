@@ -77,6 +77,7 @@ def test_gate_score_scores_an_image_and_draws_its_heat_map(bank: Path, demo_dir:
     ("zero_escape", "--max-escape"),
     ("bad_holdout", "--holdout"),
     ("unknown_camera", "no camera of that name"),
+    ("negative_seed", "--seed must be 0 or more"),
 ])
 def test_a_bad_fit_input_is_one_line_and_exit_2(case: str, says: str, good_dir: Path, demo_dir: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -100,7 +101,8 @@ def test_a_bad_fit_input_is_one_line_and_exit_2(case: str, says: str, good_dir: 
     else:
         folder = good_dir
         extra = {"no_out": [], "bad_escape": ["--max-escape", "lots"], "zero_escape": ["--max-escape", "0"],
-                 "bad_holdout": ["--holdout", "1"], "unknown_camera": ["--camera", "nope"]}[case]
+                 "bad_holdout": ["--holdout", "1"], "unknown_camera": ["--camera", "nope"],
+                 "negative_seed": ["--seed", "-1"]}[case]
     out = [] if case == "no_out" else [str(tmp_path / "o.bank")]
     code = main(["gate", "fit", str(folder), *out, *extra, "--model", str(demo_dir), "--quiet",
                  "--data-dir", str(tmp_path)])
