@@ -47,9 +47,9 @@ def loads(data: str | bytes, max_depth: int | None = None, max_values: int | Non
         raise StrictJsonError(f"not valid JSON ({str(exc)[:200]})", malformed=True) from None
     if max_depth is not None and json_depth(value) > max_depth:
         raise StrictJsonError(f"the JSON is nested deeper than {max_depth} levels", malformed=True)
-    bad = surrogate_path(value)
-    if bad is not None:
-        raise StrictJsonError("contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8", bad or "")
+    fault = first_fault(value)
+    if fault is not None:
+        raise StrictJsonError(*fault)
     return value
 
 
@@ -84,31 +84,46 @@ def json_depth(value: Any) -> int:
     return depth
 
 
-def surrogate_path(value: Any) -> str | None:
-    """The dotted path of the first key or string holding a lone surrogate ("" for the document
-    itself), else None. Walked without recursion."""
+def first_fault(value: Any) -> tuple[str, str] | None:
+    """(why, dotted path) of the first key twice in one object or string holding a lone surrogate ("" for
+    the document itself), else None. Walked without recursion."""
     stack: list[tuple[Any, str]] = [(value, "")]
     while stack:
         item, path = stack.pop()
         if isinstance(item, str):
             if has_surrogate(item):
-                return path
+                return _SURROGATE_WHY, path
         elif isinstance(item, dict):
+            if isinstance(item, _Repeated):
+                key = f"{path}.{item.repeated}" if path else item.repeated
+                return "the key appears more than once in one JSON object", shown(key)
             for key, sub in item.items():
                 where = f"{path}.{key}" if path else str(key)
                 if has_surrogate(key):
-                    return shown(where)
+                    return _SURROGATE_WHY, shown(where)
                 stack.append((sub, where))
         elif isinstance(item, list):
             stack.extend((sub, f"{path}.{i}" if path else str(i)) for i, sub in enumerate(item))
     return None
 
 
+_SURROGATE_WHY = "contains a lone surrogate (\\ud800-\\udfff); text must be valid UTF-8"
+
+
+class _Repeated(dict[str, Any]):
+    """An object in which `repeated` appeared twice: the parser's hook cannot know where the object is,
+    so it is marked and named with its path by the walk after the parse."""
+
+    repeated: str
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, item in pairs:
         if key in out:
-            raise StrictJsonError("the key appears more than once in one JSON object", shown(key))
+            marked = _Repeated(out)
+            marked.repeated = key
+            return marked
         out[key] = item
     return out
 

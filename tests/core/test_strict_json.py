@@ -11,7 +11,9 @@ from edge_runtime.core.strict_json import StrictJsonError
 
 @pytest.mark.parametrize("doc, field, words, malformed", [
     (b'{"a": 1, "a": 2}', "a", "more than once", False),
-    (b'{"outer": {"k": 1, "k": 1}}', "k", "more than once", False),
+    (b'{"outer": {"k": 1, "k": 1}}', "outer.k", "more than once", False),
+    (b'{"messages": [{"role": "user", "content": "a", "content": "b"}]}', "messages.0.content", "more than once",
+     False),
     (b'{"x": NaN}', "", "NaN is not a JSON number", False),
     (b'{"x": -Infinity}', "", "-Infinity is not a JSON number", False),
     (b'{"x": 1e999}', "", "number out of range", False),
