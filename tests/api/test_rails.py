@@ -397,10 +397,16 @@ def test_input_rails_refuse_a_stream_before_it_starts(daemon: Daemon, openai_cli
         use_rails(daemon)
 
 
+# Four choices of the model, so a live stream has a piece for each (a one-value enum is all forced: one piece).
+FOUR_CHOICES = {"type": "json_schema", "json_schema": {"name": "words", "schema": {
+    "type": "object", "required": ["words"], "additionalProperties": False, "properties": {"words": {
+        "type": "array", "minItems": 4, "maxItems": 4, "items": {"enum": ["alpha", "beta", "gamma", "delta"]}}}}}}
+
+
 def test_only_output_rails_hold_a_stream(daemon: Daemon, openai_client: Any) -> None:
     def chunks() -> list[Any]:
         return list(openai_client.chat.completions.create(
-            model="edge-demo-vlm", stream=True, max_tokens=48, response_format=forced("alpha beta gamma delta"),
+            model="edge-demo-vlm", stream=True, max_tokens=48, response_format=FOUR_CHOICES,
             messages=[{"role": "user", "content": "say it"}]))
 
     try:

@@ -180,3 +180,52 @@ def test_a_bundle_whose_schema_cannot_be_enforced_is_a_bundle_error_at_load(
     (bundle_copy / "bundle.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     with pytest.raises(BundleError, match=r"verdict_schema: .*confidence.*not enforced"):
         Inspector(load_bundle(bundle_copy), config.model.model_copy(update={"warmup": False}), "test")
+
+
+BOOL_AND_ENUM = {"type": "object", "additionalProperties": False, "required": ["ok", "kind", "marks"],
+                 "properties": {"ok": {"type": "boolean"}, "kind": {"enum": ["screw", "label"]},
+                                "marks": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}}}
+
+
+def test_the_json_around_the_values_has_one_spelling(inspector: Inspector) -> None:
+    """json.dumps' separators and no other whitespace: each optional space was a step of its own."""
+    import llguidance
+
+    from edge_runtime.inference.llm.constraint import lark_for
+
+    tok = inspector.language.guidance_tokenizer().tokenizer
+    lark = lark_for(schema_to_grammar(BOOL_AND_ENUM))
+
+    def admitted(text: str) -> bool:
+        ids = tok.tokenize_str(text)
+        return bool(llguidance.LLMatcher(tok, lark, log_level=0).validate_tokens(ids) == len(ids))
+
+    assert admitted('{"ok": true, "kind": "screw", "marks": [true, false]}')
+    for other in ('{"ok":true, "kind": "screw", "marks": [true, false]}',
+                  '{ "ok": true, "kind": "screw", "marks": [true, false]}',
+                  '{"ok" : true, "kind": "screw", "marks": [true, false]}',
+                  '{"ok": true,"kind": "screw", "marks": [true, false]}',
+                  '{"ok": true, "kind": "screw", "marks": [true,false]}',
+                  '{"ok": true, "kind": "screw", "marks": [ true, false]}',
+                  '{"ok": true, "kind": "screw", "marks": [true, false] }'):
+        assert not admitted(other), other
+
+
+@pytest.mark.parametrize("engine", ["llguidance", "gbnf"])
+def test_both_engines_answer_the_one_spelling(engine: str, inspector: Inspector, gbnf_inspector: Inspector) -> None:
+    ins = inspector if engine == "llguidance" else gbnf_inspector
+    prefix, suffix = ins.prompt_parts(ins.default_prompt)
+    for frame in synthetic_frames(3, seed=41):
+        text = ins.generate(prefix, ins.encode(frame).embeds, suffix, schema_to_grammar(BOOL_AND_ENUM), 120).text
+        assert text.strip() == json.dumps(json.loads(text))
+
+
+def test_a_boolean_and_enum_verdict_is_decoded_in_a_few_steps(inspector: Inspector) -> None:
+    """Between two values the grammar forces every key and separator, so fast-forward decodes them with
+    the value before: the steps are the model's choices (a boolean, an enum's first token, each array
+    item and what follows it), not one more per optional space."""
+    prefix, suffix = inspector.prompt_parts(inspector.default_prompt)
+    for frame in synthetic_frames(3, seed=41):
+        gen = inspector.generate(prefix, inspector.encode(frame).embeds, suffix, schema_to_grammar(BOOL_AND_ENUM), 120)
+        marks = len(json.loads(gen.text)["marks"])
+        assert gen.steps <= 3 + 2 * marks + 2, (gen.steps, gen.text)
