@@ -35,7 +35,7 @@ def test_a_defect_is_seen_alerted_corrected_in_the_page_and_exported(tmp_path: P
     cfg.cameras = [CameraConfig(name="demo", source=str(write_sample_video(tmp_path / "v.avi", frames=60)), fps=10,
                                 trigger=TriggerConfig(mode="on_demand"),
                                 # The demo's random weights answer defect: true to this on every sample frame.
-                                prompt="Inspect the part.")]
+                                prompt="Inspect the aluminium part.")]
     cfg.rules = [Rule.model_validate({"name": "any-defect", "when": [{"field": "verdict.defect", "equals": True}],
                                       "actions": [{"type": "alert"}, {"type": "webhook", "url": receiver.url},
                                                   {"type": "review"}]})]

@@ -4,6 +4,8 @@ llama.cpp), a bank fitted on synthetic good parts, a folder camera, the real jou
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -51,6 +53,19 @@ def bank(inspector: Inspector, demo_bundle: Bundle, tmp_path_factory: pytest.Tem
     path = tmp_path_factory.mktemp("gate") / "parts.bank"
     write_bank(path, bank_header(fit, context, feats[0]), fit.vectors)
     return path
+
+
+@pytest.fixture(scope="module")
+def ok_dir(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo bundle under a verdict schema whose `defect` can only be false, so the model's answers
+    are OKs whatever its random weights prefer (NOK_SCHEMA's mirror): the audits compare like with like."""
+    folder = Path(shutil.copytree(demo_dir, tmp_path_factory.mktemp("ok") / "demo", copy_function=os.link))
+    manifest = folder / "bundle.yaml"
+    data = yaml.safe_load(manifest.read_text())
+    data["verdict_schema"]["properties"]["defect"] = {"const": False}
+    manifest.unlink()  # a link to the demo's own: write a file of its own
+    manifest.write_text(yaml.safe_dump(data, sort_keys=False))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +122,10 @@ def quiesce(daemon: Daemon) -> None:
 # Overlapped, stage 1 answers a gated frame right after its encode; without, stage 2 encodes and answers it.
 @pytest.mark.parametrize("overlap", [True, False])
 def test_skip_ok_answers_a_gated_frame_without_the_model_like_a_model_ok_and_audits_one_in_n(
-        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path,
+        run_daemon: Callable[..., Daemon], tmp_path: Path, ok_dir: Path, bank: Path, parts: Path,
         overlap: bool) -> None:
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=3, verdict=OK)
-    cfg = config(tmp_path, demo_dir, camera(parts, gate))
+    cfg = config(tmp_path, ok_dir, camera(parts, gate))
     cfg.inspection.overlap_stages = overlap
     # No passing image kept: evidence.keep_passes samples passes, so which record had one was luck
     cfg.evidence.keep_passes = 0
@@ -246,12 +261,12 @@ def test_the_evidence_image_carries_the_heat_map_where_the_gate_scored_high(
 
 
 def test_a_gated_ok_is_published_and_handed_to_the_line_like_a_model_ok(
-        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, ok_dir: Path, bank: Path, parts: Path) -> None:
     broker = Broker(tmp_path / "broker").start()
     sub = Subscriber(broker.port, "edge/line-1/#")
     try:
         gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=2, verdict=OK)
-        cfg = config(tmp_path, demo_dir, camera(parts, gate, name="cam", mode="on_demand"))
+        cfg = config(tmp_path, ok_dir, camera(parts, gate, name="cam", mode="on_demand"))
         cfg.mqtt = MqttConfig.model_validate({**cfg.mqtt.model_dump(), "enabled": True, "host": "127.0.0.1",
                                               "port": broker.port, "telemetry_interval_s": 1})
         cfg.line_io = LineIOConfig.model_validate({"stations": [{
@@ -313,9 +328,9 @@ def test_the_status_page_shows_each_gated_cameras_counters(
 
 
 def test_a_line_recipe_runs_its_own_gate_in_place_of_its_cameras(
-        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
+        run_daemon: Callable[..., Daemon], tmp_path: Path, ok_dir: Path, bank: Path, parts: Path) -> None:
     own = {"mode": "skip_ok", "bank": str(bank), "threshold": 100.0, "audit_every": 1000, "verdict": OK}
-    cfg = config(tmp_path, demo_dir, camera(parts, GateConfig(mode="annotate", bank=str(bank), threshold=100.0),
+    cfg = config(tmp_path, ok_dir, camera(parts, GateConfig(mode="annotate", bank=str(bank), threshold=100.0),
                                             name="cam", mode="on_demand"))
     cfg.line_io = LineIOConfig.model_validate({"stations": [{
         "name": "st1", "camera": "cam", "result_deadline_ms": 60_000, "heartbeat_ms": 100,

@@ -33,6 +33,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "governor_run.py": (["--model", "{bundle}", "--gpu-layers", "0", "--seconds", "2", "--replay", "{trace}"],
                         '"governed"'),
     "inspection_queries.py": (["--results", "2000"], "export all defects"),
+    "json_spelling.py": (["--model", "{bundle}", "--frames", "2", "--threads", "2"], '"steps_ratio"'),
     "line_io.py": (["--jobs", "2"], "trigger_to_result_valid_ms"),
     "line_soak.py": (["--minutes", "0.1", "--sample-s", "2", "--warmup-min", "0", "--cut-s", "2"], '"acked"'),
     "lineio_durable.py": (["--jobs", "5"], '"delivery_notify_ms"'),

@@ -32,6 +32,8 @@ from tests.support.waiting import wait_for
 
 TOKEN = "line-token"
 PREFIX = "edge/line-1"
+# The demo's random weights answer defect: true to this on every frame of the sample video.
+DEFECT_PROMPT = "Inspect the aluminium part."
 CONFIG = """\
 device_id: line-1
 data_dir: {data}
@@ -44,7 +46,7 @@ cameras:
     source: {video}
     fps: 10
     trigger: {{mode: on_demand}}
-    prompt: Inspect the part.  # the demo's random weights answer defect: true to this on every sample frame
+    prompt: {defect_prompt}
 rules:
   - name: defect
     when:
@@ -83,7 +85,7 @@ class Line:
 
 
 def write_config(path: Path, extra: str = "", **values: Any) -> None:
-    path.write_text(CONFIG.format(extra=extra, token=TOKEN, **values))
+    path.write_text(CONFIG.format(extra=extra, token=TOKEN, defect_prompt=DEFECT_PROMPT, **values))
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +387,8 @@ def test_sighup_reloads_the_rules_of_a_running_daemon(tmp_path: Path, demo_dir: 
     config = tmp_path / "config.yaml"
     base = (f"device_id: hup-1\ndata_dir: {tmp_path / 'data'}\nmodel: {{path: {demo_dir}, threads: 2}}\n"
             f"mqtt: {{enabled: false}}\napi: {{host: 127.0.0.1, port: {port}}}\ncameras:\n  - name: cam\n"
-            f"    source: {write_sample_video(tmp_path / 'v.avi', frames=30)}\n    trigger: {{mode: on_demand}}\n")
+            f"    source: {write_sample_video(tmp_path / 'v.avi', frames=30)}\n    trigger: {{mode: on_demand}}\n"
+            f"    prompt: {DEFECT_PROMPT}\n")
     rule = ("rules:\n  - name: {}\n    when: [{{field: verdict.defect, equals: true}}]\n"
             "    actions: [{{type: review}}]\n")
     config.write_text(base + rule.format("before-hup"))
@@ -447,6 +450,7 @@ def test_an_alert_queued_before_a_kill_9_is_sent_after_the_restart(tmp_path: Pat
         f"mqtt: {{host: 127.0.0.1, port: {broker.port}}}\napi: {{host: 127.0.0.1, port: {port}}}\n"
         f"cameras:\n  - name: cam\n    source: {write_sample_video(tmp_path / 'v.avi', frames=30)}\n"
         "    trigger: {mode: on_demand}\n"
+        f"    prompt: {DEFECT_PROMPT}\n"
         "rules:\n  - name: d\n    when: [{field: verdict.defect, equals: true}]\n    actions: [{type: alert}]\n")
 
     def start() -> subprocess.Popen[bytes]:
