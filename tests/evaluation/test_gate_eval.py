@@ -62,8 +62,8 @@ def test_skip_ok_on_the_set_gates_low_scores_and_keeps_the_models_verdict_for_th
     assert s["language_model_alone"]["escape"]["count"] == 1 and s["language_model_alone"]["false_reject"]["count"] == 2
 
 
-def test_eval_with_a_gate_reports_its_rates_curve_and_calls_saved(demo_dir: Path, tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def labelled_set(tmp_path: Path, demo_dir: Path) -> tuple[Path, Path]:
+    """A bank fitted on clean parts, and labels for three good and three defective parts."""
     ok = tmp_path / "ok"
     ok.mkdir()
     for s in range(20):
@@ -77,9 +77,16 @@ def test_eval_with_a_gate_reports_its_rates_curve_and_calls_saved(demo_dir: Path
         cv2.imwrite(str(tmp_path / f"b{s}.png"), defective_part(600 + s, "stain", 32, W, W)[0])
         lines += [json.dumps({"image": f"g{s}.png", "defect": False}),
                   json.dumps({"image": f"b{s}.png", "defect": True})]
-    cv2.imwrite(str(tmp_path / "odd.png"), clean_part(9, 320, 240))
-    lines.append(json.dumps({"image": "odd.png", "defect": False}))
     (tmp_path / "labels.jsonl").write_text("\n".join(lines) + "\n")
+    return bank, tmp_path / "labels.jsonl"
+
+
+def test_eval_with_a_gate_reports_its_rates_curve_and_calls_saved(demo_dir: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    bank, labels = labelled_set(tmp_path, demo_dir)
+    cv2.imwrite(str(tmp_path / "odd.png"), clean_part(9, 320, 240))
+    with labels.open("a") as f:
+        f.write(json.dumps({"image": "odd.png", "defect": False}) + "\n")
     capsys.readouterr()
     out = tmp_path / "eval"
     assert main(["eval", str(tmp_path / "labels.jsonl"), "--model", str(demo_dir), "--gate", str(bank), "--out",

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import pytest
 
@@ -19,28 +18,7 @@ from edge_runtime.core.images import read_image_file
 from edge_runtime.evaluation.gate_eval import measure
 from edge_runtime.inference.anomaly.bank import read_header, write_bank
 from edge_runtime.inference.inspector import Inspector
-from tests.support.parts import clean_part, defective_part
-
-W = 224
-
-
-def labelled_set(tmp_path: Path, demo_dir: Path) -> tuple[Path, Path]:
-    """A bank fitted on clean parts, and labels for three good and three defective parts."""
-    ok = tmp_path / "ok"
-    ok.mkdir()
-    for s in range(20):
-        cv2.imwrite(str(ok / f"p{s}.png"), clean_part(s, W, W))
-    bank = tmp_path / "g.bank"
-    assert main(["gate", "fit", str(ok), str(bank), "--model", str(demo_dir), "--quiet",
-                 "--data-dir", str(tmp_path)]) == 0
-    lines = []
-    for s in range(3):
-        cv2.imwrite(str(tmp_path / f"g{s}.png"), clean_part(500 + s, W, W))
-        cv2.imwrite(str(tmp_path / f"b{s}.png"), defective_part(600 + s, "stain", 32, W, W)[0])
-        lines += [json.dumps({"image": f"g{s}.png", "defect": False}),
-                  json.dumps({"image": f"b{s}.png", "defect": True})]
-    (tmp_path / "labels.jsonl").write_text("\n".join(lines) + "\n")
-    return bank, tmp_path / "labels.jsonl"
+from tests.evaluation.test_gate_eval import labelled_set
 
 
 def strict_json(text: str) -> Any:
