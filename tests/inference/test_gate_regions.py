@@ -172,6 +172,25 @@ def test_skip_ok_asks_the_model_only_about_the_regions_over_their_threshold_from
     assert step.counts()["belt"].regions_answered == 1
 
 
+def test_a_frame_with_a_region_the_bank_has_no_section_for_is_never_gated(ins: Inspector, bank: Path) -> None:
+    """A frame encoded under a program with one more region than the bank's (a reload adds a region
+    while the old gates still run): that region was never scored, so it is not under any threshold and
+    the frame is not answered OK; it goes to the language model and counts as a gate error."""
+    from edge_runtime.inference.regions import RegionSpec
+
+    step = step_for(ins, bank, mode="skip_ok")
+    frame = clean_part(702)  # gated when cut into the bank's two halves (the test above)
+    encoded = ins.encode_frame("belt", frame)
+    assert isinstance(encoded, RegionsEncoded)
+    middle = (56, 0, 112, 224)
+    encoded.regions.append((RegionSpec("middle", middle), ins.encode(frame, crop=middle)))
+    request = InspectionRequest(image=frame, camera="belt")
+    rest = step.sift([(request, encoded)], ins, None, lambda _r, res: pytest.fail(f"answered {res.verdict}"),
+                     lambda _r, exc: pytest.fail(str(exc)))
+    assert [r for r, _ in rest] == [request] and not rest[0][1].answered  # type: ignore[union-attr]
+    assert step.counts()["belt"].skipped == 0 and step.counts()["belt"].errors == 1
+
+
 def test_a_bank_of_other_regions_or_of_whole_frames_is_refused_in_one_line(
         ins: Inspector, bank: Path, tmp_path: Path) -> None:
     gate = GateConfig(mode="annotate", bank=str(bank), threshold=1.0)

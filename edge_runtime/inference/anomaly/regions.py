@@ -86,6 +86,10 @@ def score_regions(gates: Sequence[RegionGate], enc: Encoded) -> list[GateScore]:
     or another box (tiles of a frame of another size)."""
     if not isinstance(enc, RegionsEncoded):
         raise FrameMismatch("the frame was encoded whole; the bank holds the regions of a program")
+    names = [spec.name for spec, _ in enc.regions]
+    if names != [g.name for g in gates]:  # a region without a section is never scored: never under a threshold
+        raise FrameMismatch(f"this frame's regions are {', '.join(names)}; the bank's are "
+                            f"{', '.join(g.name for g in gates)}")
     crops = {spec.name: (spec, renc) for spec, renc in enc.regions}
     out = []
     for g in gates:
