@@ -97,7 +97,7 @@ class ProgramConfig(Section):
         "all OK only when every region has a verdict and each is OK.")
     nok_field: str = Field(
         "defect", min_length=1, max_length=64, description="The verdict field whose truth makes a region NOK; a "
-        "region whose verdict lacks it has no verdict (never a default OK).")
+        "region whose verdict lacks it, or holds neither true nor false (null), has no verdict (never a default OK).")
 
     @model_validator(mode="after")
     def _regions_bounded_and_named_once(self) -> ProgramConfig:

@@ -5,7 +5,7 @@ Each region is encoded as its own crop (through the encoder cache, the frame has
 a sequence of the frame's batch. The overall verdict follows the program's rule, `nok_if_any_nok`:
 NOK when any region is NOK (the first NOK region's verdict), OK only when every region has a verdict
 and none is NOK; a region without a verdict (its crop refused, its answer invalid, the NOK field
-missing) never makes the frame OK.
+missing or neither true nor false) never makes the frame OK.
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def judge(spec: RegionSpec, verdict: dict[str, Any] | None, text: str, nok_field
     if verdict is None or nok_field not in verdict:
         why = error or f"the verdict has no {nok_field!r} field"
         return RegionOutcome(spec, verdict, text, None, why)
-    return RegionOutcome(spec, verdict, text, bool(verdict[nok_field]))
+    value = verdict[nok_field]
+    if not isinstance(value, bool):  # e.g. null where the schema allows it: says nothing, never a default OK
+        return RegionOutcome(spec, verdict, text, None, f"the verdict's {nok_field!r} is {value!r}, not true or false")
+    return RegionOutcome(spec, verdict, text, value)
 
 
 def overall(outcomes: list[RegionOutcome]) -> RegionOutcome:

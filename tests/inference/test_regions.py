@@ -119,3 +119,17 @@ def test_bad_regions_refuse_the_config_in_one_line(tmp_path: Path, program: str,
     with pytest.raises(ConfigError) as caught:
         load_config(cfg)
     assert why in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_a_region_whose_nok_field_is_not_true_or_false_has_no_verdict() -> None:
+    # A schema may let the NOK field be null (type [boolean, null]): null says nothing about the part, so
+    # that region has no verdict; it must not count as an OK region (bool(None) is False).
+    spec = RegionSpec("screw", (0, 0, 1, 1))
+    for value in (None, "false", 0):
+        unsure = judge(spec, {"defect": value}, "", "defect")
+        assert unsure.nok is None and unsure.to_dict()["outcome"] == "none", value
+        assert "defect" in (unsure.error or "")
+        with pytest.raises(InferenceError, match="not OK: screw"):
+            overall([RegionOutcome(RegionSpec("a", (0, 0, 1, 1)), {"defect": False}, "", False), unsure])
+    assert judge(spec, {"defect": False}, "", "defect").nok is False
+    assert judge(spec, {"defect": True}, "", "defect").nok is True
