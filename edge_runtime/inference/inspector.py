@@ -193,6 +193,12 @@ class Inspector:
                       self.encoder.mtmd, self.max_tokens, self.language.n_ctx)
         self._programs = loaded
 
+    @property
+    def programs_loaded(self) -> object:
+        """The inspection programs in use, replaced whole by `use_programs`: the worker tells a frame it
+        encoded under older ones by this object's identity."""
+        return self._programs
+
     def changed_references(self) -> list[str]:
         """The running programs' references whose file changed on disk since it was encoded."""
         return changed_references(self._programs[0])

@@ -28,9 +28,10 @@ if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typ
     from edge_runtime.inference.inspector import Inspector, Work
     from edge_runtime.inference.llm.feed import Generation
 
-    # What stage 1 hands to stage 2: the embeddings with the model that made them (a reload may replace
-    # it meanwhile), the encoder's failure, or None (not encoded ahead: jobs, overlap off).
-    Staged = tuple[Inspector, Encoded] | Exception | None
+    # What stage 1 hands to stage 2: the embeddings with the model and the inspection programs that made
+    # them (a reload may replace either meanwhile), the encoder's failure, or None (not encoded ahead: jobs,
+    # overlap off).
+    Staged = tuple[Inspector, object, Encoded] | Exception | None
 
 log = logging.getLogger(__name__)  # the result lines are counted by tests/app/test_lifecycle.py
 
@@ -119,13 +120,14 @@ class InspectionWorker:
             if self.overlap and request.job is None and request.image is not None:
                 try:
                     inspector = self.get_inspector()
-                    encoded = (inspector, inspector.encode_frame(request.camera, request.image, request.clip,
-                                                                   request.program))
+                    programs = inspector.programs_loaded  # before the encode: a reload during it shows as a change
+                    encoded = (inspector, programs, inspector.encode_frame(request.camera, request.image,
+                                                                           request.clip, request.program))
                 except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
                     encoded = exc
             request.encoded.set()
             if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
-                    [(request, encoded[1])], encoded[0], self.gate.decision().state, self._deliver, self._failed):
+                    [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed):
                 continue  # skip_ok answered it here, overlapping the generation in stage 2
             while not self._stop.is_set():
                 try:
@@ -172,10 +174,12 @@ class InspectionWorker:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
 
     def _usable(self, encoded: Staged) -> Encoded | Exception | None:
-        """The embeddings, unless a reload replaced the model that computed them (then: encode again)."""
+        """The embeddings, unless a reload replaced the model that computed them or the inspection programs
+        they were encoded under (then: encode again, so each frame is asked under the program it was cut by)."""
         if encoded is None or isinstance(encoded, Exception):
             return encoded
-        return encoded[1] if encoded[0] is self.get_inspector() else None
+        inspector, programs, enc = encoded
+        return enc if inspector is self.get_inspector() and programs is inspector.programs_loaded else None
 
     def _finish(self, request: InspectionRequest, encoded: Encoded | Exception | None) -> None:
         try:

@@ -133,3 +133,46 @@ def test_a_region_whose_nok_field_is_not_true_or_false_has_no_verdict() -> None:
             overall([RegionOutcome(RegionSpec("a", (0, 0, 1, 1)), {"defect": False}, "", False), unsure])
     assert judge(spec, {"defect": False}, "", "defect").nok is False
     assert judge(spec, {"defect": True}, "", "defect").nok is True
+
+
+def test_a_frame_encoded_before_a_reload_is_inspected_under_one_program(
+        demo_bundle: Bundle, config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reload that changes a camera's program lands after the worker's stage 1 encoded a frame under
+    the old one: that frame is encoded again under the new program, never the old regions asked under
+    the new program (its references, nok_field, regions)."""
+    from edge_runtime.core.governor_gate import OpenGate
+    from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
+    from edge_runtime.inference.worker import InspectionWorker
+    from edge_runtime.verdicts.journal import Journal
+    from edge_runtime.verdicts.pipeline import VerdictPipeline
+
+    old = ProgramConfig.model_validate({"regions": [{"name": "whole_left", "box": [0, 0, 320, 480]}]})
+    new = ProgramConfig.model_validate({"regions": [{"name": "top", "box": [0, 0, 640, 240]},
+                                                    {"name": "bottom", "box": [0, 240, 640, 240]}]})
+    with Inspector(demo_bundle, config.model.model_copy(update={"warmup": False}), "t") as inspector:
+        inspector.use_programs({"housing": old}, CAMERAS, ImageLimits())
+        real = inspector.encode_frame
+
+        def encode_then_reload(*args: object, **kwargs: object) -> object:
+            encoded = real(*args, **kwargs)  # type: ignore[arg-type]
+            inspector.use_programs({"housing": new}, CAMERAS, ImageLimits())  # the reload, just after
+            return encoded
+
+        monkeypatch.setattr(inspector, "encode_frame", encode_then_reload)
+        journal = Journal(tmp_path / "j.sqlite3")
+        pipeline = VerdictPipeline(journal, lambda _camera: None)
+        queue = InspectionQueue(4)
+        worker = InspectionWorker(queue, lambda: inspector, journal, pipeline.deliver, OpenGate(),
+                                  lambda _camera: None)
+        future = queue.submit(InspectionRequest(synthetic_frames(1, seed=65)[0], "left"))
+        worker.start()
+        try:
+            try:
+                result = future.result(timeout=60)
+            except InferenceError as exc:  # no region NOK and one without a verdict: still the new regions
+                assert "top" in str(exc) or "bottom" in str(exc), str(exc)
+            else:
+                assert [r["name"] for r in result.regions or []] == ["top", "bottom"]
+        finally:
+            worker.stop()
+            journal.close()
