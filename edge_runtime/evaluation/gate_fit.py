@@ -396,9 +396,21 @@ def _threshold(held: dict[str, Any], found: dict[str, Any] | None, unit: float |
                              note=f"every held-out good part ({held['images']}) scores under it; no defective part "
                                   "was seen, so nothing is claimed about escapes: use annotate, or fit with "
                                   "--labelled DIR --max-escape RATE before skip_ok")
-    value = found["value"] if found["value"] is None or unit is None else found["value"] * unit
+    value = found["value"] if found["value"] is None or unit is None else _boundary(found["value"], unit)
     scale = "" if unit is None else f" (x {unit:.4g}, this region's held-out largest score)"
     return BankThreshold(value=value, method="labelled: highest threshold whose escape bound meets the "
                          "target" if found["supported"] else "labelled: lowest defective score (claim unsupported)",
                          target_escape=found["target_escape"], supported=bool(found["supported"]),
                          note=(found["note"] + scale)[:2000])
+
+
+def _boundary(factor: float, unit: float) -> float:
+    """A region's threshold for a labelled `factor` on its `unit`: the least score s whose ratio s / unit
+    (the fit's) is at or over `factor`. The daemon gates a score under it exactly when the fit counted its
+    ratio under `factor`; factor x unit alone can round above the defective frame the claim left ungated."""
+    t = factor * unit
+    while t > 0 and t / unit >= factor:
+        t = math.nextafter(t, 0.0)
+    while t / unit < factor:
+        t = math.nextafter(t, math.inf)
+    return t

@@ -216,3 +216,29 @@ def test_gate_fit_labelled_on_a_cameras_regions_says_the_threshold_is_a_factor(
     assert "threshold each region's held-out largest score x" in text and "NOT an escape claim" in text
     assert "4 defective parts bound it at" in text
     assert all(not h.threshold.supported for h in read_headers(out))
+
+
+def test_the_regions_thresholds_gate_exactly_the_labelled_frames_the_claim_counted_as_gated() -> None:
+    """The labelled threshold of a program is chosen on frame ratios (score / unit) and written as factor x
+    unit per region; the daemon then compares score / (factor x unit) with 1. The defective frame whose
+    ratio is the threshold is counted as not gated (an escape needs a score under it): the written
+    thresholds must not gate it through rounding (0.7 / 0.3 x 0.3 is 0.7000000000000001 > 0.7)."""
+    from edge_runtime.evaluation.gate_fit import _threshold
+    from edge_runtime.evaluation.gate_threshold import choose_threshold
+    from edge_runtime.inference.anomaly.regions import frame_ratios
+
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        units = [float(u) for u in rng.uniform(0.05, 2.0, 3)]  # each region's held-out largest score
+        bad = [[float(s) for s in row] for row in rng.uniform(0.0, 3.0, (5, 3))]
+        good = [[float(s) for s in row] for row in rng.uniform(0.0, 1.0, (5, 3))]
+
+        def worst(scores: list[float], limits: list[float]) -> float:
+            ratios, at = frame_ratios(scores, limits)
+            return ratios[at]
+
+        found = choose_threshold([worst(s, units) for s in good], [worst(s, units) for s in bad], 0.5)
+        limits = [_threshold({"max": u, "images": 8}, found, u).value for u in units]
+        assert all(v is not None for v in limits)
+        gated_bad = sum(1 for s in bad if worst(s, limits) < 1)  # type: ignore[arg-type]
+        assert gated_bad == found["escapes"], (units, bad, found["value"], limits)
