@@ -32,8 +32,9 @@ class GateConfig(Section):
         "(`gate fit --labelled ... --max-escape`); skip_ok needs one or the other.")
     audit_every: int = Field(
         50, ge=1, le=1_000_000, description="skip_ok: 1 in N gated frames still goes to the language model as "
-        "an audit; when it disagrees (calls the part NOK) the disagreement is counted and shown. 1 audits every "
-        "gated frame (no call saved).")
+        "an audit (with a program's regions, also 1 in N frames sent on whose other regions the gate would answer: "
+        "asked whole); when it disagrees (calls the part NOK, or a region the gate would have answered) the "
+        "disagreement is counted and shown. 1 audits every gated frame (no call saved).")
     max_bank_mb: float = Field(
         256, gt=0, le=65536, allow_inf_nan=False, description="Memory bound of the loaded bank (vectors and "
         "search index); a larger bank is refused at load with one line.")

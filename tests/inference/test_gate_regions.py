@@ -172,6 +172,34 @@ def test_skip_ok_asks_the_model_only_about_the_regions_over_their_threshold_from
     assert step.counts()["belt"].regions_answered == 1
 
 
+def test_regions_the_gate_answers_in_a_frame_sent_on_are_audited_one_in_n(ins: Inspector, bank: Path) -> None:
+    """skip_ok answers the regions under their threshold of a frame it sends on for its others: 1 in
+    audit_every of those frames is asked whole instead (gate.audit), or a region that is always over its
+    threshold would keep the gate's answers for the others from ever being checked. A NOK the model finds
+    in a region the gate would have answered is a disagreement; one in the region over its threshold is not."""
+    step = GateStep()
+    cfg = GateConfig(mode="skip_ok", bank=str(bank), verdict=OK, audit_every=2)
+    step.install(load_gates(ins.bundle, ins.settings, [belt(cfg)], {"belt": "defect"}, programs={"belt": program()}))
+    frame = stained(703, "left")  # left over its threshold, right under (the test above)
+    sent = [look(step, ins, frame) for _ in range(4)]
+    assert [list(enc.answered) for _, enc in sent] == [[1], [], [1], []]  # the 2nd and 4th: audits
+
+    def asked(nok: str) -> Result:
+        result = model_result()
+        result.verdict = {**OK, "defect": True}
+        result.regions = [{"name": n, "box": [0, 0, 1, 1], "verdict": {**OK, "defect": n == nok}, "text": "",
+                           "outcome": "nok" if n == nok else "ok", "error": None} for n in ("left", "right")]
+        return result
+
+    first = step.annotate(sent[1][0], asked("left"))  # the model agrees: only the region over its threshold
+    second = step.annotate(sent[3][0], asked("right"))  # a region the gate would have called OK is NOK
+    assert first.gate is not None and first.gate["audit"] and first.gate["disagree"] is False
+    assert second.gate is not None and second.gate["audit"] and second.gate["disagree"] is True
+    counts = step.counts()["belt"]
+    assert (counts.audits, counts.disagreements, counts.regions_answered) == (2, 1, 2)
+    assert counts.last_disagreement == second.id
+
+
 def test_a_frame_with_a_region_the_bank_has_no_section_for_is_never_gated(ins: Inspector, bank: Path) -> None:
     """A frame encoded under a program with one more region than the bank's (a reload adds a region
     while the old gates still run): that region was never scored, so it is not under any threshold and

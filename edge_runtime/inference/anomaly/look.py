@@ -16,7 +16,8 @@ RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 @dataclass
 class GateCounts:
     """One camera's decisions since start: `gated` scored under the threshold (`skipped` of them
-    answered without the language model, `audits` sent to it anyway), `passed` at or over it."""
+    answered without the language model, `audits` sent to it anyway), `passed` at or over it (with regions,
+    `audits` also counts frames sent on whose regions under their threshold were asked all the same)."""
 
     gated: int = 0
     passed: int = 0
@@ -25,6 +26,7 @@ class GateCounts:
     disagreements: int = 0  # audits the language model called NOK
     errors: int = 0  # frames the gate could not score (another size, a failed search): sent on
     regions_answered: int = 0  # skip_ok: regions under their threshold answered OK in frames sent on
+    answering: int = 0  # skip_ok: frames sent on with regions the gate would answer (1 in audit_every: audits)
     buckets: list[int] = field(default_factory=lambda: [0] * (len(RATIO_BUCKETS) + 1))
     ratio_sum: float = 0.0  # of score / threshold, the histogram's sum
     last_disagreement: str | None = None  # the result id
@@ -47,6 +49,7 @@ class GateLook:
     regions: list[GateScore] = field(default_factory=list)  # in the order of camera.regions
     answered: list[str] = field(default_factory=list)  # regions answered by the gate (skip_ok), not asked
     worst: int = 0  # the index in `regions` of `score`
+    vouched: list[str] = field(default_factory=list)  # an audit of a frame sent on: the regions the gate called OK
 
     @property
     def threshold(self) -> float:

@@ -163,15 +163,20 @@ class GateStep:
             return result
         result.gate = look.field()
         if look.audit:
-            nok = bool(result.verdict.get(look.camera.nok_field))
+            if look.vouched:  # a frame sent on for some regions: only a NOK where the gate said OK disagrees
+                nok = any(isinstance(r, dict) and r.get("name") in look.vouched and r.get("outcome") == "nok"
+                          for r in result.regions or [])
+            else:
+                nok = bool(result.verdict.get(look.camera.nok_field))
             result.gate["disagree"] = nok
             if nok:
                 counts = self._counts[look.camera.key]
                 counts.disagreements += 1
                 counts.last_disagreement = result.id
-                log.warning("gate: camera %s: audit %s: the gate scored %.4g (under %.4g) and the language model "
-                            "called the part NOK", look.camera.camera, result.id, look.score.score,
-                            look.camera.threshold)
+                said = (f"would have answered {', '.join(look.vouched)} OK" if look.vouched else
+                        f"scored {look.score.score:.4g} (under {look.threshold:.4g})")
+                log.warning("gate: camera %s: audit %s: the gate %s and the language model called the part NOK",
+                            look.camera.camera, result.id, said)
         self._remember(result.id, look)
         return result
 
@@ -234,6 +239,7 @@ class GateStep:
         unfit = gated and not all(fits)  # the model answers (counted as an audit)
         audit = False
         answered: list[str] = []
+        vouched: list[str] = []  # an audit of a frame sent on: the regions the gate would have answered
         with self._lock:  # both worker stages may look (stage 2 at frames stage 1 did not encode)
             counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
             counts.ratio_sum += ratio
@@ -241,6 +247,11 @@ class GateStep:
                 counts.passed += 1
                 if cam.config.mode == "skip_ok" and cam.regions:
                     answered = [g.name for g, r, ok in zip(cam.regions, ratios, fits, strict=True) if r < 1 and ok]
+                    if answered:  # the gate vouches for these regions: 1 in N such frames is asked whole
+                        counts.answering += 1
+                        if counts.answering % cam.config.audit_every == 0:
+                            vouched, answered, audit = answered, [], True
+                            counts.audits += 1
                     counts.regions_answered += len(answered)
             else:
                 counts.gated += 1
@@ -248,7 +259,7 @@ class GateStep:
                     audit = unfit or counts.gated % cam.config.audit_every == 0
                     counts.audits += audit
                     counts.skipped += not audit
-        return GateLook(cam, score, gated, audit, scores if cam.regions else [], answered, worst)
+        return GateLook(cam, score, gated, audit, scores if cam.regions else [], answered, worst, vouched)
 
     @staticmethod
     def _fits(cam: CameraGate, schema: dict[str, Any] | None, own: dict[str, Any] | None) -> bool:
