@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,3 +150,68 @@ def test_ctrl_c_stops_without_a_warning(tmp_path: Path, demo_dir: Path, video: P
     log = (tmp_path / "log").read_text()
     assert "daemon: stopped" in log and " WARNING " not in log and "Traceback" not in log
     assert json.loads(json.dumps(log.count("ERROR"))) == 0
+
+
+def _replies(sub: Subscriber, name: str) -> list[dict[str, object]]:
+    return [json.loads(p) for p in sub.on(f"{PREFIX}/cmd/{name}/reply")]
+
+
+def test_an_oversized_command_is_refused_before_it_is_parsed(tmp_path: Path, demo_dir: Path, video: Path,  # noqa: F811
+                                                             broker: Broker, daemons: list[Daemon]) -> None:  # noqa: F811
+    # Four 20 MB `{"x": [{}, {}, ...]}` status commands held the command threads 62 s and grew the daemon
+    # by 2.7 GB before the next command was answered: the payload was parsed (and each value checked in
+    # Python) before anything looked at its size.
+    daemon = start_daemon(make_config(tmp_path, demo_dir, video, broker.port, interval=60), daemons)
+    wait_for(lambda: daemon.status()["mqtt"]["connected"], what="connected")
+    sub = Subscriber(broker.port, f"{PREFIX}/cmd/+/reply")
+    try:
+        time.sleep(0.3)
+        payload = b'{"x": [' + b"{}," * 700_000 + b"{}]}"  # 2.1 MB
+        sub.client.publish(f"{PREFIX}/cmd/status", payload, qos=1)
+        [reply] = wait_for(lambda: _replies(sub, "status"), what="the refusal")
+        assert reply["ok"] is False and reply["field"] == "payload"
+        assert "larger than 64 KiB" in str(reply["error"])
+        assert daemon.status()["mqtt"]["commands_refused"] == 1
+        sub.client.publish(f"{PREFIX}/cmd/status", b'{"id": "after"}', qos=1)
+        wait_for(lambda: any(r["id"] == "after" and r["ok"] for r in _replies(sub, "status")), what="a later reply")
+    finally:
+        sub.close()
+
+
+def test_a_command_flood_is_refused_past_a_bounded_backlog(tmp_path: Path, demo_dir: Path, video: Path,  # noqa: F811
+                                                           broker: Broker, daemons: list[Daemon]) -> None:  # noqa: F811
+    # Commands waited for the two command threads in an unbounded queue: a flood while they were busy
+    # (a trigger waits up to 300 s for its verdict) grew memory without limit and delayed every later
+    # command behind it. Past the bound each gets an `ok: false` "busy" reply at once.
+    from edge_runtime.delivery.mqtt.client import MAX_PENDING_COMMANDS
+
+    daemon = start_daemon(make_config(tmp_path, demo_dir, video, broker.port, interval=60), daemons)
+    wait_for(lambda: daemon.status()["mqtt"]["connected"], what="connected")
+    assert daemon.mqtt is not None
+    release = threading.Event()
+    started: list[int] = []
+
+    def slow(_payload: dict[str, object]) -> dict[str, object]:  # a trigger waiting for its verdict
+        started.append(1)
+        release.wait(30)
+        return {}
+
+    daemon.mqtt.commands["slow"] = slow
+    sub = Subscriber(broker.port, f"{PREFIX}/cmd/+/reply")
+    try:
+        time.sleep(0.3)
+        flood = 100
+        for i in range(flood):
+            sub.client.publish(f"{PREFIX}/cmd/slow", json.dumps({"id": i}).encode(), qos=1)
+        busy = flood - MAX_PENDING_COMMANDS
+        wait_for(lambda: len(_replies(sub, "slow")) >= busy, what="busy replies")
+        replies = _replies(sub, "slow")
+        assert len(replies) == busy and all(r["ok"] is False and "busy" in str(r["error"]) for r in replies)
+        assert {r["id"] for r in replies} == set(range(MAX_PENDING_COMMANDS, flood))  # the newest are refused
+        release.set()
+        wait_for(lambda: len(_replies(sub, "slow")) == flood, what="the accepted ones answered")
+        assert len(started) == MAX_PENDING_COMMANDS
+        assert daemon.status()["mqtt"]["commands_refused"] == busy
+    finally:
+        release.set()
+        sub.close()

@@ -36,6 +36,13 @@ CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
 # Commands on our topic that another process answers: `ota` goes to the update agent.
 EXTERNAL_COMMANDS = frozenset({"ota"})
 MAX_COMMAND_DEPTH = 32  # a command payload is a flat object; deeper is an attack
+# The largest valid command is a trigger whose 2,000-character prompt is all \uXXXX escapes (~12 KB).
+# Bigger payloads are refused before they are copied or parsed: four 20 MB ones cost 62 s and 2.7 GB.
+MAX_COMMAND_BYTES = 64 * 1024
+MAX_COMMAND_VALUES = 1_000  # commas, [ and { a payload may hold (counted in C before parsing)
+# Commands running or waiting for the two command threads (a trigger waits up to 300 s for its verdict):
+# past this a command is answered "busy" at once instead of queueing without bound.
+MAX_PENDING_COMMANDS = 16
 BROKER_DOWN_DEGRADED_S = 60.0  # a broker restart or a short network loss is not yet a fault
 
 
@@ -85,6 +92,9 @@ class MqttService:
         self._wake = wake or threading.Event()
         self._stop = threading.Event()
         self._executor = ThreadPoolExecutor(2, thread_name_prefix="mqtt-cmd")
+        self._pending = threading.BoundedSemaphore(MAX_PENDING_COMMANDS)
+        self.commands_refused = 0  # refused at the door: oversized, or the backlog full
+        self._refusal_log = RateLimitedLog(log)
         self._thread = SupervisedThread("mqtt-outbox", self._outbox_loop, self._stop, log)
         self.client = self._make_client()
 
@@ -171,7 +181,8 @@ class MqttService:
         counts = self.journal.counts()
         return {"enabled": True, "connected": self.connected, "broker": f"{self.cfg.host}:{self.cfg.port}",
                 "last_error": self.last_error, "published": self.published, "inflight": inflight,
-                "backlog": counts["unsent"], "parked": counts["parked"]}
+                "backlog": counts["unsent"], "parked": counts["parked"],
+                "commands_refused": self.commands_refused}
 
     # ---- paho callbacks (network thread) ---------------------------------------------------------
 
@@ -227,7 +238,34 @@ class MqttService:
         name = msg.topic.rsplit("/", 1)[-1]
         if msg.topic.endswith("/reply") or name in EXTERNAL_COMMANDS:
             return
-        self._executor.submit(self._run_command, name, bytes(msg.payload))
+        if len(msg.payload) > MAX_COMMAND_BYTES:
+            self._refuse(name, None, f"larger than {MAX_COMMAND_BYTES // 1024} KiB; a command is a small "
+                                     "JSON object", field="payload")
+            return
+        payload = bytes(msg.payload)
+        if not self._pending.acquire(blocking=False):
+            self._refuse(name, _correlation_id(payload), f"busy: {MAX_PENDING_COMMANDS} commands are "
+                                                          "running or waiting; send it again later")
+            return
+        try:
+            self._executor.submit(self._run_pending, name, payload)
+        except RuntimeError:  # the executor is shut down (stopping)
+            self._pending.release()
+
+    def _refuse(self, name: str, request_id: Any, error: str, field: str | None = None) -> None:
+        """Answer a command without running it (paho's thread: no parsing of an unbounded payload)."""
+        self.commands_refused += 1
+        self._refusal_log.log(logging.WARNING, "mqtt: command %r refused: %s", name[:64], error)
+        reply: dict[str, Any] = {"command": name, "id": request_id, "ok": False, "error": error}
+        if field is not None:
+            reply["field"] = field
+        self.client.publish(f"{self.prefix}/cmd/{name}/reply", json.dumps(reply), qos=1)
+
+    def _run_pending(self, name: str, payload: bytes) -> None:
+        try:
+            self._run_command(name, payload)
+        finally:
+            self._pending.release()
 
     # ---- outbox --------------------------------------------------------------------------------
 
@@ -313,7 +351,7 @@ class MqttService:
         reply: dict[str, Any] = {"command": name}
         try:
             try:  # strict: duplicate keys, NaN and lone surrogates refused, naming the field
-                request = strict_json.loads(payload or b"{}", MAX_COMMAND_DEPTH)
+                request = strict_json.loads(payload or b"{}", MAX_COMMAND_DEPTH, MAX_COMMAND_VALUES)
             except strict_json.StrictJsonError as exc:
                 raise CommandError(f"{exc.field or 'payload'}: {exc}") from None
             if not isinstance(request, dict):
@@ -331,3 +369,12 @@ class MqttService:
             reply.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         log.info("mqtt: command %s -> %s", name, "ok" if reply["ok"] else reply["error"])
         self.client.publish(f"{self.prefix}/cmd/{name}/reply", json.dumps(reply), qos=1)
+
+
+def _correlation_id(payload: bytes) -> Any:
+    """The `id` of a (size-bounded) command payload, for a reply to a command that is not run."""
+    try:
+        request = strict_json.loads(payload or b"{}", MAX_COMMAND_DEPTH, MAX_COMMAND_VALUES)
+    except strict_json.StrictJsonError:
+        return None
+    return request.get("id") if isinstance(request, dict) else None
