@@ -8,7 +8,8 @@ frame's score is its worst region's score over that region's threshold, the daem
 The report gives the gate's escape and false-reject rates at the
 threshold (Wilson 95% intervals) and over a range of thresholds (the curve in report.html), the share
 of language-model calls `skip_ok` would save, and what `skip_ok` would have done on this set with the
-first variant's verdicts: a gated part is an OK, every other part gets the language model's verdict.
+first variant's verdicts: a gated part is an OK, every other part gets the language model's verdict
+(a program's part sent on: the gate's OK for its regions under their threshold, the model's for the rest).
 A part whose encoding or score is not a finite number (a broken encoder) is never gated, as in the
 daemon (inference/anomaly/step.py sends such a frame to the language model): it counts as flagged,
 is counted in `not_finite` (one line in the report) and is left out of the score lists and the curve.
@@ -84,19 +85,20 @@ class _Scorer:
         else:
             self.gate = AnomalyGate.load(bank, context, MAX_BANK_BYTES)
 
-    def score(self, frame: np.ndarray) -> tuple[float, str | None]:
-        """(the frame's score, its worst region's name; None for a whole frame). NaN when the encoder's
-        output is not all finite numbers: faiss would turn it into a huge finite distance, not an error."""
+    def score(self, frame: np.ndarray) -> tuple[float, str | None, dict[str, float] | None]:
+        """(the frame's score, its worst region's name and each region's ratio; None, None for a whole
+        frame). NaN when the encoder's output is not all finite numbers: faiss would turn it into a huge
+        finite distance, not an error."""
         enc = self.inspector.encode_frame(EVAL_CAMERA, frame) if self.program else self.inspector.encode(frame)
         crops = [e for _, e in enc.regions if not isinstance(e, Exception)] if isinstance(enc, RegionsEncoded) \
             else [enc]
         if not all(np.isfinite(e.embeds).all() for e in crops):
-            return math.nan, None
+            return math.nan, None, None
         if not self.regions:
-            return self.gate.score(enc).score, None
+            return self.gate.score(enc).score, None, None
         scores = score_regions(self.regions, enc)
         ratios, worst = frame_ratios([sc.score for sc in scores], [r.threshold for r in self.regions])
-        return ratios[worst], self.regions[worst].name
+        return ratios[worst], self.regions[worst].name, {r.name: x for r, x in zip(self.regions, ratios, strict=True)}
 
 
 def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pairs: list[Pair],
@@ -124,7 +126,7 @@ def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pair
         try:
             frame = cut(read_image_file(p.sample.image, limits.max_pixels, limits.min_side,
                                         int(limits.max_file_mb * 2**20)), header.region, p.sample.image)
-            score, worst = scorer.score(frame)
+            score, worst, ratios = scorer.score(frame)
         except (ImageError, BankError, EdgeRuntimeError) as exc:  # one record, one line: the run goes on
             left_out["gate_refused"] += 1
             issues.append(f"gate: {p.sample.id}: {str(exc)[:300]}")
@@ -133,7 +135,8 @@ def gate_section(inspector: Inspector, bank: Path, threshold: float | None, pair
         not_finite += not finite
         vlm = rule.holds(p.verdict) if p.verdict is not None else None
         rows.append({"id": p.sample.id, "bad": truth, "score": score if finite else None, "vlm_defect": vlm,
-                     **({"region": worst} if worst is not None and finite else {})})
+                     **({"region": worst, "ratios": ratios, "region_defects": _region_defects(p, rule)}
+                        if worst is not None and finite else {})})
     regions = {"score_unit": "the worst region's score / its threshold",
                "regions": [{"name": r.name, "box": list(r.box), "threshold": r.threshold} for r in scorer.regions],
                "worst_region": {r["id"]: r["region"] for r in rows if "region" in r}} if scorer.regions else {}
@@ -154,10 +157,20 @@ def measure(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
     gated = [r for r in rows if is_gated(r)]
     escapes = [r["id"] for r in gated if r["bad"]]
     flagged_good = [r["id"] for r in rows if not r["bad"] and not is_gated(r)]
+    def skip_ok_defect(r: dict[str, Any]) -> bool | None:
+        """skip_ok's decision: a gated part is an OK without the language model; a program's frame sent on
+        takes the gate's OK for its regions under their threshold and the model's verdict for the others
+        (None: one of those has none and none is NOK: no verdict, never an OK); the rest the model's."""
+        if is_gated(r):
+            return False
+        if r.get("ratios") is None or r.get("region_defects") is None:
+            return bool(r["vlm_defect"])
+        asked = [r["region_defects"].get(n) for n, x in r["ratios"].items() if not x < threshold]
+        return True if True in asked else None if None in asked else False
+
     judged = [r for r in rows if r["vlm_defect"] is not None]
-    # skip_ok: a gated part is an OK without the language model; the rest keep its verdict.
-    sys_escape = sum(1 for r in judged if r["bad"] and (is_gated(r) or not r["vlm_defect"]))
-    sys_reject = sum(1 for r in judged if not r["bad"] and not is_gated(r) and r["vlm_defect"])
+    sys_escape = sum(1 for r in judged if r["bad"] and skip_ok_defect(r) is False)
+    sys_reject = sum(1 for r in judged if not r["bad"] and skip_ok_defect(r) is True)
     vlm_escape = sum(1 for r in judged if r["bad"] and not r["vlm_defect"])
     vlm_reject = sum(1 for r in judged if not r["bad"] and r["vlm_defect"])
     n_bad, n_good = sum(1 for r in judged if r["bad"]), sum(1 for r in judged if not r["bad"])
@@ -171,3 +184,13 @@ def measure(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
                                              "false_reject": rate(vlm_reject, n_good)}},
         "scores": {"good": good, "bad": bad}, "curve": curve(good, bad),
     }
+
+
+def _region_defects(p: Pair, rule: DefectRule) -> dict[str, bool | None] | None:
+    """Each region's defect decision by the model on this part (None where the region has no verdict);
+    None when the run kept no regions for it."""
+    regions = p.record.get("regions")
+    if not isinstance(regions, list):
+        return None
+    return {str(r.get("name")): rule.holds(r["verdict"]) if r.get("outcome") != "none" and isinstance(
+        r.get("verdict"), dict) else None for r in regions if isinstance(r, dict)}

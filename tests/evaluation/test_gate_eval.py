@@ -62,6 +62,25 @@ def test_skip_ok_on_the_set_gates_low_scores_and_keeps_the_models_verdict_for_th
     assert s["language_model_alone"]["escape"]["count"] == 1 and s["language_model_alone"]["false_reject"]["count"] == 2
 
 
+def test_skip_ok_on_a_programs_set_takes_the_gates_ok_for_the_regions_under_their_threshold() -> None:
+    """A frame sent on for its regions over their threshold: the daemon asks the model only about those
+    and answers the others OK. A defect the model found in a region the gate answered is an escape of
+    skip_ok, not a catch; a false reject the model made there is saved."""
+    def row(rid: str, bad: bool, ratios: dict[str, float], regions: dict[str, bool | None]) -> dict[str, object]:
+        worst = max(ratios, key=lambda n: ratios[n])
+        return {"id": rid, "bad": bad, "score": ratios[worst], "region": worst, "ratios": ratios,
+                "vlm_defect": any(v for v in regions.values()), "region_defects": regions}
+
+    rows = [row("b1", True, {"a": 0.5, "b": 2.0}, {"a": True, "b": False}),   # defect in a, answered by the gate
+            row("b2", True, {"a": 0.5, "b": 2.0}, {"a": False, "b": True}),   # defect in b, asked: caught
+            row("g1", False, {"a": 0.5, "b": 2.0}, {"a": True, "b": False}),  # the model's false reject in a: saved
+            row("g2", False, {"a": 1.5, "b": 0.2}, {"a": True, "b": False})]  # in a, asked: still rejected
+    s = measure(rows, 1.0)["skip_ok"]
+    assert s["escape"]["count"] == 1 and s["false_reject"]["count"] == 1
+    assert s["language_model_alone"]["escape"]["count"] == 0
+    assert s["language_model_alone"]["false_reject"]["count"] == 2
+
+
 def labelled_set(tmp_path: Path, demo_dir: Path) -> tuple[Path, Path]:
     """A bank fitted on clean parts, and labels for three good and three defective parts."""
     ok = tmp_path / "ok"
