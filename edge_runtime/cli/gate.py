@@ -34,7 +34,8 @@ def add_gate_parser(p: Any, sub: Any) -> None:
     fit.add_argument("--max-images", type=int, default=500, metavar="N",
                      help="good images used, chosen evenly by name (default 500)")
     fit.add_argument("--max-patches", type=int, default=10_000, metavar="N",
-                     help="bank size: greedy coreset of the good patches down to N (default 10000)")
+                     help="bank size: greedy coreset of the good patches down to N (default 10000; per region "
+                     "with a program's regions)")
     fit.add_argument("--position-weight", type=float, default=4.0, metavar="W",
                      help="how much a patch's place counts, in typical patch distances per patch of "
                      "displacement (default 4: parts in a fixture; 0: parts anywhere in the frame)")
