@@ -17,9 +17,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from edge_runtime.core import strict_json
+
 DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 
 MAX_EVALUATION_BYTES = 16 * 1024  # an eval summary is a few KB; the manifest travels over MQTT
+# A whole manifest: the summary and the few short fields around it. Anyone who may publish on the
+# agent's topic can send one, so it is bounded before it is parsed (and its depth while it is).
+MAX_MANIFEST_BYTES = MAX_EVALUATION_BYTES + 48 * 1024
+MAX_MANIFEST_DEPTH = 32
+MAX_MANIFEST_VALUES = 20_000  # commas, [ and { (counted in C before parsing)
+SEMVER = r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$"
 
 
 class ManifestRefused(Exception):
@@ -28,14 +36,16 @@ class ManifestRefused(Exception):
 
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    image: str = Field(description="Image reference pinned by digest: repo@sha256:<64 hex>.")
-    version: str = Field(pattern=r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$", description="Semantic version.")
-    min_agent_version: str | None = Field(None, description="Oldest agent allowed to apply it.")
+    # Bounded: a refusal's reason names the image, and the reason is published (retained) and logged.
+    image: str = Field(max_length=512, description="Image reference pinned by digest: repo@sha256:<64 hex>.")
+    version: str = Field(max_length=64, pattern=SEMVER, description="Semantic version.")
+    min_agent_version: str | None = Field(None, max_length=64, pattern=SEMVER,
+                                          description="Oldest agent allowed to apply it (a semantic version).")
     notes: str = Field("", max_length=2000, description="Release notes for the fleet log.")
     evaluation: dict[str, Any] | None = Field(
         None, description="summary.json of `edge-runtime eval` for this release (escape and false-reject "
         "rates as measured); signed with the rest, shown in the agent's status during the rollout.")
-    signature: str | None = Field(None, description="base64 Ed25519 signature of the canonical JSON.")
+    signature: str | None = Field(None, max_length=256, description="base64 Ed25519 signature of the canonical JSON.")
 
     @field_validator("evaluation")
     @classmethod
@@ -69,10 +79,16 @@ def sign(manifest: Manifest, private_key_b64: str) -> Manifest:
 
 def parse(payload: bytes | str | dict[str, Any]) -> Manifest:
     try:
-        data = json.loads(payload) if isinstance(payload, (bytes, str)) else payload
+        if isinstance(payload, (bytes, str)):
+            if len(payload) > MAX_MANIFEST_BYTES:
+                raise ManifestRefused(f"the manifest is larger than {MAX_MANIFEST_BYTES // 1024} KiB")
+            data = strict_json.loads(payload, MAX_MANIFEST_DEPTH, MAX_MANIFEST_VALUES)
+        else:
+            data = payload
         return Manifest.model_validate(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ManifestRefused("the manifest is not valid JSON") from None
+    except strict_json.StrictJsonError as exc:  # syntax, nesting (was a RecursionError), a key twice, NaN
+        where = f"{exc.field}: " if exc.field else ""
+        raise ManifestRefused(f"the manifest is not valid JSON: {where}{exc}") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ManifestRefused(f"invalid manifest: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None

@@ -17,15 +17,38 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edge_runtime.config import Config
 from edge_runtime.core import http
+from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.ota.agent import OtaAgent
+from edge_runtime.ota.manifest import MAX_MANIFEST_BYTES
 from edge_runtime.ota.update_lock import UpdateLock
 
 log = logging.getLogger(__name__)
 
 
 POLL_TIMEOUT_S = 30.0  # the whole request, redirects included: the agent's loop waits for it
-MAX_MANIFEST_BYTES = 1 << 20
+# Manifests from MQTT waiting while the agent applies one (which may wait hours for the line): later ones
+# are refused "another update is in progress" anyway, so a flood is dropped rather than kept.
+MAX_WAITING_MANIFESTS = 8
+
+
+class ManifestInbox:
+    """Manifests from MQTT for the agent's loop, bounded in number and each in size."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[bytes] = queue.Queue(MAX_WAITING_MANIFESTS)
+        self.dropped = 0
+        self._log = RateLimitedLog(log)
+
+    def offer(self, payload: bytes | bytearray) -> None:
+        """Paho's thread; never blocks. An oversized payload keeps one byte past the bound: enough for
+        the agent to refuse it, with its reason on the status topic, without keeping the rest."""
+        try:
+            self.queue.put_nowait(bytes(payload[:MAX_MANIFEST_BYTES + 1]))
+        except queue.Full:
+            self.dropped += 1
+            self._log.log(logging.WARNING, "ota: %d manifests already wait for the agent; dropped one more "
+                          "(%d in all)", MAX_WAITING_MANIFESTS, self.dropped)
 
 
 class ManifestPoller:
@@ -93,7 +116,7 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
 
     stop = stop or threading.Event()
     prefix = config.topic_prefix()
-    inbox: queue.Queue[bytes] = queue.Queue()
+    inbox = ManifestInbox()
     m = config.mqtt
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edge-ota-{config.device_id}")
     configure_client(client, m)
@@ -104,7 +127,7 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
             c.subscribe(topic, qos=1)
 
     client.on_connect = on_connect
-    client.on_message = lambda _c, _u, msg: inbox.put(bytes(msg.payload))
+    client.on_message = lambda _c, _u, msg: inbox.offer(msg.payload)
     use_mqtt = m.enabled or not ddi  # with a DDI source and mqtt.enabled false, statuses go to the server only
     if use_mqtt:
         client.connect_async(m.host, m.port, m.keepalive)
@@ -130,7 +153,7 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
     try:
         while not stop.is_set():
             try:
-                payload = inbox.get(timeout=1.0)
+                payload = inbox.queue.get(timeout=1.0)
             except queue.Empty:
                 payload = None
             if payload is None and config.ota.manifest_url and time.monotonic() >= next_poll:
