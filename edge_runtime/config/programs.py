@@ -55,7 +55,8 @@ class TilingConfig(Section):
 
 class ImageTokens(Section):
     min: int | None = Field(None, ge=1, le=65536, description="Fewest image tokens a frame is given (it is "
-                            "enlarged until libmtmd makes at least this many, within the bundle's ceiling).")
+                            "enlarged until libmtmd makes at least this many, within the bundle's ceiling; over "
+                            "it is refused).")
     max: int | None = Field(None, ge=1, le=65536, description="Most image tokens a frame is given (it is "
                             "shrunk until libmtmd makes at most this many); at most the bundle's image_max_tokens.")
 

@@ -146,6 +146,9 @@ def check_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Came
             if high > ceiling:
                 raise ConfigError(f"programs.{name}{used}: image_tokens.max {high} is more than {bundle}'s "
                                   f"image_max_tokens {ceiling}")
+            if (cfg.image_tokens.min or 1) > high:  # max unset: the ceiling; a min over it is never met
+                raise ConfigError(f"programs.{name}{used}: image_tokens.min {cfg.image_tokens.min} is more than "
+                                  f"{bundle}'s image_max_tokens {ceiling}")
             tokens = (cfg.image_tokens.min or 1, high)
         if cfg.tiling is not None or any(r.verdict_schema is None for r in cfg.regions):
             try:

@@ -80,3 +80,18 @@ def test_a_budget_over_the_ceiling_or_on_an_onnx_bundle_is_refused(ins: Inspecto
     with pytest.raises(ValueError, match="min 9 is more than max 8"):
         ProgramConfig.model_validate({"image_tokens": {"min": 9, "max": 8}})
     assert ins.program_of("few") is not None  # the refused programs replaced nothing
+
+
+def test_a_budget_min_over_the_ceiling_is_refused_not_chased_frame_by_frame() -> None:
+    """min over the bundle's image_max_tokens (max unset: the ceiling) can never be met: each frame would be
+    resized up and down six times and end wherever the last try left it. Refused in one line instead."""
+    from edge_runtime.inference.programs import check_programs
+
+    cams = [CameraConfig(name="c", source="x.png", program="p")]
+    schema = {"type": "object", "properties": {"defect": {"type": "boolean"}}}
+    with pytest.raises(ConfigError, match=r"^programs.p \(cameras: c\): image_tokens.min 300 is more than .* "
+                                          "image_max_tokens 256$"):
+        check_programs({"p": ProgramConfig.model_validate({"image_tokens": {"min": 300}})}, cams, True, "b", 256,
+                       schema)
+    assert check_programs({"p": ProgramConfig.model_validate({"image_tokens": {"min": 256}})}, cams, True, "b", 256,
+                          schema) == {"p": (256, 256)}
