@@ -21,6 +21,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """Text from the file as an error quotes it: one line (control characters and lone surrogates
+    escaped: a newline in a key split the error, and forged log lines on a reload) and bounded."""
+    cut = text[:limit]
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return out + "…" if len(text) > limit else out
+
+
 def _substitute(text: str, where: str) -> str:
     """Replace ${VAR} and ${VAR:-default}; a missing variable without default is an error."""
     def repl(m: re.Match[str]) -> str:
@@ -54,7 +62,8 @@ class Expander:
         self._open: set[int] = set()  # nodes being expanded: seeing one again is a cycle
         self._loader = yaml.SafeLoader("")  # one per parse: its constructed-object cache is per document
 
-    def value(self, node: yaml.Node, depth: int = 0) -> Any:
+    def value(self, node: yaml.Node, depth: int = 0, path: str = "") -> Any:
+        """`path`: the dotted place of `node` in the file, for errors (`model.threads`, `cameras.0`)."""
         where = f"{self.source}:{node.start_mark.line + 1}"
         self.nodes += 1
         if self.nodes > _MAX_NODES:
@@ -67,13 +76,20 @@ class Expander:
             self._open.add(id(node))
             try:
                 if isinstance(node, yaml.SequenceNode):
-                    return [self.value(v, depth + 1) for v in node.value]
+                    return [self.value(v, depth + 1, f"{path}{i}.") for i, v in enumerate(node.value)]
                 out: dict[Any, Any] = {}
+                first_line: dict[Any, int] = {}
                 for k, v in node.value:
+                    line = k.start_mark.line + 1
                     if not isinstance(k, yaml.ScalarNode):
-                        raise ConfigError(f"{self.source}:{k.start_mark.line + 1}: a key must be a plain "
+                        raise ConfigError(f"{self.source}:{line}: a key must be a plain "
                                           "value, not a list or mapping")
-                    out[self.value(k, depth + 1)] = self.value(v, depth + 1)
+                    key = self.value(k, depth + 1, path)
+                    if key in out:  # the later one silently won: a pasted second `cameras:` dropped the first
+                        raise ConfigError(f"{self.source}:{line}: {shown(path + str(key), 120)}: the key appears "
+                                          f"twice in one mapping (first on line {first_line[key]})")
+                    first_line[key] = line
+                    out[key] = self.value(v, depth + 1, f"{path}{str(key)[:64]}.")  # a path per child: bounded
                 return out
             finally:
                 self._open.discard(id(node))

@@ -22,7 +22,7 @@ from edge_runtime.config.governor import GovernorConfig
 from edge_runtime.config.inspection import ImageLimits, InspectionConfig
 from edge_runtime.config.journal import EvidenceConfig, JournalConfig
 from edge_runtime.config.line_io import LineIOConfig, check_defect_code_regions, check_line_programs
-from edge_runtime.config.loader import Expander, line_of
+from edge_runtime.config.loader import Expander, line_of, shown
 from edge_runtime.config.model import ModelConfig
 from edge_runtime.config.mqtt import MqttConfig
 from edge_runtime.config.offload import OffloadConfig
@@ -173,10 +173,11 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc)
+        key = shown(".".join(str(p) for p in loc), 120)  # keys come from the file: one line, bounded
         line = line_of(root, loc)
         where = f"{source}:{line}" if line else source
         msg = "unknown key (not part of the configuration)" if err["type"] == "extra_forbidden" else err["msg"]
+        msg = shown(msg, 300)  # a check's message may quote a name from the file
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
         if not key:  # a check of the whole file (programs, names): its message names the field itself
             raise ConfigError(f"{where}: {msg.removeprefix('Value error, ')}{more}") from None

@@ -33,6 +33,14 @@ CORPUS: dict[str, bytes] = {
     "binary_tag": b"device_id: !!binary aGVsbG8=\n",
     "lone_surrogate": b'device_id: "a\\ud800"\n',
     "lone_surrogate_key": b'"k\\udfff": 1\n',
+    # A key's text is echoed in the error: a newline in it split the one line (and forged log lines on a
+    # reload), a long one made it as long.
+    "newline_key": b'"device_id\\n2026-12-05 daemon: config reloaded": 1\n',
+    "newline_program_name": b'programs:\n  "a\\nb": {}\n',
+    "newline_nested_key": b'api:\n  "port\\rx": 1\n',
+    "long_key": b'"' + b"k" * 1000 + b'": 1\n',
+    "duplicate_key": b"device_id: a\ndevice_id: b\n",
+    "duplicate_section": b"cameras:\n  - {name: a, source: x.avi}\nmodel: {threads: 2}\ncameras: []\n",
 }
 BAD_NAMES = ["line#1", "line+1", "a/b", "<b>x</b>", "x" * 100, "-lead", "", "a b", "$SYS"]
 
@@ -44,7 +52,16 @@ def test_broken_config_is_one_config_error(name: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     message = str(info.value)
-    assert message.startswith(str(path)) and "\n" not in message and len(message) < 400
+    assert message.startswith(str(path)) and message.isprintable() and len(message) < 400, message
+
+
+def test_a_key_given_twice_names_both_lines() -> None:
+    # The second silently won: a `cameras:` block pasted below an existing one dropped the first cameras.
+    with pytest.raises(ConfigError, match=r"<config>:4: cameras: the key appears twice in one mapping "
+                                          r"\(first on line 1\)"):
+        parse_config("cameras:\n  - {name: a, source: x.avi}\nmodel: {threads: 2}\ncameras: []\n")
+    with pytest.raises(ConfigError, match=r"<config>:3: model.threads: the key appears twice"):
+        parse_config("model:\n  threads: 2\n  threads: 4\n")
 
 
 def test_unhashable_key_names_its_line(tmp_path: Path) -> None:
