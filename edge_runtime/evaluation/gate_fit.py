@@ -393,7 +393,8 @@ def _threshold(held: dict[str, Any], found: dict[str, Any] | None, unit: float |
     region `found` is a factor of that region's held-out largest score (`unit`), as its scores were."""
     if found is None:
         return BankThreshold(value=held["max"], method="held-out good parts: their largest score", supported=False,
-                             note=f"every held-out good part ({held['images']}) scores under it; no defective part "
+                             note=f"every held-out good part ({held['images']}) scores at or under it (the largest "
+                                  "at it, so not gated: a part is gated only under the threshold); no defective part "
                                   "was seen, so nothing is claimed about escapes: use annotate, or fit with "
                                   "--labelled DIR --max-escape RATE before skip_ok")
     value = found["value"] if found["value"] is None or unit is None else _boundary(found["value"], unit)

@@ -131,3 +131,14 @@ def test_eval_refuses_a_gate_file_that_is_not_a_bank_before_loading_a_model(
                  "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "not a gate bank file" in err and "Traceback" not in err
+
+
+def test_the_held_out_threshold_says_its_largest_good_part_is_at_it_not_under_it() -> None:
+    """Without labelled data the threshold is the held-out good parts' largest score; a part is gated only
+    under the threshold, so that part is not gated and the note must not say every one scores under it."""
+    from edge_runtime.evaluation.gate_fit import _threshold
+
+    held = {"images": 8, "max": 0.42, "p99": 0.41, "p50": 0.3, "min": 0.2}
+    th = _threshold(held, None, None)
+    assert th.value == 0.42 and not th.supported
+    assert "scores under it" not in (th.note or "") and "at or under it" in (th.note or "")
