@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # the worker runs whatever inspector the daemon hands it; typ
     Staged = tuple[Inspector, object, Encoded] | Exception | None
 
 log = logging.getLogger(__name__)  # the result lines are counted by tests/app/test_lifecycle.py
+# Requests a client sent (REST, OpenAI, an MQTT or REST trigger): a refused input is answered to it as a
+# 4xx. Any other (a camera's schedule, a line's trigger, an escalation) asks what the config says.
+CLIENT_TRIGGERS = frozenset({"api", "trigger"})
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
@@ -53,6 +56,7 @@ class InspectionWorker:
         self.errors = 0
         self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
         self._full_log = RateLimitedLog(log)
+        self._config_log = RateLimitedLog(log)
         self.batches = 0  # generations that ran several frames or chats as parallel sequences
         self.peak_batch = 0  # the most sequences one of them ran at once
         self.energy = energy  # joules between two instants (the governor's sensor)
@@ -197,7 +201,8 @@ class InspectionWorker:
         if isinstance(exc, StorageFull):
             self._storage_full(request, exc)
             return
-        if isinstance(exc, InputError):  # the client's mistake, answered with a 4xx: not our error
+        if isinstance(exc, InputError) and request.trigger in CLIENT_TRIGGERS:
+            # the client's mistake, answered with a 4xx: not our error
             log.info("inspection of %s refused: %s", request.camera, exc)
             request.future.set_exception(exc)
             return
@@ -205,7 +210,13 @@ class InspectionWorker:
         stats = self.stats_for(request.camera)
         if stats:
             stats.errors += 1
-        log.error("inspection of %s failed: %s", request.camera, exc)
+        if isinstance(exc, InputError):
+            # The camera's own question (its config's prompt or program) cannot be asked: nobody gets a
+            # 4xx for it, and it fails the same way every frame, so count it and say it once a minute.
+            self._config_log.log(logging.ERROR, "inspection of %s failed: its configured question cannot "
+                                 "be asked: %s", request.camera, exc)
+        else:
+            log.error("inspection of %s failed: %s", request.camera, exc)
         request.future.set_exception(exc)
 
     def _storage_full(self, request: InspectionRequest, exc: StorageFull) -> None:

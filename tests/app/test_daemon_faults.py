@@ -142,3 +142,31 @@ def test_an_unknown_camera_is_refused_through_the_device_interface(bare_daemon: 
     with pytest.raises(EdgeRuntimeError, match="no camera named 'nope'"):
         device.cameras.trigger("nope")
     assert device.status.camera_names() == [] and device.results.get_result("no-such-id") is None
+
+
+def test_a_camera_whose_own_prompt_cannot_fit_the_model_counts_errors(tmp_path: Path, demo_dir: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # The configured question is 4,000 tokens (byte-fallback emoji) in a 2,048-token context: every
+    # inspection was refused as if a client had sent it (one INFO line each, counted nowhere), so the
+    # camera delivered nothing while status said 0 errors.
+    video = write_sample_video(tmp_path / "v.avi", frames=20)
+    cam = CameraConfig(name="cam", source=str(video), fps=10, prompt="\U0001f529" * 1000,
+                       trigger=TriggerConfig(mode="interval", interval_s=0.2))
+    cfg = Config(device_id="prompt-fit", data_dir=tmp_path / "data", cameras=[cam])
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    daemon = Daemon(cfg)
+    daemon.start()
+    try:
+        wait_for(lambda: daemon.status()["inspection"]["errors"] >= 3, what="counted errors")
+        [camera] = daemon.status()["cameras"]
+        assert camera["frames"]["errors"] >= 3 and camera["frames"]["inspected"] == 0
+        lines = [r for r in caplog.records if "the context holds" in r.getMessage()]
+        assert lines and all(r.levelname == "ERROR" for r in lines)
+        assert len(lines) == 1  # one line a minute, not one a frame
+        with pytest.raises(EdgeRuntimeError):  # a client asking the same camera still hears it
+            daemon.entry.trigger("cam").result(timeout=30)
+    finally:
+        daemon.stop()
