@@ -2,8 +2,9 @@
 
 Each camera has a trigger loop that takes its newest frame when an inspection is due and hands it
 to the single `InspectionQueue` (inspection_queue.py; the worker draining it is in worker.py). At
-most one inspection per camera is in flight, so a slow model makes cameras skip frames (counted as
-drops in their slot) instead of queueing them. API requests share the same queue; when it is full
+most one of a camera's frames waits in that queue, and with pipelining the next is taken once the
+current one is encoded, so a slow model makes cameras skip frames (counted as drops in their slot)
+instead of queueing them without bound. API requests share the same queue; when it is full
 they are refused (`QueueFull`), never buffered.
 """
 

@@ -20,5 +20,6 @@ class InspectionConfig(Section):
     jpeg_quality: int = Field(80, ge=10, le=100, description="Quality of the latest-frame JPEG per camera.")
     overlap_stages: bool = Field(True, description="Encode the next frame while the language model generates "
                                  "the current verdict (two pipeline stages).")
-    max_batch: int = Field(4, ge=1, le=32, description="Frames of different cameras that are ready together "
-                           "are generated as parallel sequences of one llama.cpp batch, up to this many.")
+    max_batch: int = Field(4, ge=1, le=32, description="Frames that are ready together (of several cameras, "
+                           "or a continuous camera's frames encoded while the model was busy) are generated "
+                           "as parallel sequences of one llama.cpp batch, up to this many.")

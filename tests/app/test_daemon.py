@@ -94,6 +94,37 @@ def test_slow_model_drops_frames_instead_of_queueing(run_daemon: Callable[..., D
     assert frames["captured"] >= frames["dropped"] + frames["inspected"]
 
 
+def test_a_slow_model_answers_a_continuous_camera_a_batch_at_a_time_with_bounded_frames_in_flight(
+        run_daemon: Callable[..., Daemon], video: Path) -> None:
+    """While the model generates, a continuous camera's newer frames are encoded into the hand-off and
+    generated together as one batch: more frames answered per second than one by one, and never more
+    in flight than the hand-off, one batch and the queue's one frame (docs/architecture.md)."""
+    in_flight: list[Any] = []
+
+    def counted(daemon: Daemon) -> None:
+        slow_down(daemon, 0.3)
+        submit = daemon.inspections.submit
+
+        def tracked(request: Any) -> Any:
+            future = submit(request)
+            in_flight.append(future)
+            return future
+
+        daemon.inspections.submit = tracked  # type: ignore[method-assign]
+
+    daemon = run_daemon(CameraConfig(name="fast", source=str(video), fps=50,
+                                     trigger=TriggerConfig(mode="continuous")), tweak=counted)
+    most = 0
+    deadline = time.monotonic() + 60
+    while cam(daemon, "fast")["frames"]["inspected"] < 12 and time.monotonic() < deadline:
+        most = max(most, sum(not f.done() for f in list(in_flight)))
+        time.sleep(0.01)
+    assert cam(daemon, "fast")["frames"]["inspected"] >= 12
+    max_batch = daemon.config.inspection.max_batch
+    assert 2 < most <= 2 * max_batch + 2, most
+    assert daemon.status()["inspection"]["batched_generations"] > 0
+
+
 def test_stream_that_goes_away_reconnects_while_other_cameras_work(
         run_daemon: Callable[..., Daemon], video: Path) -> None:
     server = MjpegCamera(fps=20).start()
