@@ -6,9 +6,12 @@
 #   api        a repeated API image through a running daemon: encode time of the repeats, cache hit rate
 #   regions    four regions of one frame in one batch over one region (target <= 2.0x on the H200)
 #   regions_compact  the same, each region's schema a boolean and an enum (answers of even length)
+#   regions_stream   regions_compact's ratio through a running daemon's two-stage worker, frames fed as a
+#                    continuous camera feeds them (per-frame ms of the stream, and each frame's latency)
 #   budgets    time per frame at three image token budgets (the ceiling, 1/2, 1/4) on the same frames
 #   clip       a clip of 4 frames (sliding window, encoder cache on) over a single frame
 # KV_CACHE=unified: model.batch_kv_cache of the parts (default per_sequence: rows of equal length per step).
+# STREAM_FRAMES=N: frames of each camera in regions_stream (default 32).
 # BATCH_SIZE=N: model.batch_size of the parts (default 512: four 144-token regions take two image decodes).
 # Needs only gpu_peers.sh's (or gpu_pair.sh's) build: the CUDA llama-cpp-python in /tmp/site and the pair in
 # /tmp/models/pair3b. One phase, within one 10-minute device call:
@@ -30,8 +33,8 @@ if [ "$PHASE" = inspect ]; then
   [ -f "$BUNDLE/bundle.yaml" ] ||
     { echo "no pair at $BUNDLE: run 'bash benchmarks/gpu_peers.sh build' first" | tee -a "$OUT/exit.txt"; exit 1; }
   python3 "$HERE/programs.py" "$BUNDLE" --gpu-layers "${GPU_LAYERS:--1}" --threads "${THREADS:-8}" \
-    --frames "${FRAMES:-12}" --requests "${REQUESTS:-100}" --side "${SIDE:-672}" \
-    --parts "${PARTS:-reference,api,regions,regions_compact,budgets,clip}" --json "$OUT/programs.json" \
+    --frames "${FRAMES:-12}" ${STREAM_FRAMES:+--stream-frames "$STREAM_FRAMES"} --requests "${REQUESTS:-100}" --side "${SIDE:-672}" \
+    --parts "${PARTS:-reference,api,regions,regions_compact,regions_stream,budgets,clip}" --json "$OUT/programs.json" \
     ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} ${KV_CACHE:+--kv-cache "$KV_CACHE"} \
     > /dev/null 2> "$OUT/programs.log" || { echo "programs.py exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/programs.log"; exit 1; }
   python3 - "$OUT/programs.json" <<'PY' | tee "$OUT/programs.txt"
@@ -55,6 +58,12 @@ for part in ("regions", "regions_compact"):
               f"(to the regions' first tokens {x['one']['ttft_p50_ms']} -> {x['four']['ttft_p50_ms']} ms, "
               f"{x.get('ratio_ttft_p50', '?')}x; longest answer {x['one'].get('longest_answer_chars_mean')} -> "
               f"{x['four'].get('longest_answer_chars_mean')} chars)")
+if "regions_stream" in r:
+    x = r["regions_stream"]
+    print(f"regions_stream ({x['schema']} schema, {x['frames']} frames a camera): one region "
+          f"{x['one']['per_frame_ms']} ms a frame (latency p50 {x['one']['latency_p50_ms']} ms), four "
+          f"{x['four']['per_frame_ms']} ms a frame (latency p50 {x['four']['latency_p50_ms']} ms): "
+          f"{x['ratio_per_frame']}x per frame, {x['ratio_latency_p50']}x latency")
 if "budgets" in r:
     x = r["budgets"]
     for k, v in x.items():

@@ -20,11 +20,16 @@ of `realistic_pair.py` on a CPU):
    quarter of it), interleaved, encoder cache off: per-frame ms and image tokens at each;
 5. a clip of 4 frames (spacing 0) against a single frame, interleaved, encoder cache on as in the
    daemon: each clip is the last four frames of a sliding window, so three of its four are cache hits.
+6. `regions_stream`: the regions' ratio as a camera's stream sees it, through a running Daemon's
+   two-stage worker (frame N+1's crops encoded while frame N is generated), frames fed as a continuous
+   camera feeds them; per-frame ms (the stream's time over its frames) and each frame's latency, the two
+   cameras (one region, four) in turns of 8 frames (`--stream-frames` each), each region's schema the
+   compact one.
 
 Every ratio comes from one run (the parts interleaved frame by frame, so load shifts hit both sides).
 
     python benchmarks/programs.py BUNDLE [--frames 12] [--requests 100] [--threads 2] [--gpu-layers 0]
-        [--parts reference,api,regions,budgets,clip] [--json OUT]
+        [--parts reference,api,regions,regions_compact,regions_stream,budgets,clip] [--json OUT]
 """
 
 from __future__ import annotations
@@ -218,6 +223,80 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
     return out
 
 
+def regions_stream(bundle: str, n: int, threads: int, gpu_layers: int, side: int, tmp: Path,
+                   schema: dict[str, Any] | None = None, chunk: int = 8) -> dict[str, Any]:
+    """Per-frame ms of a camera's stream of frames asked as four regions against one region, through a
+    running Daemon's worker (`inference/worker.py`: stage 1 encodes frame N+1's crops while stage 2
+    generates frame N) fed as a continuous camera feeds it (`capture/scheduler.py`: the next frame is
+    submitted once the current one is encoded; stage 2 generates the frames ready together as one batch).
+    The two cameras take turns of `chunk` frames, so a shared machine's load falls on both alike;
+    encoder cache off (each crop encoded), journal on."""
+    from concurrent.futures import Future
+
+    from edge_runtime.app.daemon import Daemon
+    from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig
+    from edge_runtime.core.inspection_queue import InspectionRequest
+
+    half = side // 2
+    quads = [{"name": f"q{i}", "box": [x, y, half, half], **({"verdict_schema": schema} if schema else {})}
+             for i, (x, y) in enumerate([(0, 0), (half, 0), (0, half), (half, half)])]
+    cfg = Config(device_id="bench", data_dir=tmp / "stream")
+    cfg.model.path = Path(bundle)
+    cfg.model.threads, cfg.model.gpu_layers, cfg.model.encoder_cache_mb = threads, gpu_layers, 0
+    if BATCH_SIZE is not None:
+        cfg.model.batch_size = BATCH_SIZE
+    if KV_CACHE is not None:
+        cfg.model.batch_kv_cache = KV_CACHE  # type: ignore[assignment]
+    cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
+    cfg.programs = {"one": ProgramConfig.model_validate({"regions": quads[:1]}),
+                    "four": ProgramConfig.model_validate({"regions": quads})}
+    still = tmp / "still.png"
+    import cv2
+
+    cv2.imwrite(str(still), frames(1, seed=800, size=side)[0])
+    cfg.cameras = [CameraConfig(name=cam, source=str(still), program=cam, trigger=TriggerConfig(mode="on_demand"))
+                   for cam in ("one", "four")]
+    daemon = Daemon(cfg)
+    daemon.start()
+    seconds = {"one": 0.0, "four": 0.0}
+    latency: dict[str, list[float]] = {"one": [], "four": []}
+    done = {"one": 0, "four": 0}
+    try:
+        for cam in ("one", "four"):  # buffers, the parallel slots (not counted)
+            daemon.inspections.submit(InspectionRequest(frames(1, seed=801, size=side)[0], cam)).result(600)
+        stream = frames(n, seed=41, size=side)
+        for start in range(0, n, chunk):
+            for cam in ("one", "four"):
+                futures: list[tuple[Future[Any], float]] = []
+                t0 = time.perf_counter()
+                for seq, frame in enumerate(stream[start:start + chunk], start):
+                    request = InspectionRequest(frame, cam, seq=seq, trigger="continuous")
+                    submitted = time.perf_counter()
+                    daemon.inspections.submit(request)
+                    request.future.add_done_callback(
+                        lambda _f, cam=cam, submitted=submitted: latency[cam].append(
+                            (time.perf_counter() - submitted) * 1000))
+                    futures.append((request.future, submitted))
+                    # a continuous camera: the next frame once this one is encoded (or answered)
+                    while not request.encoded.wait(0.05) and not request.future.done():
+                        pass
+                for future, _ in futures:
+                    result = future.result(timeout=600)
+                    assert result.regions is not None and len(result.regions) == (1 if cam == "one" else 4)
+                seconds[cam] += time.perf_counter() - t0
+                done[cam] += len(futures)
+    finally:
+        daemon.stop()
+    out: dict[str, Any] = {"frames": n, "frame": f"{side}x{side}", "region": f"{half}x{half}", "chunk": chunk,
+                           "schema": "compact" if schema else "bundle"}
+    for cam in ("one", "four"):
+        out[cam] = {"per_frame_ms": round(seconds[cam] * 1000 / done[cam], 1),
+                    "latency_p50_ms": pct(latency[cam], 0.5), "latency_p90_ms": pct(latency[cam], 0.9)}
+    out["ratio_per_frame"] = round(out["four"]["per_frame_ms"] / out["one"]["per_frame_ms"], 3)
+    out["ratio_latency_p50"] = round(out["four"]["latency_p50_ms"] / out["one"]["latency_p50_ms"], 3)
+    return out
+
+
 def budget_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int) -> dict[str, Any]:
     """Per-frame ms of the same frames under three image token budgets: the ceiling, a half, a quarter."""
     probe = _inspector(bundle, threads, gpu_layers, 0, {}, {})
@@ -337,15 +416,18 @@ def main() -> None:
     ap.add_argument("--gpu-layers", type=int, default=0, help="model.gpu_layers (-1: all layers and the mmproj)")
     ap.add_argument("--side", type=int, default=672, help="frame side of regions, budgets and clip (pixels)")
     ap.add_argument("--parts", default="reference,api,regions,budgets,clip",
-                    help="which of reference, api, regions, regions_compact, budgets, clip to run (comma-separated)")
+                    help="which of reference, api, regions, regions_compact, regions_stream, budgets, clip to run "
+                    "(comma-separated; the default leaves regions_stream out)")
     ap.add_argument("--batch-size", type=int, help="model.batch_size of the regions, budgets and clip parts "
                     "(default: the config's, 512)")
     ap.add_argument("--kv-cache", choices=("per_sequence", "unified"),
                     help="model.batch_kv_cache of the regions, budgets and clip parts (default: the config's)")
+    ap.add_argument("--stream-frames", type=int, default=32, help="frames of each camera in regions_stream "
+                    "(turns of 8: a turn's first and last frames fill and drain the two stages)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    unknown = parts - {"reference", "api", "regions", "regions_compact", "budgets", "clip"}
+    unknown = parts - {"reference", "api", "regions", "regions_compact", "regions_stream", "budgets", "clip"}
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
     global BATCH_SIZE, KV_CACHE
@@ -377,6 +459,11 @@ def main() -> None:
             report["regions_compact"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers,
                                                      args.side, schema=COMPACT_SCHEMA)
             ran("regions_compact", t0)
+        if "regions_stream" in parts:
+            t0 = time.perf_counter()
+            report["regions_stream"] = regions_stream(args.bundle, args.stream_frames, args.threads,
+                                                      args.gpu_layers, args.side, Path(tmp), schema=COMPACT_SCHEMA)
+            ran("regions_stream", t0)
         if "budgets" in parts:
             t0 = time.perf_counter()
             report["budgets"] = budget_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
