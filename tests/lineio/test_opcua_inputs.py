@@ -100,3 +100,26 @@ def test_inputs_with_a_bad_status_do_not_trigger(served: Served) -> None:
 
     assert asyncio.run(_with_plc(served, body)) == "BadWriteNotSupported"
     assert served.jobs() == jobs
+
+
+def test_an_array_written_to_an_input_is_refused_and_changes_nothing(served: Served) -> None:
+    # The inputs are scalars, but asyncua took an array of the right type: `[False]` written to Trigger
+    # is truthy, so it started a job; to TriggerEnable it left the line enabled (and the node held the array).
+    station = served.line.station
+    jobs = served.jobs()
+    assert station.signals().trigger_enable
+
+    async def body(c: Client, node: Any, idx: int) -> tuple[list[str], bool, bool]:
+        answers = []
+        for name, value in (("Trigger", [False]), ("Trigger", [True]), ("TriggerEnable", [False]),
+                            ("ResultAckIn", [True]), ("PartIdIn", ["P-1"])):
+            vtype = ua.VariantType.String if name == "PartIdIn" else ua.VariantType.Boolean
+            with pytest.raises(ua.UaStatusCodeError) as refused:
+                await node(name).write_value(ua.Variant(value, vtype))
+            answers.append(status_name(refused.value))
+        return answers, await node("Trigger").read_value(), await node("TriggerEnable").read_value()
+
+    answers, trigger, enable = asyncio.run(_with_plc(served, body))
+    assert answers == ["BadTypeMismatch"] * 5
+    assert trigger is False and enable is True  # the nodes keep their scalar values
+    assert served.jobs() == jobs and station.signals().trigger_enable

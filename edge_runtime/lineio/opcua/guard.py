@@ -316,14 +316,18 @@ async def secure(server: Server, cfg: OpcUaConfig, pki_dir: Path, application_ur
 def only_good_writes(server: Server, inputs: set[ua.NodeId]) -> None:
     """A client's write to one of `inputs` whose status is not Good is answered BadWriteNotSupported
     (OPC UA's answer for a value/status combination a server does not take) and changes nothing:
-    asyncua would pass it on as a null value, which read as false (TriggerEnable off)."""
+    asyncua would pass it on as a null value, which read as false (TriggerEnable off). An array is
+    answered BadTypeMismatch: the inputs are scalars, but asyncua checks only the element type, and
+    `[False]` is truthy (written to Trigger it started a job; to TriggerEnable it left the line enabled)."""
     aspace = server.iserver.aspace
     write = aspace.write_attribute_value
 
     async def checked(nodeid: ua.NodeId, attr: ua.AttributeIds, value: ua.DataValue) -> ua.StatusCode:
-        if nodeid in inputs and attr == ua.AttributeIds.Value and value.StatusCode is not None \
-                and not value.StatusCode.is_good():
-            return _status(ua.StatusCodes.BadWriteNotSupported)
+        if nodeid in inputs and attr == ua.AttributeIds.Value:
+            if value.StatusCode is not None and not value.StatusCode.is_good():
+                return _status(ua.StatusCodes.BadWriteNotSupported)
+            if value.Value is not None and (value.Value.is_array or isinstance(value.Value.Value, list)):
+                return _status(ua.StatusCodes.BadTypeMismatch)
         return await write(nodeid, attr, value)
     aspace.write_attribute_value = checked  # type: ignore[method-assign]
 
