@@ -20,6 +20,7 @@ from edge_runtime.config.line_protocols import GpioConfig, ModbusConfig, OpcUaCo
 from edge_runtime.config.programs import ProgramConfig, check_regions_inside
 from edge_runtime.config.rules import Condition
 from edge_runtime.core.errors import InputError
+from edge_runtime.core.files import open_regular
 from edge_runtime.core.schema_budget import LIMITS, check_schema_budget
 
 PART_ID_MAX = 32
@@ -47,7 +48,7 @@ def load_schema(value: Any) -> dict[str, Any] | None:
 
 def _read_schema_file(name: str) -> Any:
     try:
-        with Path(name).expanduser().open("rb") as f:
+        with open_regular(Path(name).expanduser()) as f:  # a FIFO would block the read (and a reload) for good
             data = f.read(SCHEMA_FILE_MAX + 1)  # bounded before it costs anything
     except OSError as exc:
         raise ValueError(f"cannot read the schema file {name}: {exc.strerror or exc}") from None

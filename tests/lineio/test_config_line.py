@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,25 @@ def test_a_schema_file_too_big_or_too_deep_is_refused_before_it_is_parsed(tmp_pa
         with pytest.raises(ConfigError) as err:
             parse_config(BASE + f"      recipes: {{r: {{schema: {path}}}}}\n", "line.yaml")
         assert words in str(err.value), str(err.value)
+
+
+def test_a_schema_file_that_is_a_fifo_or_device_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # Opening a FIFO waits for a writer: `config validate`, start and every reload (under the reload
+    # lock: SIGHUP and the MQTT reload command behind it) hung for good.
+    fifo = tmp_path / "seal.json"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a device")):
+        caught: list[BaseException] = []
+
+        def load(path: Path = path, caught: list[BaseException] = caught) -> None:
+            try:
+                parse_config(BASE + f"      recipes: {{r: {{schema: {path}}}}}\n", "line.yaml")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                caught.append(exc)
+
+        worker = threading.Thread(target=load, daemon=True)
+        worker.start()
+        worker.join(10)
+        assert caught, f"still blocked on {path} after 10 s"
+        assert isinstance(caught[0], ConfigError) and "\n" not in str(caught[0])
+        assert f"cannot read the schema file {path}: not a regular file ({kind})" in str(caught[0]), str(caught[0])
