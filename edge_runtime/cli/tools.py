@@ -83,8 +83,13 @@ def cmd_ota_publish(args: argparse.Namespace, config: Config) -> int:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
+    from edge_runtime.config.base import TOPIC_PIECE
     from edge_runtime.delivery.mqtt.client import configure_client
 
+    option, target = ("--group", args.group) if args.group else ("--device", args.device)
+    if not TOPIC_PIECE.fullmatch(target):  # a '+' or '#' made paho raise; a '/' reached another topic
+        raise EdgeRuntimeError(f"{option}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter "
+                               "or digit (it is one level of an MQTT topic)")
     payload = Path(args.manifest).read_bytes()
     topic = f"edge/group/{args.group}/cmd/ota" if args.group else f"edge/{args.device}/cmd/ota"
     client = mqtt.Client(CallbackAPIVersion.VERSION2)

@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from edge_runtime.config.base import DEVICE_ID, TOPIC_PIECE, Section
 
 _WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
+
+
+def _topic_piece(v: str) -> str:
+    # One level of edge/group/<name>/cmd/ota: a "+" there subscribed to every group's releases
+    # (signed by the same fleet key, so applied), a "#" made paho raise in on_connect.
+    if not TOPIC_PIECE.fullmatch(v):
+        raise ValueError("use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
+                         "(it is one level of an MQTT topic)")
+    return v
+
+
+GroupName = Annotated[str, AfterValidator(_topic_piece)]
 
 
 class HawkbitAuthConfig(Section):
@@ -60,8 +72,8 @@ class OtaConfig(Section):
     container: str = Field("edge-runtime", description="Name of the daemon's container the agent updates.")
     public_keys: list[str] = Field(default_factory=list, description="Trusted fleet keys (base64 Ed25519 "
                                    "public keys); manifests signed by any other key are refused.")
-    groups: list[str] = Field(default_factory=list, description="Fleet groups: manifests published to "
-                              "edge/group/<name>/cmd/ota also reach this device.")
+    groups: list[GroupName] = Field(default_factory=list, max_length=32, description="Fleet groups: manifests "
+                                    "published to edge/group/<name>/cmd/ota also reach this device.")
     manifest_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/\S*)?$", max_length=2048,
                                      description="HTTP(S) URL polled for a manifest (besides MQTT).")
     poll_interval_s: float = Field(300, ge=10, description="Seconds between polls of manifest_url.")

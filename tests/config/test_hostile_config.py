@@ -108,6 +108,18 @@ def test_camera_names_unsafe_in_topics_urls_or_files_are_refused(bad: str) -> No
         parse_config(text)
 
 
+@pytest.mark.parametrize("bad", ["+", "#", *BAD_NAMES])
+def test_ota_group_names_unsafe_in_topics_are_refused(bad: str) -> None:
+    # The agent subscribes to edge/group/<name>/cmd/ota: "+" took every group's releases (signed by the
+    # same fleet key, so applied), "#" made paho raise in on_connect and skip the groups after it.
+    with pytest.raises(ConfigError, match=r"<config>:2: ota\.groups\.1: Value error, use 1-64 letters"):
+        parse_config(f"ota:\n  groups: [line-1, {bad!r}]\n")
+
+
+def test_ota_group_names_that_are_topic_pieces_pass() -> None:
+    assert parse_config("ota:\n  groups: [line-1, hall_2.press]\n").ota.groups == ["line-1", "hall_2.press"]
+
+
 @pytest.mark.parametrize("bad", ["a#b", "a+b", "a/b", "<i>", "x" * 100, "-x"])
 def test_device_id_unsafe_in_topics_is_refused(bad: str) -> None:
     with pytest.raises(ConfigError, match=r"<config>:1: device_id"):

@@ -78,3 +78,20 @@ def test_the_inbox_keeps_a_bounded_number_of_bounded_manifests() -> None:
     assert inbox.queue.qsize() == MAX_WAITING_MANIFESTS and inbox.dropped == 50
     kept = inbox.queue.get_nowait()
     assert len(kept) == MAX_MANIFEST_BYTES + 1  # enough for the agent to refuse it with its reason
+
+
+def test_ota_publish_refuses_a_target_that_is_not_one_topic_level(tmp_path: Path) -> None:
+    # `--group +` went to paho, which raises ValueError for a wildcard in a publish topic: an internal
+    # error instead of one line naming the option (and `--device a/b` reached another device's topic).
+    import os
+    import subprocess
+    import sys
+
+    manifest = tmp_path / "m.json"
+    manifest.write_text("{}")
+    for option, value in (("--group", "+"), ("--group", "line/1"), ("--device", "#"), ("--device", "a/b")):
+        proc = subprocess.run([sys.executable, "-m", "edge_runtime", "ota", "publish", str(manifest), option, value,
+                               "--host", "127.0.0.1", "--port", "1"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp_path)})
+        assert proc.returncode == 2, proc.stderr
+        assert f"{option}: use 1-64 letters" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
