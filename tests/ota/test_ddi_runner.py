@@ -277,3 +277,23 @@ def test_stopping_the_agent_ends_a_wait_for_the_line_and_leaves_the_action_open(
     assert not worker.is_alive() and agent.swaps == 0 and agent.state()["phase"] == "idle"
     assert not [e for e in executions(recorded) if e[0] == "closed"]  # the server offers it again later
     assert json.loads((tmp_path / "ddi.json").read_text()) == {}
+
+
+def test_an_action_outside_hawkbits_maintenance_window_waits_and_is_applied_when_it_opens(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    # What hawkBit sends for an action with a maintenance schedule outside its window: the update part is
+    # `skip` (DdiRootController.calculateUpdateType) and maintenanceWindow `unavailable`.
+    closed_window = deployment_base(url, "8", release(keys[0]), update="skip")
+    closed_window["deployment"]["maintenanceWindow"] = "unavailable"
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", closed_window)
+    source, agent, engine = make(tmp_path, url, keys[1])
+    source.step()
+    source.step()
+    assert engine.pulls == [] and agent.swaps == 0
+    assert executions(recorded) == [("proceeding", "none", "waiting for the server's maintenance window")]
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", release(keys[0])))  # it opens
+    source.step()
+    assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
+

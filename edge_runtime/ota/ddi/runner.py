@@ -151,14 +151,16 @@ class DdiSource:
         known = self.state().get("action") or {}
         if known.get("id") == action and known.get("final"):
             return  # finished; its feedback was sent (`_flush_final`) and the server has not closed it yet
-        if deployment.update == "skip":  # hawkBit's download-only assignment
-            return self._close(action, "failure", ["refused: download-only actions are not supported; "
-                                                   "assign the distribution set as forced or soft"])
+        # Outside its maintenance window hawkBit sends `update: skip` too: the window decides first, and
+        # only a `skip` without a closed window is a download-only assignment.
         if deployment.maintenance_window == "unavailable":  # the server's own window is closed
             if known.get("id") != action:
                 self._save(action={"id": action})
                 self._proceeding(action, ["waiting for the server's maintenance window"])
             return None
+        if deployment.update == "skip":  # hawkBit's download-only assignment
+            return self._close(action, "failure", ["refused: download-only actions are not supported; "
+                                                   "assign the distribution set as forced or soft"])
         self._save(action={"id": action})
         body = self._download(deployment)
         if body is None:
