@@ -297,3 +297,15 @@ def test_an_action_outside_hawkbits_maintenance_window_waits_and_is_applied_when
     source.step()
     assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
 
+
+
+def test_failures_after_a_good_poll_back_off_too(served: tuple[Recorded, str], keys: tuple[str, str],
+                                                  tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.raw(f"{BASE_PATH}/deploymentBase/8", b"database unavailable", status=500)
+    source, _agent, engine = make(tmp_path, url, keys[1])
+    waits = [source.step() for _ in range(4)]  # the controller base answers; its deployment does not
+    assert all(4 <= w / 2 ** i <= 6 for i, w in enumerate(waits)), waits
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", release(keys[0])))
+    assert source.step() == 1.0 and source.failures == 0 and engine.pulls == [IMAGE]

@@ -123,7 +123,6 @@ class DdiSource:
             base = self.client.poll()
         except DdiError as exc:
             return self._failed("polling", exc)
-        self.failures = 0
         self.interval_s = self.poll_override_s or base.sleep_s or DEFAULT_SLEEP_S
         if base.config_data_href:
             self._send_config_data()
@@ -132,8 +131,9 @@ class DdiSource:
                 self._answer_cancel(base.cancel_href)
             elif base.deployment_href:
                 self._deploy(base.deployment_href)
-        except DdiError as exc:
+        except DdiError as exc:  # counted with the polls: a base that answers must not reset the backoff
             return self._failed("the action", exc)
+        self.failures = 0
         return self.interval_s
 
     def _failed(self, what: str, exc: DdiError) -> float:
