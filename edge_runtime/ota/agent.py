@@ -189,14 +189,18 @@ class OtaAgent:
         stale = self._get(f"{self.name}-candidate")
         if stale is not None:
             stale.remove(force=True)
-        candidate = self._clone(old, manifest.image)
-        # The camera device and the host port belong to one container at a time: stop the old one first.
-        old.stop(timeout=20)
-        if self.lock is not None:  # the daemon is down: the new one may take its shared lock again
-            self.lock.release()
-        candidate.start()
-        self._save(phase="waiting_health", manifest=manifest.model_dump(), old_id=old.id, candidate_id=candidate.id)
-        verdict = self._wait_healthy(candidate)
+        try:
+            candidate = self._clone(old, manifest.image)
+            # The camera device and the host port belong to one container at a time: stop the old one first.
+            old.stop(timeout=20)
+            if self.lock is not None:  # the daemon is down: the new one may take its shared lock again
+                self.lock.release()
+            candidate.start()
+            self._save(phase="waiting_health", manifest=manifest.model_dump(), old_id=old.id,
+                       candidate_id=candidate.id)
+            verdict = self._wait_healthy(candidate)
+        except Exception as exc:  # noqa: BLE001 - the engine refused a step: the old container must run again
+            return self._rollback(manifest, old.id, f"starting the candidate failed: {exc}")
         if verdict != "healthy":
             return self._rollback(manifest, old.id, f"candidate {verdict}")
         self._status("healthy", manifest)

@@ -1,0 +1,79 @@
+"""The agent's swap when the Docker engine refuses a step (no engine needed: a stand-in that keeps the
+containers' names and running state, and fails where the test says)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
+from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
+
+IMAGE = "registry.plant.local/edge-runtime@sha256:" + "ab" * 32
+
+
+class Container:
+    def __init__(self, engine: Engine, cid: str, name: str, version: str, running: bool,
+                 fail_start: bool = False) -> None:
+        self.engine, self.id, self.name, self.running, self.fail_start = engine, cid, name, running, fail_start
+        self.image = type("Image", (), {"labels": {VERSION_LABEL: version}})()
+
+    @property
+    def status(self) -> str:
+        return "running" if self.running else "exited"
+
+    def start(self) -> None:
+        if self.fail_start:  # e.g. the device path or host port of the old configuration is not free
+            raise docker.errors.APIError("driver failed programming external connectivity: port is already allocated")
+        self.running = True
+
+    def stop(self, timeout: int = 10) -> None:
+        self.running = False
+
+    def rename(self, name: str) -> None:
+        self.name = name
+
+    def remove(self, force: bool = False) -> None:
+        self.engine.removed.append(self.id)
+        self.engine.all.remove(self)
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+        self.all = [Container(self, "old-id", "edge-runtime", "1.0.0", running=True)]
+        self.containers = type("Containers", (), {"get": lambda _s, key: self.get(key)})()
+        self.api = type("Api", (), {"pull": lambda _s, repo, tag: None})()
+        self.images = type("Images", (), {"get": lambda _s, ref: None})()
+
+    def get(self, key: str) -> Container:
+        for c in self.all:
+            if key in (c.id, c.name):
+                return c
+        raise docker.errors.NotFound(key)
+
+
+class Agent(OtaAgent):
+    def _clone(self, old: Any, image: str) -> Any:  # creating works; starting it is what fails
+        candidate = Container(self.docker, "cand-id", f"{self.name}-candidate", "2.0.0", running=False,
+                              fail_start=True)
+        self.docker.all.append(candidate)
+        return candidate
+
+
+def test_a_candidate_the_engine_refuses_to_start_is_rolled_back_and_the_old_container_runs_again(
+        tmp_path: Path) -> None:
+    private, public = generate_keypair()
+    manifest = sign(Manifest(image=IMAGE, version="2.0.0"), private)
+    engine = Engine()
+    statuses: list[dict[str, Any]] = []
+    agent = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append, health_timeout_s=1)
+    assert agent.handle(manifest.model_dump_json(exclude_none=True)) == "rolled_back"
+    old = engine.get("old-id")
+    assert old.running and old.name == "edge-runtime" and engine.removed == ["cand-id"]
+    assert agent.state()["phase"] == "idle"
+    assert statuses[-1]["phase"] == "rolled_back" and "port is already allocated" in statuses[-1]["reason"]
+    assert json.loads((tmp_path / "state.json").read_text())["phase"] == "idle"
