@@ -51,6 +51,8 @@ _OUTPUTS: dict[str, tuple[str, ua.VariantType]] = {
     "defect_code": ("DefectCode", ua.VariantType.Int32), "heartbeat": ("Heartbeat", ua.VariantType.UInt32),
     "fault": ("Fault", ua.VariantType.Boolean), "buffer_count": ("BufferCount", ua.VariantType.UInt32),
     "overrun": ("Overrun", ua.VariantType.Boolean)}
+# The order a snapshot's changes are written in (the rest: 1); see _publish.
+_WRITE_ORDER = {"inspection_seq": 2, "trigger_ack": 3, "result_valid": 4}
 # Refusals as OPC UA status codes (the reason is in LastRefusal too).
 _REFUSAL_CODES = {"not_ready": ua.StatusCodes.BadInvalidState, "disabled": ua.StatusCodes.BadInvalidState,
                   "busy": ua.StatusCodes.BadResourceUnavailable, "overrun": ua.StatusCodes.BadResourceUnavailable,
@@ -322,19 +324,17 @@ class OpcUaServer:
                 await self._publish(self._nodes[i], signals)
 
     async def _publish(self, nodes: _StationNodes, signals: Signals) -> None:
-        for name, (_, vtype) in _OUTPUTS.items():
+        # A client publishing at once (publishing interval 0) is sent each change as it is written, so the
+        # order matters: ResultValid goes low first (also for the moment the FIFO head moves on to the next
+        # result), then the job's values, its InspectionSeq, the TriggerAck of that InspectionSeq, and
+        # ResultValid rises last: no moment shows a valid job with another job's Result or PartId.
+        if nodes.shown.get("result_valid") and (not signals.result_valid
+                                                 or nodes.shown.get("inspection_seq") != signals.inspection_seq):
+            await self._write(nodes, "result_valid", False)
+        for name in sorted(_OUTPUTS, key=lambda n: _WRITE_ORDER.get(n, 1)):
             value = _value(signals, name)
             if nodes.shown.get(name) != value:
-                nodes.shown[name] = value
-                # Only for a node with our setter: a flag left up across the write's awaits (its
-                # data-change callbacks) would swallow a client's write made meanwhile.
-                self._echoing = nodes.outputs[name] in nodes.inputs.values()
-                try:
-                    await self._server.write_attribute_value(
-                        nodes.outputs[name].nodeid, ua.DataValue(ua.Variant(value, vtype)))
-                finally:
-                    self._echoing = False
-                self.counters["writes"] += 1
+                await self._write(nodes, name, value)
         head = signals.inspection_seq if signals.result_valid else None
         if head is not None and head != nodes.valid_head:
             event = nodes.events.event
@@ -346,6 +346,18 @@ class OpcUaServer:
             await nodes.events.trigger(message=f"job {signals.inspection_seq} {signals.result.name}")
             self.counters["events"] += 1
         nodes.valid_head = head
+
+    async def _write(self, nodes: _StationNodes, name: str, value: Any) -> None:
+        nodes.shown[name] = value
+        # Only for a node with our setter: a flag left up across the write's awaits (its
+        # data-change callbacks) would swallow a client's write made meanwhile.
+        self._echoing = nodes.outputs[name] in nodes.inputs.values()
+        try:
+            await self._server.write_attribute_value(
+                nodes.outputs[name].nodeid, ua.DataValue(ua.Variant(value, _OUTPUTS[name][1])))
+        finally:
+            self._echoing = False
+        self.counters["writes"] += 1
 
     _server: Any = None
 
