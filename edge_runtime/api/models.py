@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from edge_runtime.core.result_filter import TIMESTAMP
 
@@ -184,6 +184,25 @@ class ChatRequest(BaseModel):
     stream: bool = False
     n: int = Field(1, ge=1, le=1)
     response_format: ResponseFormat | None = None
+    # Features this server does not have. Other knobs are taken and ignored (vLLM clients send many), but
+    # these ask for a different answer (a tool call, banned tokens, log-probabilities): ignored, the client
+    # got plain text and no word that its request was not honoured. Their "off" values pass.
+    tools: Any = Field(None, description="Not supported: only null or [] (no tool calling).")
+    functions: Any = Field(None, description="Not supported: only null or [] (no function calling).")
+    tool_choice: Any = Field(None, description="Only null, \"none\" or \"auto\" (there are no tools).")
+    function_call: Any = Field(None, description="Only null, \"none\" or \"auto\" (there are no functions).")
+    logit_bias: Any = Field(None, description="Not supported: only null or {}.")
+    logprobs: Any = Field(None, description="Not supported: only null or false.")
+    top_logprobs: Any = Field(None, description="Not supported: only null or 0.")
+
+    @field_validator("tools", "functions", "logit_bias", "logprobs", "top_logprobs", "tool_choice", "function_call")
+    @classmethod
+    def _not_asked(cls, v: Any, info: ValidationInfo) -> Any:
+        off = (None, "none", "auto") if info.field_name in ("tool_choice", "function_call") else (None, False, 0)
+        if v in off or v == [] or v == {}:
+            return None
+        raise ValueError(f"{info.field_name} is not supported by this server (no tool calling, logit bias or "
+                         "log-probabilities); leave it out")
 
 
 class ModelCard(BaseModel):

@@ -93,6 +93,29 @@ def test_chat_text_far_longer_than_the_context_is_refused_before_tokenizing(clie
     assert error["field"] == "messages.0.content"
 
 
+TOOL = {"type": "function", "function": {"name": "reject_part", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", [TOOL]), ("tool_choice", "required"), ("tool_choice", {"type": "function",
+                                                                      "function": {"name": "reject_part"}}),
+    ("functions", [TOOL["function"]]), ("function_call", {"name": "reject_part"}),
+    ("logit_bias", {"15": 100}), ("logprobs", True), ("top_logprobs", 5)])
+def test_chat_features_this_server_lacks_are_400_naming_the_field_not_ignored(
+        client: FlaskClient, field: str, value: object) -> None:
+    # They were taken and ignored (extra="allow"): a client that forced a tool call or banned a token got
+    # plain text, with nothing to say its request was not honoured.
+    error = error_of(client.post("/v1/chat/completions", json={**chat(), field: value}), 400)
+    assert error["field"] == field and "not supported" in str(error["message"])
+
+
+def test_chat_defaults_of_those_features_pass(client: FlaskClient) -> None:
+    # What SDKs send by default asks for nothing: it must keep working.
+    body = chat(tools=[], tool_choice="none", logit_bias={}, logprobs=False, top_logprobs=0, functions=None,
+                function_call="auto", presence_penalty=0, frequency_penalty=0, n=1, user="line-7")
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+
 def test_chat_message_count_is_bounded(client: FlaskClient) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}] * 65}
     assert error_of(client.post("/v1/chat/completions", json=body), 400)["field"] == "messages"
