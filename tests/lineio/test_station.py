@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from edge_runtime.config.line_io import StationConfig
+from edge_runtime.core.errors import QueueFull, StorageFull
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.lineio.recipes import tagged
 from edge_runtime.lineio.signals import (
+    DEFECT_INSPECTION_FAILED,
     DEFECT_INTERRUPTED,
     DEFECT_NO_FRAME,
     DEFECT_NO_VERDICT,
@@ -237,6 +239,27 @@ def test_no_frame_and_empty_verdicts_are_errors(jobs: LineJobs) -> None:
         line.verdict(seq, {})
         wait_for(lambda: station.signals().result_valid)
         assert (station.signals().result, station.signals().defect_code) == (LineOutcome.ERROR, DEFECT_NO_VERDICT)
+    finally:
+        station.stop()
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_an_inspection_refused_after_its_trigger_is_error_903_not_no_frame(jobs: LineJobs, taken: bool) -> None:
+    """The model's queue full once the frame is taken (another station, a camera or the API filled it), or
+    the journal's disk full before it is: the inspection failed (903), the camera did not (901)."""
+    def start(job: JobRequest, on_acquired: Callable[[], None]) -> Future[Result]:
+        if not taken:
+            raise StorageFull("disk full: the journal cannot store results")
+        on_acquired()
+        raise QueueFull("the inspection queue is full (4 waiting)")
+    station = Station(station_config(), jobs, start)
+    station.start()
+    try:
+        station.trigger("X")
+        wait_for(lambda: station.signals().result_valid)
+        s = station.signals()
+        assert (s.result, s.defect_code) == (LineOutcome.ERROR, DEFECT_INSPECTION_FAILED)
+        assert s.acquisition_done is taken and s.ready
     finally:
         station.stop()
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from edge_runtime.config.line_io import PART_ID_MAX, TEXT_ID, StationConfig
+from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.core.supervise import RateLimitedLog, SupervisedThread
@@ -358,8 +359,13 @@ class Station:
             try:
                 future = self._start(request, lambda j=job: self._acquired(j))  # type: ignore[misc]
             except Exception as exc:  # noqa: BLE001 - any capture failure is this part's ERROR, not the thread's
-                log.warning("station %s: no frame for job %d: %s", self.name, job.seq, exc)
-                self._decide(job.seq, LineOutcome.ERROR, DEFECT_NO_FRAME, None)
+                # No frame (901) only when the camera gave none; a frame whose inspection was refused (the
+                # model's queue full) or a journal that cannot store the verdict is a failed inspection (903).
+                no_frame = not job.acquired and not isinstance(exc, StorageFull)
+                log.warning("station %s: %s for job %d: %s", self.name, "no frame" if no_frame else
+                            "inspection refused", job.seq, exc)
+                self._decide(job.seq, LineOutcome.ERROR, DEFECT_NO_FRAME if no_frame else DEFECT_INSPECTION_FAILED,
+                             None)
                 continue
             future.add_done_callback(lambda f, s=job.seq: self._done(s, f))  # type: ignore[misc]
 
