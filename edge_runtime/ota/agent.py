@@ -217,8 +217,7 @@ class OtaAgent:
         candidate = self._get(candidate_id)
         if candidate is not None and candidate.name != self.name:
             candidate.rename(self.name)
-        self._save(phase="idle", version=manifest.version, image=manifest.image)
-        self._status("committed", manifest)
+        self._finish("committed", manifest, version=manifest.version, image=manifest.image)
         return "committed"
 
     def _rollback(self, manifest: Manifest, old_id: str, reason: str) -> str:
@@ -230,16 +229,30 @@ class OtaAgent:
             if old.name != self.name:
                 old.rename(self.name)
             old.start()
-        self._save(phase="idle", version=self.state().get("version"))
-        self._status("rolled_back", manifest, reason)
+        self._finish("rolled_back", manifest, reason, version=self.state().get("version"))
         return "rolled_back"
+
+    def _finish(self, phase: str, manifest: Manifest, reason: str = "", **idle: Any) -> None:
+        """End a swap: recorded as over with its outcome still to report, reported, then the note dropped.
+        Killed in between, `recover()` reports it at the next start, so a source never loses the outcome
+        (a DDI server would otherwise offer the action again and hear 'not newer' for a good commit)."""
+        self._save(phase="idle", **idle, report={"phase": phase, "manifest": manifest.model_dump(), "reason": reason})
+        self._status(phase, manifest, reason)
+        self._save(phase="idle", **idle)
 
     def recover(self) -> str:
         """After a crash or power loss: finish or undo whatever step was under way."""
         state = self.state()
         phase = state.get("phase", "idle")
         if phase == "idle":
-            return "idle"
+            report = state.get("report")
+            if not isinstance(report, dict):
+                return "idle"
+            # The swap ended but its outcome was not reported (killed in between): report it now.
+            idle = {k: v for k, v in state.items() if k not in ("phase", "report")}
+            self._finish(str(report["phase"]), Manifest.model_validate(report["manifest"]),
+                         str(report.get("reason", "")), **idle)
+            return str(report["phase"])
         manifest = Manifest.model_validate(state["manifest"])
         log.warning("ota: recovering from an interrupted update (phase %s)", phase)
         if phase in ("verified", "pulling", "waiting_line"):

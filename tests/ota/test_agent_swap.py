@@ -57,11 +57,18 @@ class Engine:
 
 
 class Agent(OtaAgent):
-    def _clone(self, old: Any, image: str) -> Any:  # creating works; starting it is what fails
+    candidate_starts = False
+    clones = 0
+
+    def _clone(self, old: Any, image: str) -> Any:  # creating works; starting it fails unless candidate_starts
+        self.clones += 1
         candidate = Container(self.docker, "cand-id", f"{self.name}-candidate", "2.0.0", running=False,
-                              fail_start=True)
+                              fail_start=not self.candidate_starts)
         self.docker.all.append(candidate)
         return candidate
+
+    def _health(self, container: Any) -> str:
+        return "healthy" if container.running else "unhealthy"
 
 
 def test_a_candidate_the_engine_refuses_to_start_is_rolled_back_and_the_old_container_runs_again(

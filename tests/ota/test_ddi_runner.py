@@ -24,6 +24,7 @@ from edge_runtime.ota.ddi.client import DdiClient
 from edge_runtime.ota.ddi.runner import DdiSource, backoff_s
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
 from edge_runtime.ota.update_lock import UpdateLock
+from tests.ota import test_agent_swap as swap
 from tests.ota.ddi_server import CONTROLLER, TENANT, Recorded, controller_base, ddi_server, deployment_base
 from tests.ota.test_update_lock import signals
 
@@ -309,3 +310,36 @@ def test_failures_after_a_good_poll_back_off_too(served: tuple[Recorded, str], k
     assert all(4 <= w / 2 ** i <= 6 for i, w in enumerate(waits)), waits
     recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", release(keys[0])))
     assert source.step() == 1.0 and source.failures == 0 and engine.pulls == [IMAGE]
+
+
+class Killed(BaseException):
+    """The agent's process dies here (power loss): nothing after this point runs."""
+
+
+def test_a_commit_killed_before_its_feedback_was_recorded_is_closed_as_success_after_the_restart(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    engine = swap.Engine()  # the containers outlive the agent's process
+
+    def source_for(mirror: Any) -> tuple[DdiSource, swap.Agent]:
+        agent = swap.Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None)
+        agent.candidate_starts = True
+        cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+        return DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, threading.Event(),
+                         publish=mirror), agent
+
+    def die_at_commit(status: dict[str, Any]) -> None:
+        if status["phase"] == "committed":  # the swap is recorded as done; its feedback is not yet
+            raise Killed
+
+    source, agent = source_for(die_at_commit)
+    with pytest.raises(Killed):
+        source.step()
+    assert agent.clones == 1 and engine.get("edge-runtime").image.labels[VERSION_LABEL] == "2.0.0"
+    restarted, agent2 = source_for(None)
+    restarted._recover()
+    restarted.step()
+    restarted.step()
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
+    assert agent2.clones == 0 and agent2.state()["phase"] == "idle"

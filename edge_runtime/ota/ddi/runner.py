@@ -239,8 +239,9 @@ class DdiSource:
         """The agent's publish callback: mirrored to MQTT, and turned into DDI feedback."""
         if self.mirror is not None:
             self.mirror(status)
-        action = (self.state().get("action") or {}).get("id")
-        if action is None:
+        known = self.state().get("action") or {}
+        action = known.get("id")
+        if action is None or known.get("final"):  # no action, or its outcome is already recorded
             return
         phase = str(status.get("phase"))
         if self._recovering and phase == "failed":  # interrupted before anything changed: take it again
