@@ -264,6 +264,9 @@ class OtaAgent:
         # starting / waiting_health: the old container may be stopped and a candidate may exist.
         candidate = self._get(f"{self.name}-candidate")
         if candidate is not None:
+            old = self._get(state["old_id"])
+            if old is not None and old.status == "running":  # killed before it was stopped, or its restart
+                old.stop(timeout=20)  # policy brought it back at boot: one daemon at a time, as in `_start`
             if candidate.status != "running":
                 candidate.start()
             if self._wait_healthy(candidate) == "healthy":

@@ -84,3 +84,19 @@ def test_a_candidate_the_engine_refuses_to_start_is_rolled_back_and_the_old_cont
     assert agent.state()["phase"] == "idle"
     assert statuses[-1]["phase"] == "rolled_back" and "port is already allocated" in statuses[-1]["reason"]
     assert json.loads((tmp_path / "state.json").read_text())["phase"] == "idle"
+
+
+def test_recovery_never_leaves_the_old_container_running_beside_the_committed_candidate(tmp_path: Path) -> None:
+    # Killed after the candidate was created but before the old container was stopped (or the old one
+    # came back at boot through its restart policy): both exist, the old one runs.
+    private, public = generate_keypair()
+    manifest = sign(Manifest(image=IMAGE, version="2.0.0"), private)
+    engine = Engine()
+    engine.all.append(Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=False))
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "starting", "manifest": manifest.model_dump(),
+                                                     "old_id": "old-id"}))
+    statuses: list[dict[str, Any]] = []
+    agent = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append, health_timeout_s=1)
+    assert agent.recover() == "committed"
+    assert [(c.name, c.id) for c in engine.all if c.running] == [("edge-runtime", "cand-id")]
+    assert engine.get("old-id").name == "edge-runtime-previous"
