@@ -163,6 +163,33 @@ def test_rebirth_on_ncmd_restarts_seq_with_the_same_bdseq(node: SparkplugNode, h
     assert seq == 1
 
 
+def test_a_flood_of_rebirth_requests_is_answered_by_a_bounded_number_of_births(
+        node: SparkplugNode, host: Host, caplog: pytest.LogCaptureFixture) -> None:
+    # Each NCMD rebirth sent the births again and logged a line: 2,000 requests in a burst made 1,752
+    # NBIRTHs (5,506 messages with the DBIRTHs) and 2,000 INFO lines. Requests within a second of the
+    # last births are folded into one more, sent when the second is up: the last request is answered.
+    import logging
+
+    from edge_runtime.lineio.sparkplug.node import MIN_REBIRTH_INTERVAL_S
+
+    caplog.set_level(logging.INFO)
+    i, _msg = host.wait(is_("DBIRTH", "st1"))
+    started = time.monotonic()
+    for _ in range(2000):
+        host.command(topic("NCMD"), [(spb.REBIRTH, spb.BOOLEAN, True)], wait=False)
+    deadline = time.monotonic() + 10
+    while node.counters["commands"] < 2000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    flood_s = time.monotonic() - started
+    time.sleep(MIN_REBIRTH_INTERVAL_S + 0.5)  # the folded requests' births
+    births = [m for m in host.messages[i + 1:] if m[0] == topic("NBIRTH")]
+    assert 1 <= len(births) <= flood_s / MIN_REBIRTH_INTERVAL_S + 2, (len(births), flood_s)
+    assert host.messages[-1][0] == topic("DBIRTH", "st1")  # the last request was answered
+    assert sum("rebirth" in r.getMessage() for r in caplog.records) <= 2
+    seqs = node_seqs(host)
+    assert seqs[-2:] == [0, 1]
+
+
 def test_bad_commands_are_refused_and_the_node_goes_on(node: SparkplugNode, host: Host) -> None:
     host.wait(is_("DBIRTH", "st1"))
     host.client.publish(topic("DCMD", "st1"), b"\xff\x00garbage", qos=1).wait_for_publish(5)
