@@ -44,6 +44,12 @@ def backoff_s(failures: int, jitter: Callable[[], float] = random.random) -> flo
     return base * (0.8 + 0.4 * jitter())
 
 
+def poll_wait_s(interval_s: float, jitter: Callable[[], float] = random.random) -> float:
+    """The polling interval plus up to 10 %: never sooner than the server asked, and devices that started
+    together (a plant powering up) drift apart instead of polling, and starting a wave's pulls, in step."""
+    return interval_s * (1.0 + 0.1 * jitter())
+
+
 def final_feedback(phase: str, status: dict[str, Any]) -> tuple[str, list[str]]:
     """(finished, details) of the closing feedback for an agent's final phase."""
     reason = str(status.get("reason", ""))
@@ -134,7 +140,7 @@ class DdiSource:
         except DdiError as exc:  # counted with the polls: a base that answers must not reset the backoff
             return self._failed("the action", exc)
         self.failures = 0
-        return self.interval_s
+        return poll_wait_s(self.interval_s)
 
     def _failed(self, what: str, exc: DdiError) -> float:
         self.failures += 1
