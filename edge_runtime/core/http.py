@@ -64,7 +64,8 @@ def request(method: str, url: str, *, timeout_s: float, limit: int, body: bytes 
     bytes of the body in the message. `local_ok=False`: a URL (or a redirect) whose host resolves to an
     address of this machine or its link (loopback, link-local, unspecified, multicast, reserved) is
     refused before connecting, checked on the addresses actually connected to (so a DNS answer that
-    changes between two lookups cannot slip through)."""
+    changes between two lookups cannot slip through). A redirect to another origin (scheme, host, port)
+    goes without the Authorization, Proxy-Authorization and Cookie headers."""
     deadline = time.monotonic() + timeout_s
     for _ in range(MAX_REDIRECTS + 1):
         status, location, response = _once(method, url, body, headers or {}, deadline, timeout_s,
@@ -77,8 +78,22 @@ def request(method: str, url: str, *, timeout_s: float, limit: int, body: bytes 
         if urllib.parse.urlsplit(target).scheme != "https" and urllib.parse.urlsplit(url).scheme == "https":
             raise HttpFailure(f"HTTP {status}: refused redirect from https to {target[:200]}", retry=False,
                               status=status)
+        if _origin(target) != _origin(url):  # credentials are for the host they were meant for (as curl does)
+            headers = {k: v for k, v in (headers or {}).items() if k.lower() not in _CREDENTIALS}
         url = target
     raise HttpFailure(f"more than {MAX_REDIRECTS} redirects", retry=False)
+
+
+_CREDENTIALS = ("authorization", "proxy-authorization", "cookie")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
 def _once(method: str, url: str, body: bytes | None, headers: Mapping[str, str], deadline: float,

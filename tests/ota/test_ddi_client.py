@@ -83,6 +83,21 @@ def test_the_token_is_not_sent_to_another_host(served: tuple[Recorded, str]) -> 
     assert "Authorization" not in download[2]
 
 
+
+def test_the_token_does_not_follow_a_redirect_to_another_host(served: tuple[Recorded, str]) -> None:
+    recorded, url = served
+    body = b'{"image": "x"}'
+    path = f"{BASE_PATH}/softwaremodules/23/artifacts/manifest.signed.json"
+    other = url.replace("127.0.0.1", "localhost")  # the server sends the download on to a CDN / object store
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", body))
+    recorded.raw(path, b"", status=302, headers={"Location": f"{other}/cdn/manifest.signed.json"})
+    recorded.raw("/cdn/manifest.signed.json", body)
+    c = client(url, target_token="secret")
+    assert c.download(c.deployment(f"{url}{BASE_PATH}/deploymentBase/8").artifacts[0]) == body
+    [first] = recorded.sent("GET", path)
+    [cdn] = recorded.sent("GET", "/cdn/manifest.signed.json")
+    assert first[2]["Authorization"] == "TargetToken secret" and "Authorization" not in cdn[2]
+
 def test_feedback_and_config_data_have_ddis_shape(served: tuple[Recorded, str]) -> None:
     recorded, url = served
     c = client(url)
