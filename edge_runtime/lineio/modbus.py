@@ -160,7 +160,11 @@ class ModbusServer:
             return
         simdata = []
         for b in self.blocks:
-            simdata.append(SimData(b.base + rm.CONTROL, count=rm.CONTROL_END, datatype=DataType.REGISTERS))
+            # The ControlWord starts as the station is (TriggerEnable on at start): a PLC's first write with
+            # TriggerEnable off is then an edge that turns triggers off, not a bit that "did not change".
+            enabled = rm.TRIGGER_ENABLE if b.station.signals().trigger_enable else 0
+            simdata.append(SimData(b.base + rm.CONTROL, values=[enabled] + [0] * (rm.CONTROL_END - 1),
+                                   datatype=DataType.REGISTERS))
             simdata.append(SimData(b.base + rm.STATUS, count=rm.STATUS_END - rm.STATUS,
                                    datatype=DataType.REGISTERS, readonly=True))
         device = SimDevice(0, simdata=simdata, action=self._action)

@@ -5,7 +5,7 @@ station 1 at 100, ...). Offsets inside the block:
 
 | offset | registers | name | access | meaning |
 | --- | --- | --- | --- | --- |
-| 0 | 1 | ControlWord | write | bit 0 TriggerEnable, bit 1 Trigger, bit 2 ResultAck |
+| 0 | 1 | ControlWord | write | bit 0 TriggerEnable (1 at start when enabled), bit 1 Trigger, bit 2 ResultAck |
 | 1 | 16 | PartId | write | 32 ASCII characters, two per register (first character in the high byte), NUL-padded |
 | 17 | 8 | RecipeId | write | 16 ASCII characters, the same packing; empty: the station's default recipe |
 | 50 | 1 | StatusWord | read | bits 0-7: Ready, TriggerAck, Busy, AcqDone, ResultValid, Fault, Overrun, Enabled |

@@ -158,6 +158,31 @@ def test_too_many_connections_are_closed(line: Line) -> None:
         srv.stop()
 
 
+def test_a_first_control_write_with_trigger_enable_off_disables_the_station(line: Line, server: ModbusServer) -> None:
+    """The station is enabled at start, and the ControlWord shows it (bit 0): a PLC whose first write
+    (after a start or a restart of the daemon) has TriggerEnable off turns triggers off, as the map says.
+    The register read 0, so that write changed no bit and the station stayed enabled."""
+    client = ModbusTcpClient("127.0.0.1", port=server.port or 0)
+    try:
+        assert client.connect()
+        assert line.station.signals().trigger_enable
+        client.write_register(rm.CONTROL, 0)  # the line is stopped: no triggers
+        status = client.read_holding_registers(rm.STATUS, count=1).registers[0]
+        assert not line.station.signals().trigger_enable and not status & rm.TRIGGER_ENABLED
+        assert not status & rm.READY
+        client.write_register(rm.CONTROL, rm.TRIGGER_ENABLE)
+        client.write_register(rm.CONTROL, 0)
+        assert not line.station.signals().trigger_enable
+        client.write_register(rm.CONTROL, rm.TRIGGER)  # a trigger without TriggerEnable is refused
+        regs = client.read_holding_registers(rm.STATUS, count=8).registers
+        assert regs[rm.LAST_REFUSAL - rm.STATUS] == rm.REFUSAL_CODES["disabled"] and line.jobs.last_seq("st1") == 0
+        client.write_register(rm.CONTROL, rm.TRIGGER_ENABLE)
+        assert line.station.signals().trigger_enable
+        assert client.read_holding_registers(rm.CONTROL, count=1).registers == [rm.TRIGGER_ENABLE]
+    finally:
+        client.close()
+
+
 def test_a_refused_trigger_says_why(tmp_path: Path) -> None:
     ln = Line(tmp_path, fifo_depth=1).start()  # no verdicts: the first job stays, the second overruns
     srv = serve(ln)
