@@ -4,6 +4,7 @@ image and an old container, and a swap whose outcome the test picks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -354,3 +355,29 @@ def test_a_fleet_that_starts_together_does_not_poll_in_step(served: tuple[Record
     assert all(300.0 <= w <= 330.0 for ws in waits for w in ws)  # never sooner than the server asked
     assert waits[0] != waits[1]
     assert poll_wait_s(300.0, lambda: 0.0) == 300.0 and poll_wait_s(300.0, lambda: 1.0) == 330.0
+
+
+def test_a_recovery_that_failed_at_start_is_retried_before_the_action_is_answered(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))  # the server still offers the action the agent was killed in
+    engine = swap.Engine()
+    engine.get("old-id").running = False  # killed while the candidate waited for its health verdict
+    engine.all.append(swap.Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=True))
+    manifest = Manifest.model_validate_json(release(keys[0]))
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "waiting_health", "manifest": manifest.model_dump(),
+                                                     "old_id": "old-id", "candidate_id": "cand-id"}))
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8"}}))
+    agent = swap.Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None)
+    cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+    source = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, threading.Event())
+    engine.down = True  # the agent started before the engine answered
+    source._recover()
+    with contextlib.suppress(docker.errors.APIError):  # as `run()` does
+        source.step()
+    assert not [e for e in executions(recorded) if e[0] == "closed"]
+    engine.down = False
+    source.step()
+    source.step()
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
+    assert agent.clones == 0 and [c.id for c in engine.all if c.running] == ["cand-id"]

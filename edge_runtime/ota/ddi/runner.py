@@ -122,6 +122,11 @@ class DdiSource:
 
     def step(self) -> float:
         """One poll and what it asks for; returns the seconds to sleep before the next."""
+        if self.agent.state().get("phase", "idle") != "idle":  # a recovery that failed (the engine was not
+            self._recover()  # answering yet) or a swap an error interrupted: finish it before any action
+            if self.agent.state().get("phase", "idle") != "idle":
+                self.failures += 1
+                return backoff_s(self.failures)
         if not self._flush_final():
             self.failures += 1
             return backoff_s(self.failures)
