@@ -228,7 +228,10 @@ def test_no_frame_and_empty_verdicts_are_errors(jobs: LineJobs) -> None:
         station.trigger("X")
         wait_for(lambda: station.signals().result_valid)
         assert (station.signals().result, station.signals().defect_code) == (LineOutcome.ERROR, DEFECT_NO_FRAME)
-        assert station.signals().ready  # the failed acquisition does not hold the station busy
+        s = station.signals()
+        assert s.ready  # the failed acquisition does not hold the station busy
+        # What a PLC waiting for the frame sees instead of AcquisitionDone (docs/line-io.md's samples)
+        assert not s.acquisition_done and not s.busy
     finally:
         station.stop()
     line = Line()
