@@ -297,6 +297,7 @@ def test_triggers_refused_by_a_full_queue_keep_no_frames(daemon: Daemon) -> None
             return station.signals().result_valid and station.signals().inspection_seq == seq
         wait_for(refused, timeout=30, what="the refused job's ERROR result")
         assert station.signals().result == LineOutcome.ERROR
+        assert station.signals().defect_code == 903  # the inspection failed; the camera gave its frame (not 901)
         assert station.ack_result(seq)
 
 
