@@ -215,3 +215,23 @@ def test_a_command_flood_is_refused_past_a_bounded_backlog(tmp_path: Path, demo_
     finally:
         release.set()
         sub.close()
+
+
+def test_a_retained_command_is_not_run_again_on_every_connect(tmp_path: Path, demo_dir: Path, video: Path,  # noqa: F811
+                                                              broker: Broker, daemons: list[Daemon]) -> None:  # noqa: F811
+    # `mosquitto_pub -r` (or a dashboard's retain box) left `cmd/status` on the broker: the broker hands it
+    # to every new subscription, so the daemon ran it at each start and each reconnect (a retained trigger:
+    # one more journaled inspection every time). A command now runs only when it arrives live.
+    sub = Subscriber(broker.port, f"{PREFIX}/cmd/+/reply")
+    try:
+        time.sleep(0.3)
+        sub.client.publish(f"{PREFIX}/cmd/status", b'{"id": "kept"}', qos=1, retain=True).wait_for_publish(5)
+        daemon = start_daemon(make_config(tmp_path, demo_dir, video, broker.port, interval=60), daemons)
+        [reply] = wait_for(lambda: _replies(sub, "status"), what="the reply to the retained command")
+        assert reply["id"] == "kept" and reply["ok"] is False and "retained" in str(reply["error"])
+        assert daemon.status()["mqtt"]["commands_refused"] == 1
+        sub.client.publish(f"{PREFIX}/cmd/status", b'{"id": "live"}', qos=1).wait_for_publish(5)
+        wait_for(lambda: any(r["id"] == "live" and r["ok"] for r in _replies(sub, "status")), what="a live reply")
+    finally:
+        sub.client.publish(f"{PREFIX}/cmd/status", b"", qos=1, retain=True)  # clears it on the broker
+        sub.close()

@@ -191,6 +191,26 @@ def test_a_flood_of_rebirth_requests_is_answered_by_a_bounded_number_of_births(
     assert sum("rebirth" in r.getMessage() for r in caplog.records) <= 2
 
 
+def test_a_retained_dcmd_does_not_trigger_again_on_every_connect(line: Line, broker: Broker, host: Host,
+                                                                  tmp_path: Path) -> None:
+    # A DCMD published with retain (against the specification) sat on the broker, which hands it to every
+    # new subscription: each start and reconnect of the node ran its Trigger again (a job each time).
+    trigger = spb.payload(None, [("PartId", spb.STRING, "OK-R"), ("Trigger", spb.BOOLEAN, True)])
+    host.client.publish(topic("DCMD", "st1"), trigger, qos=1, retain=True).wait_for_publish(5)
+    node = make_node(line, broker, tmp_path)
+    node.start()
+    try:
+        host.wait(is_("DBIRTH", "st1"))
+        deadline = time.monotonic() + 5
+        while node.counters["refused_commands"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert node.counters["refused_commands"] == 1 and node.counters["triggers"] == 0
+        assert line.station.signals().inspection_seq == 0
+    finally:
+        host.client.publish(topic("DCMD", "st1"), b"", qos=1, retain=True).wait_for_publish(5)  # cleared
+        node.stop()
+
+
 def test_bad_commands_are_refused_and_the_node_goes_on(node: SparkplugNode, host: Host) -> None:
     host.wait(is_("DBIRTH", "st1"))
     host.client.publish(topic("DCMD", "st1"), b"\xff\x00garbage", qos=1).wait_for_publish(5)

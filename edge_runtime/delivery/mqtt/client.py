@@ -243,6 +243,13 @@ class MqttService:
                                      "JSON object", field="payload")
             return
         payload = bytes(msg.payload)
+        if msg.retain:
+            # From the broker's store, handed to every new subscription: run, it would run again at each
+            # start and reconnect (a retained trigger journaled one more inspection every time). A command
+            # published live arrives with retain 0 (MQTT 3.1.1, 3.3.1.3) and runs once.
+            self._refuse(name, _correlation_id(payload), "a retained command is not run (it would run again "
+                         "on every reconnect): publish commands without retain, and clear this one")
+            return
         if not self._pending.acquire(blocking=False):
             self._refuse(name, _correlation_id(payload), f"busy: {MAX_PENDING_COMMANDS} commands are "
                                                           "running or waiting; send it again later")

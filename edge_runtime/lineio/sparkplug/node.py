@@ -308,6 +308,8 @@ class SparkplugNode:
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         self.counters["commands"] += 1
         try:
+            if msg.retain:  # from the broker's store on (re)subscribe: it would run again at every connect
+                raise spb.CommandError("a retained command is not run (commands must not be retained)")
             metrics = spb.decode_command(bytes(msg.payload), self.cfg.max_command_bytes)
             if msg.topic == self.topics["NCMD"]:
                 self._node_command(metrics)
