@@ -54,7 +54,9 @@ class Config(Section):
         description="Where the journal and the demo bundle live.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The vision-language model.")
     images: ImageLimits = Field(default_factory=ImageLimits, description="Limits on input images.")
-    cameras: list[CameraConfig] = Field(default_factory=list, description="Cameras to inspect.")
+    # A device runs a capture and a schedule thread per camera: a runaway generated file is refused.
+    cameras: list[CameraConfig] = Field(default_factory=list, max_length=64, description="Cameras to inspect "
+                                        "(at most 64).")
     inspection: InspectionConfig = Field(default_factory=InspectionConfig,
                                          description="The shared inspection queue.")
     journal: JournalConfig = Field(default_factory=JournalConfig, description="The result journal.")

@@ -160,3 +160,12 @@ def test_an_environment_value_that_is_not_utf8_names_its_line(tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
                          timeout=60).stdout
     assert out.startswith(f"ConfigError {path}:3:") and "not valid UTF-8" in out, out
+
+
+def test_the_number_of_cameras_is_bounded() -> None:
+    # A generated file with a runaway loop: 19,000 cameras were accepted (12 s to validate), and the
+    # daemon would have started a capture and a schedule thread for each.
+    many = "cameras:\n" + "".join(f"  - {{name: c{i}, source: x.avi}}\n" for i in range(65))
+    with pytest.raises(ConfigError, match=r"<config>:1: cameras: List should have at most 64 items"):
+        parse_config(many)
+    assert len(parse_config(many.rsplit("  - ", 1)[0]).cameras) == 64
