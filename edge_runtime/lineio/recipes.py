@@ -20,7 +20,7 @@ from edge_runtime.lineio.signals import (
     LineOutcome,
     LineRefused,
 )
-from edge_runtime.verdicts.rules import condition_holds, has_field, lookup
+from edge_runtime.verdicts.rules import condition_holds, lookup
 
 
 def recipe_id(cfg: StationConfig, recipe: str | None) -> str:
@@ -85,12 +85,8 @@ def _mapped_code(codes: DefectCodes, result: Result) -> int | None:
 
 
 def _holds(cond: Condition, data: dict[str, Any]) -> bool | None:
-    """A rule condition on the result; None when it cannot say: the verdict lacks the field (a schema
-    may declare a field without requiring it, and the model may leave it out), or its regex did not
-    finish (the rules engine says "no match" for both, which for a NOK rule means OK). A regex reads the
-    whole string (the engine: 10,000 chars)."""
-    if not has_field(data, cond.field):
-        return None
+    """A rule condition on the result; None when its regex did not finish (the rules engine says "no
+    match", which for a NOK rule means OK). A regex reads the whole string (the engine: 10,000 chars)."""
     if cond.regex is None:
         return condition_holds(cond, data)
     value = lookup(data, cond.field)

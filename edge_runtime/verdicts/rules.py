@@ -103,11 +103,6 @@ def lookup(data: Any, path: str) -> Any:
     return data
 
 
-def has_field(data: Any, path: str) -> bool:
-    """Whether the dotted `path` names a value in `data` (null counts: it is the verdict's answer)."""
-    return lookup(data, path) is not _MISSING
-
-
 class RuleEngine:
     """Evaluates every rule on every result; keeps each camera's debounce window. Thread-safe."""
 

@@ -561,32 +561,6 @@ def test_a_watcher_that_acknowledges_off_the_writers_thread_does_not_deadlock_th
     store.close()
 
 
-def test_a_verdict_without_a_field_its_nok_rule_reads_is_error_never_ok() -> None:
-    """A schema may declare a field without requiring it, and the model may leave it out: a NOK rule
-    that cannot read it cannot say OK. Before, the missing field counted as a condition that does not
-    hold, so `present: false` omitted, or a defect whose confidence was omitted, passed as OK."""
-    from edge_runtime.lineio import recipes
-    from edge_runtime.lineio.signals import DEFECT_UNDECIDED
-
-    job = JobRequest("s1", 1, "P", "", "cam", None, 0.0)
-
-    def judged(cfg: Any, verdict: dict[str, Any]) -> tuple[LineOutcome, int]:
-        return recipes.judge(cfg, tagged(Result(device="d", camera="cam", frame=FrameInfo(1, 8, 8),
-                                                    verdict=verdict, text="", model="m", timings_ms={},
-                                                    prompt=""), job))
-    present = station_config(nok_when=[{"field": "verdict.present", "equals": False}])
-    assert judged(present, {"notes": "looks fine"}) == (LineOutcome.ERROR, DEFECT_UNDECIDED)
-    assert judged(present, {"present": True}) == (LineOutcome.OK, 0)
-    assert judged(present, {"present": False}) == (LineOutcome.NOK, DEFECT_NOK)
-    both = station_config(nok_when=[{"field": "verdict.defect", "equals": True},
-                                    {"field": "verdict.confidence", "gt": 0.5}])
-    assert judged(both, {"defect": True}) == (LineOutcome.ERROR, DEFECT_UNDECIDED)
-    assert judged(both, {"defect": False}) == (LineOutcome.OK, 0)  # one condition fails: OK whatever the rest
-    assert judged(both, {"defect": True, "confidence": 0.9}) == (LineOutcome.NOK, DEFECT_NOK)
-    regex = station_config(nok_when=[{"field": "verdict.notes", "regex": "crack"}])
-    assert judged(regex, {"defect": True}) == (LineOutcome.ERROR, DEFECT_UNDECIDED)
-
-
 def test_a_nok_rule_whose_regex_does_not_finish_is_error_never_ok() -> None:
     """The rules engine counts a regex that times out as no match: for a NOK rule that was OK."""
     from edge_runtime.lineio import recipes
