@@ -238,7 +238,8 @@ def test_the_regions_thresholds_gate_exactly_the_labelled_frames_the_claim_count
             return ratios[at]
 
         found = choose_threshold([worst(s, units) for s in good], [worst(s, units) for s in bad], 0.5)
-        limits = [_threshold({"max": u, "images": 8}, found, u).value for u in units]
-        assert all(v is not None for v in limits)
-        gated_bad = sum(1 for s in bad if worst(s, limits) < 1)  # type: ignore[arg-type]
+        chosen = [_threshold({"max": u, "images": 8}, found, u).value for u in units]
+        limits = [v for v in chosen if v is not None]
+        assert len(limits) == len(units)
+        gated_bad = sum(1 for s in bad if worst(s, limits) < 1)
         assert gated_bad == found["escapes"], (units, bad, found["value"], limits)
