@@ -56,7 +56,7 @@ class InspectionWorker:
         self.errors = 0
         self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
         self._full_log = RateLimitedLog(log)
-        self._config_log = RateLimitedLog(log)
+        self._config_logs: dict[str, RateLimitedLog] = {}  # per camera: one's line must not hide another's
         self.batches = 0  # generations that ran several frames or chats as parallel sequences
         self.peak_batch = 0  # the most sequences one of them ran at once
         self.energy = energy  # joules between two instants (the governor's sensor)
@@ -213,8 +213,11 @@ class InspectionWorker:
         if isinstance(exc, InputError):
             # The camera's own question (its config's prompt or program) cannot be asked: nobody gets a
             # 4xx for it, and it fails the same way every frame, so count it and say it once a minute.
-            self._config_log.log(logging.ERROR, "inspection of %s failed: its configured question cannot "
-                                 "be asked: %s", request.camera, exc)
+            if request.camera not in self._config_logs and len(self._config_logs) >= 256:
+                self._config_logs.clear()  # cameras are bounded by the config; keep the map bounded anyway
+            limited = self._config_logs.setdefault(request.camera, RateLimitedLog(log))
+            limited.log(logging.ERROR, "inspection of %s failed: its configured question cannot be asked: %s",
+                        request.camera, exc)
         else:
             log.error("inspection of %s failed: %s", request.camera, exc)
         request.future.set_exception(exc)
