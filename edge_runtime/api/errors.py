@@ -41,7 +41,9 @@ def from_validation(exc: ValidationError, prefix: str = "") -> ApiError:
     # pydantic puts union member tags in the path ("str", "constrained-str", "list[ContentPart]"): drop them
     parts = [str(p) for p in err["loc"] if isinstance(p, int) or not (p in _TAGS or "[" in p or "-" in p)]
     where = ".".join(parts) or "body"
-    return invalid(f"{prefix}{where}" if where != "body" or not prefix else prefix.rstrip("."), err["msg"])
+    # a validator's own message reads as it was written, without pydantic's "Value error, " in front
+    return invalid(f"{prefix}{where}" if where != "body" or not prefix else prefix.rstrip("."),
+                   err["msg"].removeprefix("Value error, "))
 
 
 def from_input_error(exc: InputError) -> ApiError:

@@ -107,6 +107,7 @@ def test_chat_features_this_server_lacks_are_400_naming_the_field_not_ignored(
     # plain text, with nothing to say its request was not honoured.
     error = error_of(client.post("/v1/chat/completions", json={**chat(), field: value}), 400)
     assert error["field"] == field and "not supported" in str(error["message"])
+    assert "Value error" not in str(error["message"])  # the validator's words, not pydantic's wrapping
 
 
 def test_chat_defaults_of_those_features_pass(client: FlaskClient) -> None:
