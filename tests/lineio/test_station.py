@@ -561,6 +561,32 @@ def test_a_watcher_that_acknowledges_off_the_writers_thread_does_not_deadlock_th
     store.close()
 
 
+def test_a_retried_ack_of_a_job_already_acknowledged_says_true(jobs: LineJobs) -> None:
+    """A PLC whose ResultAck(JobId) response was lost calls it again: that job is acknowledged, so the
+    answer is True (it said False, which a PLC takes for a failed ack), and nothing else is cleared."""
+    line = Line()
+    station = running(station_config(), jobs, line)
+    try:
+        first = station.trigger("PART-1")
+        station.release_trigger()
+        wait_for(lambda: first in line.jobs)
+        line.verdict(first, {"defect": False})
+        wait_for(lambda: station.signals().ready)
+        second = station.trigger("PART-2")
+        station.release_trigger()
+        wait_for(lambda: second in line.jobs)
+        line.verdict(second, {"defect": True})
+        wait_for(lambda: station.signals().buffer_count == 2 and station.signals().result_valid)
+        assert station.ack_result(first) is True
+        assert station.ack_result(first) is True  # the retry
+        s = station.signals()
+        assert s.buffer_count == 1 and s.inspection_seq == second and s.result_valid  # the second still waits
+        assert station.ack_result(second + 1) is False  # a job that never was is still refused
+        assert station.ack_result(second) is True
+    finally:
+        station.stop()
+
+
 def test_a_nok_rule_whose_regex_does_not_finish_is_error_never_ok() -> None:
     """The rules engine counts a regex that times out as no match: for a NOK rule that was OK."""
     from edge_runtime.lineio import recipes

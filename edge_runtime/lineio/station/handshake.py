@@ -51,6 +51,7 @@ class Station:
         self._camera_prompt = camera_prompt
         self._lock = threading.RLock()
         self._fifo: deque[Job] = deque()  # in-flight and decided jobs, in trigger order
+        self._acked: deque[int] = deque(maxlen=64)  # the last jobs whose ack cleared them (a retried ack)
         self._captures: queue.Queue[Job] = queue.Queue()
         self._enabled = cfg.enabled_at_start
         self._trigger_ack = False
@@ -174,9 +175,13 @@ class Station:
 
     def ack_result(self, seq: int | None = None) -> bool:
         """ResultAck: clears the FIFO head when it holds a result (and `seq` matches, when given).
-        Returns once the ack is durable and the next result (if any) is shown."""
+        Returns once the ack is durable and the next result (if any) is shown. A job acknowledged
+        already answers True again: a PLC whose response was lost retries the call."""
         shown = self.request_ack(seq)
-        return bool(self._jobs.wait(shown)) if shown is not None else False
+        if shown is None:
+            with self._lock:
+                return seq is not None and seq in self._acked
+        return bool(self._jobs.wait(shown))
 
     def request_ack(self, seq: int | None = None) -> Future[bool] | None:
         """ResultAck that does not wait for the disk. None when there is nothing to clear (no decided
@@ -200,6 +205,7 @@ class Station:
             cleared = error is None and bool(self._fifo) and self._fifo[0] is head
             if cleared:
                 self._fifo.popleft()
+                self._acked.append(head.seq)
                 self.counters["acks"] += 1
                 if len(self._fifo) < self.cfg.fifo_depth:
                     self._overrun = False
