@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,26 @@ class _Quiet:
         return None
 
 
+async def _subscribe_at_once(c: Any, idx: int, watched: list[str]) -> dict[int, str]:
+    """Subscribe to the station's `watched` nodes at publishing interval 0 (each write sent on its own);
+    returns each monitored item's handle -> node name."""
+    nodes = [c.get_node(f"ns={idx};s=st1.{name}") for name in watched]
+    sub = await c.create_subscription(0, _Quiet())
+    await sub.subscribe_data_change(nodes, queuesize=100)
+    ids = [n.nodeid for n in nodes]
+    return {handle: watched[ids.index(item.node.nodeid)] for handle, item in sub._monitored_items.items()
+            if item.node is not None}
+
+
+def _views(batches: list[list[tuple[int, Any]]], names: dict[int, str]) -> Iterator[dict[str, Any]]:
+    """What the subscriber knows after each notification batch: every watched node's latest value."""
+    view: dict[str, Any] = {}
+    for batch in batches:
+        for handle, value in batch:
+            view[names[handle]] = value
+        yield view
+
+
 def test_a_subscriber_never_sees_a_valid_result_with_another_jobs_values(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     batches = _record_batches(monkeypatch)
@@ -64,12 +84,7 @@ def test_a_subscriber_never_sees_a_valid_result_with_another_jobs_values(
         c = await client(served.url, cert=served.cert, key=served.key)
         try:
             idx = await c.get_namespace_index(NAMESPACE)
-            nodes = [c.get_node(f"ns={idx};s=st1.{name}") for name in WATCHED]
-            sub = await c.create_subscription(0, _Quiet())
-            await sub.subscribe_data_change(nodes, queuesize=100)
-            ids = [n.nodeid for n in nodes]
-            names = {handle: WATCHED[ids.index(item.node.nodeid)] for handle, item in sub._monitored_items.items()
-                     if item.node is not None}
+            names = await _subscribe_at_once(c, idx, WATCHED)
             station = c.get_node(f"ns={idx};s=st1")
             for part, defect in parts.items():
                 seq = int(await station.call_method(f"{idx}:StartSingleJob", part, ""))
@@ -91,11 +106,8 @@ def test_a_subscriber_never_sees_a_valid_result_with_another_jobs_values(
         names = asyncio.run(body())
     finally:
         served.close()
-    view: dict[str, Any] = {}
     shown = set()
-    for batch in batches:
-        for handle, value in batch:
-            view[names[handle]] = value
+    for view in _views(batches, names):
         if view.get("ResultValid"):
             seq = view["InspectionSeq"]
             assert seq in expected, f"ResultValid with job {seq}, which is no job of this test"
@@ -124,12 +136,7 @@ def test_a_subscriber_sees_trigger_ack_only_with_the_new_jobs_acquisition_done(
         c = await client(served.url, cert=served.cert, key=served.key)
         try:
             idx = await c.get_namespace_index(NAMESPACE)
-            nodes = [c.get_node(f"ns={idx};s=st1.{name}") for name in watched]
-            sub = await c.create_subscription(0, _Quiet())
-            await sub.subscribe_data_change(nodes, queuesize=100)
-            ids = [n.nodeid for n in nodes]
-            names = {handle: watched[ids.index(item.node.nodeid)] for handle, item in sub._monitored_items.items()
-                     if item.node is not None}
+            names = await _subscribe_at_once(c, idx, watched)
 
             async def write(name: str, value: Any, vtype: ua.VariantType) -> None:
                 await c.get_node(f"ns={idx};s=st1.{name}").write_value(ua.Variant(value, vtype))
@@ -152,11 +159,8 @@ def test_a_subscriber_sees_trigger_ack_only_with_the_new_jobs_acquisition_done(
         names = asyncio.run(body())
     finally:
         served.close()
-    view: dict[str, Any] = {}
     acked = set()
-    for batch in batches:
-        for handle, value in batch:
-            view[names[handle]] = value
+    for view in _views(batches, names):
         if view.get("TriggerAck"):
             acked.add(view["InspectionSeq"])
             # Each frame was taken after its TriggerAck fell: AcquisitionDone high beside it is the job before's.
