@@ -174,6 +174,13 @@ def _counted_steps(inspector: Any) -> list[int]:
     return steps
 
 
+def _quadrants(side: int, schema: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The 2 x 2 quadrants of a `side` x `side` frame as program regions, each under `schema` (None: the bundle's)."""
+    half = side // 2
+    return [{"name": f"q{i}", "box": [x, y, half, half], **({"verdict_schema": schema} if schema else {})}
+            for i, (x, y) in enumerate([(0, 0), (half, 0), (0, half), (half, half)])]
+
+
 def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
                  schema: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per-frame ms of four regions (the 2 x 2 quadrants) in one batch against one region (a quadrant),
@@ -181,8 +188,7 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
     (`ttft_first`) and to the last region's (`ttft_p50_ms`: every region has begun its answer).
     `schema`: every region's verdict schema (None: the bundle's)."""
     half = side // 2
-    quads = [{"name": f"q{i}", "box": [x, y, half, half], **({"verdict_schema": schema} if schema else {})}
-             for i, (x, y) in enumerate([(0, 0), (half, 0), (0, half), (half, half)])]
+    quads = _quadrants(side, schema)
     inspector = _inspector(bundle, threads, gpu_layers, 0, {"one": {"regions": quads[:1]}, "four": {"regions": quads}},
                            {"one": "one", "four": "four"})
     out: dict[str, Any] = {"frames": n, "frame": f"{side}x{side}", "region": f"{half}x{half}"}
@@ -238,8 +244,7 @@ def regions_stream(bundle: str, n: int, threads: int, gpu_layers: int, side: int
     from edge_runtime.core.inspection_queue import InspectionRequest
 
     half = side // 2
-    quads = [{"name": f"q{i}", "box": [x, y, half, half], **({"verdict_schema": schema} if schema else {})}
-             for i, (x, y) in enumerate([(0, 0), (half, 0), (0, half), (half, half)])]
+    quads = _quadrants(side, schema)
     cfg = Config(device_id="bench", data_dir=tmp / "stream")
     cfg.model.path = Path(bundle)
     cfg.model.threads, cfg.model.gpu_layers, cfg.model.encoder_cache_mb = threads, gpu_layers, 0
@@ -267,7 +272,7 @@ def regions_stream(bundle: str, n: int, threads: int, gpu_layers: int, side: int
         stream = frames(n, seed=41, size=side)
         for start in range(0, n, chunk):
             for cam in ("one", "four"):
-                futures: list[tuple[Future[Any], float]] = []
+                futures: list[Future[Any]] = []
                 t0 = time.perf_counter()
                 for seq, frame in enumerate(stream[start:start + chunk], start):
                     request = InspectionRequest(frame, cam, seq=seq, trigger="continuous")
@@ -276,11 +281,11 @@ def regions_stream(bundle: str, n: int, threads: int, gpu_layers: int, side: int
                     request.future.add_done_callback(
                         lambda _f, cam=cam, submitted=submitted: latency[cam].append(
                             (time.perf_counter() - submitted) * 1000))
-                    futures.append((request.future, submitted))
+                    futures.append(request.future)
                     # a continuous camera: the next frame once this one is encoded (or answered)
                     while not request.encoded.wait(0.05) and not request.future.done():
                         pass
-                for future, _ in futures:
+                for future in futures:
                     result = future.result(timeout=600)
                     assert result.regions is not None and len(result.regions) == (1 if cam == "one" else 4)
                 seconds[cam] += time.perf_counter() - t0
