@@ -70,15 +70,19 @@ def test_a_dripping_receiver_does_not_delay_a_healthy_one(tmp_path: Path) -> Non
     box = WebhookOutbox(tmp_path / "j.sqlite3", backoff_min_s=0.2, backoff_max_s=1.0)
     box.start()
     try:
-        alone = _rate(base, healthy, 200)
+        alone = _rate(base, healthy, 100)
         healthy.received.clear()
+        # The dripping rows go in first: an outbox that sent in one queue would be stuck on them.
         for i in range(20):
-            box.put(drip.url, {"n": i}, key=f"d{i}", timeout_s=2.0)
+            box.put(drip.url, {"n": i}, key=f"d{i}", timeout_s=6.0)
         wait_for(lambda: drip.accepted >= 1, 5, "the dripping receiver to be in flight")
-        beside = _rate(box, healthy, 200)
+        beside = _rate(box, healthy, 100)
+        # Every healthy row was delivered while the drip's first attempt was still hanging (not a rate
+        # against a threshold, which a loaded 2-core CI machine can miss by chance).
+        d = box.status()["destinations"][origin(drip.url)]
         print(f"\nhealthy receiver: {alone:.0f} deliveries/s alone, {beside:.0f}/s beside a dripping one "
               f"(ratio {beside / alone:.2f})")
-        assert beside >= 0.5 * alone
+        assert drip.accepted == 1 and d["timeouts"] == 0 and d["attempts_failed"] == 0
         # the dripping destination is blocked, timed out, counted and visible
         wait_for(lambda: box.status()["destinations"][origin(drip.url)]["timeouts"] >= 1, 10, "a timeout")
         s = box.status()
