@@ -202,6 +202,7 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
         first: dict[str, list[float]] = {"one": [], "four": []}
         longest: dict[str, list[int]] = {"one": [], "four": []}  # the frame's longest answer (characters)
         stepped: dict[str, list[int]] = {"one": [], "four": []}  # generation steps per frame
+        parts: dict[str, dict[str, list[float]]] = {"one": {}, "four": {}}  # the Result's timings, by stage
         for frame in frames(n, seed=11, size=side):
             for cam in ("one", "four"):
                 picks.clear()
@@ -214,10 +215,13 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
                 first[cam].append((min(picks) - t0) * 1000)
                 ttft[cam].append((max(picks) - t0) * 1000)
                 stepped[cam].append(steps[0])
+                for stage in ("preprocess", "encode", "prefill", "decode"):
+                    parts[cam].setdefault(stage, []).append(result.timings_ms[stage])
         for cam in times:
             out[cam] = {**_stats(times[cam], ttft[cam]), "ttft_first_p50_ms": pct(first[cam], 0.5),
                         "longest_answer_chars_mean": round(statistics.mean(longest[cam]), 1),
-                        "steps_mean": round(statistics.mean(stepped[cam]), 1)}
+                        "steps_mean": round(statistics.mean(stepped[cam]), 1),
+                        "stages_p50_ms": {stage: pct(v, 0.5) for stage, v in parts[cam].items()}}
         out["schema"] = "compact" if schema else "bundle"
         out["batch_size"] = inspector.settings.batch_size
         out["kv_cache"] = inspector.settings.batch_kv_cache
