@@ -12,6 +12,7 @@
 #   clip       a clip of 4 frames (sliding window, encoder cache on) over a single frame
 # KV_CACHE=unified: model.batch_kv_cache of the parts (default per_sequence: rows of equal length per step).
 # STREAM_FRAMES=N: frames of each camera in regions_stream (default 32).
+# ENCODER_LANES=N: model.encoder_lanes of the parts (default 1: one crop encoded at a time).
 # BATCH_SIZE=N: model.batch_size of the parts (default 512: four 144-token regions take two image decodes).
 # Needs only gpu_peers.sh's (or gpu_pair.sh's) build: the CUDA llama-cpp-python in /tmp/site and the pair in
 # /tmp/models/pair3b. One phase, within one 10-minute device call:
@@ -35,7 +36,7 @@ if [ "$PHASE" = inspect ]; then
   python3 "$HERE/programs.py" "$BUNDLE" --gpu-layers "${GPU_LAYERS:--1}" --threads "${THREADS:-8}" \
     --frames "${FRAMES:-12}" ${STREAM_FRAMES:+--stream-frames "$STREAM_FRAMES"} --requests "${REQUESTS:-100}" --side "${SIDE:-672}" \
     --parts "${PARTS:-reference,api,regions,regions_compact,regions_stream,budgets,clip}" --json "$OUT/programs.json" \
-    ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} ${KV_CACHE:+--kv-cache "$KV_CACHE"} \
+    ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} ${KV_CACHE:+--kv-cache "$KV_CACHE"} ${ENCODER_LANES:+--encoder-lanes "$ENCODER_LANES"} \
     > /dev/null 2> "$OUT/programs.log" || { echo "programs.py exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/programs.log"; exit 1; }
   python3 - "$OUT/programs.json" <<'PY' | tee "$OUT/programs.txt"
 import json, sys
@@ -52,12 +53,15 @@ if "repeated_api_image" in r:
 for part in ("regions", "regions_compact"):
     if part in r:
         x = r[part]
-        print(f"{part} ({x.get('schema')} schema, batch {x.get('batch_size')}, {x.get('kv_cache')} KV): "
+        print(f"{part} ({x.get('schema')} schema, batch {x.get('batch_size')}, {x.get('kv_cache')} KV, "
+              f"{x.get('encoder_lanes', 1)} encoder lanes): "
               f"one p50 {x['one']['p50_ms']} ms ({x['one'].get('steps_mean')} steps), "
               f"four in one batch p50 {x['four']['p50_ms']} ms ({x['four'].get('steps_mean')} steps): {x['ratio_p50']}x "
               f"(to the regions' first tokens {x['one']['ttft_p50_ms']} -> {x['four']['ttft_p50_ms']} ms, "
               f"{x.get('ratio_ttft_p50', '?')}x; longest answer {x['one'].get('longest_answer_chars_mean')} -> "
               f"{x['four'].get('longest_answer_chars_mean')} chars)")
+        if "stages_p50_ms" in x["one"]:
+            print(f"  stages p50 ms, one: {x['one']['stages_p50_ms']}; four: {x['four']['stages_p50_ms']}")
 if "regions_stream" in r:
     x = r["regions_stream"]
     print(f"regions_stream ({x['schema']} schema, {x['frames']} frames a camera): one region "

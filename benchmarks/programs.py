@@ -108,6 +108,7 @@ def reference_cost(bundle: str, n: int, threads: int, tmp: Path, gpu_layers: int
 
 BATCH_SIZE: int | None = None  # --batch-size: model.batch_size of every part's Inspector (None: the default)
 KV_CACHE: str | None = None  # --kv-cache: model.batch_kv_cache (None: the default, per_sequence)
+ENCODER_LANES: int | None = None  # --encoder-lanes: model.encoder_lanes (None: the default, 1)
 COMPACT_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["defect", "category"],
                   "properties": {"defect": {"type": "boolean"},
                                  "category": {"enum": ["none", "missing_screw", "loose_screw"]}}}
@@ -127,6 +128,8 @@ def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, progra
         cfg.model.batch_size = BATCH_SIZE
     if KV_CACHE is not None:
         cfg.model.batch_kv_cache = KV_CACHE  # type: ignore[assignment]
+    if ENCODER_LANES is not None:
+        cfg.model.encoder_lanes = ENCODER_LANES
     cfg.programs = {name: ProgramConfig.model_validate(p) for name, p in programs.items()}
     cfg.cameras = [CameraConfig(name=cam, source="x.png", program=prog) for cam, prog in cameras.items()]
     return open_inspector(cfg, bundle)
@@ -225,6 +228,7 @@ def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
         out["schema"] = "compact" if schema else "bundle"
         out["batch_size"] = inspector.settings.batch_size
         out["kv_cache"] = inspector.settings.batch_kv_cache
+        out["encoder_lanes"] = inspector.settings.encoder_lanes
         out["ratio_p50"] = round(out["four"]["p50_ms"] / out["one"]["p50_ms"], 3)
         out["ratio_ttft_p50"] = round(out["four"]["ttft_p50_ms"] / out["one"]["ttft_p50_ms"], 3)
         out["region_tokens"] = len(inspector.encode(frames(1, seed=5, size=half)[0]).embeds)
@@ -256,6 +260,8 @@ def regions_stream(bundle: str, n: int, threads: int, gpu_layers: int, side: int
         cfg.model.batch_size = BATCH_SIZE
     if KV_CACHE is not None:
         cfg.model.batch_kv_cache = KV_CACHE  # type: ignore[assignment]
+    if ENCODER_LANES is not None:
+        cfg.model.encoder_lanes = ENCODER_LANES
     cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
     cfg.programs = {"one": ProgramConfig.model_validate({"regions": quads[:1]}),
                     "four": ProgramConfig.model_validate({"regions": quads})}
@@ -431,6 +437,8 @@ def main() -> None:
                     "(default: the config's, 512)")
     ap.add_argument("--kv-cache", choices=("per_sequence", "unified"),
                     help="model.batch_kv_cache of the regions, budgets and clip parts (default: the config's)")
+    ap.add_argument("--encoder-lanes", type=int, help="model.encoder_lanes of the regions, budgets and clip parts "
+                    "(libmtmd contexts that encode a frame's crops at the same time; default: the config's, 1)")
     ap.add_argument("--stream-frames", type=int, default=32, help="frames of each camera in regions_stream "
                     "(turns of 8: a turn's first and last frames fill and drain the two stages)")
     ap.add_argument("--json", type=Path)
@@ -439,8 +447,8 @@ def main() -> None:
     unknown = parts - {"reference", "api", "regions", "regions_compact", "regions_stream", "budgets", "clip"}
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
-    global BATCH_SIZE, KV_CACHE
-    BATCH_SIZE, KV_CACHE = args.batch_size, args.kv_cache
+    global BATCH_SIZE, KV_CACHE, ENCODER_LANES
+    BATCH_SIZE, KV_CACHE, ENCODER_LANES = args.batch_size, args.kv_cache, args.encoder_lanes
     from edge_runtime.core.cpuinfo import read_cpuinfo
 
     cpu = read_cpuinfo()

@@ -110,7 +110,8 @@ class StatusReport:
                            "draft": inspector.language.drafter.status()
                            if inspector and inspector.language.drafter else None,
                            "energy_j_last": self.worker.last_energy_j,
-                           "encoder_cache": inspector.encoder_cache.stats() if inspector else None},
+                           "encoder_cache": inspector.encoder_cache.stats() if inspector else None,
+                           "encoder_lanes": list(inspector.encoder.lane_encodes) if inspector else None},
             "journal": {**self.journal.counts(), "full": self.journal.full, "pruned": self.journal.pruned,
                         "escaped": self.journal.escaped, "resyncs": self.journal.resyncs,
                         "free_mb": None if self.journal.free_bytes is None

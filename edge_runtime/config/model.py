@@ -79,6 +79,13 @@ class ModelConfig(Section):
         description="Memory for image embeddings kept by image content (MiB; LRU): a repeated API image, a "
         "reference or a re-ask is encoded once. Keyed by the decoded pixels' sha256, the encoder's file and "
         "settings, the crop and the image token budget. 0: off.")
+    encoder_lanes: int = Field(
+        1, ge=1, le=8,
+        description="GGUF + mmproj bundles: libmtmd contexts that encode a frame's region crops at the same "
+        "time (each holds its own copy of the mmproj's weights). On a large GPU a crop's encode is mostly "
+        "launch and host time, so 4 lanes encode 4 regions in little more than one's time (docs/benchmarks.md, "
+        "\"Encoder lanes\"); on a Jetson or a CPU the encodes share the same cores, so keep 1. ONNX bundles: "
+        "one encoder session, whatever this says.")
 
     def flash_attention_on(self) -> bool:
         """Whether llama.cpp's contexts use fused attention (`flash_attention`, resolving auto)."""

@@ -4,14 +4,20 @@ Format 1 bundles encode with their ONNX vision encoder (our preprocessing, infer
 format 2 bundles with libmtmd (its own preprocessing and the mmproj's encoder, llm/mtmd.py), whose
 encodings keep their prompt segments (`MediaEncoded`). `FrameEncoder` is thread-safe: the inspector
 encodes the next frames while the language model generates.
+
+With `model.encoder_lanes` above 1 a libmtmd bundle has that many contexts (lanes), each with its own
+copy of the mmproj: a frame's region crops are encoded on them at the same time (one crop per lane),
+and any encode takes whichever lane is free, so an API image does not wait behind a camera's regions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import queue
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import cv2
@@ -104,10 +110,30 @@ class FrameEncoder:
     """The image half of an inspection over engines the inspector owns (it builds and closes them)."""
 
     def __init__(self, preprocessor: Preprocessor | None, vision: VisionEncoder | None, mtmd: MtmdContext | None,
-                 cache: EncoderCache[Encoded], identity: str) -> None:
+                 cache: EncoderCache[Encoded], identity: str, lanes: Sequence[MtmdContext] = ()) -> None:
+        """`lanes`: libmtmd contexts beside `mtmd` (model.encoder_lanes - 1), built and closed by the inspector."""
         self.preprocessor, self.vision, self.mtmd = preprocessor, vision, mtmd
         self.cache = cache
         self.identity = identity
+        contexts = ([mtmd] if mtmd is not None else []) + list(lanes)
+        # Free lanes, first in first out: an encode takes the one free longest, so crops spread over all.
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(contexts)):
+            self._free.put(i)
+        self._contexts = contexts
+        self.lane_encodes = [0] * len(contexts)  # encodes per lane (status, tests)
+        self._pool = (ThreadPoolExecutor(len(contexts), thread_name_prefix="encoder-lane")
+                      if len(contexts) > 1 else None)
+
+    @property
+    def lanes(self) -> int:
+        """libmtmd contexts that encode at the same time (1: one encode at a time; ONNX bundles: 1)."""
+        return max(1, len(self._contexts))
+
+    def close(self) -> None:
+        """Stop the lanes' threads (the contexts are the inspector's to free, after this)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     @property
     def image_budget(self) -> int:
@@ -159,19 +185,26 @@ class FrameEncoder:
         t0 = time.perf_counter()
         digest = pixels_digest(frame)
         height, width = frame.shape[:2]
-        regions: list[tuple[RegionSpec, Encoded | Exception]] = []
-        pre = enc_ms = 0.0
-        for spec in frame_regions(cfg, width, height):
+        specs = frame_regions(cfg, width, height)
+
+        def one(spec: RegionSpec) -> Encoded | Exception:
             try:
-                enc = self.encode(frame, crop=spec.box, digest=digest, tokens=tokens)
+                return self.encode(frame, crop=spec.box, digest=digest, tokens=tokens)
             except InputError as exc:  # e.g. a region outside this frame: that region has no verdict
-                regions.append((spec, exc))
-                continue
-            pre, enc_ms = pre + enc.preprocess_ms, enc_ms + enc.encode_ms
-            regions.append((spec, enc))
-        hashed = (time.perf_counter() - t0) * 1000 - pre - enc_ms
-        return RegionsEncoded(np.zeros((0, n_embd), np.float32), width, height, pre + max(0.0, hashed),
-                              enc_ms, regions=regions)
+                return exc
+
+        t1 = time.perf_counter()
+        # On several lanes the crops encode at the same time; anything but a refused crop is raised here.
+        outs = list(self._pool.map(one, specs)) if self._pool is not None and len(specs) > 1 else \
+            [one(spec) for spec in specs]
+        wall = (time.perf_counter() - t1) * 1000
+        done = [o for o in outs if isinstance(o, Encoded)]
+        pre, enc_ms = sum(o.preprocess_ms for o in done), sum(o.encode_ms for o in done)
+        # The frame's times are wall times: the crops' own (which overlap on several lanes) split the
+        # encoding's wall time in their proportion, the hashing of the frame is preprocessing.
+        share = wall * pre / (pre + enc_ms) if pre + enc_ms > 0 else wall
+        return RegionsEncoded(np.zeros((0, n_embd), np.float32), width, height, (t1 - t0) * 1000 + share,
+                              max(0.0, wall - share), regions=list(zip(specs, outs, strict=True)))
 
     def encode_uncached(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> Encoded:
         """The frame encoded by the bundle's encoder, past the cache."""
@@ -192,13 +225,19 @@ class FrameEncoder:
     def _encode_mtmd(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> MediaEncoded:
         """libmtmd's half: its own preprocessing (resize, normalise, tiles) and the mmproj's encoder."""
         assert self.mtmd is not None
-        t0 = time.perf_counter()
-        pixels = rgb(frame)
-        if tokens is not None:
-            pixels = self.fit_tokens(pixels, *tokens)
-        t1 = time.perf_counter()
-        parts = self.mtmd.image_segments(pixels)
-        t2 = time.perf_counter()
+        lane = self._free.get()  # blocks while every lane encodes
+        try:
+            mtmd = self._contexts[lane]
+            t0 = time.perf_counter()
+            pixels = rgb(frame)
+            if tokens is not None:
+                pixels = fit_tokens(mtmd, pixels, *tokens)
+            t1 = time.perf_counter()
+            parts = mtmd.image_segments(pixels)
+            t2 = time.perf_counter()
+            self.lane_encodes[lane] += 1
+        finally:
+            self._free.put(lane)
         blocks = [p.embeds for p in parts if isinstance(p, MediaEmbeds)]
         embeds = np.concatenate(blocks) if blocks else np.zeros((0, self.mtmd.n_embd), np.float32)
         return MediaEncoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000,

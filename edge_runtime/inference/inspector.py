@@ -66,6 +66,7 @@ class Inspector:
         self.preprocessor: Preprocessor | None = Preprocessor(onnx.preprocess) if onnx is not None else None
         self.vision: VisionEncoder | None = None
         self.mtmd: MtmdContext | None = None
+        lanes: list[MtmdContext] = []  # libmtmd contexts beside self.mtmd (model.encoder_lanes)
         self._lock = threading.Lock()
         self.ready = False
         # Every step below may fail (a bad file, a refused grammar, the warm-up): the stack frees
@@ -82,6 +83,9 @@ class Inspector:
                 self.mtmd = stack.enter_context(MtmdContext(
                     bundle.mmproj_path, self.language.model_ptr, settings.threads, settings.gpu_layers != 0,
                     m.mtmd.image_max_tokens))
+                lanes = [stack.enter_context(MtmdContext(
+                    bundle.mmproj_path, self.language.model_ptr, settings.threads, settings.gpu_layers != 0,
+                    m.mtmd.image_max_tokens)) for _ in range(settings.encoder_lanes - 1)]
             else:
                 vision_path = bundle.vision_path
                 if settings.vision_precision == "fp16" and bundle.vision_fp16_path is not None:
@@ -93,7 +97,8 @@ class Inspector:
                 encoder_cache if encoder_cache is not None
                 else EncoderCache(settings.encoder_cache_mb * 1024 * 1024, encoded_bytes))
             self.encoder = FrameEncoder(self.preprocessor, self.vision, self.mtmd, self.encoder_cache,
-                                        encoder_identity(m, settings, self.vision, self.mtmd))
+                                        encoder_identity(m, settings, self.vision, self.mtmd), lanes)
+            stack.callback(self.encoder.close)  # its threads stop before the contexts they use are freed
             self.default_prompt = settings.prompt or m.prompt.default
             self.max_tokens = settings.max_tokens or m.generation.max_tokens
             try:  # a schema the grammar cannot hold the model to, or the engine cannot take

@@ -18,7 +18,8 @@ request makes the parallel context grow. What is counted, and why (docs/reliabil
   matrix), a batch of logits and the activations, as llama.cpp reserves them (within ~10% of its own
   figures for the demo).
 - **the encoder**: its weights (ONNX file or mmproj GGUF) plus working memory for one image, taken
-  as half its weights and at least 32 MiB.
+  as half its weights and at least 32 MiB; a GGUF + mmproj bundle's, once per encoder lane
+  (`model.encoder_lanes`).
 
 Everything but the mapped CPU weights must be free now: MemAvailable, or less when a cgroup's
 memory.max (v2) or memory.limit_in_bytes (v1) leaves less; on a discrete NVIDIA GPU, the part
@@ -287,6 +288,8 @@ def need_of(bundle: Bundle, config: Config, gpu_offload: bool) -> Need:
         encoder_weights = sum(t.nbytes for t in read_header(bundle.mmproj_path).tensors.values())
         encoder_on_gpu = share > 0  # libmtmd uses the GPU when the language model does (llm/mtmd.py)
     encoder = encoder_weights + max(encoder_weights // 2, 32 * 2**20)
+    if not isinstance(bundle.manifest, Manifest):  # each libmtmd lane holds the mmproj and its buffers again
+        encoder *= m.encoder_lanes
     per_token = kv_bytes(lm, 1, elem)
     return Need(weights, kv, compute, encoder, per_token, main + parallel, slots, share, encoder_on_gpu)
 

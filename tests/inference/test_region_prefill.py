@@ -7,6 +7,7 @@ of its crop asked alone; one region's positions shifted breaks the equality, so 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,10 +16,11 @@ import numpy as np
 import pytest
 
 from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig
+from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.feed import ImagePart
-from edge_runtime.inference.llm.mtmd import MediaEmbeds
+from edge_runtime.inference.llm.mtmd import MediaEmbeds, MtmdContext
 from edge_runtime.inference.llm.sequence import Item
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 
@@ -135,3 +137,41 @@ def test_a_regions_frames_prefill_and_decode_times_are_wall_times_not_the_region
     wall = (time.perf_counter() - t0) * 1000
     t = result.timings_ms
     assert t["preprocess"] + t["encode"] + t["prefill"] + t["decode"] <= wall
+
+
+def test_regions_on_two_encoder_lanes_use_both_and_give_the_one_lane_encodings_and_verdicts(ins: Inspector) -> None:
+    """model.encoder_lanes 2: the four crops spread over both libmtmd contexts (two each), and each
+    region's embeddings and verdict tokens are the one-lane inspector's."""
+    settings = ins.settings.model_copy(update={"encoder_lanes": 2})
+    with Inspector(ins.bundle, settings, "t") as two:
+        two.use_programs({"quads": PROGRAM}, CAMERAS, ImageLimits())
+        img = frame(seed=75)
+        n_embd = ins.language.n_embd
+        one_lane = ins.encoder.encode_regions(img, PROGRAM, None, n_embd).regions
+        two_lanes = two.encoder.encode_regions(img, PROGRAM, None, n_embd).regions
+        assert two.encoder.lanes == 2 and two.encoder.lane_encodes == [2, 2]
+        for (spec, a), (_, b) in zip(one_lane, two_lanes, strict=True):
+            assert isinstance(a, Encoded) and isinstance(b, Encoded)
+            assert np.array_equal(a.embeds, b.embeds), spec.name
+        mine, theirs = two.inspect(img, camera="belt"), ins.inspect(img, camera="belt")
+        assert mine.regions is not None and theirs.regions is not None
+        assert [r["text"] for r in mine.regions] == [r["text"] for r in theirs.regions]
+
+
+def test_two_encoder_lanes_encode_two_crops_at_the_same_time(ins: Inspector, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each crop's encode waits, inside libmtmd's half, for another to arrive: one at a time would never
+    get past the first (the barrier breaks after 10 s and the encode raises)."""
+    met = threading.Barrier(2, timeout=10)
+    segments = MtmdContext.image_segments
+
+    def in_pairs(self: MtmdContext, rgb: np.ndarray) -> Any:
+        met.wait()
+        return segments(self, rgb)
+
+    settings = ins.settings.model_copy(update={"encoder_lanes": 2, "encoder_cache_mb": 0})
+    with Inspector(ins.bundle, settings, "t") as two:
+        two.use_programs({"quads": PROGRAM}, CAMERAS, ImageLimits())
+        monkeypatch.setattr(MtmdContext, "image_segments", in_pairs)
+        encoded = two.encoder.encode_regions(frame(seed=76), PROGRAM, None, ins.language.n_embd)
+        monkeypatch.undo()
+    assert all(isinstance(enc, Encoded) for _, enc in encoded.regions)
