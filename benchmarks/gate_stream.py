@@ -219,8 +219,6 @@ def main() -> None:
                     "side by side, a bank section each (1: whole frames)")
     ap.add_argument("--no-evidence", action="store_true", help="evidence.enabled false in both modes")
     ap.add_argument("--max-patches", type=int, help="the bank's size bound (gate fit --max-patches; default its own)")
-    ap.add_argument("--encoder-lanes", type=int, default=1, help="model.encoder_lanes of the stream (frames "
-                    "queued together encoded at once), both modes")
     ap.add_argument("--search-threads", type=int, default=1, help="gate.search_threads (cores for the search)")
     args = ap.parse_args()
 
@@ -250,7 +248,7 @@ def main() -> None:
         out: dict[str, Any] = {"model": model, "frame": f"{args.size}x{args.size}",
                                "defective_share": round(1 / args.defect_every, 4), "inflight": args.inflight,
                                "audit_every": args.audit_every, "evidence": not args.no_evidence,
-                               "search_threads": args.search_threads, "encoder_lanes": args.encoder_lanes,
+                               "search_threads": args.search_threads,
                                "fit": fitted, "modes": {}}
         cfg = Config(device_id="gate-stream", data_dir=tmp / "data", programs=programs)
         cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
@@ -258,7 +256,6 @@ def main() -> None:
         # Both modes see the same frames: cached embeddings would spare the second mode its encodes.
         cfg.model.encoder_cache_mb = 0
         cfg.model.gpu_layers = args.gpu_layers
-        cfg.model.encoder_lanes = args.encoder_lanes
         gate = GateConfig(mode="skip_ok", bank=str(bank), audit_every=args.audit_every, verdict=OK_VERDICT,
                           search_threads=args.search_threads)
         cfg.cameras = [CameraConfig(name="line", source=str(still), trigger=TriggerConfig(mode="on_demand"),

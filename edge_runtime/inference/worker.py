@@ -13,7 +13,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
@@ -38,7 +37,6 @@ log = logging.getLogger(__name__)  # the result lines are counted by tests/app/t
 # Requests a client sent (REST, OpenAI, an MQTT or REST trigger): a refused input is answered to it as a
 # 4xx. Any other (a camera's schedule, a line's trigger, an escalation) asks what the config says.
 CLIENT_TRIGGERS = frozenset({"api", "trigger"})
-MAX_LANES = 8  # model.encoder_lanes' bound: the most frames stage 1 encodes at once
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
@@ -71,7 +69,6 @@ class InspectionWorker:
         # so frame N+1 is decoded, preprocessed and encoded while frame N is generated.
         self._handoff: queue.Queue[tuple[InspectionRequest, Staged]] = queue.Queue(maxsize=self.max_batch)
         self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
-        self._frames: ThreadPoolExecutor | None = None  # frames encoded at once on several lanes (_lanes)
         self._thread = SupervisedThread("inspector", self._run, self._stop, log)
 
     def threads(self) -> list[SupervisedThread]:
@@ -87,8 +84,6 @@ class InspectionWorker:
         self.inspections.wake()
         for thread in (self._encoder, self._thread):
             thread.join(timeout)
-        if self._frames is not None:
-            self._frames.shutdown(wait=False)
         self._refuse_leftovers()
 
     def _refuse_leftovers(self) -> None:
@@ -118,72 +113,34 @@ class InspectionWorker:
 
     def _encode_loop(self) -> None:
         while not self._stop.is_set():
-            first = self.inspections.get(timeout=1.0)
-            if first is None:
+            request = self.inspections.get(timeout=1.0)
+            if request is None or not request.future.set_running_or_notify_cancel():
                 continue
-            ready = [r for r in [first, *self._queued(self._lanes() - 1)] if self._admitted(r)]
-            if self._frames is not None and len(ready) > 1:  # on several encoder lanes at once
-                futures = [self._frames.submit(self._encode_ahead, r) for r in ready]
-                staged = (f.result() for f in futures)
+            if request.journal and self.journal.refusing():
+                # The disk is full: refuse before the model spends anything on a verdict nobody gets.
+                self._storage_full(request, StorageFull("disk full: the journal cannot store results"))
+                continue
+            encoded: Staged = None
+            if self.overlap and request.job is None and request.image is not None:
+                try:
+                    inspector = self.get_inspector()
+                    programs = inspector.programs_loaded  # before the encode: a reload during it shows as a change
+                    encoded = (inspector, programs, inspector.encode_frame(request.camera, request.image,
+                                                                           request.clip, request.program))
+                except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
+                    encoded = exc
+            request.encoded.set()
+            if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
+                    [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed):
+                continue  # skip_ok answered it here, overlapping the generation in stage 2
+            while not self._stop.is_set():
+                try:
+                    self._handoff.put((request, encoded), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
             else:
-                staged = (self._encode_ahead(r) for r in ready)
-            for request, encoded in zip(ready, staged, strict=True):  # handed on in the order they came
-                self._pass_on(request, encoded)
-
-    def _lanes(self) -> int:
-        """Frames stage 1 encodes at once: the inspector's encoder lanes (model.encoder_lanes)."""
-        try:
-            lanes = int(self.get_inspector().encoder.lanes)
-        except Exception:  # noqa: BLE001 - no inspector now (a reload failed): one at a time
-            return 1
-        if lanes > 1 and self._frames is None:
-            self._frames = ThreadPoolExecutor(MAX_LANES, thread_name_prefix="encode-frame")
-        return lanes
-
-    def _queued(self, n: int) -> list[InspectionRequest]:
-        """Up to `n` more requests the queue holds now (none waited for)."""
-        out: list[InspectionRequest] = []
-        while len(out) < n and self.inspections.depth:
-            request = self.inspections.get(timeout=0)
-            if request is not None:  # None: the wake-up marker
-                out.append(request)
-        return out
-
-    def _admitted(self, request: InspectionRequest) -> bool:
-        """Whether stage 1 takes the request on: not cancelled, and a journal that can store its verdict."""
-        if not request.future.set_running_or_notify_cancel():
-            return False
-        if request.journal and self.journal.refusing():
-            # The disk is full: refuse before the model spends anything on a verdict nobody gets.
-            self._storage_full(request, StorageFull("disk full: the journal cannot store results"))
-            return False
-        return True
-
-    def _encode_ahead(self, request: InspectionRequest) -> Staged:
-        """A camera frame's encoding for stage 2 (or why it has none); None for what stage 2 encodes itself."""
-        if not (self.overlap and request.job is None and request.image is not None):
-            return None
-        try:
-            inspector = self.get_inspector()
-            programs = inspector.programs_loaded  # before the encode: a reload during it shows as a change
-            return inspector, programs, inspector.encode_frame(request.camera, request.image, request.clip,
-                                                               request.program)
-        except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
-            return exc
-
-    def _pass_on(self, request: InspectionRequest, encoded: Staged) -> None:
-        """An encoded request answered by the gate, or handed to stage 2."""
-        request.encoded.set()
-        if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
-                [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed):
-            return  # skip_ok answered it here, overlapping the generation in stage 2
-        while not self._stop.is_set():
-            try:
-                self._handoff.put((request, encoded), timeout=0.5)
-                return
-            except queue.Full:
-                continue
-        request.future.set_exception(QueueFull("the daemon is shutting down"))
+                request.future.set_exception(QueueFull("the daemon is shutting down"))
 
     def _run(self) -> None:
         while not self._stop.is_set() or not self._handoff.empty():
