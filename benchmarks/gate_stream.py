@@ -117,6 +117,7 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]
     from edge_runtime.core.inspection_queue import InspectionRequest
 
     daemon = Daemon(config, model_dir=model)
+    delivering = _timed_deliveries(daemon.worker)
     daemon.start()
     loaded = dict(daemon.gates.cameras)
     out: dict[str, dict[str, Any]] = {m: {"seconds": 0.0, "results": [], "loads": []} for m in ("off", "skip_ok")}
@@ -146,6 +147,8 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]
                 for f in list(pending):
                     done[pending.pop(f)] = f.result(timeout=300)
                 m["seconds"] += time.perf_counter() - t0
+                m.setdefault("deliver_ms", []).extend(delivering)
+                delivering.clear()
                 m["results"].extend(done[i] for i in sorted(done))
         daemon.gates.install(loaded)
         after = _counts(daemon)
@@ -168,19 +171,42 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]
             "defective": sum(k is not None for k in defective), "escapes": len(escapes), "escaped_frames": escapes,
             "tiles_asked": sum(1 for r in m["results"] for t in r.regions or [] if t.get("engine") != "gate"),
             "lowest_defect_score": round(min(defect_scores), 6) if defect_scores else None,
-            "timings_ms": _timings(m["results"])}
+            "timings_ms": _timings(m["results"]),
+            # What handing a verdict on costs (journal, evidence, sinks): stage 1 does it for a gated frame,
+            # after the times above and before it encodes the next frame.
+            "deliver_ms": {"mean": round(float(np.mean(m["deliver_ms"])), 2) if m.get("deliver_ms") else None,
+                           "count": len(m.get("deliver_ms", []))}}
     report["skip_ok"]["gate_counts"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return report
 
 
+def _timed_deliveries(worker: Any) -> list[float]:
+    """A list the worker's deliveries append their milliseconds to (the journal row, evidence, the sinks)."""
+    times: list[float] = []
+    deliver = worker._deliver
+
+    def timed(request: Any, result: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return deliver(request, result)
+        finally:
+            times.append((time.perf_counter() - t0) * 1000)
+
+    worker._deliver = timed
+    return times
+
+
 def _timings(results: list[Any]) -> dict[str, dict[str, float]]:
-    """Where a frame's time went, by who answered it: the mean of each stage of its `timings_ms`."""
+    """Where a frame's time went, by who answered it: the mean of each stage of its `timings_ms`, and
+    of the gate's search (`search`, in `total` with the encode)."""
     out: dict[str, dict[str, float]] = {}
     for engine in ("gate", "vlm"):
-        picked = [r.timings_ms for r in results if (r.source.get("engine") == "gate") == (engine == "gate")]
+        picked = [r for r in results if (r.source.get("engine") == "gate") == (engine == "gate")]
         if picked:
-            out[engine] = {k: round(float(np.mean([t.get(k, 0.0) for t in picked])), 1)
-                           for k in ("encode", "prefill", "decode", "total")}
+            out[engine] = {k: round(float(np.mean([r.timings_ms.get(k, 0.0) for r in picked])), 1)
+                           for k in ("preprocess", "encode", "prefill", "decode", "total")}
+            searched = [r.gate["search_ms"] for r in picked if r.gate and "search_ms" in r.gate]
+            out[engine]["search"] = round(float(np.mean(searched)), 2) if searched else 0.0
             out[engine]["frames"] = len(picked)
     return out
 
