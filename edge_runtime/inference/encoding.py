@@ -27,7 +27,7 @@ from edge_runtime.config import ModelConfig
 from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.batch import ClipFrame, Encoded
 from edge_runtime.core.bundle.manifest import Manifest, MmprojManifest
-from edge_runtime.core.errors import InputError
+from edge_runtime.core.errors import InferenceError, InputError
 from edge_runtime.inference.clips import encode_clip
 from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, frozen, pixels_digest
 from edge_runtime.inference.llm.feed import Segment
@@ -106,6 +106,9 @@ def encoder_identity(manifest: Manifest | MmprojManifest, settings: ModelConfig,
     return f"onnx:{files.sha256}:{','.join(vision.providers)}:{m.preprocess.model_dump_json()}"
 
 
+CLOSED = "the image encoder is closed (the model was reloaded or is shutting down)"
+
+
 class FrameEncoder:
     """The image half of an inspection over engines the inspector owns (it builds and closes them)."""
 
@@ -124,6 +127,7 @@ class FrameEncoder:
         self.lane_encodes = [0] * len(contexts)  # encodes per lane (status, tests)
         self._pool = (ThreadPoolExecutor(len(contexts), thread_name_prefix="encoder-lane")
                       if len(contexts) > 1 else None)
+        self._closing = self._closed = False  # close() began; it waited for the encodes in progress
 
     @property
     def lanes(self) -> int:
@@ -131,9 +135,21 @@ class FrameEncoder:
         return max(1, len(self._contexts))
 
     def close(self) -> None:
-        """Stop the lanes' threads (the contexts are the inspector's to free, after this)."""
+        """Stop the lanes' threads (the crops handed to them are encoded first), then wait for every encode
+        still inside libmtmd: each lane back, one on a caller's thread too (stage 1's frame, an API image,
+        during a reload). The contexts are the inspector's to free, after this; an encode that comes later
+        is refused (InferenceError), not run on them."""
+        self._closing = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        self._closed = True
+        held: list[int] = []
+        try:
+            for _ in self._contexts:
+                held.append(self._free.get())
+        finally:  # back for whoever waits: it finds the encoder closed
+            for lane in held:
+                self._free.put(lane)
 
     @property
     def image_budget(self) -> int:
@@ -195,8 +211,15 @@ class FrameEncoder:
 
         t1 = time.perf_counter()
         # On several lanes the crops encode at the same time; anything but a refused crop is raised here.
-        outs = list(self._pool.map(one, specs)) if self._pool is not None and len(specs) > 1 else \
-            [one(spec) for spec in specs]
+        if self._pool is not None and len(specs) > 1:
+            try:
+                outs = list(self._pool.map(one, specs))
+            except RuntimeError:  # "cannot schedule new futures after shutdown": the encoder is closing
+                if self._closing:
+                    raise InferenceError(CLOSED) from None
+                raise
+        else:
+            outs = [one(spec) for spec in specs]
         wall = (time.perf_counter() - t1) * 1000
         done = [o for o in outs if isinstance(o, Encoded)]
         pre, enc_ms = sum(o.preprocess_ms for o in done), sum(o.encode_ms for o in done)
@@ -227,6 +250,8 @@ class FrameEncoder:
         assert self.mtmd is not None
         lane = self._free.get()  # blocks while every lane encodes
         try:
+            if self._closed:  # close() took every lane back before: no encode runs on a freed context
+                raise InferenceError(CLOSED)
             mtmd = self._contexts[lane]
             t0 = time.perf_counter()
             pixels = rgb(frame)

@@ -98,7 +98,7 @@ class Inspector:
                 else EncoderCache(settings.encoder_cache_mb * 1024 * 1024, encoded_bytes))
             self.encoder = FrameEncoder(self.preprocessor, self.vision, self.mtmd, self.encoder_cache,
                                         encoder_identity(m, settings, self.vision, self.mtmd), lanes)
-            stack.callback(self.encoder.close)  # its threads stop before the contexts they use are freed
+            stack.callback(self.encoder.close)  # its encodes end before the contexts they use are freed
             self.default_prompt = settings.prompt or m.prompt.default
             self.max_tokens = settings.max_tokens or m.generation.max_tokens
             try:  # a schema the grammar cannot hold the model to, or the engine cannot take
@@ -404,7 +404,8 @@ class Inspector:
         return self.schemas.parse(gen, rules, self.max_tokens)
 
     def close(self) -> None:
-        """Free the language model and the vision encoder (waits for a generation in progress)."""
+        """Free the language model and the vision encoder (waits for a generation in progress, and for
+        the encodes inside libmtmd: FrameEncoder.close)."""
         self.ready = False
         with self._lock:
             self._stack.close()  # idempotent: a second close() finds the stack empty

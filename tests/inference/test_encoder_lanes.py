@@ -1,0 +1,106 @@
+"""model.encoder_lanes on the tiny Qwen2.5-VL pair: closing the inspector (a reload, shutdown) while an
+encode is inside libmtmd on one of its lanes waits for that encode before the contexts are freed, and an
+encode after the close is refused with an InferenceError rather than run on a freed context."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig
+from edge_runtime.core.batch import Encoded
+from edge_runtime.core.bundle.manifest import Bundle, load_bundle
+from edge_runtime.core.errors import InferenceError
+from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.llm.mtmd import MtmdContext
+from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+
+SIDE = 96
+PROGRAM = ProgramConfig.model_validate(
+    {"regions": [{"name": f"q{i}", "box": [x, y, SIDE, SIDE]}
+                 for i, (x, y) in enumerate([(0, 0), (SIDE, 0), (0, SIDE), (SIDE, SIDE)])]})
+CAMERAS = [CameraConfig(name="belt", source="x.png", program="quads")]
+
+
+@pytest.fixture(scope="module")
+def bundle(tiny_pairs: Callable[[str], TinyPair], tmp_path_factory: pytest.TempPathFactory) -> Bundle:
+    return load_bundle(write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path_factory.mktemp("lanes") / "pair"))
+
+
+def two_lanes(bundle: Bundle) -> Inspector:
+    settings = Config(device_id="t").model.model_copy(
+        update={"threads": 2, "warmup": False, "encoder_lanes": 2, "encoder_cache_mb": 0})
+    inspector = Inspector(bundle, settings, "t")
+    inspector.use_programs({"quads": PROGRAM}, CAMERAS, ImageLimits())
+    return inspector
+
+
+def frame(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (2 * SIDE, 2 * SIDE, 3), dtype=np.uint8)
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """(inside, go): an encode signals `inside` once it is in libmtmd's half, then waits for `go`."""
+    inside, go = threading.Event(), threading.Event()
+    segments = MtmdContext.image_segments
+
+    def waiting(self: MtmdContext, rgb: np.ndarray) -> Any:
+        inside.set()
+        assert go.wait(10)
+        return segments(self, rgb)
+
+    monkeypatch.setattr(MtmdContext, "image_segments", waiting)
+    yield inside, go
+    go.set()
+
+
+@pytest.mark.parametrize("regions", [False, True], ids=["frame", "regions"])
+def test_close_waits_for_the_encodes_on_the_lanes_before_freeing_the_contexts(
+        bundle: Bundle, held: tuple[threading.Event, threading.Event], regions: bool) -> None:
+    """An API image (the whole frame, on the caller's thread) or a camera's regions (on the lanes'
+    threads) inside libmtmd when a reload closes the inspector: the close returns only after the encode,
+    which gives its embeddings, not a closed (or freed) context's error."""
+    inside, go = held
+    inspector = two_lanes(bundle)
+    outcome: list[object] = []
+
+    def encode() -> None:
+        try:
+            outcome.append(inspector.encode_frame("belt", frame(3)) if regions else inspector.encode(frame(3)))
+        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+            outcome.append(exc)
+
+    encoder = threading.Thread(target=encode)
+    encoder.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=inspector.close)
+    closer.start()
+    closer.join(0.5)
+    still_open = closer.is_alive() and not inspector.encoder.mtmd.closed  # type: ignore[union-attr]
+    go.set()
+    encoder.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and inspector.mtmd is not None and inspector.mtmd.closed
+    assert isinstance(outcome[0], Encoded), outcome[0]
+    assert still_open, "close() freed the contexts under an encode"
+
+
+@pytest.mark.parametrize("regions", [False, True], ids=["frame", "regions"])
+def test_an_encode_after_close_is_refused_with_an_inference_error(bundle: Bundle, regions: bool) -> None:
+    inspector = two_lanes(bundle)
+    inspector.close()
+    with pytest.raises(InferenceError, match="closed"):
+        inspector.encode_frame("belt", frame(4)) if regions else inspector.encode(frame(4))
+
+
+def test_two_lanes_are_both_built_and_freed_with_the_inspector(bundle: Bundle) -> None:
+    inspector = two_lanes(bundle)
+    contexts = list(inspector.encoder._contexts)
+    assert len(contexts) == 2 and contexts[0] is inspector.mtmd
+    inspector.close()
+    assert all(c.closed for c in contexts)
