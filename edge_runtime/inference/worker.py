@@ -122,13 +122,16 @@ class InspectionWorker:
                 continue
             encoded: Staged = None
             if self.overlap and request.job is None and request.image is not None:
+                inspector = None
                 try:
                     inspector = self.get_inspector()
                     programs = inspector.programs_loaded  # before the encode: a reload during it shows as a change
                     encoded = (inspector, programs, inspector.encode_frame(request.camera, request.image,
                                                                            request.clip, request.program))
                 except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
-                    encoded = exc
+                    # A reload closed the model meanwhile (its encoder refuses): stage 2 encodes it again
+                    # with the new one, as it does a frame encoded under replaced programs (_usable).
+                    encoded = None if inspector is not None and inspector is not self.get_inspector() else exc
             request.encoded.set()
             if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
                     [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -104,3 +105,44 @@ def test_two_lanes_are_both_built_and_freed_with_the_inspector(bundle: Bundle) -
     assert len(contexts) == 2 and contexts[0] is inspector.mtmd
     inspector.close()
     assert all(c.closed for c in contexts)
+
+
+def test_a_frame_whose_model_a_reload_closed_during_stage_1_is_encoded_again_with_the_new_one(
+        bundle: Bundle, tmp_path: Path) -> None:
+    """Stage 1 took the running inspector, then a reload replaced and closed it before the frame's regions
+    were encoded: the closed encoder refuses, and stage 2 encodes the frame with the new inspector
+    instead of failing it with the old one's refusal."""
+    from edge_runtime.core.governor_gate import OpenGate
+    from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
+    from edge_runtime.inference.worker import InspectionWorker
+    from edge_runtime.verdicts.journal import Journal
+    from edge_runtime.verdicts.pipeline import VerdictPipeline
+
+    old, new = two_lanes(bundle), two_lanes(bundle)
+    running = [old]
+    real = old.encode_frame
+
+    def reloaded_first(*args: Any, **kwargs: Any) -> Encoded:
+        running[0] = new  # the reload: the new model in, the old one closed
+        old.close()
+        return real(*args, **kwargs)
+
+    old.encode_frame = reloaded_first  # type: ignore[method-assign]
+    journal = Journal(tmp_path / "j.sqlite3")
+    pipeline = VerdictPipeline(journal, lambda _camera: None)
+    queue = InspectionQueue(4)
+    worker = InspectionWorker(queue, lambda: running[0], journal, pipeline.deliver, OpenGate(), lambda _camera: None)
+    future = queue.submit(InspectionRequest(frame(5), "belt"))
+    worker.start()
+    try:
+        try:
+            result = future.result(timeout=60)
+        except InferenceError as exc:  # a region without a verdict of the random model: still the new encode
+            assert "closed" not in str(exc), str(exc)
+        else:
+            assert [r["name"] for r in result.regions or []] == ["q0", "q1", "q2", "q3"]
+        assert sum(new.encoder.lane_encodes) == 4
+    finally:
+        worker.stop()
+        journal.close()
+        new.close()
