@@ -33,7 +33,7 @@ from edge_runtime.inference.encoder_cache import Box, EncodeKey, EncoderCache, f
 from edge_runtime.inference.llm.feed import Segment
 from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MediaEmbeds, MtmdContext
 from edge_runtime.inference.programs import LoadedProgram
-from edge_runtime.inference.regions import RegionsEncoded, RegionSpec, frame_regions
+from edge_runtime.inference.regions import RegionsEncoded, frame_regions
 from edge_runtime.inference.vision import Preprocessor, VisionEncoder
 
 
@@ -196,32 +196,37 @@ class FrameEncoder:
 
     def encode_regions(self, frame: np.ndarray, cfg: ProgramConfig, tokens: tuple[int, int] | None,
                        n_embd: int) -> RegionsEncoded:
-        """Each region's crop of a frame encoded (the frame hashed once for the encoder cache); a
-        region outside the frame keeps why it has no encoding."""
+        """Each region's crop of a frame encoded (the frame hashed once for the encoder cache; regions
+        with the same box share one encode); a region outside the frame keeps why it has no encoding."""
         t0 = time.perf_counter()
         digest = pixels_digest(frame)
         height, width = frame.shape[:2]
         specs = frame_regions(cfg, width, height)
+        # One encode per box: on several lanes two regions of one box would encode at once, both missing
+        # the cache (and with the cache off each would encode anyway).
+        boxes = list(dict.fromkeys(spec.box for spec in specs))
 
-        def one(spec: RegionSpec) -> Encoded | Exception:
+        def one(box: Box) -> Encoded | Exception:
             try:
-                return self.encode(frame, crop=spec.box, digest=digest, tokens=tokens)
+                return self.encode(frame, crop=box, digest=digest, tokens=tokens)
             except InputError as exc:  # e.g. a region outside this frame: that region has no verdict
                 return exc
 
         t1 = time.perf_counter()
         # On several lanes the crops encode at the same time; anything but a refused crop is raised here.
-        if self._pool is not None and len(specs) > 1:
+        if self._pool is not None and len(boxes) > 1:
             try:
-                outs = list(self._pool.map(one, specs))
+                done_boxes = list(self._pool.map(one, boxes))
             except RuntimeError:  # "cannot schedule new futures after shutdown": the encoder is closing
                 if self._closing:
                     raise InferenceError(CLOSED) from None
                 raise
         else:
-            outs = [one(spec) for spec in specs]
+            done_boxes = [one(box) for box in boxes]
         wall = (time.perf_counter() - t1) * 1000
-        done = [o for o in outs if isinstance(o, Encoded)]
+        by_box = dict(zip(boxes, done_boxes, strict=True))
+        outs = [by_box[spec.box] for spec in specs]
+        done = [o for o in done_boxes if isinstance(o, Encoded)]
         pre, enc_ms = sum(o.preprocess_ms for o in done), sum(o.encode_ms for o in done)
         # The frame's times are wall times: the crops' own (which overlap on several lanes) split the
         # encoding's wall time in their proportion, the hashing of the frame is preprocessing.

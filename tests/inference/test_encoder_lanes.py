@@ -146,3 +146,23 @@ def test_a_frame_whose_model_a_reload_closed_during_stage_1_is_encoded_again_wit
         worker.stop()
         journal.close()
         new.close()
+
+
+@pytest.mark.parametrize("cache_mb", [0, 64])
+def test_regions_of_one_box_are_encoded_once_on_the_lanes(bundle: Bundle, cache_mb: int) -> None:
+    """Two regions with the same box (two questions about one part): one encode, whose embeddings both
+    regions get. On two lanes the two crops would run at once, each missing the encoder cache."""
+    twice = ProgramConfig.model_validate({"regions": [
+        {"name": "screws", "box": [0, 0, SIDE, SIDE], "prompt": "Are the screws there?"},
+        {"name": "label", "box": [0, 0, SIDE, SIDE], "prompt": "Is the label straight?"},
+        {"name": "rest", "box": [SIDE, SIDE, SIDE, SIDE]}]})
+    settings = Config(device_id="t").model.model_copy(
+        update={"threads": 2, "warmup": False, "encoder_lanes": 2, "encoder_cache_mb": cache_mb})
+    with Inspector(bundle, settings, "t") as inspector:
+        inspector.use_programs({"twice": twice}, [CameraConfig(name="belt", source="x.png", program="twice")],
+                               ImageLimits())
+        enc = inspector.encode_frame("belt", frame(6))
+        assert sum(inspector.encoder.lane_encodes) == 2
+    (_, a), (_, b), (_, c) = enc.regions  # type: ignore[attr-defined]
+    assert isinstance(a, Encoded) and isinstance(b, Encoded) and isinstance(c, Encoded)
+    assert np.array_equal(a.embeds, b.embeds) and not np.array_equal(a.embeds, c.embeds)
