@@ -233,6 +233,7 @@ class Need:
     slots: int
     gpu_share: float     # of the language model's layers on a GPU (0 without offload)
     encoder_on_gpu: bool
+    encoder_lanes: int = 1  # libmtmd contexts `encoder` counts (model.encoder_lanes; ONNX bundles: 1)
 
     def on_gpu(self) -> int:
         part = self.gpu_share * (self.weights + self.kv) + (self.compute if self.gpu_share else 0)
@@ -249,7 +250,9 @@ class Need:
         return (f"weights {_size(self.weights)}, KV cache {_size(self.kv)} (model.context_size {m.context_size} "
                 f"tokens x (1 + {self.slots} parallel sequences, inspection.max_batch {config.inspection.max_batch}) "
                 f"x {_size(self.kv_per_token)} a token at model.kv_cache_type {m.kv_cache_type}), "
-                f"compute buffers {_size(self.compute)}, encoder {_size(self.encoder)}")
+                f"compute buffers {_size(self.compute)}, encoder {_size(self.encoder)}"
+                + (f" (model.encoder_lanes {self.encoder_lanes} x {_size(self.encoder // self.encoder_lanes)})"
+                   if self.encoder_lanes > 1 else ""))
 
 
 def _offload_share(gpu_layers: int, layers: int, gpu_offload: bool) -> float:
@@ -288,10 +291,11 @@ def need_of(bundle: Bundle, config: Config, gpu_offload: bool) -> Need:
         encoder_weights = sum(t.nbytes for t in read_header(bundle.mmproj_path).tensors.values())
         encoder_on_gpu = share > 0  # libmtmd uses the GPU when the language model does (llm/mtmd.py)
     encoder = encoder_weights + max(encoder_weights // 2, 32 * 2**20)
-    if not isinstance(bundle.manifest, Manifest):  # each libmtmd lane holds the mmproj and its buffers again
-        encoder *= m.encoder_lanes
+    # each libmtmd lane holds the mmproj and its buffers again; an ONNX bundle has one session
+    lanes = 1 if isinstance(bundle.manifest, Manifest) else m.encoder_lanes
     per_token = kv_bytes(lm, 1, elem)
-    return Need(weights, kv, compute, encoder, per_token, main + parallel, slots, share, encoder_on_gpu)
+    return Need(weights, kv, compute, encoder * lanes, per_token, main + parallel, slots, share, encoder_on_gpu,
+                lanes)
 
 
 def check_fit(bundle: Bundle, config: Config, gpu_offload: bool, host: HostMemory | None = None,
@@ -316,8 +320,10 @@ def check_fit(bundle: Bundle, config: Config, gpu_offload: bool, host: HostMemor
                       f"but {_size(free)} is (NVML)"
     if problem:
         raise ConfigError(f"{bundle.name} does not fit this device's memory: {problem}; it needs "
-                          f"{need.figures(config)}. Lower model.context_size or inspection.max_batch, pick a "
-                          "smaller model, or set model.memory_check: false to load it anyway")
+                          f"{need.figures(config)}. Lower model.context_size"
+                          + (", inspection.max_batch or model.encoder_lanes" if need.encoder_lanes > 1
+                             else " or inspection.max_batch")
+                          + ", pick a smaller model, or set model.memory_check: false to load it anyway")
     log.info("model: memory needed %s; %s available (%s)", need.figures(config), _size(host.available),
              host.source)
     return need

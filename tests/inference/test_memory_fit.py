@@ -6,11 +6,13 @@ machine does not have) or NVML."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from edge_runtime.core.samples import part_image
 from edge_runtime.inference.memory_fit import HostMemory, check_fit, host_memory, need_of
 from edge_runtime.inference.model_source import open_inspector
 from tests.support.images import encode
+from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 
 GiB = 2**30
 
@@ -144,3 +147,24 @@ def test_a_header_declaring_absurd_layers_is_a_bundle_error_not_a_huge_list(tmp_
     bundle = load_bundle(deepened(demo_dir, tmp_path / "deep", layers=4_000_000_000))
     with pytest.raises(BundleError, match="block_count 4000000000 is not a model's"):
         need_of(bundle, Config(), gpu_offload=False)
+
+
+def test_encoder_lanes_count_the_mmproj_once_each_and_the_refusal_names_them(
+        tmp_path: Path, demo_dir: Path, tiny_pairs: Callable[[str], TinyPair]) -> None:
+    """model.encoder_lanes 4 on a GGUF + mmproj bundle: four encoders' worth, and a refusal says the
+    lanes multiplied it and that lowering them helps; an ONNX bundle's one session is counted once."""
+    pair = load_bundle(write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "pair"))
+    one, four = Config(), Config()
+    four.model.encoder_lanes = 4
+    assert need_of(pair, four, gpu_offload=False).encoder == 4 * need_of(pair, one, gpu_offload=False).encoder
+    demo = load_bundle(demo_dir)
+    assert need_of(demo, four, gpu_offload=False).encoder == need_of(demo, one, gpu_offload=False).encoder
+    tight = HostMemory(available=100 * 2**20, total=8 * GiB, source="MemAvailable")
+    with pytest.raises(ConfigError) as refused:
+        check_fit(pair, four, gpu_offload=False, host=tight)
+    assert re.search(r"encoder [\d.]+ MiB \(model.encoder_lanes 4 x [\d.]+ MiB\)", str(refused.value)), \
+        str(refused.value)
+    assert "Lower model.context_size, inspection.max_batch or model.encoder_lanes" in str(refused.value)
+    with pytest.raises(ConfigError) as refused:
+        check_fit(pair, one, gpu_offload=False, host=HostMemory(10 * 2**20, 8 * GiB, "MemAvailable"))
+    assert "encoder_lanes" not in str(refused.value), str(refused.value)
