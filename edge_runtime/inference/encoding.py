@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import queue
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -124,7 +125,8 @@ class FrameEncoder:
         for i in range(len(contexts)):
             self._free.put(i)
         self._contexts = contexts
-        self.lane_encodes = [0] * len(contexts)  # encodes per lane (status, tests)
+        self.lane_encodes = [0] * max(1, len(contexts))  # encodes per lane (status, tests); ONNX: its one session
+        self._onnx_count = threading.Lock()  # ONNX encodes run on any thread at once: no lane keeps their count
         self._pool = (ThreadPoolExecutor(len(contexts), thread_name_prefix="encoder-lane")
                       if len(contexts) > 1 else None)
         self._closing = self._closed = False  # close() began; it waited for the encodes in progress
@@ -248,6 +250,8 @@ class FrameEncoder:
         out = self.vision.encode(pixels)
         embeds = out.reshape(-1, out.shape[-1])
         t2 = time.perf_counter()
+        with self._onnx_count:
+            self.lane_encodes[0] += 1
         return Encoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000, grid)
 
     def _encode_mtmd(self, frame: np.ndarray, tokens: tuple[int, int] | None = None) -> MediaEncoded:

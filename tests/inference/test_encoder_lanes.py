@@ -166,3 +166,14 @@ def test_regions_of_one_box_are_encoded_once_on_the_lanes(bundle: Bundle, cache_
     (_, a), (_, b), (_, c) = enc.regions  # type: ignore[attr-defined]
     assert isinstance(a, Encoded) and isinstance(b, Encoded) and isinstance(c, Encoded)
     assert np.array_equal(a.embeds, b.embeds) and not np.array_equal(a.embeds, c.embeds)
+
+
+def test_an_onnx_bundle_is_one_lane_whatever_encoder_lanes_says_and_counts_its_encodes(
+        demo_bundle: Bundle, config: Config) -> None:
+    """model.encoder_lanes 3 on an ONNX-encoder bundle: one session, one lane, whose encodes the status's
+    `inspection.encoder_lanes` counts (not an empty list, as if nothing encoded)."""
+    settings = config.model.model_copy(update={"warmup": False, "encoder_lanes": 3, "encoder_cache_mb": 0})
+    with Inspector(demo_bundle, settings, "t") as inspector:
+        inspector.encode(frame(7))
+        inspector.encode(frame(8))
+        assert inspector.encoder.lanes == 1 and inspector.encoder.lane_encodes == [2]
