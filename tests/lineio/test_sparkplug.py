@@ -386,3 +386,96 @@ def test_device_commands_are_refused_unless_the_config_allows_them(line: Line, b
     finally:
         n.stop()
 
+
+
+# ---- Trigger and ResultAck are edges, as on OPC UA and Modbus (docs/line-io.md, Sparkplug B) ----------------
+
+def until(pred: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def commands_done(node: SparkplugNode, host: Host, n: int) -> None:
+    """Wait until the node has taken `n` commands in all: paho hands them over one at a time, in order, so
+    every earlier command has been applied when a later one is counted; then let a write it began land."""
+    host.command(topic("DCMD", "st1"), [("TriggerEnable", spb.BOOLEAN, True)])  # no change: a marker
+    deadline = time.monotonic() + 10
+    while node.counters["commands"] < n + 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert node.counters["commands"] >= n + 1
+    time.sleep(0.5)  # a trigger or ack the earlier command started is durable by then
+
+
+def test_a_redelivered_trigger_true_makes_one_job_not_two(node: SparkplugNode, host: Host, line: Line) -> None:
+    # Each Trigger=true was a trigger: the same DCMD delivered again (QoS 1 redelivery, a host that
+    # republishes) made a second job for the one part once the first one's frame was taken.
+    i, _msg = host.wait(is_("DBIRTH", "st1"))
+    trigger = spb.payload(None, [("PartId", spb.STRING, "OK-1"), ("Trigger", spb.BOOLEAN, True)])
+    host.client.publish(topic("DCMD", "st1"), trigger, qos=1).wait_for_publish(5)
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("ResultValid") is True, i)
+    host.client.publish(topic("DCMD", "st1"), trigger, qos=1).wait_for_publish(5)  # the same bytes again
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "OK-2"), ("Trigger", spb.BOOLEAN, True)])
+    commands_done(node, host, 3)
+    counters = line.station.health().counters
+    assert counters["triggers"] == 1 and counters["refused"] == 0, counters
+    assert node.counters["triggers"] == 1 and node.counters["repeated_commands"] == 2
+    assert line.station.signals().inspection_seq == 1 and node.devices["st1"].last_refusal == ""
+    # The host sees the level the node holds: Trigger stays true until the host drops it.
+    seen = {k: v for t, m, _s, _q in host.messages[i + 1:] if t == topic("DDATA", "st1") for k, v in m.items()}
+    assert seen["Trigger"] is True and seen["TriggerAck"] is True
+
+
+def test_a_redelivered_result_ack_does_not_ack_the_next_job(node: SparkplugNode, host: Host, line: Line) -> None:
+    # Each ResultAck=true was an ack of whatever the FIFO head was: the same DCMD delivered again once the
+    # first ack was durable took the next part's result away before anyone read it.
+    i, _msg = host.wait(is_("DBIRTH", "st1"))
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "OK-1"), ("Trigger", spb.BOOLEAN, True)])
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("ResultValid") is True, i)
+    host.command(topic("DCMD", "st1"), [("Trigger", spb.BOOLEAN, False)])
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "NOK-2"), ("Trigger", spb.BOOLEAN, True)])
+    deadline = time.monotonic() + 10
+    while line.station.signals().buffer_count < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert line.station.signals().buffer_count == 2  # two decided results wait: job 1 at the head
+    mark = len(host.messages)
+    ack = spb.payload(None, [("ResultAck", spb.BOOLEAN, True)])
+    host.client.publish(topic("DCMD", "st1"), ack, qos=1).wait_for_publish(5)
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("InspectionSeq") == 2, mark)  # job 2 shown
+    host.client.publish(topic("DCMD", "st1"), ack, qos=1).wait_for_publish(5)  # the same bytes again
+    commands_done(node, host, 5)
+    s = line.station.signals()
+    assert line.station.health().counters["acks"] == 1
+    assert (s.result_valid, s.inspection_seq, s.part_id, s.buffer_count) == (True, 2, "NOK-2", 1)
+    assert node.counters["acks"] == 1 and node.counters["repeated_commands"] == 1
+
+
+def test_trigger_and_result_ack_going_false_then_true_make_the_next_job_and_ack(node: SparkplugNode, host: Host,
+                                                                                line: Line) -> None:
+    def decided(seq: int) -> Callable[[], bool]:
+        return lambda: (line.station.signals().inspection_seq, line.station.signals().result_valid) == (seq, True)
+
+    host.wait(is_("DBIRTH", "st1"))
+    for n, part in enumerate(("OK-1", "NOK-2", "OK-3"), start=1):
+        host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, part), ("Trigger", spb.BOOLEAN, True)])
+        until(decided(n))
+        host.command(topic("DCMD", "st1"), [("Trigger", spb.BOOLEAN, False), ("ResultAck", spb.BOOLEAN, True)])
+        until(lambda: not line.station.signals().result_valid)
+        host.command(topic("DCMD", "st1"), [("ResultAck", spb.BOOLEAN, False)])
+    commands_done(node, host, 9)
+    counters = line.station.health().counters
+    assert (counters["triggers"], counters["acks"], counters["results_ok"], counters["results_nok"]) == (3, 3, 2, 1)
+    assert node.counters["repeated_commands"] == 0 and line.station.signals().inspection_seq == 3
+
+
+def test_a_birth_shows_the_trigger_and_ack_levels_the_node_holds(node: SparkplugNode, host: Host) -> None:
+    # A DBIRTH always said Trigger=false: after a rebirth with Trigger held, a host that believed it and
+    # wrote true would see nothing happen (not an edge). The birth carries the held levels instead.
+    i, (_t, dbirth, _s, _q) = host.wait(is_("DBIRTH", "st1"))
+    assert (dbirth["Trigger"], dbirth["ResultAck"]) == (False, False)
+    host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, "OK-1"), ("Trigger", spb.BOOLEAN, True)])
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("Trigger") is True, i)
+    host.command(topic("NCMD"), [(spb.REBIRTH, spb.BOOLEAN, True)])
+    _j, (_t, again, _s, _q) = host.wait(is_("DBIRTH", "st1"), i + 1)
+    assert (again["Trigger"], again["ResultAck"]) == (True, False)

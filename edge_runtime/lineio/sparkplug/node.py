@@ -10,7 +10,8 @@ A clean stop publishes the NDEATH itself (a clean disconnect sends no Will).
 
 Publishing runs on one thread (births and DDATA, so `seq` is in wire order); the station's watch
 callbacks only queue snapshots (bounded; the oldest are dropped and counted), and DCMDs are turned
-into station calls on paho's thread (they return at once).
+into station calls on paho's thread (they return at once); `Trigger` and `ResultAck` act on their edges
+(the level the host last wrote is kept per station), so a redelivered command does nothing again.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ class _Device:
         self.pending: deque[Signals] = deque(maxlen=max_pending)
         self.published: dict[str, tuple[int, Any]] = {}
         self.last_refusal = ""
-        self.refusal_changed = False
+        # The host's last written Trigger and ResultAck: only a change to true is an edge (as a Modbus
+        # ControlWord bit or an OPC UA input variable); false at start, as the first DBIRTH shows them.
+        self.trigger = False
+        self.result_ack = False
+        self.refusal_changed = False  # LastRefusal or a command level changed: publish even without a snapshot
         self.unwatch: Callable[[], None] | None = None
 
 
@@ -103,7 +108,8 @@ class SparkplugNode:
         self.last_error: str | None = None
         self.current_bdseq: int | None = None
         self.counters = {"connects": 0, "births": 0, "ddata": 0, "dropped": 0, "superseded": 0, "commands": 0,
-                         "refused_commands": 0, "triggers": 0, "acks": 0}
+                         "refused_commands": 0, "triggers": 0, "acks": 0,
+                         "repeated_commands": 0}
         self._seq = 0
         self._client: mqtt.Client | None = None
         self._birth_due = threading.Event()
@@ -275,22 +281,23 @@ class SparkplugNode:
         client.publish(self.topics["NBIRTH"], spb.node_birth(self._next_seq(), bdseq), qos=0)
         for name, dev in self.devices.items():
             self._supersede(dev)
-            values = spb.station_values(dev.station.signals(), dev.last_refusal)
             dev.refusal_changed = False
+            values = spb.station_values(dev.station.signals(), dev.last_refusal, dev.trigger, dev.result_ack)
             client.publish(self._topic("DBIRTH", name), spb.device_birth(self._next_seq(), values), qos=0)
             dev.published = values
         self.counters["births"] += 1
 
     def _data(self, client: mqtt.Client) -> None:
         for name, dev in self.devices.items():
+            changed = dev.refusal_changed
+            dev.refusal_changed = False  # before the values are read: a change made meanwhile wakes us again
             snapshots: list[Signals] = []
             while dev.pending:
                 snapshots.append(dev.pending.popleft())
-            if dev.refusal_changed and not snapshots:
+            if changed and not snapshots:
                 snapshots.append(dev.station.signals())
-            dev.refusal_changed = False
             for snap in snapshots:
-                values = spb.station_values(snap, dev.last_refusal)
+                values = spb.station_values(snap, dev.last_refusal, dev.trigger, dev.result_ack)
                 body = spb.device_data(self._next_seq(), dev.published, values)
                 if body is None:  # what it held was already published (a dropped change in between)
                     self._seq = (self._seq - 1) % 256  # nothing sent: the number is not used
@@ -350,7 +357,15 @@ class SparkplugNode:
         st = dev.station
         if "TriggerEnable" in metrics:
             st.set_trigger_enable(metrics["TriggerEnable"])
-        if metrics.get("Trigger") is True:
+        # Trigger and ResultAck act on their edges, as on Modbus and OPC UA: a true while the level is
+        # already true (the same DCMD redelivered at QoS 1, a host that republishes) is no new job and no
+        # second ack; the host writes false before the next true. The levels are DBIRTH/DDATA metrics.
+        repeated = False
+        trigger = metrics.get("Trigger")
+        if trigger is True and dev.trigger:
+            repeated = True
+        elif trigger is True:
+            self._set_level(dev, trigger=True)
             self.counters["triggers"] += 1
             try:
                 st.request_trigger(metrics.get("PartId", ""), metrics.get("Recipe") or None)  # no disk wait here
@@ -361,12 +376,29 @@ class SparkplugNode:
                 dev.last_refusal = refusal
                 dev.refusal_changed = True
                 self._wake.set()
-        elif metrics.get("Trigger") is False:
+        elif trigger is False and dev.trigger:
+            self._set_level(dev, trigger=False)
             st.release_trigger()
-        if metrics.get("ResultAck") is True:
+        ack = metrics.get("ResultAck")
+        if ack is True and dev.result_ack:
+            repeated = True
+        elif ack is True:
+            self._set_level(dev, result_ack=True)
             self.counters["acks"] += 1
             st.request_ack()
+        elif ack is False and dev.result_ack:
+            self._set_level(dev, result_ack=False)
+        if repeated:
+            self.counters["repeated_commands"] += 1
 
+    def _set_level(self, dev: _Device, trigger: bool | None = None, result_ack: bool | None = None) -> None:
+        """The host's Trigger / ResultAck level changed: recorded, and published with the next DDATA."""
+        if trigger is not None:
+            dev.trigger = trigger
+        if result_ack is not None:
+            dev.result_ack = result_ack
+        dev.refusal_changed = True
+        self._wake.set()
 
 def _kind(value: Any) -> str:
     """A decoded metric value's type in Sparkplug's words, for a refusal."""

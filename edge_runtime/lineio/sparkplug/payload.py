@@ -47,7 +47,7 @@ STATION_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("BufferCount", UINT32, lambda s: s.buffer_count),
     MetricSpec("Overrun", BOOLEAN, lambda s: s.overrun),
 )
-# Writable by a host application (DCMD); shown in DBIRTH so hosts know they exist.
+# Writable by a host application (DCMD); in DBIRTH and DDATA with the level the host last wrote.
 COMMAND_METRICS = (("Trigger", BOOLEAN), ("ResultAck", BOOLEAN))
 
 
@@ -87,16 +87,20 @@ def node_death(bdseq: int) -> bytes:
     return payload(None, [(BDSEQ, UINT64, bdseq)])
 
 
-def station_values(s: Signals, last_refusal: str) -> dict[str, tuple[int, Any]]:
+def station_values(s: Signals, last_refusal: str, trigger: bool = False,
+                   result_ack: bool = False) -> dict[str, tuple[int, Any]]:
+    """The device's metrics: the station's signals, LastRefusal, and the levels of the command metrics
+    (`Trigger`, `ResultAck`) as the host last wrote them (a true must go false before the next edge)."""
     values = {m.name: (m.datatype, m.value(s)) for m in STATION_METRICS}
     values["LastRefusal"] = (STRING, last_refusal)
+    levels = {"Trigger": trigger, "ResultAck": result_ack}
+    for name, dt in COMMAND_METRICS:
+        values[name] = (dt, levels[name])
     return values
 
 
 def device_birth(seq: int, values: dict[str, tuple[int, Any]]) -> bytes:
-    metrics = [(name, dt, v) for name, (dt, v) in values.items()]
-    metrics += [(name, dt, False) for name, dt in COMMAND_METRICS]
-    return payload(seq, metrics)
+    return payload(seq, [(name, dt, v) for name, (dt, v) in values.items()])
 
 
 def device_data(seq: int, old: dict[str, tuple[int, Any]], new: dict[str, tuple[int, Any]]) -> bytes | None:
