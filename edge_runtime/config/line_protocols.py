@@ -102,10 +102,10 @@ class SparkplugConfig(Section):
     max_command_bytes: int = Field(16384, ge=256, le=1_048_576, description="Largest NCMD/DCMD payload "
                                    "decoded; bigger ones are refused (counted).")
     device_commands: bool = Field(
-        False, description="Accept DCMD writes (Trigger, PartId, Recipe, TriggerEnable, ResultAck) from any "
-        "client the broker lets publish to this node's DCMD topics. Off: only NCMD Rebirth is obeyed. Turn "
-        "on only where the broker's ACL limits who may publish there: a DCMD ResultAck clears a result "
-        "before a PLC on OPC UA or Modbus has read it.")
+        False, description="Accept DCMD writes (Trigger, PartId, Recipe, TriggerEnable, ResultAck, "
+        "InspectionSeq) from any client the broker lets publish to this node's DCMD topics. Off: only NCMD "
+        "Rebirth is obeyed. Turn on only where the broker's ACL limits who may publish there: a DCMD "
+        "ResultAck clears a result before a PLC on OPC UA or Modbus has read it.")
 
 
 class GpioCellConfig(Section):

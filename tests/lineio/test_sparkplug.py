@@ -397,6 +397,10 @@ def until(pred: Callable[[], bool], timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
+def decided_jobs(line: Line, n: int) -> Callable[[], bool]:
+    return lambda: line.station.signals().buffer_count == n
+
+
 def commands_done(node: SparkplugNode, host: Host, n: int) -> None:
     """Wait until the node has taken `n` commands in all: paho hands them over one at a time, in order, so
     every earlier command has been applied when a later one is counted; then let a write it began land."""
@@ -479,3 +483,41 @@ def test_a_birth_shows_the_trigger_and_ack_levels_the_node_holds(node: Sparkplug
     host.command(topic("NCMD"), [(spb.REBIRTH, spb.BOOLEAN, True)])
     _j, (_t, again, _s, _q) = host.wait(is_("DBIRTH", "st1"), i + 1)
     assert (again["Trigger"], again["ResultAck"]) == (True, False)
+
+
+def test_an_ack_naming_its_job_is_idempotent_even_when_the_whole_pair_comes_again(node: SparkplugNode, host: Host,
+                                                                                 line: Line) -> None:
+    # A level alone cannot tell a resent pair (ResultAck true, then false: a host's client resending both
+    # after a reconnect) from the next ack. With the job's InspectionSeq the ack is of that job only: once
+    # it is acknowledged, the same ack again does nothing, as OPC UA's ResultAck(JobId) answers it again.
+    host.wait(is_("DBIRTH", "st1"))
+    for n, part in enumerate(("OK-1", "NOK-2"), start=1):
+        host.command(topic("DCMD", "st1"), [("PartId", spb.STRING, part), ("Trigger", spb.BOOLEAN, True)])
+        until(decided_jobs(line, n))  # the next trigger only once this one is taken (else: `busy`)
+        host.command(topic("DCMD", "st1"), [("Trigger", spb.BOOLEAN, False)])
+    mark = len(host.messages)
+    ack = spb.payload(None, [("ResultAck", spb.BOOLEAN, True), ("InspectionSeq", spb.UINT64, 1)])
+    drop = spb.payload(None, [("ResultAck", spb.BOOLEAN, False)])
+    for body in (ack, drop):
+        host.client.publish(topic("DCMD", "st1"), body, qos=1).wait_for_publish(5)
+    host.wait(lambda t, m: t == topic("DDATA", "st1") and m.get("InspectionSeq") == 2, mark)  # job 2 shown
+    for body in (ack, drop):  # the pair once more, the same bytes
+        host.client.publish(topic("DCMD", "st1"), body, qos=1).wait_for_publish(5)
+    host.command(topic("DCMD", "st1"), [("ResultAck", spb.BOOLEAN, True), ("InspectionSeq", spb.UINT64, 7)])
+    commands_done(node, host, 9)
+    s = line.station.signals()
+    assert line.station.health().counters["acks"] == 1
+    assert (s.result_valid, s.inspection_seq, s.buffer_count) == (True, 2, 1)
+    assert node.counters["refused_commands"] == 0 and node.counters["unmatched_acks"] == 1  # job 7: not shown
+    assert node.counters["repeated_commands"] == 1  # job 1's ack again
+    # The job id is the edge: job 2's ack acts while ResultAck is still true (from job 7's ack).
+    host.command(topic("DCMD", "st1"), [("ResultAck", spb.BOOLEAN, True), ("InspectionSeq", spb.UINT64, 2)])
+    until(lambda: line.station.health().counters["acks"] == 2 and not line.station.signals().result_valid)
+
+
+def test_an_inspection_seq_without_result_ack_is_refused(node: SparkplugNode, host: Host, line: Line) -> None:
+    host.wait(is_("DBIRTH", "st1"))
+    host.command(topic("DCMD", "st1"), [("InspectionSeq", spb.UINT64, 1)])
+    host.command(topic("DCMD", "st1"), [("ResultAck", spb.BOOLEAN, True), ("InspectionSeq", spb.BOOLEAN, True)])
+    until(lambda: node.counters["refused_commands"] == 2)
+    assert node.counters["acks"] == 0 and line.station.health().counters["acks"] == 0

@@ -109,7 +109,7 @@ class SparkplugNode:
         self.current_bdseq: int | None = None
         self.counters = {"connects": 0, "births": 0, "ddata": 0, "dropped": 0, "superseded": 0, "commands": 0,
                          "refused_commands": 0, "triggers": 0, "acks": 0,
-                         "repeated_commands": 0}
+                         "repeated_commands": 0, "unmatched_acks": 0}
         self._seq = 0
         self._client: mqtt.Client | None = None
         self._birth_due = threading.Event()
@@ -348,12 +348,15 @@ class SparkplugNode:
             raise spb.CommandError("device commands are off (sparkplug.device_commands: false)")
         if not metrics:
             raise spb.CommandError("a DCMD without metrics")
-        known = {"TriggerEnable": bool, "PartId": str, "Recipe": str, "Trigger": bool, "ResultAck": bool}
+        known = {"TriggerEnable": bool, "PartId": str, "Recipe": str, "Trigger": bool, "ResultAck": bool,
+                 "InspectionSeq": int}
         for name, value in metrics.items():
             if name not in known:
                 raise spb.CommandError(f"{name[:64]!r} is not a writable metric (writable: {', '.join(known)})")
-            if not isinstance(value, known[name]):
+            if not isinstance(value, known[name]) or (known[name] is int and isinstance(value, bool)):
                 raise spb.CommandError(f"{name}: expected a {known[name].__name__} metric")
+        if "InspectionSeq" in metrics and "ResultAck" not in metrics:
+            raise spb.CommandError("InspectionSeq names the job a ResultAck acknowledges: it goes with ResultAck")
         st = dev.station
         if "TriggerEnable" in metrics:
             st.set_trigger_enable(metrics["TriggerEnable"])
@@ -380,7 +383,19 @@ class SparkplugNode:
             self._set_level(dev, trigger=False)
             st.release_trigger()
         ack = metrics.get("ResultAck")
-        if ack is True and dev.result_ack:
+        job = metrics.get("InspectionSeq")
+        if ack is True and job is not None:  # the job id is the edge (OPC UA's ResultAck(JobId)): no level needed
+            self._set_level(dev, result_ack=True)
+            if st.request_ack(job) is not None:
+                self.counters["acks"] += 1
+            elif st.acknowledged(job):
+                repeated = True
+            else:
+                self.counters["unmatched_acks"] += 1
+                self._command_log.log(logging.WARNING, "sparkplug: ResultAck of job %d on %s: not the result "
+                                      "shown (InspectionSeq %d); nothing acknowledged", job, dev.station.name,
+                                      dev.station.signals().inspection_seq)
+        elif ack is True and dev.result_ack:
             repeated = True
         elif ack is True:
             self._set_level(dev, result_ack=True)

@@ -183,6 +183,13 @@ class Station:
                 return seq is not None and seq in self._acked
         return bool(self._jobs.wait(shown))
 
+    def acknowledged(self, seq: int) -> bool:
+        """Job `seq` is acknowledged (one of the last 64 since the start) or its ack is being written: an
+        ack of it again is the same ack (a retried call, a redelivered command), not another."""
+        with self._lock:
+            head = self._fifo[0] if self._fifo else None
+            return seq in self._acked or (head is not None and head.seq == seq and head.acking)
+
     def request_ack(self, seq: int | None = None) -> Future[bool] | None:
         """ResultAck that does not wait for the disk. None when there is nothing to clear (no decided
         head, another job's id, or the head's ack already on its way: the line still sees that head, so
