@@ -16,6 +16,7 @@ from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig
 from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.core.errors import InferenceError
+from edge_runtime.inference.encoding import CLOSED
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm.mtmd import MtmdContext
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
@@ -45,28 +46,36 @@ def frame(seed: int) -> np.ndarray:
 
 
 @pytest.fixture
-def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
-    """(inside, go): an encode signals `inside` once it is in libmtmd's half, then waits for `go`."""
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event, list[Exception]]]:
+    """(inside, go, failed): an encode signals `inside` once it is in libmtmd's half, then waits for `go`;
+    what libmtmd's half raised then (a closed context) is kept in `failed`."""
     inside, go = threading.Event(), threading.Event()
+    failed: list[Exception] = []
     segments = MtmdContext.image_segments
 
     def waiting(self: MtmdContext, rgb: np.ndarray) -> Any:
         inside.set()
         assert go.wait(10)
-        return segments(self, rgb)
+        try:
+            return segments(self, rgb)
+        except Exception as exc:
+            failed.append(exc)
+            raise
 
     monkeypatch.setattr(MtmdContext, "image_segments", waiting)
-    yield inside, go
+    yield inside, go, failed
     go.set()
 
 
 @pytest.mark.parametrize("regions", [False, True], ids=["frame", "regions"])
 def test_close_waits_for_the_encodes_on_the_lanes_before_freeing_the_contexts(
-        bundle: Bundle, held: tuple[threading.Event, threading.Event], regions: bool) -> None:
+        bundle: Bundle, held: tuple[threading.Event, threading.Event, list[Exception]], regions: bool) -> None:
     """An API image (the whole frame, on the caller's thread) or a camera's regions (on the lanes'
-    threads) inside libmtmd when a reload closes the inspector: the close returns only after the encode,
-    which gives its embeddings, not a closed (or freed) context's error."""
-    inside, go = held
+    threads) inside libmtmd when a reload closes the inspector: the close returns only after the encodes
+    inside, which give their embeddings, not a closed (or freed) context's error. A frame whose crops were
+    still being handed to the lanes when the close began is refused whole (stage 1 then hands it to the
+    new model: the reload test below)."""
+    inside, go, failed = held
     inspector = two_lanes(bundle)
     outcome: list[object] = []
 
@@ -87,8 +96,12 @@ def test_close_waits_for_the_encodes_on_the_lanes_before_freeing_the_contexts(
     encoder.join(10)
     closer.join(10)
     assert not closer.is_alive() and inspector.mtmd is not None and inspector.mtmd.closed
-    assert isinstance(outcome[0], Encoded), outcome[0]
+    assert not failed, failed
     assert still_open, "close() freed the contexts under an encode"
+    if regions and isinstance(outcome[0], InferenceError):
+        assert str(outcome[0]) == CLOSED
+    else:
+        assert isinstance(outcome[0], Encoded), outcome[0]
 
 
 @pytest.mark.parametrize("regions", [False, True], ids=["frame", "regions"])
@@ -138,7 +151,7 @@ def test_a_frame_whose_model_a_reload_closed_during_stage_1_is_encoded_again_wit
         try:
             result = future.result(timeout=60)
         except InferenceError as exc:  # a region without a verdict of the random model: still the new encode
-            assert "closed" not in str(exc), str(exc)
+            assert CLOSED not in str(exc), str(exc)
         else:
             assert [r["name"] for r in result.regions or []] == ["q0", "q1", "q2", "q3"]
         assert sum(new.encoder.lane_encodes) == 4
