@@ -179,3 +179,28 @@ def test_two_encoder_lanes_encode_two_crops_at_the_same_time(ins: Inspector, mon
         monkeypatch.undo()
         assert sum(two.encoder.lane_encodes) == 4 and min(two.encoder.lane_encodes) > 0
     assert all(isinstance(enc, Encoded) for _, enc in encoded.regions)
+
+
+def test_a_regions_frames_prefill_and_decode_are_one_regions_not_two_regions_maxima() -> None:
+    """One region prefilled longest, another decoded longest: the frame's prefill and decode are the
+    longest region's own (its whole generation lies inside the frame's), not the longest prefill plus the
+    longest decode of different regions, whose sum can exceed the frame's wall time (seen under load)."""
+    from edge_runtime.core.batch import BatchJob
+    from edge_runtime.core.result import Result
+    from edge_runtime.inference.llm.feed import Generation
+    from edge_runtime.inference.regions import RegionsEncoded, RegionSpec
+    from edge_runtime.inference.results import RegionsCollected, regions_result
+
+    crop = Encoded(np.zeros((1, 4), np.float32), SIDE, SIDE, 0.0, 0.0)
+    enc = RegionsEncoded(np.zeros((0, 4), np.float32), 2 * SIDE, 2 * SIDE, 1.0, 2.0,
+                         regions=[(RegionSpec("a", (0, 0, SIDE, SIDE)), crop),
+                                  (RegionSpec("b", (SIDE, 0, SIDE, SIDE)), crop)])
+    collected = RegionsCollected(enc, "defect", lambda _g, _r: {"defect": False})
+    collected.pending = 2
+    collected.add(0, None, Generation('{"defect":false}', 5, 40, prefill_ms=30.0, decode_ms=5.0,
+                                      finish_reason="stop", prefix_reused=0))
+    collected.add(1, None, Generation('{"defect":false}', 9, 10, prefill_ms=4.0, decode_ms=20.0,
+                                      finish_reason="stop", prefix_reused=0))
+    result = regions_result("t", "m", BatchJob(enc, "belt"), collected, "?", time.perf_counter())
+    assert isinstance(result, Result)
+    assert (result.timings_ms["prefill"], result.timings_ms["decode"]) == (30.0, 5.0)
