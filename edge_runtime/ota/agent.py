@@ -5,9 +5,10 @@ API (the `docker` SDK). Every step is written to a state file before it is taken
 at any point converges on restart (`recover()`) to exactly one healthy container under the managed
 name: the candidate if it turned healthy, otherwise the previous one.
 
-Phases published: received, verified, pulling, waiting_line, starting, healthy, committed, rolled_back,
-refused, failed, canceled. With an update lock (`update_lock.py`) the pulled image waits for the line
-and the quiet window before the old container is stopped; a source may cancel an update until then.
+Phases published: received, current (the manifest's release runs already), verified, pulling,
+waiting_line, starting, healthy, committed, rolled_back, refused, failed, canceled. With an update lock
+(`update_lock.py`) the pulled image waits for the line and the quiet window before the old container is
+stopped; a source may cancel an update until then.
 """
 
 from __future__ import annotations
@@ -91,6 +92,19 @@ class OtaAgent:
         labels = container.image.labels or {}
         return labels.get(VERSION_LABEL) or self.state().get("version")
 
+    def _runs_image_of(self, manifest: Manifest) -> bool:
+        """Whether the running container's image is the manifest's (by digest), as far as the engine and
+        the state file know; unknown counts as yes, the version being the same."""
+        digests: set[str] = set()
+        container = self._get(self.name)
+        if container is not None:
+            attrs = getattr(container.image, "attrs", None) or {}
+            digests.update(ref.split("@", 1)[1] for ref in attrs.get("RepoDigests") or [] if "@" in ref)
+        state = self.state()
+        if state.get("image") and state.get("version") == manifest.version:  # recorded by the last commit
+            digests.add(str(state["image"]).split("@", 1)[-1])
+        return not digests or manifest.image.split("@", 1)[-1] in digests
+
     def _health(self, container: Any) -> str:
         container.reload()
         health = container.attrs["State"].get("Health")
@@ -136,7 +150,15 @@ class OtaAgent:
         self._status("received")
         try:
             manifest = parse(payload)
-            verify(manifest, self.keys, self.current_version(), __version__, self.allow_downgrade)
+            current = self.current_version()
+            if manifest.version == current and self._runs_image_of(manifest):
+                # The release that runs, again: a retained ("desired state") manifest the broker hands to
+                # every new subscription, or a polled URL read again after a restart. Checked like any
+                # other, then reported as the current state instead of refused as "not newer".
+                verify(manifest, self.keys, None, __version__)
+                self._status("current", manifest)
+                return "current"
+            verify(manifest, self.keys, current, __version__, self.allow_downgrade)
         except ManifestRefused as exc:
             self._status("refused", reason=str(exc))
             return "refused"

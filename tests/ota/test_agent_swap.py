@@ -4,10 +4,12 @@ containers' names and running state, and fails where the test says)."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import docker.errors
+import pytest
 
 from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
@@ -104,3 +106,33 @@ def test_recovery_never_leaves_the_old_container_running_beside_the_committed_ca
     assert agent.recover() == "committed"
     assert [(c.name, c.id) for c in engine.all if c.running] == [("edge-runtime", "cand-id")]
     assert engine.get("old-id").name == "edge-runtime-previous"
+
+
+def test_a_retained_manifest_of_the_running_release_is_the_current_state_after_a_restart(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A "desired state" manifest published retained: the broker hands it to the agent at every start (and
+    # reconnect). Once it is installed, each restart had refused it ("not newer") on the retained status.
+    private, public = generate_keypair()
+    payload = sign(Manifest(image=IMAGE, version="2.0.0"), private).model_dump_json(exclude_none=True)
+    engine = Engine()
+    first = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], lambda s: None)
+    first.candidate_starts = True
+    assert first.handle(payload) == "committed"
+    statuses: list[dict[str, Any]] = []
+    restarted = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append)
+    restarted.recover()
+    with caplog.at_level(logging.INFO, logger="edge_runtime.ota"):
+        assert restarted.handle(payload) == "current"
+    assert [s["phase"] for s in statuses] == ["received", "current"]
+    assert statuses[-1]["version"] == "2.0.0" and "reason" not in statuses[-1]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert restarted.clones == 0 and restarted.state() == {"phase": "idle", "version": "2.0.0", "image": IMAGE}
+    # Still checked like any manifest: a forged one of the running version is refused.
+    forged = json.dumps({**json.loads(payload), "notes": "changed after signing"})
+    assert restarted.handle(forged) == "refused" and "trusted fleet key" in statuses[-1]["reason"]
+    # A genuinely older release, and the running version with another image, are still refused.
+    older = sign(Manifest(image=IMAGE, version="1.5.0"), private).model_dump_json(exclude_none=True)
+    assert restarted.handle(older) == "refused" and "not newer" in statuses[-1]["reason"]
+    rebuilt = sign(Manifest(image=IMAGE.replace("ab" * 32, "cd" * 32), version="2.0.0"), private)
+    assert restarted.handle(rebuilt.model_dump_json(exclude_none=True)) == "refused"
+    assert "not newer" in statuses[-1]["reason"] and restarted.clones == 0

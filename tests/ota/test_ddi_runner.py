@@ -381,3 +381,17 @@ def test_a_recovery_that_failed_at_start_is_retried_before_the_action_is_answere
     source.step()
     assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
     assert agent.clones == 0 and [c.id for c in engine.all if c.running] == ["cand-id"]
+
+
+def test_an_action_for_the_running_release_is_closed_as_success_and_an_older_one_as_refused(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0], version="1.0.0"))  # the engine's container runs 1.0.0
+    source, agent, engine = make(tmp_path, url, keys[1])
+    source.step()
+    assert engine.pulls == [] and agent.swaps == 0
+    assert executions(recorded)[-1] == ("closed", "success", "already running 1.0.0")
+    offer(recorded, url, release(keys[0], version="0.9.0"), action="9")
+    source.step()
+    assert engine.pulls == [] and executions(recorded)[-1][:2] == ("closed", "failure")
+    assert "not newer" in executions(recorded)[-1][2]

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SLEEP_S = 300.0  # when the server names no interval
 MAX_BACKOFF_S = 300.0
 MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is closed as failed
-FINAL = {"committed": "success", "rolled_back": "failure", "refused": "failure", "failed": "failure"}
+FINAL = {"committed": "success", "current": "success", "rolled_back": "failure", "refused": "failure",
+         "failed": "failure"}
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
 
 
@@ -55,6 +56,8 @@ def final_feedback(phase: str, status: dict[str, Any]) -> tuple[str, list[str]]:
     reason = str(status.get("reason", ""))
     if phase == "committed":
         return "success", [f"committed {status.get('version', '')}".strip()]
+    if phase == "current":  # the action's release runs already: installed, nothing to do
+        return "success", [f"already running {status.get('version', '')}".strip()]
     if phase == "rolled_back":
         return "failure", [f"rolled back: {reason}"]
     if phase == "refused":
