@@ -44,6 +44,7 @@ class OtaAgent:
         # Asked until the old container is stopped: a reason to cancel (the source withdrew the update) or None.
         self.cancelled: Callable[[], str | None] = lambda: None
         self._crash_after = os.environ.get("EDGE_OTA_CRASH_AFTER")  # test hook: die right after this phase
+        self._recovery_logged: str | None = None  # a recovery retried (the engine down) is announced once
         state_path.parent.mkdir(parents=True, exist_ok=True)
 
     # ---- state -------------------------------------------------------------------------------
@@ -276,7 +277,9 @@ class OtaAgent:
                          str(report.get("reason", "")), **idle)
             return str(report["phase"])
         manifest = Manifest.model_validate(state["manifest"])
-        log.warning("ota: recovering from an interrupted update (phase %s)", phase)
+        log.log(logging.WARNING if phase != self._recovery_logged else logging.DEBUG,
+                "ota: recovering from an interrupted update (phase %s)", phase)
+        self._recovery_logged = phase
         if phase in ("verified", "pulling", "waiting_line"):
             self._save(phase="idle", version=self.current_version())
             self._status("failed", manifest, f"interrupted while {phase}; nothing was changed")

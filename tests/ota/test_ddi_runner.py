@@ -5,7 +5,9 @@ image and an old container, and a swap whose outcome the test picks."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -238,7 +240,7 @@ def test_a_download_only_action_is_refused(served: tuple[Recorded, str], keys: t
 
 
 def test_the_loop_outlives_a_broken_agent(served: tuple[Recorded, str], keys: tuple[str, str],
-                                          tmp_path: Path) -> None:
+                                          tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     recorded, url = served
     offer(recorded, url, release(keys[0]))
     stop = threading.Event()
@@ -246,15 +248,19 @@ def test_the_loop_outlives_a_broken_agent(served: tuple[Recorded, str], keys: tu
 
     def sleep(s: float) -> bool:
         waits.append(s)
-        if len(waits) >= 2:
+        if len(waits) >= 3:
             stop.set()
         return stop.is_set()
 
     source, agent, _engine = make(tmp_path, url, keys[1], stop=stop)
     source._sleep = sleep
     agent.handle = lambda payload: (_ for _ in ()).throw(RuntimeError("docker went away"))  # type: ignore[method-assign]
-    source.run()
-    assert len(waits) == 2 and all(4 <= w <= 12 for w in waits)  # backed off, went on
+    with caplog.at_level(logging.INFO, logger="edge_runtime.ota"):
+        source.run()
+    assert len(waits) == 3 and all(4 <= w <= 24 for w in waits)  # backed off, went on
+    # The same error again is not another traceback: one line (with it) per distinct error, rate-limited.
+    [logged] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "docker went away (1 in a row)" in logged.getMessage() and logged.exc_info
 
 
 def test_stopping_the_agent_ends_a_wait_for_the_line_and_leaves_the_action_open(
@@ -395,3 +401,82 @@ def test_an_action_for_the_running_release_is_closed_as_success_and_an_older_one
     source.step()
     assert engine.pulls == [] and executions(recorded)[-1][:2] == ("closed", "failure")
     assert "not newer" in executions(recorded)[-1][2]
+
+
+def test_a_recovery_that_keeps_failing_polls_reports_and_logs_each_error_once(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]), config_data=True)  # the action the agent was killed in, still offered
+    recorded.json(BASE_PATH, controller_base(url + BASE_PATH, sleep="00:00:30", deployment="8", config_data=True))
+    engine = swap.Engine()
+    engine.get("old-id").running = False  # killed while the candidate waited for its health verdict
+    engine.all.append(swap.Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=True))
+    manifest = Manifest.model_validate_json(release(keys[0]))
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "waiting_health", "manifest": manifest.model_dump(),
+                                                     "old_id": "old-id", "candidate_id": "cand-id"}))
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8"}}))
+    agent = swap.Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None)
+    cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+    config = Config.model_validate({"device_id": CONTROLLER, "data_dir": str(tmp_path)})
+    stop = threading.Event()
+    now = [1000.0]
+    waits: list[float] = []
+    polls: list[float] = []  # the simulated time of each poll
+    statuses: list[dict[str, Any]] = []
+    down = ["Cannot connect to the Docker daemon at unix:///var/run/docker.sock"]
+
+    answering = engine.get
+
+    def get(key: str) -> swap.Container:
+        if down:
+            raise docker.errors.APIError(down[0])
+        return answering(key)
+
+    def sleep(s: float) -> bool:
+        polls.extend([now[0]] * (len(recorded.sent("GET", BASE_PATH)) - len(polls)))
+        waits.append(s)
+        now[0] += s
+        if now[0] > 1000.0 + 400:  # the engine answers
+            down.clear()
+        elif now[0] > 1000.0 + 200:  # a second, different error
+            down[:] = ["Read timed out. (read timeout=60)"]
+        if now[0] > 1000.0 + 500:
+            stop.set()
+        return stop.is_set()
+
+    engine.get = get  # type: ignore[method-assign]
+    source = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json",
+                       lambda: device_attributes(config, agent.current_version()), stop, publish=statuses.append,
+                       sleep=sleep, clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="edge_runtime.ota"):
+        source.run()
+    # The server saw the device at its polling interval throughout (never sooner than asked), and heard
+    # once per distinct error what keeps the action open; the action was not answered before the recovery.
+    during = [t for t in polls if t < 1000.0 + 400]
+    assert len(during) >= 12 and all(29.99 <= b - a <= 33.01 for a, b in itertools.pairwise(during))
+    recovering = [d for e, _f, d in executions(recorded) if "recovering" in d]
+    assert recovering == ["recovering the interrupted update failed: Cannot connect to the Docker daemon at "
+                          "unix:///var/run/docker.sock (retrying)",
+                          "recovering the interrupted update failed: Read timed out. (read timeout=60) (retrying)"]
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
+    assert agent.clones == 0 and [c.id for c in engine.all if c.running] == ["cand-id"]
+    # configData: not sent while the engine could not say the running version, sent once it could.
+    sent = [json.loads(r[3])["data"]["running_version"] for r in recorded.sent("PUT", "/configData")]
+    assert sent and set(sent) == {"2.0.0"}  # the recorded server keeps asking for it at every poll
+    # Recovery retried with backoff (5 s, 10 s, 20 s … each wait also ends at the next poll).
+    assert waits[:2] == pytest.approx([5.0, 10.0], rel=0.21) and max(waits) <= 33.0
+    # The agent's status counts the attempts; the log has one line per distinct error, no traceback.
+    counts = [s["recovery_failures"] for s in statuses if s["phase"] == "recovering"]
+    assert counts == list(range(1, len(counts) + 1)) and len(counts) >= 12
+    assert statuses[-1]["phase"] == "committed" and source.recovery_failures == 0
+    failed = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" (")[0] for r in failed] == [
+        "ota: recovering from an interrupted update",  # the agent's, once
+        "ota: recovering the interrupted update failed: Cannot connect to the Docker daemon at "
+        "unix:///var/run/docker.sock",
+        "ota: configData not sent",  # it needs the running version from the engine
+        "ota: recovering the interrupted update failed: Read timed out.",
+        "ota: configData not sent"]
+    assert not any(r.exc_info for r in failed)
+    assert any(r.getMessage().startswith(f"ota: the interrupted update was recovered after {counts[-1]} failed")
+               for r in caplog.records)

@@ -8,13 +8,19 @@ Durability: the action being worked on and, once known, its final feedback are w
 finishes or undoes the swap and its final status is sent for the same action; an action that was
 interrupted before anything changed is simply taken again; a final feedback that did not get through
 is sent again (never recomputed), so a server that offers the action again gets the same answer.
-Failures of the server are retried with exponential backoff and never end the loop.
+Failures of the server are retried with exponential backoff and never end the loop. A recovery that
+fails (the Docker engine not answering yet) is retried with its own backoff while the loop goes on
+polling at the server's interval (so the server does not see the device overdue) and sending configData
+when asked, but answers no action until the swap is finished or undone; each failed attempt is counted
+(`recovery_failures`, in the `recovering` status on MQTT) and logged as one line per distinct error,
+rate-limited.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -24,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_runtime import __version__
 from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.ota.agent import OtaAgent
 from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
@@ -34,6 +41,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SLEEP_S = 300.0  # when the server names no interval
 MAX_BACKOFF_S = 300.0
 MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is closed as failed
+REPEAT_LOG_S = 600.0  # a failure that repeats is logged again, with its count, at most this often
+MAX_DISTINCT_ERRORS = 16  # distinct errors logged each at once; more share one rate limit
 FINAL = {"committed": "success", "current": "success", "rolled_back": "failure", "refused": "failure",
          "failed": "failure"}
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
@@ -71,7 +80,7 @@ class DdiSource:
     def __init__(self, client: DdiClient, agent: OtaAgent, state_path: Path,
                  config_data: Callable[[], dict[str, str]], stop: threading.Event,
                  poll_override_s: float | None = None, publish: Callable[[dict[str, Any]], None] | None = None,
-                 sleep: Callable[[float], bool] | None = None) -> None:
+                 sleep: Callable[[float], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.agent = agent
         self.state_path = state_path
@@ -80,8 +89,12 @@ class DdiSource:
         self.poll_override_s = poll_override_s
         self.mirror = publish  # the MQTT status topic, when there is one
         self._sleep = sleep or stop.wait
+        self._clock = clock
         self.interval_s = poll_override_s or DEFAULT_SLEEP_S
         self.failures = 0
+        self.recovery_failures = 0  # failed recovery attempts in a row (reset when one succeeds)
+        self._next_poll_at = -math.inf  # when the server may be polled again (while a recovery fails)
+        self._errors = DistinctErrors(log)
         self._recovering = False
         self._download_tries: dict[str, int] = {}
         self._cancels_answered: set[str] = set()
@@ -113,23 +126,50 @@ class DdiSource:
 
     def run(self) -> None:
         """Until `stop`: recover, then poll, act, sleep. No exception ends it."""
-        self._recover()
+        pending = not self._recover()  # then the first poll comes at once, the next attempt after its backoff
         while not self.stop.is_set():
             try:
-                wait = self.step()
-            except Exception:
-                log.exception("ota: DDI step failed; the agent goes on")
+                wait = self._while_recovering() if pending else self.step()
+                self._errors.clear("step")
+            except Exception as exc:  # noqa: BLE001 - no exception may end the loop
                 self.failures += 1
                 wait = backoff_s(self.failures)
+                self._errors.log("step", exc, "ota: DDI step failed: %s (%d in a row); the agent goes on",
+                                 self.failures, level=logging.ERROR, first_traceback=True)
+            pending = False
             self._sleep(wait)
 
     def step(self) -> float:
         """One poll and what it asks for; returns the seconds to sleep before the next."""
-        if self.agent.state().get("phase", "idle") != "idle":  # a recovery that failed (the engine was not
-            self._recover()  # answering yet) or a swap an error interrupted: finish it before any action
-            if self.agent.state().get("phase", "idle") != "idle":
-                self.failures += 1
-                return backoff_s(self.failures)
+        # A recovery that failed (the engine was not answering yet) or a swap an error interrupted: retried
+        # with backoff, polling meanwhile, and finished before any action is answered.
+        if self.agent.state().get("phase", "idle") != "idle":
+            if not self._recover():
+                return self._while_recovering()
+            if self._clock() < self._next_poll_at:  # its outcome went out with the recovery; the poll when due
+                return self._next_poll_at - self._clock()
+        wait = self._poll_and_act()
+        self._next_poll_at = self._clock() + wait
+        return wait
+
+    def _while_recovering(self) -> float:
+        """Poll when the last poll's wait is over (the server must not see the device overdue), send
+        configData when asked; answer no action. Returns the wait until the next recovery attempt or poll."""
+        now = self._clock()
+        if now >= self._next_poll_at:
+            try:
+                base = self.client.poll()
+            except DdiError as exc:
+                self._next_poll_at = now + self._failed("polling", exc)
+            else:
+                self.failures = 0
+                self.interval_s = self.poll_override_s or base.sleep_s or DEFAULT_SLEEP_S
+                if base.config_data_href:
+                    self._send_config_data()
+                self._next_poll_at = now + poll_wait_s(self.interval_s)
+        return max(0.0, min(backoff_s(self.recovery_failures), self._next_poll_at - now))
+
+    def _poll_and_act(self) -> float:
         if not self._flush_final():
             self.failures += 1
             return backoff_s(self.failures)
@@ -313,22 +353,92 @@ class DdiSource:
 
     def _send_config_data(self) -> None:
         try:
-            self.client.config_data(self.config_data())
+            data = self.config_data()
+        except Exception as exc:  # noqa: BLE001 - e.g. the engine, asked for the running version, is down
+            self._errors.log("configData", exc, "ota: configData not sent (the server asks again): %s")
+            return
+        self._errors.clear("configData")
+        try:
+            self.client.config_data(data)
         except DdiError as exc:  # the server keeps asking until it has them
             self._warn.log(logging.WARNING, "ota: sending configData failed: %s", exc)
 
-    def _recover(self) -> None:
-        """The agent's crash recovery, its statuses going to the action it belonged to."""
+    def _recover(self) -> bool:
+        """The agent's crash recovery, its statuses going to the action it belonged to. False when it
+        failed and the agent is still mid-swap: counted, reported, logged once per distinct error."""
         self._recovering = True
         try:
             self.agent.recover()
-        except Exception:
-            log.exception("ota: recovering the interrupted update failed")
+            error: Exception | None = None
+        except Exception as exc:  # noqa: BLE001 - docker raises APIError, connection errors, timeouts
+            error = exc
         finally:
             self._recovering = False
+        if self.agent.state().get("phase", "idle") != "idle":
+            self._recovery_failed(error or RuntimeError("the agent is still mid-swap after its recovery"))
+            return False
+        if error is not None:  # the swap is over, but reporting its outcome failed: reported at the next start
+            self._errors.log("report", error, "ota: reporting the recovered update failed: %s", first_traceback=True)
+        if self.recovery_failures:
+            log.info("ota: the interrupted update was recovered after %d failed attempts", self.recovery_failures)
+            self.recovery_failures = 0
+            self._errors.clear("recovery")
         known = self.state().get("action") or {}
-        if known and not known.get("final") and self.agent.state().get("phase", "idle") == "idle":
+        if known and not known.get("final"):
             self._save()  # killed before the agent recorded a step: the server offers the action again
+        return True
+
+    def _recovery_failed(self, exc: Exception) -> None:
+        self.recovery_failures += 1
+        reason = _describe(exc)
+        first = self._errors.log("recovery", exc, "ota: recovering the interrupted update failed: %s (attempt %d; "
+                                 "retrying with backoff, polling the server meanwhile)",
+                                 self.recovery_failures)
+        state = self.agent.state()
+        manifest = state.get("manifest")
+        manifest = manifest if isinstance(manifest, dict) else {}
+        status = {"phase": "recovering", "ts": time.time(), "agent": __version__, "reason": reason,
+                  "recovery_failures": self.recovery_failures, "interrupted": state.get("phase")}
+        status.update({k: manifest[k] for k in ("version", "image") if k in manifest})
+        if self.mirror is not None:
+            self.mirror(status)
+        known = self.state().get("action") or {}
+        if first and known.get("id") and not known.get("final"):  # the server hears each distinct error once
+            self._proceeding(known["id"], [f"recovering the interrupted update failed: {reason} (retrying)"])
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+class DistinctErrors:
+    """A failure that repeats: each distinct error (per kind) is logged at once, one line, then at most
+    once per REPEAT_LOG_S with the count of the lines left out (`RateLimitedLog`)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._logs: dict[tuple[str, str], RateLimitedLog] = {}
+        self._overflow = RateLimitedLog(logger, REPEAT_LOG_S)
+
+    def log(self, kind: str, exc: BaseException, msg: str, *args: Any, level: int = logging.WARNING,
+            first_traceback: bool = False) -> bool:
+        """`msg` gets the error's text as its first argument; True when this error of this kind is new."""
+        key = (kind, f"{type(exc).__name__}: {_describe(exc)}")
+        limiter = self._logs.get(key)
+        new = limiter is None and len(self._logs) < MAX_DISTINCT_ERRORS  # past that, all share one limit
+        if new:
+            limiter = self._logs[key] = RateLimitedLog(self.logger, REPEAT_LOG_S)
+        elif limiter is None:
+            limiter = self._overflow
+        limiter.log(level, msg, _describe(exc), *args, exc_info=new and first_traceback)
+        if new and not first_traceback:
+            self.logger.debug("ota: %s failed", kind, exc_info=exc)
+        return new
+
+    def clear(self, kind: str) -> None:
+        """The failure ended: its errors are logged at once if they come back."""
+        self._logs = {k: v for k, v in self._logs.items() if k[0] != kind}
 
 
 def _offers(base: ControllerBase, action: str) -> bool:
