@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)  # the result lines are counted by tests/app/t
 # Requests a client sent (REST, OpenAI, an MQTT or REST trigger): a refused input is answered to it as a
 # 4xx. Any other (a camera's schedule, a line's trigger, an escalation) asks what the config says.
 CLIENT_TRIGGERS = frozenset({"api", "trigger"})
+GATED_QUEUE = 64  # gated OKs waiting for the delivery thread
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
@@ -70,19 +71,28 @@ class InspectionWorker:
         self._handoff: queue.Queue[tuple[InspectionRequest, Staged]] = queue.Queue(maxsize=self.max_batch)
         self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
         self._thread = SupervisedThread("inspector", self._run, self._stop, log)
+        # skip_ok's gated OKs, delivered (journal, evidence, sinks) beside stage 1, which meanwhile
+        # encodes the next frame; bounded, so a slow disk holds stage 1 back instead of growing it.
+        self._gated: queue.Queue[tuple[InspectionRequest, Result]] = queue.Queue(maxsize=GATED_QUEUE)
+        self._gated_stop = threading.Event()  # set once stage 1 has stopped: the queue is drained, then it ends
+        self._gated_thread = SupervisedThread("gate-delivery", self._gated_loop, self._gated_stop, log)
 
     def threads(self) -> list[SupervisedThread]:
-        return [self._encoder, self._thread]
+        return [self._encoder, self._thread] + ([self._gated_thread] if self.gates is not None else [])
 
     def start(self) -> None:
         self._encoder.start()
         self._thread.start()
+        if self.gates is not None:
+            self._gated_thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the inspection in progress (its result is journaled), then stop."""
         self._stop.set()
         self.inspections.wake()
-        for thread in (self._encoder, self._thread):
+        self._encoder.join(timeout)
+        self._gated_stop.set()  # stage 1 queues no more gated OKs: deliver those queued, then end
+        for thread in (self._gated_thread, self._thread):
             thread.join(timeout)
         self._refuse_leftovers()
 
@@ -90,11 +100,12 @@ class InspectionWorker:
         """Answer every request that never started, so no caller waits forever. Both stages have
         stopped: a request the encoder handed on after the generator's last look is still in the hand-off."""
         leftovers: list[InspectionRequest] = []
-        while True:
-            try:
-                leftovers.append(self._handoff.get_nowait()[0])
-            except queue.Empty:
-                break
+        for staged in (self._handoff, self._gated):
+            while True:
+                try:
+                    leftovers.append(staged.get_nowait()[0])
+                except queue.Empty:
+                    break
         while self.inspections.depth:
             request = self.inspections.get(timeout=0)
             if request is not None:  # None: the wake-up marker
@@ -105,7 +116,7 @@ class InspectionWorker:
 
     def alive(self, max_busy_s: float) -> bool:
         """True while both stages turn and no single inspection has hung."""
-        if not (self._thread.is_alive() and self._encoder.is_alive()):
+        if not all(thread.is_alive() for thread in self.threads()):
             return False
         if self.busy_since is not None:
             return time.monotonic() - self.busy_since < max_busy_s
@@ -134,7 +145,8 @@ class InspectionWorker:
                     encoded = None if inspector is not None and inspector is not self.get_inspector() else exc
             request.encoded.set()
             if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
-                    [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed):
+                    [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed,
+                    answer=self._queue_gated):
                 continue  # skip_ok answered it here, overlapping the generation in stage 2
             while not self._stop.is_set():
                 try:
@@ -144,6 +156,32 @@ class InspectionWorker:
                     continue
             else:
                 request.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _queue_gated(self, request: InspectionRequest, result: Result) -> None:
+        """A gated OK to the delivery thread (stage 1 waits while its queue is full)."""
+        while not self._gated_stop.is_set():
+            try:
+                self._gated.put((request, result), timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        request.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _gated_loop(self) -> None:
+        """Deliver the gated OKs in the order stage 1 queued them, until stopped with none left."""
+        while True:
+            try:
+                request, result = self._gated.get(timeout=0.5)
+            except queue.Empty:
+                if self._gated_stop.is_set():
+                    return
+                continue
+            try:
+                delivered = self._deliver(request, result)
+            except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it
+                self._failed(request, exc)
+            else:
+                request.future.set_result(delivered)
 
     def _run(self) -> None:
         while not self._stop.is_set() or not self._handoff.empty():

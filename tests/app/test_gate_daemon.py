@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -365,3 +366,38 @@ def test_a_recipes_bank_that_does_not_fit_refuses_the_start_naming_the_recipe(
         assert "\n" not in str(err.value)
     finally:
         daemon.stop()
+
+
+def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage 1 queues a gated OK for the delivery thread and encodes the next frame meanwhile: the first
+    OK's journal row is held back (a slow disk) until the second frame has been encoded. On stop, a gated
+    OK still queued is delivered, not dropped."""
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
+    daemon = run_daemon(config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand")))
+    release = threading.Event()
+    deliver = daemon.pipeline.deliver
+
+    def slow(request: InspectionRequest, result: Any) -> Any:
+        if request.seq == 0:
+            assert release.wait(30), "the first OK's delivery was never released"
+        return deliver(request, result)
+
+    monkeypatch.setattr(daemon.worker, "deliver", slow)
+    first = InspectionRequest(clean_part(8), "belt", seq=0, journal=True)
+    second = InspectionRequest(clean_part(9), "belt", seq=1, journal=True)
+    daemon.inspections.submit(first)
+    daemon.inspections.submit(second)
+    assert second.encoded.wait(30), "stage 1 waited for the first OK's delivery before encoding the second frame"
+    assert not first.future.done()
+    release.set()
+    assert first.future.result(30).source["engine"] == second.future.result(30).source["engine"] == "gate"
+    assert len(rows(daemon)) == 2
+    delivered = daemon.pipeline.delivered
+    third = InspectionRequest(clean_part(10), "belt", seq=2, journal=True)
+    daemon.inspections.submit(third)
+    assert third.encoded.wait(30)
+    daemon.stop()
+    assert third.future.result(0).source["engine"] == "gate"
+    assert daemon.pipeline.delivered == delivered + 1  # journaled (the journal is first), then the sinks

@@ -113,10 +113,13 @@ class GateStep:
     def sift(self, work: list[tuple[InspectionRequest, Encoded | Exception | None]],
              inspector: FrameSource, governor: dict[str, Any] | None,
              deliver: Callable[[InspectionRequest, Result], Result],
-             failed: Callable[[InspectionRequest, Exception], None]
+             failed: Callable[[InspectionRequest, Exception], None],
+             answer: Callable[[InspectionRequest, Result], None] | None = None
              ) -> list[tuple[InspectionRequest, Encoded | Exception | None]]:
         """Look at each camera frame with a gate; answer the gated ones of skip_ok here. Returns the
         work that still goes to the language model (frames not encoded ahead come back encoded).
+        `answer`: where a gated frame's OK Result goes to be delivered (the worker's delivery thread);
+        without it the OK is delivered here (`deliver`, then the request's future, or `failed`).
 
         The worker calls it in stage 1 right after the encode (a gated frame is then answered while
         stage 2 generates) and again in stage 2, which passes on the frames stage 1 looked at."""
@@ -147,8 +150,12 @@ class GateStep:
                                         if spec.name in look.answered}
                 rest.append((request, encoded))
                 continue
+            ok = self._ok_result(look, request, encoded, governor, inspector)
+            if answer is not None:
+                answer(request, ok)
+                continue
             try:
-                result = deliver(request, self._ok_result(look, request, encoded, governor, inspector))
+                result = deliver(request, ok)
             except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it
                 failed(request, exc)
             else:
