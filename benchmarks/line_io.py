@@ -165,7 +165,8 @@ def sparkplug(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
             mark = len(host.messages)
             t0 = time.perf_counter()
             host.client.publish(topic("DCMD", "st1"), spb.payload(None, [("PartId", spb.STRING, f"B{i}"),
-                                                                         ("Trigger", spb.BOOLEAN, True)]))
+                                                                         ("Trigger", spb.BOOLEAN, True),
+                                                                         ("ResultAck", spb.BOOLEAN, False)]))
             host.wait(lambda _t, m: m.get("AcquisitionDone") is True or m.get("ResultValid") is True, mark, 60)
             acquired.append((time.perf_counter() - t0) * 1000)
             j, _m = host.wait(lambda _t, m: m.get("ResultValid") is True, mark, 60)
