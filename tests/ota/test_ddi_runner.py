@@ -480,3 +480,15 @@ def test_a_recovery_that_keeps_failing_polls_reports_and_logs_each_error_once(
     assert not any(r.exc_info for r in failed)
     assert any(r.getMessage().startswith(f"ota: the interrupted update was recovered after {counts[-1]} failed")
                for r in caplog.records)
+
+
+def test_an_error_whose_text_differs_only_by_an_address_or_a_number_is_one_distinct_error() -> None:
+    from edge_runtime.ota.ddi.runner import DistinctErrors
+
+    errors = DistinctErrors(logging.getLogger("test-ota-distinct"))
+    first = ConnectionError("<urllib3.connection.HTTPConnection object at 0x7f3a2c1d9e50>: port 2375 refused")
+    again = ConnectionError("<urllib3.connection.HTTPConnection object at 0x7f3a2c1e1b10>: port 2375 refused")
+    other = TimeoutError("the engine did not answer")
+    assert errors.log("recovery", first, "recovery failed: %s") is True
+    assert errors.log("recovery", again, "recovery failed: %s") is False
+    assert errors.log("recovery", other, "recovery failed: %s") is True

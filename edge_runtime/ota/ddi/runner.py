@@ -412,6 +412,9 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "…"
 
 
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
 class DistinctErrors:
     """A failure that repeats: each distinct error (per kind) is logged at once, one line, then at most
     once per REPEAT_LOG_S with the count of the lines left out (`RateLimitedLog`)."""
@@ -424,7 +427,9 @@ class DistinctErrors:
     def log(self, kind: str, exc: BaseException, msg: str, *args: Any, level: int = logging.WARNING,
             first_traceback: bool = False) -> bool:
         """`msg` gets the error's text as its first argument; True when this error of this kind is new."""
-        key = (kind, f"{type(exc).__name__}: {_describe(exc)}")
+        # Addresses and numbers in the text (docker-py's "<... object at 0x7f...>", ports, counts) change
+        # from one attempt to the next: the same failure must count as one error, not a new one each time.
+        key = (kind, _NUMBERS.sub("#", f"{type(exc).__name__}: {_describe(exc)}"))
         limiter = self._logs.get(key)
         new = limiter is None and len(self._logs) < MAX_DISTINCT_ERRORS  # past that, all share one limit
         if new:
