@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)  # the result lines are counted by tests/app/t
 # Requests a client sent (REST, OpenAI, an MQTT or REST trigger): a refused input is answered to it as a
 # 4xx. Any other (a camera's schedule, a line's trigger, an escalation) asks what the config says.
 CLIENT_TRIGGERS = frozenset({"api", "trigger"})
-GATED_QUEUE = 64  # gated OKs waiting for the delivery thread
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
@@ -72,8 +71,9 @@ class InspectionWorker:
         self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
         self._thread = SupervisedThread("inspector", self._run, self._stop, log)
         # skip_ok's gated OKs, delivered (journal, evidence, sinks) beside stage 1, which meanwhile
-        # encodes the next frame; bounded, so a slow disk holds stage 1 back instead of growing it.
-        self._gated: queue.Queue[tuple[InspectionRequest, Result]] = queue.Queue(maxsize=GATED_QUEUE)
+        # encodes the next frame. Each holds its frame: as many places as the hand-off, so a slow disk
+        # holds stage 1 back instead of holding frames.
+        self._gated: queue.Queue[tuple[InspectionRequest, Result]] = queue.Queue(maxsize=self.max_batch)
         self._gated_stop = threading.Event()  # set once stage 1 has stopped: the queue is drained, then it ends
         self._gated_thread = SupervisedThread("gate-delivery", self._gated_loop, self._gated_stop, log)
 
@@ -162,9 +162,11 @@ class InspectionWorker:
         while not self._gated_stop.is_set():
             try:
                 self._gated.put((request, result), timeout=0.5)
-                return
             except queue.Full:
                 continue
+            if self._gated_stop.is_set() and not self._gated_thread.is_alive():
+                self._refuse_leftovers()  # stage 1 outlived stop's wait: nobody else will answer it
+            return
         request.future.set_exception(QueueFull("the daemon is shutting down"))
 
     def _gated_loop(self) -> None:

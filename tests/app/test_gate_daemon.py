@@ -372,8 +372,8 @@ def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode
         run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Stage 1 queues a gated OK for the delivery thread and encodes the next frame meanwhile: the first
-    OK's journal row is held back (a slow disk) until the second frame has been encoded. On stop, a gated
-    OK still queued is delivered, not dropped."""
+    OK's journal row is held back (a slow disk) until the second frame has been encoded. On stop, the gated
+    OKs still waiting for delivery are delivered, not dropped."""
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
     daemon = run_daemon(config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand")))
     release = threading.Event()
@@ -382,6 +382,8 @@ def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode
     def slow(request: InspectionRequest, result: Any) -> Any:
         if request.seq == 0:
             assert release.wait(30), "the first OK's delivery was never released"
+        if request.seq == 2:  # still waiting for delivery when the stop begins
+            wait_for(daemon.worker._gated_stop.is_set, 30, "the worker's stop")
         return deliver(request, result)
 
     monkeypatch.setattr(daemon.worker, "deliver", slow)
@@ -393,11 +395,14 @@ def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode
     assert not first.future.done()
     release.set()
     assert first.future.result(30).source["engine"] == second.future.result(30).source["engine"] == "gate"
-    assert len(rows(daemon)) == 2
+    wait_for(lambda: len(rows(daemon)) == 2, 10, "the first two OKs journaled")
     delivered = daemon.pipeline.delivered
+    # The third OK's delivery is held until the stop begins; the fourth waits in the queue behind it.
     third = InspectionRequest(clean_part(10), "belt", seq=2, journal=True)
-    daemon.inspections.submit(third)
-    assert third.encoded.wait(30)
+    fourth = InspectionRequest(clean_part(11), "belt", seq=3, journal=True)
+    for request in (third, fourth):
+        daemon.inspections.submit(request)
+        assert request.encoded.wait(30)
     daemon.stop()
-    assert third.future.result(0).source["engine"] == "gate"
-    assert daemon.pipeline.delivered == delivered + 1  # journaled (the journal is first), then the sinks
+    assert third.future.result(0).source["engine"] == fourth.future.result(0).source["engine"] == "gate"
+    assert daemon.pipeline.delivered == delivered + 2  # journaled (the journal is first), then the sinks
