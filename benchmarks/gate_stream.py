@@ -172,17 +172,20 @@ def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]
             "tiles_asked": sum(1 for r in m["results"] for t in r.regions or [] if t.get("engine") != "gate"),
             "lowest_defect_score": round(min(defect_scores), 6) if defect_scores else None,
             "timings_ms": _timings(m["results"]),
-            # What handing a verdict on costs (journal, evidence, sinks): stage 1 does it for a gated frame,
-            # after the times above and before it encodes the next frame.
-            "deliver_ms": {"mean": round(float(np.mean(m["deliver_ms"])), 2) if m.get("deliver_ms") else None,
-                           "count": len(m.get("deliver_ms", []))}}
+            # What handing a verdict on costs (journal, evidence, sinks), by who answered: a gated frame's
+            # is the gate-delivery thread's, beside stage 1; a language-model verdict's is stage 2's.
+            "deliver_ms": {engine: {"mean": round(float(np.mean(picked)), 2) if picked else None,
+                                    "count": len(picked)}
+                           for engine, picked in (("gate", [t for t, g in m.get("deliver_ms", []) if g]),
+                                                  ("vlm", [t for t, g in m.get("deliver_ms", []) if not g]))}}
     report["skip_ok"]["gate_counts"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return report
 
 
-def _timed_deliveries(worker: Any) -> list[float]:
-    """A list the worker's deliveries append their milliseconds to (the journal row, evidence, the sinks)."""
-    times: list[float] = []
+def _timed_deliveries(worker: Any) -> list[tuple[float, bool]]:
+    """A list the worker's deliveries append to: (milliseconds, whether the gate answered it): the journal
+    row, evidence, the sinks."""
+    times: list[tuple[float, bool]] = []
     deliver = worker._deliver
 
     def timed(request: Any, result: Any) -> Any:
@@ -190,7 +193,7 @@ def _timed_deliveries(worker: Any) -> list[float]:
         try:
             return deliver(request, result)
         finally:
-            times.append((time.perf_counter() - t0) * 1000)
+            times.append(((time.perf_counter() - t0) * 1000, result.source.get("engine") == "gate"))
 
     worker._deliver = timed
     return times
