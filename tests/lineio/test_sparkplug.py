@@ -412,7 +412,8 @@ def commands_done(node: SparkplugNode, host: Host, n: int) -> None:
     time.sleep(0.5)  # a trigger or ack the earlier command started is durable by then
 
 
-def test_a_redelivered_trigger_true_makes_one_job_not_two(node: SparkplugNode, host: Host, line: Line) -> None:
+def test_a_redelivered_trigger_true_makes_one_job_not_two(node: SparkplugNode, host: Host, line: Line,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
     # Each Trigger=true was a trigger: the same DCMD delivered again (QoS 1 redelivery, a host that
     # republishes) made a second job for the one part once the first one's frame was taken.
     i, _msg = host.wait(is_("DBIRTH", "st1"))
@@ -425,6 +426,7 @@ def test_a_redelivered_trigger_true_makes_one_job_not_two(node: SparkplugNode, h
     counters = line.station.health().counters
     assert counters["triggers"] == 1 and counters["refused"] == 0, counters
     assert node.counters["triggers"] == 1 and node.counters["repeated_commands"] == 2
+    assert "wrote true while it was already true: ignored" in caplog.text  # a level-writing host hears why
     assert line.station.signals().inspection_seq == 1 and node.devices["st1"].last_refusal == ""
     # The host sees the level the node holds: Trigger stays true until the host drops it.
     seen = {k: v for t, m, _s, _q in host.messages[i + 1:] if t == topic("DDATA", "st1") for k, v in m.items()}

@@ -405,6 +405,10 @@ class SparkplugNode:
             self._set_level(dev, result_ack=False)
         if repeated:
             self.counters["repeated_commands"] += 1
+            # A host written for level commands (true every time) is otherwise ignored without a word.
+            self._command_log.log(logging.WARNING, "sparkplug: %s wrote true while it was already true: ignored "
+                                  "(Trigger and ResultAck act on a change; write false, then true)",
+                                  dev.station.name)
 
     def _set_level(self, dev: _Device, trigger: bool | None = None, result_ack: bool | None = None) -> None:
         """The host's Trigger / ResultAck level changed: recorded, and published with the next DDATA."""
