@@ -363,19 +363,25 @@ def test_a_fleet_that_starts_together_does_not_poll_in_step(served: tuple[Record
     assert poll_wait_s(300.0, lambda: 0.0) == 300.0 and poll_wait_s(300.0, lambda: 1.0) == 330.0
 
 
-def test_a_recovery_that_failed_at_start_is_retried_before_the_action_is_answered(
-        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
-    recorded, url = served
-    offer(recorded, url, release(keys[0]))  # the server still offers the action the agent was killed in
+def interrupted_swap(tmp_path: Path, keys: tuple[str, str], url: str) -> tuple[swap.Engine, swap.Agent, HawkbitConfig]:
+    """An agent killed in action 8 while its 2.0.0 candidate waited for its health verdict (the old
+    container stopped, the candidate running): the engine, the agent and the hawkBit config."""
     engine = swap.Engine()
-    engine.get("old-id").running = False  # killed while the candidate waited for its health verdict
+    engine.get("old-id").running = False
     engine.all.append(swap.Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=True))
     manifest = Manifest.model_validate_json(release(keys[0]))
     (tmp_path / "state.json").write_text(json.dumps({"phase": "waiting_health", "manifest": manifest.model_dump(),
                                                      "old_id": "old-id", "candidate_id": "cand-id"}))
     (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8"}}))
     agent = swap.Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None)
-    cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+    return engine, agent, HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+
+
+def test_a_recovery_that_failed_at_start_is_retried_before_the_action_is_answered(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))  # the server still offers the action the agent was killed in
+    engine, agent, cfg = interrupted_swap(tmp_path, keys, url)
     source = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, threading.Event())
     engine.down = True  # the agent started before the engine answered
     source._recover()
@@ -408,15 +414,7 @@ def test_a_recovery_that_keeps_failing_polls_reports_and_logs_each_error_once(
     recorded, url = served
     offer(recorded, url, release(keys[0]), config_data=True)  # the action the agent was killed in, still offered
     recorded.json(BASE_PATH, controller_base(url + BASE_PATH, sleep="00:00:30", deployment="8", config_data=True))
-    engine = swap.Engine()
-    engine.get("old-id").running = False  # killed while the candidate waited for its health verdict
-    engine.all.append(swap.Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=True))
-    manifest = Manifest.model_validate_json(release(keys[0]))
-    (tmp_path / "state.json").write_text(json.dumps({"phase": "waiting_health", "manifest": manifest.model_dump(),
-                                                     "old_id": "old-id", "candidate_id": "cand-id"}))
-    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8"}}))
-    agent = swap.Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None)
-    cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+    engine, agent, cfg = interrupted_swap(tmp_path, keys, url)
     config = Config.model_validate({"device_id": CONTROLLER, "data_dir": str(tmp_path)})
     stop = threading.Event()
     now = [1000.0]
