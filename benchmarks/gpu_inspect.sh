@@ -14,6 +14,9 @@
 # STREAM_FRAMES=N: frames of each camera in regions_stream (default 32).
 # ENCODER_LANES=N: model.encoder_lanes of the parts (default 1: one crop encoded at a time).
 # BATCH_SIZE=N: model.batch_size of the parts (default 512: four 144-token regions take two image decodes).
+# VARIANTS=lanes1,lanes4,lanes4-unified: regions and regions_compact once per setting (lanes<N>: encoder lanes N,
+#   -unified: the unified KV cache), each its own Inspector, interleaved frame by frame: one run compares them.
+# DECODE_PROFILE=1: regions and regions_compact time each llama_decode (synchronized) by kind (image, tokens) and rows.
 # Needs only gpu_peers.sh's (or gpu_pair.sh's) build: the CUDA llama-cpp-python in /tmp/site and the pair in
 # /tmp/models/pair3b. One phase, within one 10-minute device call:
 #   inspect  JSON into $OUT/programs.json, the log into $OUT/programs.log, a summary into $OUT/programs.txt
@@ -33,10 +36,12 @@ if [ "$PHASE" = inspect ]; then
   # A fresh machine (the last one was given back) has no pair: say so rather than fail deep inside.
   [ -f "$BUNDLE/bundle.yaml" ] ||
     { echo "no pair at $BUNDLE: run 'bash benchmarks/gpu_peers.sh build' first" | tee -a "$OUT/exit.txt"; exit 1; }
+  PROFILE=; [ "${DECODE_PROFILE:-0}" = 1 ] && PROFILE=--decode-profile
   python3 "$HERE/programs.py" "$BUNDLE" --gpu-layers "${GPU_LAYERS:--1}" --threads "${THREADS:-8}" \
     --frames "${FRAMES:-12}" ${STREAM_FRAMES:+--stream-frames "$STREAM_FRAMES"} --requests "${REQUESTS:-100}" --side "${SIDE:-672}" \
     --parts "${PARTS:-reference,api,regions,regions_compact,regions_stream,budgets,clip}" --json "$OUT/programs.json" \
     ${BATCH_SIZE:+--batch-size "$BATCH_SIZE"} ${KV_CACHE:+--kv-cache "$KV_CACHE"} ${ENCODER_LANES:+--encoder-lanes "$ENCODER_LANES"} \
+    ${VARIANTS:+--variants "$VARIANTS"} ${PROFILE:+"$PROFILE"} \
     > /dev/null 2> "$OUT/programs.log" || { echo "programs.py exited with $?" | tee -a "$OUT/exit.txt"; tail -20 "$OUT/programs.log"; exit 1; }
   python3 - "$OUT/programs.json" <<'PY' | tee "$OUT/programs.txt"
 import json, sys
@@ -62,6 +67,18 @@ for part in ("regions", "regions_compact"):
               f"{x['four'].get('longest_answer_chars_mean')} chars)")
         if "stages_p50_ms" in x["one"]:
             print(f"  stages p50 ms, one: {x['one']['stages_p50_ms']}; four: {x['four']['stages_p50_ms']}")
+        stage = lambda c: "/".join(str(c["stages_p50_ms"].get(s, "?")) for s in ("encode", "prefill", "decode"))
+        for name, v in (x.get("variants") or {}).items():
+            print(f"  {name:<16} ({v['encoder_lanes']} lanes, {v['kv_cache']} KV): one p50 {v['one']['p50_ms']} ms, "
+                  f"four p50 {v['four']['p50_ms']} ms: {v['ratio_p50']}x; encode/prefill/decode p50 ms one "
+                  f"{stage(v['one'])}, four {stage(v['four'])}; steps {v['one']['steps_mean']} -> {v['four']['steps_mean']}")
+        for name, v in (x.get("variants") or {"": x}).items():
+            for cam in ("one", "four"):
+                d = v[cam].get("decode_profile")
+                if d:
+                    rows = ", ".join(f"{k} {t['calls_per_frame']:g}x{t['call_p50_ms']}ms" for k, t in d["by_kind_rows"].items())
+                    print(f"  decodes {name or 'run'} {cam}: {d['calls_per_frame']} a frame, {d['decode_ms_frame_p50']} ms "
+                          f"a frame p50; kind x rows: calls a frame x one call's p50: {rows}")
 if "regions_stream" in r:
     x = r["regions_stream"]
     print(f"regions_stream ({x['schema']} schema, {x['frames']} frames a camera): one region "

@@ -30,6 +30,11 @@ Every ratio comes from one run (the parts interleaved frame by frame, so load sh
 
     python benchmarks/programs.py BUNDLE [--frames 12] [--requests 100] [--threads 2] [--gpu-layers 0]
         [--parts reference,api,regions,regions_compact,regions_stream,budgets,clip] [--json OUT]
+        [--variants lanes1,lanes4,lanes4-unified] [--decode-profile]
+
+`--variants`: regions and regions_compact once per model setting (encoder lanes, KV cache), each its own
+Inspector, the variants interleaved frame by frame so one run compares them; `--decode-profile`: each
+llama_decode of their measured frames timed (synchronized), by kind (image embeddings, tokens) and rows.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -115,8 +121,9 @@ COMPACT_SCHEMA = {"type": "object", "additionalProperties": False, "required": [
 
 
 def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, programs: dict[str, Any],
-               cameras: dict[str, str | None]) -> Any:
-    """An Inspector of `bundle` with these programs and cameras (camera name -> program name)."""
+               cameras: dict[str, str | None], encoder_lanes: int | None = None, kv_cache: str | None = None) -> Any:
+    """An Inspector of `bundle` with these programs and cameras (camera name -> program name).
+    `encoder_lanes`, `kv_cache`: a variant's (--variants) settings, over ENCODER_LANES and KV_CACHE."""
     from edge_runtime.config import CameraConfig, Config, ProgramConfig
     from edge_runtime.inference.model_source import open_inspector
 
@@ -126,10 +133,12 @@ def _inspector(bundle: str, threads: int, gpu_layers: int, cache_mb: int, progra
     cfg.model.encoder_cache_mb = cache_mb
     if BATCH_SIZE is not None:
         cfg.model.batch_size = BATCH_SIZE
-    if KV_CACHE is not None:
-        cfg.model.batch_kv_cache = KV_CACHE  # type: ignore[assignment]
-    if ENCODER_LANES is not None:
-        cfg.model.encoder_lanes = ENCODER_LANES
+    kv_cache = kv_cache if kv_cache is not None else KV_CACHE
+    encoder_lanes = encoder_lanes if encoder_lanes is not None else ENCODER_LANES
+    if kv_cache is not None:
+        cfg.model.batch_kv_cache = kv_cache  # type: ignore[assignment]
+    if encoder_lanes is not None:
+        cfg.model.encoder_lanes = encoder_lanes
     cfg.programs = {name: ProgramConfig.model_validate(p) for name, p in programs.items()}
     cfg.cameras = [CameraConfig(name=cam, source="x.png", program=prog) for cam, prog in cameras.items()]
     return open_inspector(cfg, bundle)
@@ -184,56 +193,156 @@ def _quadrants(side: int, schema: dict[str, Any] | None) -> list[dict[str, Any]]
             for i, (x, y) in enumerate([(0, 0), (half, 0), (0, half), (half, half)])]
 
 
+VARIANT = re.compile(r"lanes([1-9][0-9]*)(-unified)?")
+
+
+def parse_variants(text: str) -> list[tuple[str, int, str]]:
+    """`lanes1,lanes4,lanes4-unified` -> [(name, model.encoder_lanes, model.batch_kv_cache)]; ValueError
+    on anything else (a name not `lanes<N>` with an optional `-unified`, or a name twice)."""
+    out: list[tuple[str, int, str]] = []
+    for name in text.split(","):
+        m = VARIANT.fullmatch(name.strip())
+        if not m:
+            raise ValueError(f"{name.strip()!r} is not lanes<N> or lanes<N>-unified (N >= 1)")
+        if any(name.strip() == v[0] for v in out):
+            raise ValueError(f"{name.strip()!r} given twice")
+        out.append((name.strip(), int(m.group(1)), "unified" if m.group(2) else "per_sequence"))
+    return out
+
+
+def _decode_profiler() -> tuple[list[tuple[str, int, float]], Any]:
+    """Every `Feed.decode` (one llama_decode: prefill chunks, image embeddings, generation steps) timed
+    with the GPU synchronized after it, appended as (kind: "image" rows of embeddings or "tokens", rows,
+    ms) to the returned list (the caller clears it per inspection); the second item puts Feed.decode back.
+    Patched on the class (every inspector's feed); the product's Feed.profile is left alone."""
+    from edge_runtime.inference.llm.feed import Feed
+
+    log: list[tuple[str, int, float]] = []
+    plain = Feed.decode
+
+    def profiled(self: Any, ctx: Any, batch: Any) -> None:
+        rows, kind = int(batch.n_tokens), "image" if batch.embd else "tokens"
+        t0 = time.perf_counter()
+        plain(self, ctx, batch)
+        ctx.synchronize()
+        log.append((kind, rows, (time.perf_counter() - t0) * 1000))
+
+    Feed.decode = profiled  # type: ignore[method-assign]
+
+    def restore() -> None:
+        Feed.decode = plain  # type: ignore[method-assign]
+
+    return log, restore
+
+
+def _decode_table(per_frame: list[list[tuple[str, int, float]]]) -> dict[str, Any]:
+    """Per distinct (kind, rows) of the frames' decodes: calls per frame (mean), one call's ms (p50 over
+    the calls), its ms per frame (p50 over the frames, 0 where a frame had none); and the frame's
+    decode ms in all (p50)."""
+    keys = sorted({(k, r) for calls in per_frame for k, r, _ in calls}, key=lambda x: (x[0], -x[1]))
+    table: dict[str, Any] = {}
+    for kind, rows in keys:
+        ms = [m for calls in per_frame for k, r, m in calls if (k, r) == (kind, rows)]
+        table[f"{kind}:{rows}"] = {
+            "calls_per_frame": round(len(ms) / len(per_frame), 2), "call_p50_ms": pct(ms, 0.5),
+            "frame_ms_p50": pct([sum(m for k, r, m in calls if (k, r) == (kind, rows)) for calls in per_frame], 0.5)}
+    return {"by_kind_rows": table, "calls_per_frame": round(sum(map(len, per_frame)) / len(per_frame), 1),
+            "decode_ms_frame_p50": pct([sum(m for _, _, m in calls) for calls in per_frame], 0.5)}
+
+
 def regions_cost(bundle: str, n: int, threads: int, gpu_layers: int, side: int,
-                 schema: dict[str, Any] | None = None) -> dict[str, Any]:
+                 schema: dict[str, Any] | None = None, variants: list[tuple[str, int, str]] | None = None,
+                 decode_profile: bool = False) -> dict[str, Any]:
     """Per-frame ms of four regions (the 2 x 2 quadrants) in one batch against one region (a quadrant),
     and the time to the frame's first tokens: from the call to the first region's first token
     (`ttft_first`) and to the last region's (`ttft_p50_ms`: every region has begun its answer).
-    `schema`: every region's verdict schema (None: the bundle's)."""
+    `schema`: every region's verdict schema (None: the bundle's).
+    `variants` (--variants): (name, encoder lanes, KV cache) each with its own Inspector, every frame run
+    one region then four on each variant in turn (the starting variant rotating frame by frame), so load
+    drift falls on all alike; each variant's figures under out["variants"][name], the top-level ones the
+    first variant's. `decode_profile`: each llama_decode of the measured frames timed (synchronized) and
+    tabled by kind and rows per variant and camera (out[...]["decode_profile"]); the syncs are in the times."""
     half = side // 2
     quads = _quadrants(side, schema)
-    inspector = _inspector(bundle, threads, gpu_layers, 0, {"one": {"regions": quads[:1]}, "four": {"regions": quads}},
-                           {"one": "one", "four": "four"})
+    runs: list[tuple[str, int | None, str | None]] = [("", None, None)]
+    if variants:
+        runs = [(name, lanes, kv) for name, lanes, kv in variants]
     out: dict[str, Any] = {"frames": n, "frame": f"{side}x{side}", "region": f"{half}x{half}"}
+    inspectors: dict[str, Any] = {}
+    restore: Any = None
     try:
-        for cam in ("one", "four"):  # buffers, the parallel slots (not counted)
-            inspector.inspect(frames(1, seed=800, size=side)[0], camera=cam)
-        picks = _first_tokens(inspector)
-        steps = _counted_steps(inspector)
-        times: dict[str, list[float]] = {"one": [], "four": []}
-        ttft: dict[str, list[float]] = {"one": [], "four": []}
-        first: dict[str, list[float]] = {"one": [], "four": []}
-        longest: dict[str, list[int]] = {"one": [], "four": []}  # the frame's longest answer (characters)
-        stepped: dict[str, list[int]] = {"one": [], "four": []}  # generation steps per frame
-        parts: dict[str, dict[str, list[float]]] = {"one": {}, "four": {}}  # the Result's timings, by stage
-        for frame in frames(n, seed=11, size=side):
+        for name, lanes, kv in runs:
+            inspectors[name] = _inspector(bundle, threads, gpu_layers, 0,
+                                          {"one": {"regions": quads[:1]}, "four": {"regions": quads}},
+                                          {"one": "one", "four": "four"}, encoder_lanes=lanes, kv_cache=kv)
+        for inspector in inspectors.values():
+            for cam in ("one", "four"):  # buffers, the parallel slots (not counted)
+                inspector.inspect(frames(1, seed=800, size=side)[0], camera=cam)
+        decodes: list[tuple[str, int, float]] | None = None
+        if decode_profile:
+            decodes, restore = _decode_profiler()
+        picks = {name: _first_tokens(i) for name, i in inspectors.items()}
+        steps = {name: _counted_steps(i) for name, i in inspectors.items()}
+
+        def per_cam() -> dict[str, dict[str, list[Any]]]:
+            return {name: {"one": [], "four": []} for name in inspectors}
+
+        times, ttft, first = per_cam(), per_cam(), per_cam()
+        longest = per_cam()  # the frame's longest answer (characters)
+        stepped = per_cam()  # generation steps per frame
+        decoded = per_cam()  # each frame's decodes (kind, rows, ms), with --decode-profile
+        parts: dict[str, dict[str, dict[str, list[float]]]] = {
+            name: {"one": {}, "four": {}} for name in inspectors}  # the Result's timings, by stage
+        names = list(inspectors)
+        for f, frame in enumerate(frames(n, seed=11, size=side)):
+            for name in names[f % len(names):] + names[:f % len(names)]:
+                inspector = inspectors[name]
+                for cam in ("one", "four"):
+                    picks[name].clear()
+                    steps[name][0] = 0
+                    if decodes is not None:
+                        decodes.clear()
+                    t0 = time.perf_counter()
+                    result = inspector.inspect(frame, camera=cam)
+                    times[name][cam].append((time.perf_counter() - t0) * 1000)
+                    if decodes is not None:
+                        decoded[name][cam].append(list(decodes))
+                    longest[name][cam].append(max(len(r["text"]) for r in result.regions or [{"text": result.text}]))
+                    assert len(picks[name]) == (1 if cam == "one" else 4), picks[name]
+                    first[name][cam].append((min(picks[name]) - t0) * 1000)
+                    ttft[name][cam].append((max(picks[name]) - t0) * 1000)
+                    stepped[name][cam].append(steps[name][0])
+                    for stage in ("preprocess", "encode", "prefill", "decode"):
+                        parts[name][cam].setdefault(stage, []).append(result.timings_ms[stage])
+        if restore is not None:
+            restore()
+            restore = None
+        found: dict[str, dict[str, Any]] = {}
+        for name, inspector in inspectors.items():
+            v: dict[str, Any] = {}
             for cam in ("one", "four"):
-                picks.clear()
-                steps[0] = 0
-                t0 = time.perf_counter()
-                result = inspector.inspect(frame, camera=cam)
-                times[cam].append((time.perf_counter() - t0) * 1000)
-                longest[cam].append(max(len(r["text"]) for r in result.regions or [{"text": result.text}]))
-                assert len(picks) == (1 if cam == "one" else 4), picks
-                first[cam].append((min(picks) - t0) * 1000)
-                ttft[cam].append((max(picks) - t0) * 1000)
-                stepped[cam].append(steps[0])
-                for stage in ("preprocess", "encode", "prefill", "decode"):
-                    parts[cam].setdefault(stage, []).append(result.timings_ms[stage])
-        for cam in times:
-            out[cam] = {**_stats(times[cam], ttft[cam]), "ttft_first_p50_ms": pct(first[cam], 0.5),
-                        "longest_answer_chars_mean": round(statistics.mean(longest[cam]), 1),
-                        "steps_mean": round(statistics.mean(stepped[cam]), 1),
-                        "stages_p50_ms": {stage: pct(v, 0.5) for stage, v in parts[cam].items()}}
-        out["schema"] = "compact" if schema else "bundle"
-        out["batch_size"] = inspector.settings.batch_size
-        out["kv_cache"] = inspector.settings.batch_kv_cache
-        out["encoder_lanes"] = inspector.settings.encoder_lanes
-        out["ratio_p50"] = round(out["four"]["p50_ms"] / out["one"]["p50_ms"], 3)
-        out["ratio_ttft_p50"] = round(out["four"]["ttft_p50_ms"] / out["one"]["ttft_p50_ms"], 3)
-        out["region_tokens"] = len(inspector.encode(frames(1, seed=5, size=half)[0]).embeds)
+                v[cam] = {**_stats(times[name][cam], ttft[name][cam]), "ttft_first_p50_ms": pct(first[name][cam], 0.5),
+                          "longest_answer_chars_mean": round(statistics.mean(longest[name][cam]), 1),
+                          "steps_mean": round(statistics.mean(stepped[name][cam]), 1),
+                          "stages_p50_ms": {stage: pct(x, 0.5) for stage, x in parts[name][cam].items()}}
+                if decode_profile:
+                    v[cam]["decode_profile"] = _decode_table(decoded[name][cam])
+            v["schema"] = "compact" if schema else "bundle"
+            v["batch_size"] = inspector.settings.batch_size
+            v["kv_cache"] = inspector.settings.batch_kv_cache
+            v["encoder_lanes"] = inspector.settings.encoder_lanes
+            v["ratio_p50"] = round(v["four"]["p50_ms"] / v["one"]["p50_ms"], 3)
+            v["ratio_ttft_p50"] = round(v["four"]["ttft_p50_ms"] / v["one"]["ttft_p50_ms"], 3)
+            v["region_tokens"] = len(inspector.encode(frames(1, seed=5, size=half)[0]).embeds)
+            found[name] = v
+        out.update(found[names[0]])
+        if variants:
+            out["variants"] = found
     finally:
-        inspector.close()
+        if restore is not None:
+            restore()
+        for inspector in inspectors.values():
+            inspector.close()
     return out
 
 
@@ -441,8 +550,19 @@ def main() -> None:
                     "(libmtmd contexts that encode a frame's crops at the same time; default: the config's, 1)")
     ap.add_argument("--stream-frames", type=int, default=32, help="frames of each camera in regions_stream "
                     "(turns of 8: a turn's first and last frames fill and drain the two stages)")
+    ap.add_argument("--variants", help="regions and regions_compact only: model settings compared in one run, "
+                    "frame by frame, each its own Inspector (comma-separated lanes<N> or lanes<N>-unified: "
+                    "model.encoder_lanes N, model.batch_kv_cache per_sequence or unified; over --encoder-lanes "
+                    "and --kv-cache), e.g. lanes1,lanes4,lanes4-unified")
+    ap.add_argument("--decode-profile", action="store_true", help="regions and regions_compact: time each "
+                    "llama_decode of the measured frames (GPU synchronized after each), tabled by kind (image "
+                    "embeddings or tokens) and rows")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    try:
+        variants = parse_variants(args.variants) if args.variants else None
+    except ValueError as e:
+        ap.error(f"--variants: {e}")
     parts = set(args.parts.split(","))
     unknown = parts - {"reference", "api", "regions", "regions_compact", "regions_stream", "budgets", "clip"}
     if unknown:
@@ -469,12 +589,14 @@ def main() -> None:
         ran("reference and api", t0)
         if "regions" in parts:
             t0 = time.perf_counter()
-            report["regions"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side)
+            report["regions"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers, args.side,
+                                             variants=variants, decode_profile=args.decode_profile)
             ran("regions", t0)
         if "regions_compact" in parts:
             t0 = time.perf_counter()
             report["regions_compact"] = regions_cost(args.bundle, args.frames, args.threads, args.gpu_layers,
-                                                     args.side, schema=COMPACT_SCHEMA)
+                                                     args.side, schema=COMPACT_SCHEMA, variants=variants,
+                                                     decode_profile=args.decode_profile)
             ran("regions_compact", t0)
         if "regions_stream" in parts:
             t0 = time.perf_counter()
