@@ -78,19 +78,23 @@ def measure(width: int, queries: int, banks: list[int], threads: list[int], side
         ref = np.sqrt(np.maximum(index.search(q, 1)[0][:, 0], 0))
         row: dict[str, Any] = {"max_abs_diff": float(np.abs(numpy_nearest(q, bank, norms) - ref).max())}
         reps = max(2, repeats * 1000 // n)
+
+        def by_numpy(bank: np.ndarray = bank, norms: np.ndarray = norms) -> np.ndarray:
+            return numpy_nearest(q, bank, norms)
+
         for t in threads:
             if "faiss" in sides:
                 faiss.omp_set_num_threads(t)
-                row[f"faiss_t{t}_ms"] = timed(lambda: index.search(q, 1), reps)
+                row[f"faiss_t{t}_ms"] = timed(lambda index=index: index.search(q, 1), reps)
             if "numpy" in sides:
                 try:
                     from threadpoolctl import threadpool_limits
                 except ImportError:
                     if t == threads[0]:
-                        row["numpy_default_threads_ms"] = timed(lambda: numpy_nearest(q, bank, norms), reps)
+                        row["numpy_default_threads_ms"] = timed(by_numpy, reps)
                     continue
                 with threadpool_limits(t, user_api="blas"):
-                    row[f"numpy_t{t}_ms"] = timed(lambda: numpy_nearest(q, bank, norms), reps)
+                    row[f"numpy_t{t}_ms"] = timed(by_numpy, reps)
         out[str(n)] = row
     return out
 
