@@ -1,7 +1,9 @@
 """The inspection worker: two supervised stages (encode, then generate) behind the one queue.
 
 Stage 1 decodes, preprocesses and encodes frame N+1 while stage 2 generates frame N; frames of
-several cameras that are ready together are generated as one batch. Every Result is journaled
+several cameras that are ready together are generated as one batch. A frame of a camera with an anomaly
+gate goes from stage 1 to the gate's thread, which scores it while stage 1 encodes the next one; skip_ok's
+gated OKs are delivered by a thread of their own, the rest go on to stage 2. Every Result is journaled
 before any sink (MQTT, the event stream, line I/O) sees it: delivery is
 `verdicts/pipeline.VerdictPipeline.deliver`, handed in as `deliver`.
 """
@@ -70,20 +72,27 @@ class InspectionWorker:
         self._handoff: queue.Queue[tuple[InspectionRequest, Staged]] = queue.Queue(maxsize=self.max_batch)
         self._encoder = SupervisedThread("encoder", self._encode_loop, self._stop, log)
         self._thread = SupervisedThread("inspector", self._run, self._stop, log)
-        # skip_ok's gated OKs, delivered (journal, evidence, sinks) beside stage 1, which meanwhile
-        # encodes the next frame. Each holds its frame: as many places as the hand-off, so a slow disk
-        # holds stage 1 back instead of holding frames.
+        # The anomaly gate looks at each encoded frame of a gated camera on a thread of its own (`gate`: the
+        # nearest-neighbour search, on the CPU), so stage 1 encodes the next frame meanwhile (on a GPU).
+        self._sifting: queue.Queue[tuple[InspectionRequest, Staged]] = queue.Queue(maxsize=self.max_batch)
+        self._sift_stop = threading.Event()  # set once stage 1 has stopped: the queue is drained, then it ends
+        self._sift_thread = SupervisedThread("gate", self._sift_loop, self._sift_stop, log)
+        # skip_ok's gated OKs, delivered (journal, evidence, sinks) beside the gate, which meanwhile looks
+        # at the next frame. Each holds its frame: as many places as the hand-off, so a slow disk
+        # holds the gate (then stage 1) back instead of holding frames.
         self._gated: queue.Queue[tuple[InspectionRequest, Result]] = queue.Queue(maxsize=self.max_batch)
-        self._gated_stop = threading.Event()  # set once stage 1 has stopped: the queue is drained, then it ends
+        self._gated_stop = threading.Event()  # set once the gate has stopped: the queue is drained, then it ends
         self._gated_thread = SupervisedThread("gate-delivery", self._gated_loop, self._gated_stop, log)
 
     def threads(self) -> list[SupervisedThread]:
-        return [self._encoder, self._thread] + ([self._gated_thread] if self.gates is not None else [])
+        gated = [self._sift_thread, self._gated_thread] if self.gates is not None else []
+        return [self._encoder, self._thread, *gated]
 
     def start(self) -> None:
         self._encoder.start()
         self._thread.start()
         if self.gates is not None:
+            self._sift_thread.start()
             self._gated_thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -91,7 +100,9 @@ class InspectionWorker:
         self._stop.set()
         self.inspections.wake()
         self._encoder.join(timeout)
-        self._gated_stop.set()  # stage 1 queues no more gated OKs: deliver those queued, then end
+        self._sift_stop.set()  # stage 1 hands the gate no more frames: it looks at those queued, then ends
+        self._sift_thread.join(timeout)
+        self._gated_stop.set()  # the gate queues no more gated OKs: deliver those queued, then end
         for thread in (self._gated_thread, self._thread):
             thread.join(timeout)
         self._refuse_leftovers()
@@ -100,7 +111,7 @@ class InspectionWorker:
         """Answer every request that never started, so no caller waits forever. Both stages have
         stopped: a request the encoder handed on after the generator's last look is still in the hand-off."""
         leftovers: list[InspectionRequest] = []
-        for staged in (self._handoff, self._gated):
+        for staged in (self._handoff, self._sifting, self._gated):
             while True:
                 try:
                     leftovers.append(staged.get_nowait()[0])
@@ -144,28 +155,49 @@ class InspectionWorker:
                     # with the new one, as it does a frame encoded under replaced programs (_usable).
                     encoded = None if inspector is not None and inspector is not self.get_inspector() else exc
             request.encoded.set()
-            if self.gates is not None and isinstance(encoded, tuple) and not self.gates.sift(
-                    [(request, encoded[2])], encoded[0], self.gate.decision().state, self._deliver, self._failed,
-                    answer=self._queue_gated):
-                continue  # skip_ok answered it here, overlapping the generation in stage 2
-            while not self._stop.is_set():
-                try:
-                    self._handoff.put((request, encoded), timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
-            else:
-                request.future.set_exception(QueueFull("the daemon is shutting down"))
+            gated = self.gates is not None and isinstance(encoded, tuple) and self.gates.gate_for(request) is not None
+            self._hand_on(self._sifting if gated else self._handoff, request, encoded)
+
+    def _hand_on(self, to: queue.Queue[tuple[InspectionRequest, Staged]], request: InspectionRequest,
+                 encoded: Staged) -> None:
+        """Into the gate's queue or stage 2's hand-off, waiting while it is full (not past stop)."""
+        while not self._stop.is_set():
+            try:
+                to.put((request, encoded), timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        request.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _sift_loop(self) -> None:
+        """The gate's look at each frame stage 1 encoded for a gated camera, in the order encoded: skip_ok's
+        gated OKs go to the delivery thread, every other frame to stage 2. Until stopped with none left."""
+        while True:
+            try:
+                request, encoded = self._sifting.get(timeout=0.5)
+            except queue.Empty:
+                if self._sift_stop.is_set():
+                    return
+                continue
+            assert self.gates is not None and isinstance(encoded, tuple)
+            try:
+                rest = self.gates.sift([(request, encoded[2])], encoded[0], self.gate.decision().state,
+                                       self._deliver, self._failed, answer=self._queue_gated)
+            except Exception as exc:  # noqa: BLE001 - one frame's failure; the gate goes on with the next
+                self._failed(request, exc)
+                continue
+            if rest:
+                self._hand_on(self._handoff, request, encoded)
 
     def _queue_gated(self, request: InspectionRequest, result: Result) -> None:
-        """A gated OK to the delivery thread (stage 1 waits while its queue is full)."""
+        """A gated OK to the delivery thread (the gate waits while its queue is full)."""
         while not self._gated_stop.is_set():
             try:
                 self._gated.put((request, result), timeout=0.5)
             except queue.Full:
                 continue
             if self._gated_stop.is_set() and not self._gated_thread.is_alive():
-                self._refuse_leftovers()  # stage 1 outlived stop's wait: nobody else will answer it
+                self._refuse_leftovers()  # the gate outlived stop's wait: nobody else will answer it
             return
         request.future.set_exception(QueueFull("the daemon is shutting down"))
 

@@ -371,8 +371,8 @@ def test_a_recipes_bank_that_does_not_fit_refuses_the_start_naming_the_recipe(
 def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode(
         run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stage 1 queues a gated OK for the delivery thread and encodes the next frame meanwhile: the first
-    OK's journal row is held back (a slow disk) until the second frame has been encoded. On stop, the gated
+    """The gate queues a gated OK for the delivery thread and scores the next frame meanwhile: the first
+    OK's journal row is held back (a slow disk) until the second frame has been scored. On stop, the gated
     OKs still waiting for delivery are delivered, not dropped."""
     gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
     daemon = run_daemon(config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand")))
@@ -391,7 +391,8 @@ def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode
     second = InspectionRequest(clean_part(9), "belt", seq=1, journal=True)
     daemon.inspections.submit(first)
     daemon.inspections.submit(second)
-    assert second.encoded.wait(30), "stage 1 waited for the first OK's delivery before encoding the second frame"
+    wait_for(lambda: daemon.gates.counts()["belt"].gated == 2, 30,
+             "the second frame scored while the first OK's delivery is held")
     assert not first.future.done()
     release.set()
     assert first.future.result(30).source["engine"] == second.future.result(30).source["engine"] == "gate"
@@ -406,3 +407,30 @@ def test_a_slow_delivery_of_a_gated_ok_does_not_hold_back_the_next_frames_encode
     daemon.stop()
     assert third.future.result(0).source["engine"] == fourth.future.result(0).source["engine"] == "gate"
     assert daemon.pipeline.delivered == delivered + 2  # journaled (the journal is first), then the sinks
+
+
+def test_the_gate_scores_a_frame_on_its_own_thread_while_stage_1_encodes_the_next(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search (on the CPU) of frame N overlaps the encode of frame N+1 (on a GPU, where there is one):
+    the first frame's score is held until the second frame has been encoded, and both are answered."""
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
+    daemon = run_daemon(config(tmp_path, demo_dir, camera(tmp_path, gate, mode="on_demand")))
+    anomaly = daemon.gates.cameras["belt"].gate
+    score = anomaly.score
+    first = InspectionRequest(clean_part(8), "belt", seq=0, journal=True)
+    second = InspectionRequest(clean_part(9), "belt", seq=1, journal=True)
+    threads: list[str] = []
+
+    def held(encoded: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        if len(threads) == 1:
+            assert second.encoded.wait(10), "the second frame was not encoded while the first was scored"
+        return score(encoded)
+
+    monkeypatch.setattr(anomaly, "score", held)
+    daemon.inspections.submit(first)
+    daemon.inspections.submit(second)
+    assert second.encoded.wait(5), "stage 1 waited for the first frame's score before encoding the second"
+    assert first.future.result(30).source["engine"] == second.future.result(30).source["engine"] == "gate"
+    assert threads == ["gate", "gate"]
