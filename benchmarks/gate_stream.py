@@ -108,6 +108,33 @@ def fit(config: Any, model: str, bank: Path, train: int, holdout: int, size: int
             "bank_patches": result.vectors.shape[0]}
 
 
+def use_numpy_search(threads: int) -> None:
+    """`--search numpy`: the bank's nearest neighbours by numpy's matrix product (its own, newer OpenBLAS,
+    its threads set once for the process by threadpoolctl) in place of faiss's: the same exact search
+    (benchmarks/gate_search.py), to tell on a machine whether faiss's bundled OpenBLAS is what a gated
+    frame waits for."""
+    from gate_search import numpy_nearest
+    from threadpoolctl import threadpool_limits
+
+    from edge_runtime.inference.anomaly import search
+
+    threadpool_limits(threads, user_api="blas")  # numpy's OpenBLAS: the search is its only big user here
+
+    add = search.PatchIndex.add
+
+    def keep(self: Any, vectors: np.ndarray) -> None:
+        add(self, vectors)
+        rows = np.ascontiguousarray(vectors, dtype=np.float32)
+        self.np_bank = rows if not hasattr(self, "np_bank") else np.concatenate([self.np_bank, rows])
+        self.np_norms = (self.np_bank * self.np_bank).sum(axis=1)
+
+    def nearest(self: Any, queries: np.ndarray, threads: int = 1) -> np.ndarray:
+        return numpy_nearest(np.ascontiguousarray(queries, dtype=np.float32), self.np_bank, self.np_norms)
+
+    search.PatchIndex.add = keep  # type: ignore[method-assign]
+    search.PatchIndex.nearest = nearest  # type: ignore[method-assign]
+
+
 def run(config: Any, model: str, frames: list[tuple[np.ndarray, str | None, Any]], inflight: int, warmup: int,
         chunk: int) -> dict[str, Any]:
     """Both modes on one Daemon started from `config` (its camera's gate in skip_ok), in alternating
@@ -249,7 +276,12 @@ def main() -> None:
     ap.add_argument("--no-evidence", action="store_true", help="evidence.enabled false in both modes")
     ap.add_argument("--max-patches", type=int, help="the bank's size bound (gate fit --max-patches; default its own)")
     ap.add_argument("--search-threads", type=int, default=1, help="gate.search_threads (cores for the search)")
+    ap.add_argument("--search", choices=("faiss", "numpy"), default="faiss",
+                    help="the bank's search: the daemon's (faiss) or numpy's matrix product (use_numpy_search)")
     args = ap.parse_args()
+    if args.search == "numpy":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        use_numpy_search(args.search_threads)
 
     from edge_runtime.config import CameraConfig, Config, ProgramConfig, TriggerConfig
     from edge_runtime.config.gate import GateConfig
@@ -277,7 +309,7 @@ def main() -> None:
         out: dict[str, Any] = {"model": model, "frame": f"{args.size}x{args.size}",
                                "defective_share": round(1 / args.defect_every, 4), "inflight": args.inflight,
                                "audit_every": args.audit_every, "evidence": not args.no_evidence,
-                               "search_threads": args.search_threads,
+                               "search_threads": args.search_threads, "search": args.search,
                                "fit": fitted, "modes": {}}
         cfg = Config(device_id="gate-stream", data_dir=tmp / "data", programs=programs)
         cfg.mqtt.enabled = cfg.api.enabled = cfg.governor.enabled = False
