@@ -171,15 +171,17 @@ class FrameEncoder:
         t0 = time.perf_counter()
         if crop is not None:
             check_crop(frame, crop)
-        key = EncodeKey(digest or pixels_digest(frame), self.identity, crop, tokens or self.image_budget)
+        cached = self.cache.budget > 0  # without a cache (encoder_cache_mb 0) the pixels are not hashed
+        key = EncodeKey(digest or pixels_digest(frame), self.identity, crop, tokens or self.image_budget) \
+            if cached else None
         t1 = time.perf_counter()
-        hit = self.cache.get(key) if self.cache.budget > 0 else None
+        hit = self.cache.get(key) if key is not None else None
         if hit is not None:  # what the frame cost: hashing its pixels (preprocess), the lookup (encode)
             return dataclasses.replace(hit, preprocess_ms=(t1 - t0) * 1000,
                                        encode_ms=(time.perf_counter() - t1) * 1000)
         x, y, w, h = crop if crop is not None else (0, 0, frame.shape[1], frame.shape[0])
         enc = self.encode_uncached(frame[y:y + h, x:x + w], tokens)
-        if self.cache.budget > 0:
+        if key is not None:
             self.cache.put(key, freeze(enc))
         return enc
 
@@ -201,7 +203,7 @@ class FrameEncoder:
         """Each region's crop of a frame encoded (the frame hashed once for the encoder cache; regions
         with the same box share one encode); a region outside the frame keeps why it has no encoding."""
         t0 = time.perf_counter()
-        digest = pixels_digest(frame)
+        digest = pixels_digest(frame) if self.cache.budget > 0 else None
         height, width = frame.shape[:2]
         specs = frame_regions(cfg, width, height)
         # One encode per box: on several lanes two regions of one box would encode at once, both missing

@@ -111,6 +111,26 @@ def test_a_crop_or_another_image_never_gets_another_encoding(kind: str, onnx_ins
     assert (stats["entries"], stats["hits"] - before["hits"], stats["misses"] - before["misses"]) == (6, 6, 6)
 
 
+def test_without_a_cache_the_pixels_are_not_hashed(demo_bundle: Bundle, config: Config,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """encoder_cache_mb 0: every encode is the encoder's own, and no frame pays for the hash of its pixels
+    (a 1080p frame's sha256 costs milliseconds on a Jetson's cores)."""
+    import edge_runtime.inference.encoding as encoding
+
+    settings = config.model.model_copy(update={"warmup": False, "encoder_cache_mb": 0})
+    ins = Inspector(demo_bundle, settings, config.device_id)
+    try:
+        def hashed(frame: np.ndarray) -> str:
+            raise AssertionError("the pixels were hashed with the cache off")
+
+        monkeypatch.setattr(encoding, "pixels_digest", hashed)
+        img = frames(1, seed=14)[0]
+        assert same_encoding(ins.encode(img, crop=(0, 0, 64, 64)), ins.encoder.encode_uncached(img[:64, :64]))
+        assert ins.encoder_cache.stats()["entries"] == 0
+    finally:
+        ins.close()
+
+
 def test_a_crop_outside_the_frame_is_refused_naming_it(onnx_inspector: Inspector) -> None:
     with pytest.raises(InputError, match=r"crop: \[100, 0, 64, 64\] is not inside the 128x96 frame"):
         onnx_inspector.encode(frames(1, seed=13)[0], crop=(100, 0, 64, 64))
