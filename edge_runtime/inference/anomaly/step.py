@@ -121,8 +121,9 @@ class GateStep:
         `answer`: where a gated frame's OK Result goes to be delivered (the worker's delivery thread);
         without it the OK is delivered here (`deliver`, then the request's future, or `failed`).
 
-        The worker calls it in stage 1 right after the encode (a gated frame is then answered while
-        stage 2 generates) and again in stage 2, which passes on the frames stage 1 looked at."""
+        The worker calls it on its gate thread right after stage 1's encode (a gated frame is then answered
+        while stage 1 encodes the next one and stage 2 generates) and again in stage 2, which passes on
+        the frames the gate looked at."""
         if not self._gates:
             return work
         rest = []
@@ -247,7 +248,7 @@ class GateStep:
         audit = False
         answered: list[str] = []
         vouched: list[str] = []  # an audit of a frame sent on: the regions the gate would have answered
-        with self._lock:  # both worker stages may look (stage 2 at frames stage 1 did not encode)
+        with self._lock:  # the gate thread and stage 2 may look (stage 2 at frames stage 1 did not encode)
             counts.buckets[next((i for i, b in enumerate(RATIO_BUCKETS) if ratio <= b), len(RATIO_BUCKETS))] += 1
             counts.ratio_sum += ratio
             if not gated:
