@@ -28,6 +28,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "daemon_rates.py": (["--seconds", "2"], "per_camera_per_s"),
     "evidence_cost.py": (["--frames", "2", "--inspections", "2"], "difference_ms"),
     "gate.py": (["--model", "{bundle}", "--frames", "2", "--sizes", "100,500", "--train", "3"], '"share_of_encode"'),
+    "gate_search.py": (["--banks", "100", "--threads", "1", "--repeats", "2", "--width", "64"], '"max_abs_diff"'),
     "gate_stream.py": (["--model", "{bundle}", "--frames", "20", "--train", "4", "--holdout", "2", "--chunk", "10",
                         "--warmup", "1"], '"speedup"'),
     "governor_run.py": (["--model", "{bundle}", "--gpu-layers", "0", "--seconds", "2", "--replay", "{trace}"],
