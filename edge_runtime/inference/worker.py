@@ -180,6 +180,11 @@ class InspectionWorker:
                     return
                 continue
             assert self.gates is not None and isinstance(encoded, tuple)
+            if self._usable(encoded) is None:
+                # A reload replaced the model or the programs since the encode: the gates now in place were
+                # loaded for the new encoder. Stage 2 encodes the frame again and the gate looks there.
+                self._hand_on(self._handoff, request, encoded)
+                continue
             try:
                 rest = self.gates.sift([(request, encoded[2])], encoded[0], self.gate.decision().state,
                                        self._deliver, self._failed, answer=self._queue_gated)

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pytest
 import yaml
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import Config
 from edge_runtime.config.gate import GateConfig
-from tests.app.test_gate_daemon import bank, camera, config, parts, run_daemon  # noqa: F401 - fixtures
+from edge_runtime.core.bundle.manifest import load_bundle
+from edge_runtime.core.inspection_queue import InspectionRequest
+from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
+from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
+from edge_runtime.inference.inspector import Inspector
+from tests.app.test_gate_daemon import OK, bank, camera, config, parts, run_daemon  # noqa: F401 - fixtures
 from tests.inference.test_anomaly_gate import _bundle_with_another_encoder
+from tests.support.parts import clean_part
 from tests.support.waiting import wait_for
 
 
@@ -44,3 +54,65 @@ def test_a_model_reload_that_turns_the_gates_off_is_a_health_reason_until_they_l
     _write(path, good)
     daemon.reload()
     assert "belt" in daemon.gates.cameras and _gates_off(daemon) == []
+
+
+def test_a_frame_encoded_before_a_model_reload_is_scored_only_with_the_new_models_encoding(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path,  # noqa: F811
+        parts: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A frame waits for the gate's thread while a reload swaps in a model with another encoder (and a bank
+    fitted on it): the new gate never scores the old encoder's embeddings (same shape, other weights: the
+    score would be garbage, a gated OK an escape); stage 2 encodes the frame again and the gate looks there."""
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
+    good = config(tmp_path, demo_dir, camera(parts, gate, mode="on_demand"))
+    path = tmp_path / "config.yaml"
+    _write(path, good)
+    daemon = run_daemon(good, path)
+    other_dir = _bundle_with_another_encoder(demo_dir, tmp_path)
+    other = Inspector(load_bundle(other_dir), good.model.model_copy(update={"warmup": False}), "t")
+    try:
+        context = gate_context(other.bundle, other.settings)
+        feats = [patch_features(other.encode(clean_part(s)), context) for s in range(8)]
+        fit = fit_bank(feats)
+        other_bank = tmp_path / "other.bank"
+        write_bank(other_bank, bank_header(fit, context, feats[0]), fit.vectors)
+        frames = [clean_part(30), clean_part(31)]
+        wanted = [other.encode(f).embeds for f in frames]
+    finally:
+        other.close()
+
+    reloaded = threading.Event()
+    old_gate = daemon.gates.cameras["belt"].gate
+    old_score = old_gate.score
+
+    def held(encoded: Any) -> Any:  # the first frame holds the gate's thread until the reload is done
+        reloaded.wait(30)
+        return old_score(encoded)
+
+    monkeypatch.setattr(old_gate, "score", held)
+    first = InspectionRequest(frames[0], "belt", seq=0, journal=True)
+    second = InspectionRequest(frames[1], "belt", seq=1, journal=True)
+    daemon.inspections.submit(first)
+    daemon.inspections.submit(second)
+    assert second.encoded.wait(30)  # encoded by the old model, waiting behind the first for the gate
+    moved = good.model_copy(deep=True)
+    moved.model.path = other_dir
+    assert moved.cameras[0].gate is not None
+    moved.cameras[0].gate.bank = str(other_bank)
+    _write(path, moved)
+    daemon.reload()
+    new_gate = daemon.gates.cameras["belt"].gate
+    assert new_gate is not old_gate
+    scored: list[np.ndarray] = []
+    new_score = new_gate.score
+
+    def seen(encoded: Any) -> Any:
+        scored.append(np.array(encoded.embeds))
+        return new_score(encoded)
+
+    monkeypatch.setattr(new_gate, "score", seen)
+    reloaded.set()
+    assert second.future.result(60).source["engine"] == "gate"
+    first.future.result(60)
+    assert scored, "the new gate never looked at the frame"
+    assert all(np.allclose(s, wanted[1], atol=1e-5) for s in scored), \
+        "the new model's gate scored embeddings the old encoder made"
