@@ -131,6 +131,9 @@ class Reloader:
             # Not applied after all: the reply and the log line must not say they were.
             changes.applied = [k for k in changes.applied if not (k.startswith("model.") or k == "device_id")]
             return new.model_copy(update={"model": state.config.model, "device_id": state.config.device_id})
+        # The old model's banks never score the new encoder's frames: no gate until _install_gates loads the
+        # new model's (the frames in between go to the language model).
+        self.gates.install({})
         old, state.inspector = state.inspector, fresh
         if old is not None:
             old.close()  # waits for the inspection in progress (inspector lock)

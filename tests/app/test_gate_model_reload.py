@@ -18,6 +18,7 @@ from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.inference.anomaly import gate_context, patch_features, write_bank
 from edge_runtime.inference.anomaly.fit import bank_header, fit_bank
+from edge_runtime.inference.anomaly.step import gates_for
 from edge_runtime.inference.inspector import Inspector
 from tests.app.test_gate_daemon import OK, bank, camera, config, parts, run_daemon  # noqa: F401 - fixtures
 from tests.inference.test_anomaly_gate import _bundle_with_another_encoder
@@ -116,3 +117,41 @@ def test_a_frame_encoded_before_a_model_reload_is_scored_only_with_the_new_model
     assert scored, "the new gate never looked at the frame"
     assert all(np.allclose(s, wanted[1], atol=1e-5) for s in scored), \
         "the new model's gate scored embeddings the old encoder made"
+
+
+def test_a_frame_the_new_model_encoded_is_never_scored_by_the_old_models_banks(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, demo_dir: Path, bank: Path,  # noqa: F811
+        parts: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Between a reload's model swap and the new banks' install (the old model closed, the new banks read),
+    the old model's gates must not score frames the new encoder made (same shape, other weights: a
+    garbage score, a gated OK an escape). A frame inspected in that window goes to the language model."""
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
+    good = config(tmp_path, demo_dir, camera(parts, gate, mode="on_demand"))
+    path = tmp_path / "config.yaml"
+    _write(path, good)
+    daemon = run_daemon(good, path)
+    old_gate = daemon.gates.cameras["belt"].gate
+    old_score = old_gate.score
+    scored: list[object] = []
+
+    def spied(encoded: Any) -> Any:
+        scored.append(daemon.inspector)
+        return old_score(encoded)
+
+    monkeypatch.setattr(old_gate, "score", spied)
+    moved = good.model_copy(deep=True)
+    moved.model.path = _bundle_with_another_encoder(demo_dir, tmp_path)
+    _write(path, moved)  # the old bank does not fit the new encoder: the gates go off after the reload
+    real = gates_for
+    inside: list[Any] = []
+
+    def window(bundle: Any, cfg: Config) -> Any:  # the new model is in place, its banks not yet installed
+        request = InspectionRequest(clean_part(40), "belt", seq=0, journal=True)
+        daemon.inspections.submit(request)
+        inside.append(request.future.result(60))
+        return real(bundle, cfg)
+
+    monkeypatch.setattr("edge_runtime.app.reload.gates_for", window)
+    daemon.reload()
+    assert inside and inside[0].source["engine"] != "gate", "the old bank answered the new encoder's frame"
+    assert scored == [], "the old model's gate scored a frame while the new model was in place"
