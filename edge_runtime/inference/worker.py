@@ -1,4 +1,5 @@
-"""The inspection worker: two supervised stages (encode, then generate) behind the one queue.
+"""The inspection worker: two supervised stages (encode, then generate) behind the one queue, and the
+anomaly gate's two threads (score, deliver gated OKs) between them.
 
 Stage 1 decodes, preprocesses and encodes frame N+1 while stage 2 generates frame N; frames of
 several cameras that are ready together are generated as one batch. A frame of a camera with an anomaly
@@ -108,8 +109,8 @@ class InspectionWorker:
         self._refuse_leftovers()
 
     def _refuse_leftovers(self) -> None:
-        """Answer every request that never started, so no caller waits forever. Both stages have
-        stopped: a request the encoder handed on after the generator's last look is still in the hand-off."""
+        """Answer every request that never started, so no caller waits forever. The threads have stopped:
+        a request handed on after the next thread's last look is still in its queue."""
         leftovers: list[InspectionRequest] = []
         for staged in (self._handoff, self._sifting, self._gated):
             while True:
@@ -207,7 +208,7 @@ class InspectionWorker:
         request.future.set_exception(QueueFull("the daemon is shutting down"))
 
     def _gated_loop(self) -> None:
-        """Deliver the gated OKs in the order stage 1 queued them, until stopped with none left."""
+        """Deliver the gated OKs in the order the gate queued them, until stopped with none left."""
         while True:
             try:
                 request, result = self._gated.get(timeout=0.5)

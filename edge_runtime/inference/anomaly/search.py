@@ -66,7 +66,7 @@ class PatchIndex:
         """The Euclidean distance of each query row to its nearest bank vector ([M] float32), searched
         on `threads` OpenMP threads."""
         if getattr(_threads_set, "n", None) != threads:
-            # The daemon searches on its encoder thread, not the one that imported faiss: left at OpenMP's
+            # The daemon searches on the worker's gate thread, not the one that imported faiss: left at OpenMP's
             # default there, a 49 x 1,470 search took 23.6 ms instead of 0.9 ms on CPU-2 under load.
             _faiss().omp_set_num_threads(threads)
             _threads_set.n = threads
