@@ -15,8 +15,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
 from edge_runtime.core.errors import InferenceError, InputError, QueueFull, StorageFull
@@ -40,6 +40,19 @@ log = logging.getLogger(__name__)  # the result lines are counted by tests/app/t
 # Requests a client sent (REST, OpenAI, an MQTT or REST trigger): a refused input is answered to it as a
 # 4xx. Any other (a camera's schedule, a line's trigger, an escalation) asks what the config says.
 CLIENT_TRIGGERS = frozenset({"api", "trigger"})
+
+T = TypeVar("T")
+
+
+def _drained(items: queue.Queue[T], stop: threading.Event) -> Iterator[T]:
+    """Each item of the queue as it comes, until `stop` is set and none is left."""
+    while True:
+        try:
+            yield items.get(timeout=0.5)
+        except queue.Empty:
+            if stop.is_set():
+                return
+
 
 class InspectionWorker:
     """Takes requests off the queue, runs the inspector, hands each Result to `deliver`."""
@@ -173,13 +186,7 @@ class InspectionWorker:
     def _sift_loop(self) -> None:
         """The gate's look at each frame stage 1 encoded for a gated camera, in the order encoded: skip_ok's
         gated OKs go to the delivery thread, every other frame to stage 2. Until stopped with none left."""
-        while True:
-            try:
-                request, encoded = self._sifting.get(timeout=0.5)
-            except queue.Empty:
-                if self._sift_stop.is_set():
-                    return
-                continue
+        for request, encoded in _drained(self._sifting, self._sift_stop):
             assert self.gates is not None and isinstance(encoded, tuple)
             if self._usable(encoded) is None:
                 # A reload replaced the model or the programs since the encode: the gates now in place were
@@ -209,13 +216,7 @@ class InspectionWorker:
 
     def _gated_loop(self) -> None:
         """Deliver the gated OKs in the order the gate queued them, until stopped with none left."""
-        while True:
-            try:
-                request, result = self._gated.get(timeout=0.5)
-            except queue.Empty:
-                if self._gated_stop.is_set():
-                    return
-                continue
+        for request, result in _drained(self._gated, self._gated_stop):
             try:
                 delivered = self._deliver(request, result)
             except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it
