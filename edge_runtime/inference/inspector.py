@@ -38,7 +38,13 @@ from edge_runtime.inference.llm.model import LanguageModel
 from edge_runtime.inference.llm.mtmd import MtmdContext
 from edge_runtime.inference.llm.picker import GREEDY, Sampling
 from edge_runtime.inference.llm.sequence import Item, Prompt
-from edge_runtime.inference.program_fit import askers, check_context, check_frame_budgets, loaded_reference_tokens
+from edge_runtime.inference.program_fit import (
+    askers,
+    check_context,
+    check_frame_budgets,
+    loaded_reference_tokens,
+    question_tokens,
+)
 from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
 from edge_runtime.inference.prompting import PromptBuilder
 from edge_runtime.inference.regions import RegionsEncoded, judge
@@ -194,8 +200,10 @@ class Inspector:
         asked = askers(programs, cameras, stations)  # cameras, line stations and their recipes
         budgets = {name: p.tokens for name, p in loaded[0].items()}
         check_frame_budgets(budgets, asked, self.encoder.mtmd)
-        check_context(programs, budgets, loaded_reference_tokens(loaded[0], self.prompts.tokenize), asked,
-                      self.encoder.mtmd, self.max_tokens, self.language.n_ctx)
+        p = self.bundle.manifest.prompt
+        text = question_tokens(p.template, p.system, p.default, self.prompts.tokenize, self.language.with_bos)
+        check_context(programs, budgets, loaded_reference_tokens(loaded[0]), asked,
+                      self.encoder.mtmd, self.max_tokens, self.language.n_ctx, text)
         self._programs = loaded
 
     @property

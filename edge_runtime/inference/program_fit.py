@@ -26,13 +26,15 @@ from edge_runtime.core.images import read_image_file
 from edge_runtime.inference.encoding import fit_tokens
 from edge_runtime.inference.llm import mtmd as mtmd_module
 from edge_runtime.inference.llm.handles import Model
-from edge_runtime.inference.llm.mtmd import MtmdContext
+from edge_runtime.inference.llm.mtmd import MtmdContext, chunk_is_image, chunk_tokens
 from edge_runtime.inference.llm.runtime import log_to
-from edge_runtime.inference.programs import REFERENCE_TEXT, LoadedProgram, check_programs
+from edge_runtime.inference.programs import BETWEEN_TEXT, FRAME_TEXT, REFERENCE_TEXT, LoadedProgram, check_programs
 from edge_runtime.inference.regions import frame_regions
 
 log = logging.getLogger(__name__)
 Budgets = Mapping[str, tuple[int, int] | None]  # each program's image token budget (min, max)
+Text = Callable[[str | None, tuple[str, ...]], int]  # a question's text tokens (None: the default), its captions
+_IMAGE = "\x00image\x00"  # the template's image slot while it is split (as prompting.py splits it)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Asker:
 
     label: str  # "camera belt", "station line_io.stations.s1", "recipe line_io.stations.s1.recipes.7"
     size: tuple[int, int] | None
+    question: str | None = None  # the question it asks (None: the bundle's default)
 
 
 def _size(cam: CameraConfig) -> tuple[int, int] | None:
@@ -52,17 +55,19 @@ def askers(programs: Mapping[str, object], cameras: Sequence[CameraConfig],
            stations: Sequence[StationConfig] = ()) -> dict[str, list[Asker]]:
     """Each program's askers: the cameras naming it, then the stations and recipes (their camera's size)."""
     sizes = {cam.name: _size(cam) for cam in cameras}
+    questions = {cam.name: cam.prompt for cam in cameras}
     out: dict[str, list[Asker]] = {name: [] for name in programs}
     for cam in cameras:
         if cam.program in out:
-            out[cam.program].append(Asker(f"camera {cam.name}", sizes[cam.name]))
+            out[cam.program].append(Asker(f"camera {cam.name}", sizes[cam.name], cam.prompt))
     for st in stations:
-        size = sizes.get(st.camera)
+        size, question = sizes.get(st.camera), questions.get(st.camera)
         if st.program in out:
-            out[st.program].append(Asker(f"station line_io.stations.{st.name}", size))
+            out[st.program].append(Asker(f"station line_io.stations.{st.name}", size, question))
         for rid, recipe in st.recipes.items():
             if recipe.program in out:
-                out[recipe.program].append(Asker(f"recipe line_io.stations.{st.name}.recipes.{rid}", size))
+                out[recipe.program].append(Asker(f"recipe line_io.stations.{st.name}.recipes.{rid}", size,
+                                                 recipe.prompt or question))
     return out
 
 
@@ -84,11 +89,9 @@ def check_frame_budgets(budgets: Budgets, asked: Mapping[str, list[Asker]], mtmd
                                   f"the camera's frames can have: {why}") from None
 
 
-def loaded_reference_tokens(programs: Mapping[str, LoadedProgram], tokenize: Callable[[str], list[int]]
-                            ) -> dict[str, int]:
-    """Each loaded program's references as prompt tokens: their image tokens and captions."""
-    return {name: sum(len(r.encoded.embeds) + len(tokenize(REFERENCE_TEXT.format(caption=r.caption)))
-                      for r in p.references) for name, p in programs.items()}
+def loaded_reference_tokens(programs: Mapping[str, LoadedProgram]) -> dict[str, int]:
+    """Each loaded program's references' image tokens (their captions are the prompt's text)."""
+    return {name: sum(len(r.encoded.embeds) for r in p.references) for name, p in programs.items()}
 
 
 def _image_tokens(mtmd: MtmdContext, w: int, h: int, tokens: tuple[int, int] | None) -> int:
@@ -99,40 +102,80 @@ def _image_tokens(mtmd: MtmdContext, w: int, h: int, tokens: tuple[int, int] | N
         return mtmd.image_tokens(pixels)  # under a budget it cannot meet: check_frame_budgets says so
 
 
-def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple[int, int] | None,
-                 mtmd: MtmdContext | None) -> tuple[str, int]:
-    """What one question of the program shows besides the references, and its image tokens: the largest
-    region (named boxes; tiles where the frame's size is known), a clip's frames, or the frame."""
+def marker_tokens(mtmd: MtmdContext | None) -> int:
+    """The text tokens libmtmd puts around one image (the projector's begin and end markers): a prompt
+    holds them once per image besides the image's own tokens."""
     if mtmd is None:
-        return "a frame", 0  # an ONNX encoder's fixed count is the prompt's own check
+        return 0
+    with mtmd.tokenize(mtmd.marker, [np.zeros((64, 64, 3), np.uint8)]) as chunks:
+        return sum(len(chunk_tokens(c)) for c in chunks if not chunk_is_image(c))
+
+
+def question_tokens(template: str, system: str, default: str, tokenize: Callable[[str], list[int]],
+                    with_bos: Callable[[list[int]], list[int]]) -> Text:
+    """The text tokens of a frame's prompt besides its images: the bundle's template with its system text
+    and the question (None: the bundle's default) and, with references, each one's caption and the
+    frame's introduction (`Image to inspect:`), cut and tokenized as the program's prefix is
+    (programs.LoadedProgram.prefix)."""
+    counted: dict[tuple[str | None, tuple[str, ...]], int] = {}
+
+    def count(question: str | None, captions: tuple[str, ...]) -> int:
+        if (question, captions) not in counted:
+            before, after = template.format(system=system, image=_IMAGE, prompt=question or default).split(_IMAGE)
+            texts = ([before + REFERENCE_TEXT.format(caption=captions[0])]
+                     + [BETWEEN_TEXT + REFERENCE_TEXT.format(caption=c) for c in captions[1:]]
+                     + [BETWEEN_TEXT + FRAME_TEXT]) if captions else [before]
+            counted[question, captions] = (len(with_bos(tokenize(texts[0]))) + sum(len(tokenize(t)) for t in texts[1:])
+                                           + len(tokenize(after)))
+        return counted[question, captions]
+
+    return count
+
+
+def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple[int, int] | None,
+                 mtmd: MtmdContext | None, question: str | None, text: Text) -> tuple[str, int, int]:
+    """What one question of the program shows besides the references, its image tokens and its text's
+    tokens: the region whose image and question are the most tokens (named boxes; tiles where the frame's
+    size is known), a clip's frames, or the frame."""
+    captions = tuple(r.caption for r in cfg.references)
     if cfg.regions or cfg.tiling is not None:
-        boxes = [s.box for s in frame_regions(cfg, *size)] if size else [r.box for r in cfg.regions]
-        return "its largest region", max((_image_tokens(mtmd, b[2], b[3], tokens) for b in boxes), default=0)
-    frame = _image_tokens(mtmd, *size, tokens) if size else 0
+        specs = frame_regions(cfg, *size) if size else frame_regions(cfg.model_copy(update={"tiling": None}), 0, 0)
+        asked = [(_image_tokens(mtmd, s.box[2], s.box[3], tokens) if mtmd is not None else 0,
+                  text(s.prompt or question, captions)) for s in specs]
+        image, words = max(asked, key=sum, default=(0, text(question, captions)))
+        return "its largest region", image, words
+    frame = _image_tokens(mtmd, *size, tokens) if size and mtmd is not None else 0
     if cfg.clip is not None:
-        return f"a clip of {cfg.clip.frames} frames", frame * cfg.clip.frames
-    return "a frame", frame
+        return f"a clip of {cfg.clip.frames} frames", frame * cfg.clip.frames, text(question, captions)
+    return "a frame", frame, text(question, captions)  # ONNX: its fixed count is the prompt's check
 
 
 def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, reference_tokens: Mapping[str, int],
-                  asked: Mapping[str, list[Asker]], mtmd: MtmdContext | None, max_tokens: int, n_ctx: int) -> None:
+                  asked: Mapping[str, list[Asker]], mtmd: MtmdContext | None, max_tokens: int, n_ctx: int,
+                  text: Text = lambda question, captions: 0) -> None:
     """ConfigError when a program's references, what one of its questions shows (a frame of known size,
-    its largest region, a clip) and the answer's max_tokens cannot fit the context: every question
-    would be refused."""
+    its largest region, a clip), the prompt's text (`text` counts it for a question: the template, the
+    system text, the question) and the answer's max_tokens cannot fit the context: every question would
+    be refused, as the model refuses a prompt whose tokens and max_tokens are more than the context."""
+    markers = marker_tokens(mtmd)
     for name, cfg in programs.items():
         refs = reference_tokens.get(name, 0)
         if not refs and cfg.clip is None and not cfg.regions and cfg.tiling is None:
             continue
+        refs += markers * len(cfg.references)
         listed: list[Asker | None] = list(asked.get(name, [])) or [None]
         for who in listed:
-            shown, image = _asked_image(cfg, budgets.get(name), who.size if who else None, mtmd)
-            need = refs + image + max_tokens
-            if need >= n_ctx:
+            shown, image, words = _asked_image(cfg, budgets.get(name), who.size if who else None, mtmd,
+                                               who.question if who else None, text)
+            image += markers * (cfg.clip.frames if cfg.clip is not None else 1) if mtmd is not None else 0
+            need = refs + image + words + max_tokens
+            if need > n_ctx:
                 where = f" ({who.label})" if who is not None else ""
                 raise ConfigError(
-                    f"programs.{name}{where}: the references take {refs} tokens, {shown} {image} and the answer "
-                    f"up to {max_tokens}: {need}, more than the context of {n_ctx} tokens "
-                    "(model.context_size; or fewer/smaller references, image_tokens.max)")
+                    f"programs.{name}{where}: the references take {refs} tokens, {shown} {image}, the prompt's "
+                    f"text {words} and the answer up to {max_tokens}: {need}, more than the context of {n_ctx} "
+                    "tokens (model.context_size; or fewer/smaller references, image_tokens.max, a shorter "
+                    "question or model.max_tokens)")
 
 
 def check_programs_offline(bundle: Bundle, config: Config) -> None:
@@ -169,10 +212,13 @@ def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Map
             return model.vocab.tokenize(text.encode("utf-8"), False, True)
 
         refs = {name: sum(_reference_tokens(name, config.cameras, i, ref.image, config.images, budgets[name], mtmd)
-                          + len(tokenize(REFERENCE_TEXT.format(caption=ref.caption)))
                           for i, ref in enumerate(cfg.references)) for name, cfg in config.programs.items()}
+        p, bos = m.prompt, model.vocab.bos()
+        text = question_tokens(p.template, p.system, p.default, tokenize,
+                               lambda ids: ids if bos < 0 or not model.vocab.add_bos() or ids[:1] == [bos]
+                               else [bos, *ids])
         check_context(config.programs, budgets, refs, asked, mtmd,
-                      config.model.max_tokens or m.generation.max_tokens, config.model.context_size)
+                      config.model.max_tokens or m.generation.max_tokens, config.model.context_size, text)
 
 
 def _reference_tokens(program: str, cameras: Sequence[CameraConfig], i: int, path: Path, limits: ImageLimits,

@@ -146,7 +146,8 @@ def test_references_that_cannot_fit_the_context_with_a_frame_are_refused_at_load
             refs[-1].image.write_bytes(encode(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8), ".png"))
         cams = [CameraConfig(name="belt", source="x.png", program="p1", width=320, height=240)]
         with pytest.raises(ConfigError, match=r"^programs\.p1 \(camera belt\): the references take \d+ tokens, "
-                                              r"a frame \d+ and the answer up to \d+: \d+, more than the context "
+                                              r"a frame \d+, the prompt's text \d+ and the answer up to \d+: \d+, more "
+                                              r"than the context "
                                               r"of 256"):
             ins.use_programs({"p1": ProgramConfig(references=refs)}, cams, ImageLimits())
         ins.use_programs({"p1": ProgramConfig(references=refs[:1], image_tokens={"max": 16})}, cams, ImageLimits())
