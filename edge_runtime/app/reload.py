@@ -62,6 +62,7 @@ class Reloader:
             return {"applied": [], "restart_needed": []}
         systemd.notify("RELOADING=1")
         new, gates = self._read(self.config_path)
+        running_file = state.file_config
         state.file_config = new  # what the next reload is compared with (before command-line cameras)
         if self.extra_cameras:
             names = {c.name for c in new.cameras}
@@ -73,7 +74,7 @@ class Reloader:
             new = self._swap_model(new, changes)
         elif state.inspector is not None and (programs_changed(state.config, new)
                                              or state.inspector.changed_references()):
-            new = self._use_programs(state.inspector, new, changes)
+            new = self._use_programs(state.inspector, new, changes, running_file)
         self._install_gates(new, gates)
         new_cams = {c.name: c for c in new.cameras}
         for name, cfg in {c.name: c for c in state.config.cameras}.items():
@@ -139,15 +140,21 @@ class Reloader:
             old.close()  # waits for the inspection in progress (inspector lock)
         return new
 
-    def _use_programs(self, inspector: Inspector, new: Config, changes: Changes) -> Config:
-        """Encode the programs' references again (through the encoder cache: unchanged ones are not)."""
+    def _use_programs(self, inspector: Inspector, new: Config, changes: Changes, file_config: Config) -> Config:
+        """Encode the programs' references again (through the encoder cache: unchanged ones are not).
+        Programs that cannot run refuse the reload (EdgeRuntimeError) before anything is applied;
+        `file_config` is then what the next reload is compared with again."""
         files = inspector.changed_references()  # a reference file replaced under the same config
         try:
             inspector.use_programs(new.programs, new.cameras, new.images, new.line_io.stations)
         except EdgeRuntimeError as exc:
-            log.error("daemon: inspection programs refused, keeping the running ones: %s", exc)
-            changes.applied = [k for k in changes.applied if not k.startswith("programs")]
-            return new.model_copy(update={"programs": self.running.config.programs})
+            # The whole file is refused, as `config validate` refuses it: kept, its cameras would run
+            # under programs that cannot fit them (a camera grown under an unchanged program, or one
+            # switched to a program that was not loaded), so every frame would fail.
+            log.error("daemon: reload refused, keeping the running config: %s", exc)
+            self.running.file_config = file_config
+            systemd.notify("READY=1")
+            raise EdgeRuntimeError(f"reload refused, keeping the running config: {exc}") from None
         changes.applied += [f for f in files if f not in changes.applied]
         return new
 

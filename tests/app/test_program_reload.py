@@ -121,3 +121,52 @@ def test_a_reference_file_replaced_under_the_same_config_is_encoded_again_on_rel
         assert not np.array_equal(fresh.references[0].encoded.embeds, running.references[0].encoded.embeds)
     finally:
         daemon.stop()
+
+
+def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """The program is unchanged; the camera's frame grows so that its reference, the frame's image tokens
+    and the answer no longer fit the context (`config validate` refuses this file). The reload used to
+    apply it (`applied: cameras`): the program was not checked again, so every frame of the camera
+    would be refused. It is refused in one line and the running camera and program stay."""
+    rng = np.random.default_rng(53)
+    ref, frame = tmp_path / "ref.png", tmp_path / "frame.png"
+    ref.write_bytes(encode(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), ".png"))
+    frame.write_bytes(encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), ".png"))
+    cfg = Config(device_id="programs-test", data_dir=tmp_path / "data")
+    cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
+    cfg.model.threads = 2
+    cfg.model.context_size = 256
+    cfg.model.max_tokens = 140  # the reference, a 32x32 frame's few tokens, the text and 140 fit; 256x256's 64 not
+    cfg.model.warmup = False  # the warm-up's own frame is not the camera's
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing", width=32, height=32,
+                                trigger=TriggerConfig(mode="on_demand"))]
+    cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
+    path = tmp_path / "edge.yaml"
+    path.write_text(cfg.model_dump_json())
+    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
+    daemon.start()
+    try:
+        ins = daemon.inspector
+        assert ins is not None
+        running = ins.program_of("belt")
+        data = json.loads(path.read_text())
+        data["cameras"][0].update(width=256, height=256)
+        path.write_text(json.dumps(data))
+        for _ in range(2):  # and again: the refused file is not what the next reload compares with
+            with pytest.raises(EdgeRuntimeError, match="reload refused") as caught:
+                daemon.reload()
+            message = str(caught.value)
+            assert "programs.housing (camera belt)" in message and "context of 256 tokens" in message
+            assert "\n" not in message
+            cam = daemon.running.config.cameras[0]
+            assert (cam.width, cam.height) == (32, 32)
+            assert ins.program_of("belt") is running
+        data["cameras"][0].update(width=48, height=48)  # a size that fits: applied
+        path.write_text(json.dumps(data))
+        assert daemon.reload()["applied"] == ["cameras"]
+        assert daemon.running.config.cameras[0].width == 48
+    finally:
+        daemon.stop()
