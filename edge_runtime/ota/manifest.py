@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import semver
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
@@ -27,7 +28,6 @@ MAX_EVALUATION_BYTES = 16 * 1024  # an eval summary is a few KB; the manifest tr
 MAX_MANIFEST_BYTES = MAX_EVALUATION_BYTES + 48 * 1024
 MAX_MANIFEST_DEPTH = 32
 MAX_MANIFEST_VALUES = 20_000  # commas, [ and { (counted in C before parsing)
-SEMVER = r"^\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$"
 
 
 class ManifestRefused(Exception):
@@ -38,14 +38,21 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     # Bounded: a refusal's reason names the image, and the reason is published (retained) and logged.
     image: str = Field(max_length=512, description="Image reference pinned by digest: repo@sha256:<64 hex>.")
-    version: str = Field(max_length=64, pattern=SEMVER, description="Semantic version.")
-    min_agent_version: str | None = Field(None, max_length=64, pattern=SEMVER,
+    version: str = Field(max_length=64, description="Semantic version (SemVer 2.0.0).")
+    min_agent_version: str | None = Field(None, max_length=64,
                                           description="Oldest agent allowed to apply it (a semantic version).")
     notes: str = Field("", max_length=2000, description="Release notes for the fleet log.")
     evaluation: dict[str, Any] | None = Field(
         None, description="summary.json of `edge-runtime eval` for this release (escape and false-reject "
         "rates as measured); signed with the rest, shown in the agent's status during the rollout.")
     signature: str | None = Field(None, max_length=256, description="base64 Ed25519 signature of the canonical JSON.")
+
+    @field_validator("version", "min_agent_version")
+    @classmethod
+    def _semver(cls, v: str | None) -> str | None:
+        if v is not None:
+            version_key(v)  # what is accepted here is what verify() can compare
+        return v
 
     @field_validator("evaluation")
     @classmethod
@@ -59,8 +66,15 @@ class Manifest(BaseModel):
         return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.split(r"[-+]", v, maxsplit=1)[0].split("."))
+def version_key(v: str) -> semver.Version:
+    """`v` as a key that orders by Semantic Versioning 2.0.0 precedence (semver.org, item 11): a pre-release
+    below its release (1.2.0-rc.1 < 1.2.0), its dot-separated identifiers numerically when numeric
+    (rc.2 < rc.10), lexically otherwise, numeric below alphanumeric, more of them higher when all before are
+    equal; build metadata ignored (1.2.0+a == 1.2.0+b). ValueError when `v` is not a semantic version."""
+    try:
+        return semver.Version.parse(v)
+    except (ValueError, TypeError):
+        raise ValueError("not a semantic version (MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD], semver.org)") from None
 
 
 def generate_keypair() -> tuple[str, str]:
@@ -113,11 +127,18 @@ def verify(manifest: Manifest, public_keys_b64: list[str], current_version: str 
             continue
     else:
         raise ManifestRefused("the signature does not match any trusted fleet key (tampered or wrong key)")
-    if manifest.min_agent_version and version_tuple(agent_version) < version_tuple(manifest.min_agent_version):
+    if manifest.min_agent_version and version_key(agent_version) < version_key(manifest.min_agent_version):
         raise ManifestRefused(f"needs agent {manifest.min_agent_version} or newer; this agent is {agent_version}")
-    if current_version and not allow_downgrade and version_tuple(manifest.version) <= version_tuple(current_version):
-        raise ManifestRefused(f"version {manifest.version} is not newer than the running {current_version} "
-                              "(downgrades need ota.allow_downgrade)")
+    if current_version and not allow_downgrade:
+        try:  # the running container's version label, or the state file's: not checked when it was set
+            running = version_key(current_version)
+        except ValueError:
+            raise ManifestRefused(f"the running version {current_version[:64]!r} is not a semantic version, so "
+                                  f"{manifest.version} cannot be checked to be newer (ota.allow_downgrade "
+                                  "skips the check)") from None
+        if version_key(manifest.version) <= running:
+            raise ManifestRefused(f"version {manifest.version} is not newer than the running {current_version} "
+                                  "(downgrades need ota.allow_downgrade)")
 
 
 def load_keys(paths: list[Path]) -> list[str]:
