@@ -13,7 +13,7 @@ fails (the Docker engine not answering yet) is retried with its own backoff whil
 polling at the server's interval (so the server does not see the device overdue) and sending configData
 when asked, but answers no action until the swap is finished or undone; each failed attempt is counted
 (`recovery_failures`, in the `recovering` status on MQTT) and logged as one line per distinct error,
-rate-limited.
+rate-limited (`ota/recovery.py`, shared with the MQTT loop).
 """
 
 from __future__ import annotations
@@ -30,28 +30,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edge_runtime import __version__
 from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.ota.agent import OtaAgent
 from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
 from edge_runtime.ota.ddi.client import ControllerBase, DdiClient, DdiError, Deployment
+from edge_runtime.ota.recovery import DistinctErrors, Recovery, backoff_s
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SLEEP_S = 300.0  # when the server names no interval
-MAX_BACKOFF_S = 300.0
 MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is closed as failed
-REPEAT_LOG_S = 600.0  # a failure that repeats is logged again, with its count, at most this often
-MAX_DISTINCT_ERRORS = 16  # distinct errors logged each at once; more share one rate limit
 FINAL = {"committed": "success", "current": "success", "rolled_back": "failure", "refused": "failure",
          "failed": "failure"}
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
-
-
-def backoff_s(failures: int, jitter: Callable[[], float] = random.random) -> float:
-    """5 s, 10 s, 20 s … up to 5 min, ±20 % so a fleet that lost its server does not return in step."""
-    base = min(5.0 * 2 ** max(failures - 1, 0), MAX_BACKOFF_S)
-    return base * (0.8 + 0.4 * jitter())
 
 
 def poll_wait_s(interval_s: float, jitter: Callable[[], float] = random.random) -> float:
@@ -92,9 +83,10 @@ class DdiSource:
         self._clock = clock
         self.interval_s = poll_override_s or DEFAULT_SLEEP_S
         self.failures = 0
-        self.recovery_failures = 0  # failed recovery attempts in a row (reset when one succeeds)
         self._next_poll_at = -math.inf  # when the server may be polled again (while a recovery fails)
         self._errors = DistinctErrors(log)
+        self._recovery = Recovery(agent, self._mirror, self._errors, "polling the server meanwhile",
+                                  self._tell_recovery_failed)
         self._recovering = False
         self._download_tries: dict[str, int] = {}
         self._cancels_answered: set[str] = set()
@@ -104,6 +96,11 @@ class DdiSource:
         self._warn = RateLimitedLog(log, 600)
         agent.publish_cb = self._on_status
         state_path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def recovery_failures(self) -> int:
+        """Failed recovery attempts in a row (reset when one succeeds)."""
+        return self._recovery.failures
 
     # ---- state --------------------------------------------------------------------------------------
 
@@ -167,7 +164,7 @@ class DdiSource:
                 if base.config_data_href:
                     self._send_config_data()
                 self._next_poll_at = now + poll_wait_s(self.interval_s)
-        return max(0.0, min(backoff_s(self.recovery_failures), self._next_poll_at - now))
+        return max(0.0, min(self._recovery.wait_s(), self._next_poll_at - now))
 
     def _poll_and_act(self) -> float:
         if not self._flush_final():
@@ -364,86 +361,26 @@ class DdiSource:
             self._warn.log(logging.WARNING, "ota: sending configData failed: %s", exc)
 
     def _recover(self) -> bool:
-        """The agent's crash recovery, its statuses going to the action it belonged to. False when it
-        failed and the agent is still mid-swap: counted, reported, logged once per distinct error."""
+        """The agent's crash recovery (`Recovery.attempt`), its statuses going to the action it belonged to."""
         self._recovering = True
         try:
-            self.agent.recover()
-            error: Exception | None = None
-        except Exception as exc:  # noqa: BLE001 - docker raises APIError, connection errors, timeouts
-            error = exc
+            if not self._recovery.attempt():
+                return False
         finally:
             self._recovering = False
-        if self.agent.state().get("phase", "idle") != "idle":
-            self._recovery_failed(error or RuntimeError("the agent is still mid-swap after its recovery"))
-            return False
-        if error is not None:  # the swap is over, but reporting its outcome failed: reported at the next start
-            self._errors.log("report", error, "ota: reporting the recovered update failed: %s", first_traceback=True)
-        if self.recovery_failures:
-            log.info("ota: the interrupted update was recovered after %d failed attempts", self.recovery_failures)
-            self.recovery_failures = 0
-            self._errors.clear("recovery")
         known = self.state().get("action") or {}
         if known and not known.get("final"):
             self._save()  # killed before the agent recorded a step: the server offers the action again
         return True
 
-    def _recovery_failed(self, exc: Exception) -> None:
-        self.recovery_failures += 1
-        reason = _describe(exc)
-        first = self._errors.log("recovery", exc, "ota: recovering the interrupted update failed: %s (attempt %d; "
-                                 "retrying with backoff, polling the server meanwhile)",
-                                 self.recovery_failures)
-        state = self.agent.state()
-        manifest = state.get("manifest")
-        manifest = manifest if isinstance(manifest, dict) else {}
-        status = {"phase": "recovering", "ts": time.time(), "agent": __version__, "reason": reason,
-                  "recovery_failures": self.recovery_failures, "interrupted": state.get("phase")}
-        status.update({k: manifest[k] for k in ("version", "image") if k in manifest})
+    def _mirror(self, status: dict[str, Any]) -> None:
         if self.mirror is not None:
             self.mirror(status)
+
+    def _tell_recovery_failed(self, reason: str, first: bool) -> None:
         known = self.state().get("action") or {}
         if first and known.get("id") and not known.get("final"):  # the server hears each distinct error once
             self._proceeding(known["id"], [f"recovering the interrupted update failed: {reason} (retrying)"])
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 300 else text[:300] + "…"
-
-
-_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
-
-
-class DistinctErrors:
-    """A failure that repeats: each distinct error (per kind) is logged at once, one line, then at most
-    once per REPEAT_LOG_S with the count of the lines left out (`RateLimitedLog`)."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self.logger = logger
-        self._logs: dict[tuple[str, str], RateLimitedLog] = {}
-        self._overflow = RateLimitedLog(logger, REPEAT_LOG_S)
-
-    def log(self, kind: str, exc: BaseException, msg: str, *args: Any, level: int = logging.WARNING,
-            first_traceback: bool = False) -> bool:
-        """`msg` gets the error's text as its first argument; True when this error of this kind is new."""
-        # Addresses and numbers in the text (docker-py's "<... object at 0x7f...>", ports, counts) change
-        # from one attempt to the next: the same failure must count as one error, not a new one each time.
-        key = (kind, _NUMBERS.sub("#", f"{type(exc).__name__}: {_describe(exc)}"))
-        limiter = self._logs.get(key)
-        new = limiter is None and len(self._logs) < MAX_DISTINCT_ERRORS  # past that, all share one limit
-        if new:
-            limiter = self._logs[key] = RateLimitedLog(self.logger, REPEAT_LOG_S)
-        elif limiter is None:
-            limiter = self._overflow
-        limiter.log(level, msg, _describe(exc), *args, exc_info=new and first_traceback)
-        if new and not first_traceback:
-            self.logger.debug("ota: %s failed", kind, exc_info=exc)
-        return new
-
-    def clear(self, kind: str) -> None:
-        """The failure ended: its errors are logged at once if they come back."""
-        self._logs = {k: v for k, v in self._logs.items() if k[0] != kind}
 
 
 def _offers(base: ControllerBase, action: str) -> bool:
