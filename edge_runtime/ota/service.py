@@ -21,6 +21,7 @@ from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.ota.agent import OtaAgent
 from edge_runtime.ota.manifest import MAX_MANIFEST_BYTES
+from edge_runtime.ota.recovery import Recovery
 from edge_runtime.ota.update_lock import UpdateLock
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,23 @@ class ManifestPoller:
         return resp.body
 
 
+class DockerEngine:
+    """The Docker client (`docker.from_env()`), made when first used and again after each failure to make
+    it: making it asks the engine for its API version, so made at start it raised, and ended the agent,
+    whenever the engine was not up yet (boot). A failure surfaces where the agent uses the engine, so the
+    recovery's retries and a manifest's error handling cover it."""
+
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._client is None:
+            import docker
+
+            self._client = docker.from_env()
+        return getattr(self._client, name)
+
+
 def make_agent(config: Config, client: Any, publish: Any) -> OtaAgent:
     ota = config.ota
     state = (ota.state_dir or config.data_dir / "ota") / "state.json"
@@ -91,17 +109,15 @@ def make_agent(config: Config, client: Any, publish: Any) -> OtaAgent:
                     ota.health_timeout_s, ota.allow_downgrade, lock=lock)
 
 
-def run_ddi_agent(config: Config, stop: threading.Event, publish: Any) -> None:
+def run_ddi_agent(config: Config, stop: threading.Event, publish: Any, engine: Any = None) -> None:
     """The agent with a DDI server as its one source (blocks until `stop`)."""
-    import docker
-
     from edge_runtime.ota.ddi.attributes import device_attributes
     from edge_runtime.ota.ddi.client import DdiClient
     from edge_runtime.ota.ddi.runner import DdiSource
 
     hb = config.ota.hawkbit
     assert hb is not None
-    agent = make_agent(config, docker.from_env(), publish)
+    agent = make_agent(config, engine or DockerEngine(), publish)
     client = DdiClient(hb, hb.controller_id or config.device_id)
     source = DdiSource(client, agent, agent.state_path.parent / "ddi.json",
                        lambda: device_attributes(config, agent.current_version()), stop,
@@ -110,10 +126,9 @@ def run_ddi_agent(config: Config, stop: threading.Event, publish: Any) -> None:
     source.run()
 
 
-def run_agent(config: Config, stop: threading.Event | None = None) -> None:
-    """The `edge-runtime ota agent` loop (blocks until `stop` is set or the process is signalled)."""
-    import docker
-
+def run_agent(config: Config, stop: threading.Event | None = None, engine: Any = None) -> None:
+    """The `edge-runtime ota agent` loop (blocks until `stop` is set or the process is signalled).
+    `engine`: the Docker client (default: `DockerEngine`, made on first use)."""
     stop = stop or threading.Event()
     prefix = config.topic_prefix()
     inbox = ManifestInbox()
@@ -139,18 +154,22 @@ def run_agent(config: Config, stop: threading.Event | None = None) -> None:
 
     if ddi:
         try:
-            run_ddi_agent(config, stop, publish)
+            run_ddi_agent(config, stop, publish, engine)
         finally:
             client.loop_stop()
             client.disconnect()
         return
-    agent = make_agent(config, docker.from_env(), publish)
+    agent = make_agent(config, engine or DockerEngine(), publish)
     agent.cancelled = lambda: "the agent is stopping" if stop.is_set() else None  # ends a wait for the line
-    agent.recover()
+    recovery = Recovery(agent, publish, meanwhile="manifests wait until it succeeds")
     next_poll = time.monotonic()
     poller = ManifestPoller()
     seen_url_manifest: str | None = None
     try:
+        # An interrupted swap is finished or undone before any manifest is taken: retried with backoff
+        # while it fails (the engine not up yet at boot), manifests from MQTT waiting in the inbox.
+        while not stop.is_set() and not recovery.attempt():
+            stop.wait(recovery.wait_s())
         while not stop.is_set():
             try:
                 payload = inbox.queue.get(timeout=1.0)
