@@ -41,11 +41,16 @@ class ManifestInbox:
         self.dropped = 0
         self._log = RateLimitedLog(log)
 
-    def offer(self, payload: bytes | bytearray) -> None:
+    def offer(self, payload: bytes | bytearray, topic: str = "") -> None:
         """Paho's thread; never blocks. An oversized payload keeps one byte past the bound: enough for
-        the agent to refuse it, with its reason on the status topic, without keeping the rest."""
+        the agent to refuse it, with its reason on the status topic, without keeping the rest. An empty
+        (or blank) payload is no manifest: it is how an operator clears a retained one."""
+        kept = bytes(payload[:MAX_MANIFEST_BYTES + 1])
+        if not kept.strip():
+            log.info("ota: an empty message on %s (a cleared retained manifest): no manifest, nothing to do", topic)
+            return
         try:
-            self.queue.put_nowait(bytes(payload[:MAX_MANIFEST_BYTES + 1]))
+            self.queue.put_nowait(kept)
         except queue.Full:
             self.dropped += 1
             self._log.log(logging.WARNING, "ota: %d manifests already wait for the agent; dropped one more "
@@ -142,7 +147,7 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
             c.subscribe(topic, qos=1)
 
     client.on_connect = on_connect
-    client.on_message = lambda _c, _u, msg: inbox.offer(msg.payload)
+    client.on_message = lambda _c, _u, msg: inbox.offer(msg.payload, msg.topic)
     use_mqtt = m.enabled or not ddi  # with a DDI source and mqtt.enabled false, statuses go to the server only
     if use_mqtt:
         client.connect_async(m.host, m.port, m.keepalive)
@@ -164,7 +169,7 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
     recovery = Recovery(agent, publish, meanwhile="manifests wait until it succeeds")
     next_poll = time.monotonic()
     poller = ManifestPoller()
-    seen_url_manifest: str | None = None
+    seen_url_manifest: str | None = None  # "" while the URL serves no manifest
     try:
         # An interrupted swap is finished or undone before any manifest is taken: retried with backoff
         # while it fails (the engine not up yet at boot), manifests from MQTT waiting in the inbox.
@@ -178,7 +183,12 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
             if payload is None and config.ota.manifest_url and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + config.ota.poll_interval_s
                 body = poller.poll(config.ota.manifest_url)
-                if body is not None and body.decode(errors="replace") != seen_url_manifest:
+                if body is not None and not body.strip():  # no manifest (the release withdrawn): nothing to do
+                    if seen_url_manifest != "":
+                        log.info("ota: %s serves no manifest (an empty answer): nothing to do",
+                                 config.ota.manifest_url)
+                    seen_url_manifest = ""
+                elif body is not None and body.decode(errors="replace") != seen_url_manifest:
                     seen_url_manifest = body.decode(errors="replace")
                     payload = body
             if payload is not None:

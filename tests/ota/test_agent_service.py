@@ -5,7 +5,9 @@ the real Docker SDK pointed at a socket where no engine answers (an engine not u
 from __future__ import annotations
 
 import gc
+import http.server
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -150,3 +152,75 @@ def test_an_engine_not_up_at_start_is_retried_and_stopping_stays_prompt(
         watcher.close()
         gc.collect()
     assert not thread.is_alive() and joined_s < 2.0, joined_s
+
+
+def _manifest(private: str, version: str = "1.0.0") -> str:
+    return sign(Manifest(image=swap.IMAGE, version=version), private).model_dump_json(exclude_none=True)
+
+
+def test_an_empty_retained_message_clears_the_manifest_and_is_no_refusal(
+        tmp_path: Path, broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    # An operator clears the retained manifest by publishing an empty retained payload; the agent took b""
+    # for a manifest and published `refused` ("the manifest is not valid JSON").
+    private, public = generate_keypair()
+    watcher = Watcher(broker.port)
+    thread, stop = _start(_config(tmp_path, broker.port, public), swap.Engine())
+    try:
+        watcher.publish(_manifest(private))  # the fleet's desired state, retained
+        watcher.wait(lambda seen: [s["phase"] for s in seen] == ["received", "current"])
+        with caplog.at_level(logging.DEBUG, logger="edge_runtime.ota"):
+            watcher.publish(b"")  # cleared
+            watcher.publish(b"  \n", retain=False)  # blank: no manifest either
+            watcher.publish(_manifest(private), retain=False)  # after them, in order: a manifest again
+            watcher.wait(lambda seen: len(seen) >= 4)
+            time.sleep(0.3)
+        assert watcher.phases() == ["received", "current", "received", "current"]
+        empty = [r.getMessage() for r in caplog.records if "no manifest" in r.getMessage()]
+        assert empty == [f"ota: an empty message on {CMD} (a cleared retained manifest): no manifest, nothing to do",
+                         f"ota: an empty message on {CMD} (a cleared retained manifest): no manifest, nothing to do"]
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher.close()
+
+
+class _Site(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_empty_manifest_url_is_no_manifest(tmp_path: Path, broker: Broker,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    # A 200 with an empty body (the file emptied to withdraw the release) was refused as invalid JSON.
+    _private, public = generate_keypair()
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Site)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{web.server_address[1]}/manifest.json"
+    config = _config(tmp_path, broker.port, public)
+    config = config.model_copy(update={"ota": config.ota.model_copy(update={"manifest_url": url})})
+    watcher = Watcher(broker.port)
+    with caplog.at_level(logging.DEBUG, logger="edge_runtime.ota"):
+        thread, stop = _start(config, swap.Engine())
+        try:
+            deadline = time.monotonic() + 10  # the first poll comes at once
+            while not any("no manifest" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            thread.join(5)
+            watcher.close()
+            web.shutdown()
+            web.server_close()
+    assert watcher.phases() == []
+    assert [r.getMessage() for r in caplog.records if "no manifest" in r.getMessage()] == [
+        f"ota: {url} serves no manifest (an empty answer): nothing to do"]
