@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from edge_runtime.config.base import NAME, Section
 from edge_runtime.config.gate import GateConfig
+
+MAX_FRAME_SIDE = 16384  # the largest frame side a camera may have (width, height; a roi or region inside it)
+
+
+def check_box(box: tuple[int, int, int, int], what: str) -> tuple[int, int, int, int]:
+    """`box` ([x, y, width, height]) with x, y >= 0, a pixel at least, and inside the largest frame; else
+    ValueError naming `what` (a camera's roi, a program's region)."""
+    x, y, w, h = box
+    if x < 0 or y < 0 or w < 1 or h < 1 or x + w > MAX_FRAME_SIDE or y + h > MAX_FRAME_SIDE:
+        shown = ", ".join(str(v) if abs(v) < 10**9 else f"{str(v)[:6]}..." for v in box)
+        raise ValueError(f"{what} [{shown}] needs x, y >= 0, width and height >= 1 and x + width, y + height at "
+                         f"most {MAX_FRAME_SIDE} (the largest frame side)")
+    return box
 
 
 class TriggerConfig(Section):
@@ -55,3 +68,8 @@ class CameraConfig(Section):
     read_timeout_s: float = Field(5, gt=0, description="A stream silent this long counts as failed.")
     reconnect_min_s: float = Field(0.5, gt=0, description="First reconnect delay; doubles each failure.")
     reconnect_max_s: float = Field(30, gt=0, description="Longest reconnect delay.")
+
+    @field_validator("roi")
+    @classmethod
+    def _roi_in_a_frame(cls, v: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] | None:
+        return None if v is None else check_box(v, "roi")

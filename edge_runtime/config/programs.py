@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.cameras import check_box
 from edge_runtime.config.inspection import ImageLimits
 
 MAX_REFERENCES = 8  # each reference is a whole image's tokens in every prompt of the program
@@ -40,9 +41,7 @@ class RegionConfig(Section):
 
     @model_validator(mode="after")
     def _box_has_pixels(self) -> RegionConfig:
-        x, y, w, h = self.box
-        if x < 0 or y < 0 or w < 1 or h < 1:
-            raise ValueError(f"region {self.name}: box [{x}, {y}, {w}, {h}] needs x, y >= 0 and width, height >= 1")
+        check_box(self.box, f"region {self.name}: box")
         return self
 
 

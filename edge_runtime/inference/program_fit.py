@@ -26,7 +26,7 @@ from edge_runtime.core.images import read_image_file
 from edge_runtime.inference.encoding import fit_tokens
 from edge_runtime.inference.llm import mtmd as mtmd_module
 from edge_runtime.inference.llm.handles import Model
-from edge_runtime.inference.llm.mtmd import MtmdContext, chunk_is_image, chunk_tokens
+from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MtmdContext, chunk_is_image, chunk_tokens
 from edge_runtime.inference.llm.runtime import log_to
 from edge_runtime.inference.programs import BETWEEN_TEXT, FRAME_TEXT, REFERENCE_TEXT, LoadedProgram, check_programs
 from edge_runtime.inference.regions import frame_regions
@@ -82,6 +82,10 @@ def check_frame_budgets(budgets: Budgets, asked: Mapping[str, list[Asker]], mtmd
                 continue
             w, h = who.size
             try:
+                _taken(w, h, "its frame")
+            except TooLarge as exc:
+                raise ConfigError(f"programs.{name} ({who.label}): {exc}") from None
+            try:
                 fit_tokens(mtmd, np.zeros((h, w, 3), np.uint8), *tokens)
             except InputError as exc:
                 why = str(exc).removeprefix("image_tokens: ").replace("this image", f"its {w}x{h} frame")
@@ -94,7 +98,18 @@ def loaded_reference_tokens(programs: Mapping[str, LoadedProgram]) -> dict[str, 
     return {name: sum(len(r.encoded.embeds) for r in p.references) for name, p in programs.items()}
 
 
-def _image_tokens(mtmd: MtmdContext, w: int, h: int, tokens: tuple[int, int] | None) -> int:
+class TooLarge(ValueError):
+    """An image of known size that libmtmd never takes: every question showing it would be refused."""
+
+
+def _taken(w: int, h: int, what: str) -> None:
+    if w * h > MAX_IMAGE_PIXELS:
+        raise TooLarge(f"{what} of {w}x{h} is {w * h} pixels, more than the {MAX_IMAGE_PIXELS} libmtmd takes "
+                       "(a smaller box, roi or camera size)")
+
+
+def _image_tokens(mtmd: MtmdContext, w: int, h: int, tokens: tuple[int, int] | None, what: str = "its frame") -> int:
+    _taken(w, h, what)
     pixels = np.zeros((h, w, 3), np.uint8)
     try:
         return mtmd.image_tokens(fit_tokens(mtmd, pixels, *tokens) if tokens else pixels)
@@ -140,7 +155,7 @@ def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple
     captions = tuple(r.caption for r in cfg.references)
     if cfg.regions or cfg.tiling is not None:
         specs = frame_regions(cfg, *size) if size else frame_regions(cfg.model_copy(update={"tiling": None}), 0, 0)
-        asked = [(_image_tokens(mtmd, s.box[2], s.box[3], tokens) if mtmd is not None else 0,
+        asked = [(_image_tokens(mtmd, s.box[2], s.box[3], tokens, f"region {s.name}") if mtmd is not None else 0,
                   text(s.prompt or question, captions)) for s in specs]
         image, words = max(asked, key=sum, default=(0, text(question, captions)))
         return "its largest region", image, words
@@ -165,12 +180,15 @@ def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, refer
         refs += markers * len(cfg.references)
         listed: list[Asker | None] = list(asked.get(name, [])) or [None]
         for who in listed:
-            shown, image, words = _asked_image(cfg, budgets.get(name), who.size if who else None, mtmd,
-                                               who.question if who else None, text)
+            where = f" ({who.label})" if who is not None else ""
+            try:
+                shown, image, words = _asked_image(cfg, budgets.get(name), who.size if who else None, mtmd,
+                                                   who.question if who else None, text)
+            except TooLarge as exc:
+                raise ConfigError(f"programs.{name}{where}: {exc}") from None
             image += markers * (cfg.clip.frames if cfg.clip is not None else 1) if mtmd is not None else 0
             need = refs + image + words + max_tokens
             if need > n_ctx:
-                where = f" ({who.label})" if who is not None else ""
                 raise ConfigError(
                     f"programs.{name}{where}: the references take {refs} tokens, {shown} {image}, the prompt's "
                     f"text {words} and the answer up to {max_tokens}: {need}, more than the context of {n_ctx} "
