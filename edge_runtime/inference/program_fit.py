@@ -186,6 +186,9 @@ def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, refer
                                                    who.question if who else None, text)
             except TooLarge as exc:
                 raise ConfigError(f"programs.{name}{where}: {exc}") from None
+            except InputError as exc:  # a question longer than the context can hold, refused before tokenizing
+                raise ConfigError(f"programs.{name}{where}: its question cannot be asked "
+                                  f"({str(exc).removeprefix('messages: ')})") from None
             image += markers * (cfg.clip.frames if cfg.clip is not None else 1) if mtmd is not None else 0
             need = refs + image + words + max_tokens
             if need > n_ctx:

@@ -97,3 +97,15 @@ def test_a_regions_longest_question_is_counted(setup: tuple[Inspector, Path, Pat
     need = prompt_tokens(ins, "cover", LONG, label)
     assert fits(ins, bundle, programs, cams, N_CTX - need)
     assert not fits(ins, bundle, programs, cams, N_CTX - need + 1)
+
+
+def test_a_question_longer_than_the_context_holds_is_one_line_naming_the_camera(
+        setup: tuple[Inspector, Path, Path]) -> None:
+    """It was an InputError naming `messages` (the tokenizer's bound), not the program or the camera."""
+    ins, _, ref = setup
+    ins.max_tokens = 8
+    cams = [CameraConfig(name="belt", source="x.png", program="p", width=64, height=48, prompt="Is it OK? " * 30000)]
+    with pytest.raises(ConfigError, match=r"^programs\.p \(camera belt\): its question cannot be asked \(the prompt "
+                                          r"is 300\d+ bytes"):
+        ins.use_programs({"p": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}, cams,
+                         ImageLimits())
