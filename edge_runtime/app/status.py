@@ -22,6 +22,8 @@ from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.pipeline import VerdictPipeline
 from edge_runtime.verdicts.stage import VerdictServices
 
+STALL_S = 60.0  # a stage on one piece of work this long has hung: /readyz 503, no systemd watchdog ping
+
 
 class StatusReport:
     """The status half of `core.device.Device`, read from the parts it is given."""
@@ -63,13 +65,14 @@ class StatusReport:
             self.faults.discard("disk full")
         inspector = self.running.inspector
         model_ready = bool(inspector and inspector.ready)
-        alive = self.alive()
+        stalled = self.stalled()
+        alive = stalled is None
         # What stops inspecting or journaling: only these make /readyz answer 503.
         store_fault = self.line_io.jobs.fault() if self.line_io else None
         can_journal = not self.journal.full and not store_fault
         reasons = sorted(self.faults)
-        if model_ready and not alive:
-            reasons.insert(0, "inspection stalled (the worker has not turned for 60 s)")
+        if model_ready and stalled:
+            reasons.insert(0, f"inspection stalled: {stalled}")
         reasons += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]  # the sinks
         if store_fault and not any(r.startswith("line_io: ") for r in reasons):  # the sink names it first
             reasons.append(f"line_io: job store: {store_fault}")
@@ -78,8 +81,14 @@ class StatusReport:
         return {"ready": ready, "state": state, "reasons": reasons}
 
     def alive(self) -> bool:
-        """The pipeline really works: the worker turns and no inspection has hung."""
-        return self.running.inspector is not None and self.worker.alive(max_busy_s=60.0)
+        """The pipeline really works: every stage turns and none has hung on a frame."""
+        return self.stalled() is None
+
+    def stalled(self) -> str | None:
+        """Why the pipeline does not work (no model, a stage ended or hung for 60 s); None when it does."""
+        if self.running.inspector is None:
+            return "no model loaded"
+        return self.worker.stalled(max_busy_s=STALL_S)
 
     def threads(self) -> list[SupervisedThread]:
         """Every supervised pipeline thread (schedules, both inspection stages, the MQTT outbox, line I/O)."""

@@ -2,7 +2,9 @@
 
 A `SupervisedThread` runs a loop function; when it raises, the error is logged (at most once a
 minute), counted in `restarts`, and the loop starts again after a backoff (0.5 s doubling to 30 s).
-Status publishes `{name: {"alive", "restarts"}}` for each, so a restarting thread is visible.
+Status publishes `{name: {"alive", "restarts", "busy_s"}}` for each, so a restarting thread is visible,
+and so is one stuck in a piece of work: a loop marks each piece with `busy()`, and `busy_s` is how long
+the current one has run (None while the thread waits for work).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -57,6 +60,7 @@ class SupervisedThread:
         self.last_error: str | None = None
         self.backoff_max_s = backoff_max_s
         self._log = RateLimitedLog(logger)
+        self._busy_since: float | None = None  # when the piece of work in progress began
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -69,8 +73,30 @@ class SupervisedThread:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Around one piece of the loop's work (an encode, a search, a batch): a hang inside it shows in
+        `busy_s`. Waiting for work is not busy."""
+        self._busy_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy_since = None
+
+    def progress(self) -> None:
+        """The work in progress moved on (a batch answered one of its sequences): `busy_s` counts from now."""
+        if self._busy_since is not None:
+            self._busy_since = time.monotonic()
+
+    def busy_s(self) -> float | None:
+        """How long the piece of work in progress has run; None while the thread waits."""
+        since = self._busy_since
+        return None if since is None else time.monotonic() - since
+
     def status(self) -> dict[str, Any]:
-        return {"alive": self._thread.is_alive(), "restarts": self.restarts}
+        busy = self.busy_s()
+        return {"alive": self._thread.is_alive(), "restarts": self.restarts,
+                "busy_s": None if busy is None else round(busy, 1)}
 
     def _run(self) -> None:
         delay = 0.5

@@ -68,7 +68,6 @@ class InspectionWorker:
         self.stats_for = stats_for
         self.deliver = deliver  # journal, then the sinks (verdicts/pipeline.py); raises StorageFull
         self.heartbeat = time.monotonic()
-        self.busy_since: float | None = None
         self.errors = 0
         self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
         self._full_log = RateLimitedLog(log)
@@ -139,13 +138,27 @@ class InspectionWorker:
             if not request.future.done():
                 request.future.set_exception(QueueFull("the daemon is shutting down"))
 
+    def stalled(self, max_busy_s: float) -> str | None:
+        """Why the pipeline does not turn: a stage's thread ended, one has been on a single piece of work
+        (a frame's encode, the gate's look, a batch, a delivery) for `max_busy_s`, or stage 2's loop
+        stopped turning. None while all is well."""
+        for thread in self.threads():
+            if not thread.is_alive():
+                return f"the {thread.name} thread has ended"
+            busy = thread.busy_s()
+            if busy is not None and busy >= max_busy_s:
+                return f"the {thread.name} thread has been on one piece of work for {busy:.0f} s"
+        if self._thread.busy_s() is None and time.monotonic() - self.heartbeat >= 5.0:
+            return "the inspector thread has not turned for 5 s"
+        return None
+
     def alive(self, max_busy_s: float) -> bool:
-        """True while both stages turn and no single inspection has hung."""
-        if not all(thread.is_alive() for thread in self.threads()):
-            return False
-        if self.busy_since is not None:
-            return time.monotonic() - self.busy_since < max_busy_s
-        return time.monotonic() - self.heartbeat < 5.0
+        """True while every stage turns and none has hung on one piece of work."""
+        return self.stalled(max_busy_s) is None
+
+    def idle(self) -> bool:
+        """No stage is working on anything now (the queues may still hold work)."""
+        return all(thread.busy_s() is None for thread in self.threads())
 
     def _encode_loop(self) -> None:
         while not self._stop.is_set():
@@ -158,19 +171,26 @@ class InspectionWorker:
                 continue
             encoded: Staged = None
             if self.overlap and request.job is None and request.image is not None:
-                inspector = None
-                try:
-                    inspector = self.get_inspector()
-                    programs = inspector.programs_loaded  # before the encode: a reload during it shows as a change
-                    encoded = (inspector, programs, inspector.encode_frame(request.camera, request.image,
-                                                                           request.clip, request.program))
-                except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
-                    # A reload closed the model meanwhile (its encoder refuses): stage 2 encodes it again
-                    # with the new one, as it does a frame encoded under replaced programs (_usable).
-                    encoded = None if inspector is not None and inspector is not self.get_inspector() else exc
+                with self._encoder.busy():
+                    encoded = self._encode(request)
             request.encoded.set()
             gated = self.gates is not None and isinstance(encoded, tuple) and self.gates.gate_for(request) is not None
             self._hand_on(self._sifting if gated else self._handoff, request, encoded)
+
+    def _encode(self, request: InspectionRequest) -> Staged:
+        """Stage 1's encode of a frame: the embeddings with the model and programs they were made under,
+        or the exception for stage 2 to report."""
+        assert request.image is not None
+        inspector = None
+        try:
+            inspector = self.get_inspector()
+            programs = inspector.programs_loaded  # before the encode: a reload during it shows as a change
+            return inspector, programs, inspector.encode_frame(request.camera, request.image, request.clip,
+                                                               request.program)
+        except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
+            # A reload closed the model meanwhile (its encoder refuses): stage 2 encodes it again
+            # with the new one, as it does a frame encoded under replaced programs (_usable).
+            return None if inspector is not None and inspector is not self.get_inspector() else exc
 
     def _hand_on(self, to: queue.Queue[tuple[InspectionRequest, Staged]], request: InspectionRequest,
                  encoded: Staged) -> None:
@@ -194,8 +214,9 @@ class InspectionWorker:
                 self._hand_on(self._handoff, request, encoded)
                 continue
             try:
-                rest = self.gates.sift([(request, encoded[2])], encoded[0], self.gate.decision().state,
-                                       self._deliver, self._failed, answer=self._queue_gated)
+                with self._sift_thread.busy():  # the wait for room among the gated OKs counts: a stuck delivery
+                    rest = self.gates.sift([(request, encoded[2])], encoded[0], self.gate.decision().state,
+                                           self._deliver, self._failed, answer=self._queue_gated)
             except Exception as exc:  # noqa: BLE001 - one frame's failure; the gate goes on with the next
                 self._failed(request, exc)
                 continue
@@ -218,7 +239,8 @@ class InspectionWorker:
         """Deliver the gated OKs in the order the gate queued them, until stopped with none left."""
         for request, result in _drained(self._gated, self._gated_stop):
             try:
-                delivered = self._deliver(request, result)
+                with self._gated_thread.busy():
+                    delivered = self._deliver(request, result)
             except Exception as exc:  # noqa: BLE001 - e.g. a full disk: that caller hears it
                 self._failed(request, exc)
             else:
@@ -236,28 +258,30 @@ class InspectionWorker:
                     ready.append(self._handoff.get_nowait())
                 except queue.Empty:
                     break
-            self.busy_since = time.monotonic()
-            try:
-                work = [(request, self._usable(encoded)) for request, encoded in ready]
-                if self.gates is not None:  # skip_ok's gated frames are answered here, without the model
-                    work = self.gates.sift(work, self.get_inspector(), self.gate.decision().state,
-                                           self._deliver, self._failed)
-                if any(request.chat is not None for request, _ in work):
-                    self._serve(work)
-                    continue
-                batchable = [(r, e) for r, e in work
-                             if r.job is None and e is not None and not isinstance(e, Exception)]
-                batched = {id(r) for r, _ in batchable} if len(batchable) > 1 else set()
-                if batched:
-                    self._inspect_batch(batchable)
-                for request, encoded in work:
-                    if id(request) not in batched:
-                        self._finish(request, encoded)
-            finally:
-                self.busy_since = None
+            with self._thread.busy():
+                self._generate(ready)
         # Refuse whatever is still queued so no caller waits forever.
         while (leftover := self.inspections.get(timeout=0)) is not None:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
+
+    def _generate(self, ready: list[tuple[InspectionRequest, Staged]]) -> None:
+        """Stage 2's turn: the frames (and chats, jobs) handed on together, generated as one batch where
+        they can be."""
+        work = [(request, self._usable(encoded)) for request, encoded in ready]
+        if self.gates is not None:  # skip_ok's gated frames are answered here, without the model
+            work = self.gates.sift(work, self.get_inspector(), self.gate.decision().state,
+                                   self._deliver, self._failed)
+        if any(request.chat is not None for request, _ in work):
+            self._serve(work)
+            return
+        batchable = [(r, e) for r, e in work
+                     if r.job is None and e is not None and not isinstance(e, Exception)]
+        batched = {id(r) for r, _ in batchable} if len(batchable) > 1 else set()
+        if batched:
+            self._inspect_batch(batchable)
+        for request, encoded in work:
+            if id(request) not in batched:
+                self._finish(request, encoded)
 
     def _usable(self, encoded: Staged) -> Encoded | Exception | None:
         """The embeddings, unless a reload replaced the model that computed them or the inspection programs
@@ -372,7 +396,8 @@ class InspectionWorker:
 
         def finished(w: Work, outcome: Result | Generation | Exception) -> None:
             request, t0 = requests.pop(id(w)), started.pop(id(w))
-            self.heartbeat = self.busy_since = time.monotonic()  # progress: a long stream of joiners is no hang
+            self.heartbeat = time.monotonic()
+            self._thread.progress()  # a long stream of joiners is no hang
             if isinstance(outcome, Exception):
                 self._failed(request, outcome)
             elif isinstance(w, ChatWork):

@@ -9,8 +9,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from edge_runtime.app import status as status_module
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.device import DeviceCameras
@@ -135,6 +137,40 @@ def test_a_hung_inspection_makes_the_pipeline_not_alive_until_it_returns(bare_da
         release.set()
     assert future.result(timeout=30) == "ran"
     wait_for(lambda: bare_daemon.worker.alive(max_busy_s=0.3), what="alive again")
+
+
+def test_a_hung_frame_encode_in_stage_1_makes_the_pipeline_not_ready_naming_the_encoder(
+        bare_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stage 2 keeps turning (idle) while stage 1 is stuck in one frame's encode (a GPU hang in libmtmd or
+    # ONNX Runtime): before, only stage 2's heartbeat counted, so /readyz stayed 200 and systemd's watchdog
+    # kept being pinged while no frame was inspected.
+    inspector = bare_daemon.inspector
+    assert inspector is not None
+    started, release = threading.Event(), threading.Event()
+    encode = inspector.encode_frame
+
+    def hung_encode(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        release.wait(30)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(inspector, "encode_frame", hung_encode)
+    monkeypatch.setattr(status_module, "STALL_S", 0.3)
+    try:
+        assert bare_daemon.alive()
+        future = bare_daemon.entry.submit_image(np.full((64, 64, 3), 128, np.uint8))
+        assert started.wait(30)
+        wait_for(lambda: not bare_daemon.alive(), what="the watchdog to see the hung encode")
+        health = bare_daemon.health()
+        assert not health["ready"] and health["state"] == "degraded"
+        assert health["reasons"][0].startswith("inspection stalled: the encoder thread has been on one piece")
+        assert bare_daemon.status()["threads"]["encoder"]["busy_s"] >= 0.3
+        assert bare_daemon.worker.stalled(max_busy_s=60) is None  # the daemon's own limit is not reached yet
+    finally:
+        release.set()
+    assert future.result(timeout=60).camera == "api"
+    wait_for(bare_daemon.alive, what="alive again")
+    assert bare_daemon.health()["ready"]
 
 
 def test_an_unknown_camera_is_refused_through_the_device_interface(bare_daemon: Daemon) -> None:

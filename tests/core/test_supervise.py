@@ -25,7 +25,7 @@ def test_a_loop_that_raises_is_restarted_and_counted(caplog: pytest.LogCaptureFi
     thread.start()
     try:
         wait_for(lambda: len(runs) == 4, timeout=10, what="fourth run")
-        assert thread.status() == {"alive": True, "restarts": 3}
+        assert thread.status() == {"alive": True, "restarts": 3, "busy_s": None}
         assert thread.last_error == "OSError: database or disk is full"
         assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
     finally:
@@ -41,3 +41,35 @@ def test_rate_limited_log_counts_what_it_held_back(caplog: pytest.LogCaptureFixt
     limited.reset()
     assert limited.log(logging.ERROR, "disk full again")
     assert [r.getMessage() for r in caplog.records] == ["disk full", "disk full again"]
+
+
+def test_busy_shows_how_long_the_piece_of_work_in_progress_has_run_and_progress_restarts_it() -> None:
+    stop, inside, moved_on, done = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    holder: list[SupervisedThread] = []
+
+    def loop() -> None:
+        with holder[0].busy():
+            inside.set()
+            moved_on.wait(10)
+            holder[0].progress()  # e.g. a batch answered one of its sequences
+            done.wait(10)
+        stop.wait()
+
+    thread = SupervisedThread("worker", loop, stop, logging.getLogger("t"))
+    holder.append(thread)
+    assert thread.busy_s() is None
+    thread.start()
+    try:
+        assert inside.wait(10)
+        wait_for(lambda: (thread.busy_s() or 0) >= 0.3, timeout=10, what="busy for 0.3 s")
+        moved_on.set()
+        wait_for(lambda: (thread.busy_s() or 1) < 0.2, timeout=10, what="progress to restart the count")
+        assert thread.status()["busy_s"] is not None
+        done.set()
+        wait_for(lambda: thread.busy_s() is None, timeout=10, what="the work to end")
+        assert thread.status()["busy_s"] is None
+    finally:
+        moved_on.set()
+        done.set()
+        stop.set()
+        thread.join(5)

@@ -121,7 +121,7 @@ def drain_and_stop(daemon: Daemon) -> tuple[dict[str, Any], dict[str, int]]:
     for rig in daemon.rigs.values():
         rig.stop()
     wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 60, "offload to drain")
-    wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
+    wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.idle(), 30, "local drain")
     status = daemon.status()
     engines = journal_by_engine(daemon, "line")
     daemon.stop()

@@ -309,7 +309,7 @@ def drain(daemon: Daemon) -> dict[str, Any]:
     # frame that is really lost never arrives, and the wait fails.
     wait_for(lambda: sum(journaled(daemon).values()) >= _answered(daemon.status()), 30,
              "every answered frame journaled")
-    wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
+    wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.idle(), 30, "local drain")
     return daemon.status()
 
 

@@ -246,7 +246,7 @@ def test_a_remote_camera_whose_central_server_answers_lone_surrogates_loses_no_f
             for rig in daemon.rigs.values():
                 rig.stop()
             wait_for(lambda: daemon.status()["offload"]["frames"]["in_flight"] == 0, 30, "offload to drain")
-            wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.busy_since is None, 30, "local drain")
+            wait_for(lambda: daemon.inspections.depth == 0 and daemon.worker.idle(), 30, "local drain")
             status = daemon.status()
             journaled = engines()
         finally:
