@@ -179,13 +179,16 @@ class VisionEncoder:
 
     def encode(self, pixel_values: np.ndarray) -> np.ndarray:
         """[B,3,H,W] float32 -> [B,N,D] float32 image embeddings."""
-        if self.session is None:
+        session = self.session  # read once: close() on another thread (a reload) may clear it meanwhile
+        if session is None:
             raise RuntimeError("vision encoder is closed")
-        (out,) = self.session.run([self.output_name], {self.input_name: pixel_values})
+        (out,) = session.run([self.output_name], {self.input_name: pixel_values})
         return np.asarray(out, dtype=np.float32)
 
     def close(self) -> None:
-        self.session = None  # ORT frees the session with its last reference; idempotent
+        # ORT frees the session with its last reference, so an encode already running keeps it alive until
+        # it returns; idempotent
+        self.session = None
 
     def __enter__(self) -> VisionEncoder:
         return self
