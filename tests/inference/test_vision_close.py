@@ -15,7 +15,7 @@ from edge_runtime.inference.vision import VisionEncoder
 class _ClosedBetweenReads(VisionEncoder):
     """Stands for the interleaving of two threads: close() runs right after encode() first reads the session."""
 
-    @property  # type: ignore[override]
+    @property
     def session(self) -> Any:
         real = self.__dict__["_session"]
         if real is not None:
@@ -35,6 +35,7 @@ def _encoder(bundle: Bundle) -> VisionEncoder:
 
 def test_an_encode_that_began_before_close_finishes_on_the_session_it_read(demo_bundle: Bundle) -> None:
     encoder = _encoder(demo_bundle)
+    assert encoder.session is not None
     shape = [d if isinstance(d, int) else 1 for d in encoder.session.get_inputs()[0].shape]
     pixels = np.zeros(shape, np.float32)
     want = encoder.encode(pixels)
