@@ -2,9 +2,9 @@
 
 A `SupervisedThread` runs a loop function; when it raises, the error is logged (at most once a
 minute), counted in `restarts`, and the loop starts again after a backoff (0.5 s doubling to 30 s).
-Status publishes `{name: {"alive", "restarts", "busy_s"}}` for each, so a restarting thread is visible,
-and so is one stuck in a piece of work: a loop marks each piece with `busy()`, and `busy_s` is how long
-the current one has run (None while the thread waits for work).
+Status publishes `{name: {"alive", "restarts"}}` for each, so a restarting thread is visible, and so is
+one stuck in a piece of work: a loop marks each piece with `busy()`, and `busy_s` (in its status while
+it is on one) is how long the current one has run.
 """
 
 from __future__ import annotations
@@ -94,9 +94,12 @@ class SupervisedThread:
         return None if since is None else time.monotonic() - since
 
     def status(self) -> dict[str, Any]:
+        """{"alive", "restarts"}, and "busy_s" while the thread is on a piece of work."""
         busy = self.busy_s()
-        return {"alive": self._thread.is_alive(), "restarts": self.restarts,
-                "busy_s": None if busy is None else round(busy, 1)}
+        out: dict[str, Any] = {"alive": self._thread.is_alive(), "restarts": self.restarts}
+        if busy is not None:
+            out["busy_s"] = round(busy, 1)
+        return out
 
     def _run(self) -> None:
         delay = 0.5
