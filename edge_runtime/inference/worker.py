@@ -259,7 +259,10 @@ class InspectionWorker:
                 except queue.Empty:
                     break
             with self._thread.busy():
-                self._generate(ready)
+                try:
+                    self._generate(ready)
+                finally:  # before busy ends, so the watch never sees it idle with the beat of before the batch
+                    self.heartbeat = time.monotonic()
         # Refuse whatever is still queued so no caller waits forever.
         while (leftover := self.inspections.get(timeout=0)) is not None:
             leftover.future.set_exception(QueueFull("the daemon is shutting down"))
