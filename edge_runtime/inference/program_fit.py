@@ -29,12 +29,12 @@ from edge_runtime.inference.llm.handles import Model
 from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MtmdContext, chunk_is_image, chunk_tokens
 from edge_runtime.inference.llm.runtime import log_to
 from edge_runtime.inference.programs import BETWEEN_TEXT, FRAME_TEXT, REFERENCE_TEXT, LoadedProgram, check_programs
+from edge_runtime.inference.prompting import around_image
 from edge_runtime.inference.regions import frame_regions
 
 log = logging.getLogger(__name__)
 Budgets = Mapping[str, tuple[int, int] | None]  # each program's image token budget (min, max)
 Text = Callable[[str | None, tuple[str, ...]], int]  # a question's text tokens (None: the default), its captions
-_IMAGE = "\x00image\x00"  # the template's image slot while it is split (as prompting.py splits it)
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def question_tokens(template: str, system: str, default: str, tokenize: Callable
 
     def count(question: str | None, captions: tuple[str, ...]) -> int:
         if (question, captions) not in counted:
-            before, after = template.format(system=system, image=_IMAGE, prompt=question or default).split(_IMAGE)
+            before, after = around_image(template, system, question or default)
             texts = ([before + REFERENCE_TEXT.format(caption=captions[0])]
                      + [BETWEEN_TEXT + REFERENCE_TEXT.format(caption=c) for c in captions[1:]]
                      + [BETWEEN_TEXT + FRAME_TEXT]) if captions else [before]

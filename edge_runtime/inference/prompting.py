@@ -8,6 +8,7 @@ before they are tokenized.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,7 +25,19 @@ from edge_runtime.inference.programs import LoadedProgram
 from edge_runtime.inference.prompt_layout import image_prompt, split_at_image_tokens
 from edge_runtime.inference.token_cache import TokenCache
 
-_IMAGE = "\x00image\x00"
+
+def around_image(template: str, system: str, prompt: str) -> tuple[str, str]:
+    """The template's text before and after its `{image}` slot, with `system` and `prompt` filled in as
+    str.format fills them. The template is cut, not the filled text: a client's text may hold anything
+    (a marker searched for in the filled text could be forged, e.g. a prompt holding "\\x00image\\x00")."""
+    halves, side = ["", ""], 0
+    for literal, name, _, _ in string.Formatter().parse(template):
+        halves[side] += literal
+        if name == "image":
+            side = 1
+        elif name is not None:
+            halves[side] += {"system": system, "prompt": prompt}[name]
+    return halves[0], halves[1]
 
 
 def media_parts(encs: Sequence[Encoded]) -> tuple[list[int], list[Segment], list[int]]:
@@ -90,8 +103,7 @@ class PromptBuilder:
         p = m.prompt
         layout = m.vision.layout if isinstance(m, Manifest) else None
         if layout is None:
-            text = p.template.format(system=p.system if system is None else system, image=_IMAGE, prompt=prompt)
-            before, after = text.split(_IMAGE)
+            before, after = around_image(p.template, p.system if system is None else system, prompt)
             prefix = self.tokenize(before, field)
             image: ImagePart = encs[0].embeds if encs else None
             if self.media:  # the GGUF's own BOS (llama.cpp adds it where the vocabulary asks)
@@ -118,7 +130,7 @@ class PromptBuilder:
         if program is None or not program.references:
             return self.sequence(prompt, encs, field=field)
         p = self.bundle.manifest.prompt
-        before, after = p.template.format(system=p.system, image=_IMAGE, prompt=prompt).split(_IMAGE)
+        before, after = around_image(p.template, p.system, prompt)
         begin, parts, end = media_parts(encs)
         prefix = program.prefix(before, begin, lambda text: self.tokenize(text, field), self.language.with_bos,
                                 media_parts)
