@@ -132,11 +132,19 @@ def program_region_names(program: ProgramConfig) -> list[str]:
 
 
 def check_line_programs(stations: list[StationConfig], programs: dict[str, ProgramConfig],
-                        camera_size: dict[str, tuple[int | None, int | None]]) -> None:
+                        camera_size: dict[str, tuple[int | None, int | None]],
+                        camera_program: dict[str, str | None] | None = None) -> None:
     """Every program a station or recipe names exists, has no clip (a job inspects one frame) and, on a
-    camera of known size (`camera_size`), its regions lie inside the frame. ValueError in one line naming
+    camera of known size (`camera_size`), its regions lie inside the frame; a station that names no
+    program does not inherit its camera's (`camera_program`) clip. ValueError in one line naming
     line_io.stations.<s>[.recipes.<r>].program."""
     for st in stations:
+        inherited = (camera_program or {}).get(st.camera)
+        clip = programs[inherited].clip if st.program is None and inherited in programs else None
+        if clip is not None:
+            raise ValueError(f"line_io.stations.{st.name}.program: none is named, so its jobs take camera "
+                             f"{st.camera}'s program {inherited!r}, which asks about a clip of {clip.frames} frames; "
+                             "a line job inspects the one frame its trigger takes (name a program without a clip)")
         named = [(f"line_io.stations.{st.name}", st.program)]
         named += [(f"line_io.stations.{st.name}.recipes.{rid}", r.program) for rid, r in st.recipes.items()]
         for where, name in named:

@@ -112,6 +112,11 @@ class Config(Section):
                 if cam.program not in self.programs:
                     raise ValueError(f"cameras.{cam.name}.program: no program {cam.program!r} under programs:")
                 users.setdefault(cam.program, []).append(cam.name)
+                clip = self.programs[cam.program].clip
+                if clip is not None and cam.trigger.mode == "on_demand":
+                    raise ValueError(f"cameras.{cam.name}.trigger.mode: on_demand never asks program {cam.program}'s "
+                                     f"clip of {clip.frames} frames (a REST or MQTT trigger asks about one frame; "
+                                     "clips are asked by interval, continuous or on_change)")
                 size = (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
                 if size[0] is not None and size[1] is not None:  # else checked per frame (a region has no verdict)
                     check_regions_inside(self.programs[cam.program], size[0], size[1], cam.program, cam.name)
@@ -119,7 +124,8 @@ class Config(Section):
         check_region_schemas(self.programs, users)
         check_references(self.programs, users, self.images)
         check_line_programs(self.line_io.stations, self.programs,
-                            {c.name: (c.roi[2], c.roi[3]) if c.roi else (c.width, c.height) for c in self.cameras})
+                            {c.name: (c.roi[2], c.roi[3]) if c.roi else (c.width, c.height) for c in self.cameras},
+                            {c.name: c.program for c in self.cameras})
         check_defect_code_regions(self.line_io.stations, {c.name: c.program for c in self.cameras}, self.programs)
         return self
 

@@ -1,0 +1,43 @@
+"""Configs under which a clip program is never asked: a camera whose trigger is on_demand (a REST or MQTT
+trigger asks about one frame and is refused naming `clip`), and a line station that names no program on
+a camera whose program has a clip (each job takes the camera's program and is refused the same way).
+Both used to load and refuse every inspection at run time; each is one line when the config is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_runtime.config import parse_config
+from edge_runtime.core.errors import ConfigError
+
+PROGRAMS = "programs:\n  capping:\n    clip: {frames: 4, spacing_s: 0.5}\n  single: {}\n"
+
+
+@pytest.mark.parametrize("mode", ["on_demand", "interval", "continuous", "on_change"])
+def test_a_clip_on_an_on_demand_camera_is_one_line(mode: str) -> None:
+    text = PROGRAMS + f"cameras:\n  - {{name: capper, source: x.png, program: capping, trigger: {{mode: {mode}}}}}\n"
+    if mode != "on_demand":
+        parse_config(text)
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    message = str(caught.value)
+    assert "cameras.capper.trigger.mode: on_demand never asks program capping's clip of 4 frames" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("station_program", [None, "single"])
+def test_a_station_inheriting_its_cameras_clip_is_one_line(station_program: str | None) -> None:
+    station = ("line_io:\n  stations:\n    - name: st1\n      camera: capper\n"
+               "      nok_when: [{field: verdict.defect, equals: true}]\n")
+    if station_program is not None:
+        station += f"      program: {station_program}\n"
+    text = PROGRAMS + "cameras:\n  - {name: capper, source: x.png, program: capping}\n" + station
+    if station_program is not None:
+        parse_config(text)  # the station's own program: its jobs ask about one frame
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    message = str(caught.value)
+    assert "line_io.stations.st1.program: none is named, so its jobs take camera capper's program 'capping'" in message
+    assert "\n" not in message
