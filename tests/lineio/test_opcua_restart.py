@@ -97,12 +97,16 @@ def test_an_auto_reconnecting_asyncua_client_gets_notifications_again_after_a_se
     pki = tmp_path / "pki"
     cert, key = client_certificate(tmp_path / "plc", CLIENT_URI)
     trust(pki, cert)
-    server = serve([st1.station], port, pki)
+    servers = [serve([st1.station], port, pki)]
+
+    def restart() -> OpcUaServer:
+        servers.append(serve([other.station, st1.station], port, pki))
+        return servers[-1]
     try:
-        asyncio.run(_client_across_restart(port, cert, key, lambda: server.stop(),
-                                           lambda: serve([other.station, st1.station], port, pki)))
+        asyncio.run(_client_across_restart(port, cert, key, servers[0].stop, restart))
     finally:
-        server.stop()
+        for server in servers:  # the restarted one too: it ran on into the next modules
+            server.stop()
         st1.stop()
         other.stop()
 
