@@ -19,7 +19,8 @@ class CutProxy:
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
         self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="cut-proxy-accept", daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while not self._stop:
@@ -68,6 +69,13 @@ class CutProxy:
         self._open.set()
 
     def close(self) -> None:
+        """Drop every connection and end the accepting thread (closing the listener alone leaves a
+        thread blocked in accept() on Linux; shutting it down wakes that accept())."""
         self._stop = True
         self.cut()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
+        self._acceptor.join(5)
