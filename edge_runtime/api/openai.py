@@ -173,16 +173,20 @@ def _check_image_count(messages: list[Message], several: bool, limit: int) -> No
 
 
 def _conversation(messages: list[Message], rails: Rails, rid: str, max_pixels: int
-                  ) -> tuple[str | None, str, list[tuple[bytes, str]]]:
-    """(system text, conversation text for the prompt slot, each image's bytes and field, in order).
-    The images' pixels, read from their headers, are bounded together by `max_pixels`."""
+                  ) -> tuple[str | None, str, list[tuple[bytes, str]], tuple[int, ...]]:
+    """(system text, conversation text for the prompt slot, each image's bytes and field, in order, and
+    where each image goes in that text). The images' pixels, read from their headers, are bounded
+    together by `max_pixels`."""
     system: list[str] = []
     turns: list[str] = []
     images: list[tuple[bytes, str]] = []
+    at: list[int | None] = []  # each image's offset in the conversation text (None: in a system message)
     pixels = 0
     for i, m in enumerate(messages):
         parts = [ContentPart(type="text", text=m.content)] if isinstance(m.content, str) else (m.content or [])
         text = []
+        head = "Assistant: " if m.role == "assistant" else "" if len(messages) <= 2 else "User: "
+        start = sum(len(t) + 1 for t in turns) + len(head)  # where this turn's text begins in the conversation
         for j, part in enumerate(parts):
             if part.type == "text" and part.text:
                 text.append(part.text)
@@ -196,6 +200,7 @@ def _conversation(messages: list[Message], rails: Rails, rid: str, max_pixels: i
                     raise ApiError(413, "image_too_large", f"{field}: the request's images declare {pixels} "
                                    f"pixels together, more than api.max_request_pixels ({max_pixels})", field=field)
                 images.append((data, field))
+                at.append(None if m.role in ("system", "developer") else start + len("\n".join(text)))
         joined = "\n".join(text)
         if m.role in ("system", "developer"):
             system.append(joined)
@@ -203,7 +208,17 @@ def _conversation(messages: list[Message], rails: Rails, rid: str, max_pixels: i
             turns.append(f"Assistant: {joined}")
         else:
             turns.append(joined if len(messages) <= 2 else f"User: {joined}")
-    return ("\n".join(system) or None), "\n".join(turns), images
+    return ("\n".join(system) or None), "\n".join(turns), images, image_offsets(at)
+
+
+def image_offsets(at: list[int | None]) -> tuple[int, ...]:
+    """Where several images go in the conversation text: each where its part was among the text parts
+    (as llama.cpp's server places a media marker), when text comes before one of them; empty (all at
+    the template's image slot, in order) for one image, images that all come before the text, or an
+    image in a system message (its place is not in the conversation)."""
+    if len(at) < 2 or any(a is None for a in at) or not any(at):
+        return ()
+    return tuple(a for a in at if a is not None)
 
 
 @bp.post("/v1/chat/completions")
@@ -246,7 +261,7 @@ def _chat(ticket: Ticket) -> Any:
     rewrite_messages(req.messages, rewrites.texts)
     api = d.status.config.api
     _check_image_count(req.messages, info.several_images, api.max_images_per_request)
-    system, prompt, image_bytes = _conversation(req.messages, rails, rid, api.max_request_pixels)
+    system, prompt, image_bytes, image_at = _conversation(req.messages, rails, rid, api.max_request_pixels)
     system = "\n".join([s for s in (system, *rewrites.system) if s]) or None
     frames = [decode_upload(data, ticket, field) for data, field in image_bytes]
     grammar = _grammar(fmt)
@@ -260,7 +275,7 @@ def _chat(ticket: Ticket) -> Any:
     live = req.stream and not rails.output  # output rails hold a stream until the whole answer passed them
     job = ChatJob(prompt, system, frames[0] if frames else None, grammar, max_tokens, temperature, req.top_p, seed,
                   stops, on_text=deltas.put if live else None, on_end=lambda: deltas.put(None),
-                  more_images=frames[1:])
+                  more_images=frames[1:], image_at=image_at)
     future = submit(d.inference.chat, job)
     created = int(time.time())
     if live:

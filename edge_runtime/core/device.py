@@ -53,6 +53,9 @@ class ChatJob:
     on_text: Callable[[str], None] | None = None  # each decoded piece, as it is generated (streaming)
     on_end: Callable[[], None] | None = None  # once the job ran, whatever happened (ends a stream)
     more_images: list[np.ndarray] = field(default_factory=list)  # the request's further images, in order
+    # Where each image goes in `prompt` (an offset per image, ascending) when they sit among its text;
+    # empty: all at the template's image slot.
+    image_at: tuple[int, ...] = ()
 
 
 class ChatOutput(Protocol):

@@ -173,10 +173,10 @@ class Inspector:
                                            self.language.n_embd)
 
     def sequence(self, prompt: str, enc: Encoded | Sequence[Encoded] | None, system: str | None = None,
-                 field: str = "messages") -> tuple[list[int], ImagePart, list[int]]:
+                 field: str = "messages", image_at: Sequence[int] = ()) -> tuple[list[int], ImagePart, list[int]]:
         """(prefix, image part, suffix) of one inspection: the prompt template with the image in place
-        (prompting.py)."""
-        return self.prompts.sequence(prompt, enc, system, field)
+        (prompting.py; `image_at`: each image at its offset in `prompt`)."""
+        return self.prompts.sequence(prompt, enc, system, field, image_at)
 
     def frame_sequence(self, camera: str, prompt: str, enc: Encoded, field: str = "prompt",
                        program_name: str | None = None) -> tuple[Head, ImagePart, list[int]]:
@@ -398,7 +398,7 @@ class Inspector:
         if self.mtmd is not None and job.more_images:  # refused before any further image is encoded
             self.prompts.check_images_fit(job, enc, self.encoder.image_tokens)
         encs = ([] if enc is None else [enc]) + [self.encode(img) for img in job.more_images]
-        prefix, image, suffix = self.sequence(job.prompt, encs, job.system)
+        prefix, image, suffix = self.sequence(job.prompt, encs, job.system, image_at=job.image_at)
         return Prompt(prefix, image, suffix, job.grammar, job.max_tokens or self.max_tokens,
                       Sampling(job.temperature, job.top_p, job.seed), tuple(job.stops), job.on_text, tag=(w, None))
 

@@ -8,6 +8,7 @@ before they are tokenized.
 
 from __future__ import annotations
 
+import itertools
 import string
 from collections.abc import Callable, Sequence
 
@@ -40,13 +41,33 @@ def around_image(template: str, system: str, prompt: str) -> tuple[str, str]:
     return halves[0], halves[1]
 
 
-def media_parts(encs: Sequence[Encoded]) -> tuple[list[int], list[Segment], list[int]]:
+def slot_texts(template: str, system: str, prompt: str, image_at: Sequence[int]) -> list[str]:
+    """The template filled with `system` and `prompt`, cut where each image goes: at `image_at` (offsets
+    into `prompt`, ascending), not at the template's `{image}` slot (which is left empty). One more text
+    than images. A client's text is never searched for a marker (around_image)."""
+    cuts = [0, *image_at, len(prompt)]
+    pieces = [prompt[a:b] for a, b in itertools.pairwise(cuts)]
+    texts = [""]
+    for literal, name, _, _ in string.Formatter().parse(template):
+        texts[-1] += literal
+        if name == "system":
+            texts[-1] += system
+        elif name == "prompt":
+            texts[-1] += pieces[0]
+            for piece in pieces[1:]:
+                texts.append(piece)
+    return texts
+
+
+def media_parts(encs: Sequence[Encoded], between: Sequence[list[int]] = ()
+                ) -> tuple[list[int], list[Segment], list[int]]:
     """libmtmd encodings in order as (tokens before, segments, tokens after).
 
     The projector's begin and end markers go with the text around the images, as
     mtmd_helper_eval_chunks decodes them: two llama_decode calls fewer per image, and the first begin
     marker joins the cached prefix. Between two images, one's end marker and the next one's begin
-    marker are one token run, as libmtmd tokenizes the (empty) text between two media markers."""
+    marker are one token run, as libmtmd tokenizes the (empty) text between two media markers;
+    `between[k]`, when given, is the text's tokens between image k and k + 1, in that run."""
     head: list[int] = []
     middle: list[Segment] = []
     tail: list[int] = []
@@ -62,8 +83,8 @@ def media_parts(encs: Sequence[Encoded]) -> tuple[list[int], list[Segment], list
             end, parts = last, parts[:-1]
         if k == 0:
             head = begin
-        elif tail or begin:
-            middle.append(tail + begin)
+        elif tail or begin or (k <= len(between) and between[k - 1]):
+            middle.append(tail + (list(between[k - 1]) if k <= len(between) else []) + begin)
         middle.extend(parts)
         tail = end
     return head, middle, tail
@@ -86,14 +107,16 @@ class PromptBuilder:
             self.image_token = ids[0]
 
     def sequence(self, prompt: str, enc: Encoded | Sequence[Encoded] | None, system: str | None = None,
-                 field: str = "messages") -> tuple[list[int], ImagePart, list[int]]:
+                 field: str = "messages", image_at: Sequence[int] = ()) -> tuple[list[int], ImagePart, list[int]]:
         """(prefix, image part, suffix) of one inspection: the prompt template with the image in place.
 
         Bundles with an image token (exported models) tokenize the whole prompt with the image
         expanded to image tokens, as the model's own processor does, then put an embedding at each
         image token; the tokens before the first one are the cached prefix. Several encodings (a
         GGUF + mmproj bundle only) go at the image slot in order, as libmtmd lays out one media
-        marker per image there.
+        marker per image there; with `image_at` (one offset into `prompt` per encoding, a chat whose
+        images sit among its text) each goes at its offset instead, as llama.cpp's server places a
+        media marker where its part was.
         """
         encs = [] if enc is None else [enc] if isinstance(enc, Encoded) else list(enc)
         if len(encs) > 1 and not self.media:
@@ -107,6 +130,11 @@ class PromptBuilder:
             prefix = self.tokenize(before, field)
             image: ImagePart = encs[0].embeds if encs else None
             if self.media:  # the GGUF's own BOS (llama.cpp adds it where the vocabulary asks)
+                if encs and len(image_at) == len(encs):
+                    texts = slot_texts(p.template, p.system if system is None else system, prompt, image_at)
+                    head, parts, tail = media_parts(encs, [self.tokenize(t, field) for t in texts[1:-1]])
+                    return (self.language.with_bos(self.tokenize(texts[0], field)) + head, parts,
+                            tail + self.tokenize(texts[-1], field))
                 prefix = self.language.with_bos(prefix)
                 if encs:
                     head, parts, tail = media_parts(encs)
