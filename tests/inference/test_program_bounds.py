@@ -28,7 +28,7 @@ HUGE = 10**30
 @pytest.mark.parametrize("box", [[0, 0, HUGE, 10], [HUGE, 0, 10, 10], [0, 0, 16385, 10], [16000, 0, 385, 10],
                                  [-1, 0, 10, 10], [0, 0, 0, 10], [0, 0, 10, -5]])
 def test_a_region_box_is_bounded_when_the_config_is_read(box: list[int]) -> None:
-    with pytest.raises(ValidationError, match="region a: box .* at most 16384") as caught:
+    with pytest.raises(ValidationError, match=r"region a: box .* at most 16384") as caught:
         ProgramConfig.model_validate({"regions": [{"name": "a", "box": box}]})
     assert str(HUGE) not in str(caught.value)  # a 31-digit number is not echoed whole
     ProgramConfig.model_validate({"regions": [{"name": "a", "box": [16000, 0, 384, 16384]}]})
@@ -46,7 +46,8 @@ def _validate(tmp: Path, data: dict[str, Any]) -> subprocess.CompletedProcess[st
     path = tmp / "edge.yaml"
     path.write_text(json.dumps(data))
     return subprocess.run([sys.executable, "-m", "edge_runtime", "config", "validate", str(path)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp)})
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EDGE_RUNTIME_DATA": str(tmp)})
 
 
 def test_a_region_or_tile_libmtmd_never_takes_is_one_line_naming_it_at_start_and_validate(
