@@ -26,7 +26,8 @@ class RawReceiver:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
         self.accepted = 0
         self._stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._serve, name="raw-receiver-accept", daemon=True)
+        self._acceptor.start()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -51,7 +52,12 @@ class RawReceiver:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept(): closing alone does not on Linux
+        except OSError:
+            pass
         self.sock.close()
+        self._acceptor.join(5)
 
 
 def _rate(box: WebhookOutbox, healthy: Receiver, n: int) -> float:
