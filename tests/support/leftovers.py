@@ -7,8 +7,9 @@ suite's output), holds ports and files, and a non-daemon one can keep the interp
 The check runs once per module, after its last teardown (its module-scoped fixtures are gone then),
 and waits, only when something is left and at most `GRACE_S`, for threads that are ending anyway.
 Threads started while a session- or package-scoped fixture is set up (a shared inspector's pools) live
-as long as the session and are not counted. It lists what it finds at the end of the run; it fails no
-test (a thread a session-scoped object starts later, in some module's test, would be listed too).
+as long as the session and are not counted, nor are the process-wide ones of `PROCESS_THREADS`. It
+lists what it finds at the end of the run; it fails no test (a thread a session-scoped object starts
+later, in some module's test, would be listed too).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import threading
 import time
 
 GRACE_S = 1.0
+# One thread for the whole process by design, started by whichever test needs it first.
+PROCESS_THREADS = frozenset({"http-deadline"})  # core/http.py's deadline watchdog
 
 
 class ThreadLedger:
@@ -38,7 +41,8 @@ class ThreadLedger:
         """Threads started since `module_starts()` and still alive after up to `grace_s` seconds."""
         def left() -> list[threading.Thread]:
             return [t for t in threading.enumerate()
-                    if t not in self.at_module_start and t not in self.session_owned and t.is_alive()]
+                    if t not in self.at_module_start and t not in self.session_owned and t.is_alive()
+                    and t.name not in PROCESS_THREADS]
         deadline = time.monotonic() + grace_s
         while (threads := left()) and time.monotonic() < deadline:
             time.sleep(0.05)
