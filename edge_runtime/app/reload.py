@@ -71,9 +71,11 @@ class Reloader:
         changes = describe_changes(state.config, new)
         new = restart_only(state.config, new)  # settings that need a restart keep their running value
         if new.model != state.config.model or new.device_id != state.config.device_id:
-            new = self._swap_model(new, changes)
-        elif state.inspector is not None and (programs_changed(state.config, new)
-                                             or state.inspector.changed_references()):
+            new = self._swap_model(new, changes)  # the new model loads the programs; failed, it keeps the old
+        if new.model == state.config.model and new.device_id == state.config.device_id \
+                and state.inspector is not None and (programs_changed(state.config, new)
+                                                     or state.inspector.changed_references()):
+            # The running model (no new one, or one that failed to load) runs the new programs.
             new = self._use_programs(state.inspector, new, changes, running_file)
         self._install_gates(new, gates)
         new_cams = {c.name: c for c in new.cameras}

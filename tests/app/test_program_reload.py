@@ -170,3 +170,42 @@ def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole
         assert daemon.running.config.cameras[0].width == 48
     finally:
         daemon.stop()
+
+
+def test_programs_changed_with_a_model_that_fails_to_load_are_loaded_on_the_running_model(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """A reload changes the model's settings and a program; the new model fails to load (its max_tokens
+    leaves no room for the program's prompt), so the running model stays. The program change was
+    then applied to the config but never loaded: the camera kept its old program, and as the running
+    config already named the new one, no later reload of the same file loaded it either."""
+    rng = np.random.default_rng(54)
+    ref, other, frame = (tmp_path / n for n in ("ref.png", "other.png", "frame.png"))
+    for path in (ref, other, frame):
+        path.write_bytes(encode(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), ".png"))
+    cfg = Config(device_id="programs-test", data_dir=tmp_path / "data")
+    cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
+    cfg.model.threads = 2
+    cfg.model.context_size = 512
+    cfg.model.warmup = False
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing", width=64, height=64,
+                                trigger=TriggerConfig(mode="on_demand"))]
+    cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
+    path = tmp_path / "edge.yaml"
+    path.write_text(cfg.model_dump_json())
+    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
+    daemon.start()
+    try:
+        ins = daemon.inspector
+        assert ins is not None
+        data = json.loads(path.read_text())
+        data["model"]["max_tokens"] = 500  # no room for the program's prompt: the new model is refused
+        data["programs"]["housing"]["references"].append({"image": str(other), "caption": "known NOK"})
+        path.write_text(json.dumps(data))
+        daemon.reload()
+        assert daemon.inspector is ins and daemon.running.config.model.max_tokens != 500  # the model stayed
+        program = ins.program_of("belt")
+        assert program is not None and [r.caption for r in program.references] == ["golden", "known NOK"]
+    finally:
+        daemon.stop()
