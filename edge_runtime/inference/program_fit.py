@@ -151,15 +151,19 @@ def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple
                  mtmd: MtmdContext | None, question: str | None, text: Text) -> tuple[str, int, int]:
     """What one question of the program shows besides the references, its image tokens and its text's
     tokens: the region whose image and question are the most tokens (named boxes; tiles where the frame's
-    size is known), a clip's frames, or the frame."""
+    size is known), a clip's frames, or the frame. An image of unknown size counts its budget's min: it
+    is enlarged to at least that many tokens."""
     captions = tuple(r.caption for r in cfg.references)
+    floor = tokens[0] if tokens is not None and mtmd is not None else 0
     if cfg.regions or cfg.tiling is not None:
         specs = frame_regions(cfg, *size) if size else frame_regions(cfg.model_copy(update={"tiling": None}), 0, 0)
         asked = [(_image_tokens(mtmd, s.box[2], s.box[3], tokens, f"region {s.name}") if mtmd is not None else 0,
                   text(s.prompt or question, captions)) for s in specs]
-        image, words = max(asked, key=sum, default=(0, text(question, captions)))
+        if not size and cfg.tiling is not None:  # tiles of a frame of unknown size
+            asked.append((floor, text(question, captions)))
+        image, words = max(asked, key=sum)
         return "its largest region", image, words
-    frame = _image_tokens(mtmd, *size, tokens) if size and mtmd is not None else 0
+    frame = _image_tokens(mtmd, *size, tokens) if size and mtmd is not None else floor
     if cfg.clip is not None:
         return f"a clip of {cfg.clip.frames} frames", frame * cfg.clip.frames, text(question, captions)
     return "a frame", frame, text(question, captions)  # ONNX: its fixed count is the prompt's check
@@ -175,14 +179,15 @@ def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, refer
     markers = marker_tokens(mtmd)
     for name, cfg in programs.items():
         refs = reference_tokens.get(name, 0)
-        if not refs and cfg.clip is None and not cfg.regions and cfg.tiling is None:
+        tokens = budgets.get(name)
+        if not refs and cfg.clip is None and not cfg.regions and cfg.tiling is None and (tokens or (1, 0))[0] <= 1:
             continue
         refs += markers * len(cfg.references)
         listed: list[Asker | None] = list(asked.get(name, [])) or [None]
         for who in listed:
             where = f" ({who.label})" if who is not None else ""
             try:
-                shown, image, words = _asked_image(cfg, budgets.get(name), who.size if who else None, mtmd,
+                shown, image, words = _asked_image(cfg, tokens, who.size if who else None, mtmd,
                                                    who.question if who else None, text)
             except TooLarge as exc:
                 raise ConfigError(f"programs.{name}{where}: {exc}") from None

@@ -109,3 +109,22 @@ def test_a_question_longer_than_the_context_holds_is_one_line_naming_the_camera(
                                           r"is 300\d+ bytes"):
         ins.use_programs({"p": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}, cams,
                          ImageLimits())
+
+
+def test_an_image_token_min_the_context_cannot_hold_is_refused_whatever_the_frames_size(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """Every frame is enlarged to at least image_tokens.min tokens; a min that leaves no room in the
+    context was taken (a program with only a budget was not checked at all, nor a camera of unknown
+    size), and every frame was enlarged and encoded before the model refused its prompt."""
+    bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "q", image_max_tokens=1024)
+    settings = Config(device_id="t").model.model_copy(
+        update={"threads": 2, "warmup": False, "context_size": N_CTX, "max_tokens": 8})
+    with Inspector(load_bundle(bundle), settings, "t") as ins:
+        for cams in ([CameraConfig(name="belt", source="x.png", program="p")],
+                     [CameraConfig(name="belt", source="x.png", program="p", width=64, height=48)]):
+            for program in ({"image_tokens": {"min": 300}},
+                            {"image_tokens": {"min": 300}, "tiling": {"rows": 1, "cols": 2}},
+                            {"image_tokens": {"min": 150}, "clip": {"frames": 2, "spacing_s": 0}}):
+                with pytest.raises(ConfigError, match=r"^programs\.p \(camera belt\): .*more than the context of 256"):
+                    ins.use_programs({"p": ProgramConfig.model_validate(program)}, cams, ImageLimits())
+            ins.use_programs({"p": ProgramConfig.model_validate({"image_tokens": {"min": 100}})}, cams, ImageLimits())
