@@ -170,11 +170,15 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
     next_poll = time.monotonic()
     poller = ManifestPoller()
     seen_url_manifest: str | None = None  # "" while the URL serves no manifest
-    try:
-        # An interrupted swap is finished or undone before any manifest is taken: retried with backoff
-        # while it fails (the engine not up yet at boot), manifests from MQTT waiting in the inbox.
+
+    def recover() -> None:
+        """An interrupted swap is finished or undone before any manifest is taken: retried with backoff
+        while it fails (the engine not up yet at boot), manifests from MQTT waiting in the inbox."""
         while not stop.is_set() and not recovery.attempt():
             stop.wait(recovery.wait_s())
+
+    try:
+        recover()  # a swap the agent was killed in
         while not stop.is_set():
             try:
                 payload = inbox.queue.get(timeout=1.0)
@@ -196,6 +200,8 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
                     agent.handle(payload)
                 except Exception:  # one bad manifest or a docker hiccup must not end the agent
                     log.exception("ota: handling a manifest failed; the agent goes on")
+                if agent.state().get("phase", "idle") != "idle":
+                    recover()  # a swap an error left mid-way (the engine gone while it rolled back)
     finally:
         client.loop_stop()
         client.disconnect()

@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edge_runtime.config import Config
 from edge_runtime.ota import recovery
+from edge_runtime.ota.agent import OtaAgent
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
 from edge_runtime.ota.service import run_agent
 from tests.ota import test_agent_swap as swap
@@ -224,3 +226,53 @@ def test_an_empty_manifest_url_is_no_manifest(tmp_path: Path, broker: Broker,
     assert watcher.phases() == []
     assert [r.getMessage() for r in caplog.records if "no manifest" in r.getMessage()] == [
         f"ota: {url} serves no manifest (an empty answer): nothing to do"]
+
+
+
+def test_a_swap_an_engine_error_left_mid_way_is_recovered_before_the_next_manifest(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine went away mid-swap (dockerd restarted as the candidate started): the rollback's own engine
+    # call raised out of handle(), leaving the state at `starting` and the old container stopped. The MQTT
+    # loop recovered only at its start, so the device ran no daemon and every later manifest was refused
+    # ("another update in progress") until the agent was restarted; the DDI loop recovers such a swap.
+    monkeypatch.setattr(recovery, "backoff_s", lambda failures: 0.2)
+    private, public = generate_keypair()
+    engine = swap.Engine()
+    lost = threading.Event()  # the engine goes away once, as the first candidate starts
+
+    class Candidate(swap.Container):
+        def start(self) -> None:
+            if not lost.is_set():
+                lost.set()
+                engine.down = True
+                raise docker.errors.APIError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+            self.running = True
+
+    def clone(agent: OtaAgent, old: Any, image: str) -> Any:
+        candidate = Candidate(engine, f"cand-{len(engine.all)}", f"{agent.name}-candidate", "", running=False)
+        engine.all.append(candidate)
+        return candidate
+
+    monkeypatch.setattr(OtaAgent, "_clone", clone)
+    monkeypatch.setattr(OtaAgent, "_health", lambda _agent, c: "healthy" if c.running else "unhealthy")
+    watcher = Watcher(broker.port)
+    thread, stop = _start(_config(tmp_path, broker.port, public), engine)
+    try:
+        watcher.publish(_manifest(private, "2.0.0"))  # retained: reaches the agent once it subscribed
+        watcher.wait(lambda seen: "recovering" in [s["phase"] for s in seen])
+        assert watcher.seen[-1]["interrupted"] == "starting" and watcher.seen[-1]["version"] == "2.0.0"
+        assert not engine.all[0].running  # the old container stopped, the candidate not started: no daemon
+        watcher.publish(_manifest(private, "2.1.0"))  # waits until the swap is recovered
+        watcher.wait(lambda seen: sum(s["phase"] == "recovering" for s in seen) >= 3)
+        engine.down = False  # the engine is back
+        watcher.wait(lambda seen: seen[-1]["phase"] == "committed" and seen[-1]["version"] == "2.1.0")
+        phases = [p for p in watcher.phases() if p != "recovering"]
+        assert phases == ["received", "verified", "pulling", "starting", "healthy", "committed",  # 2.0.0 finished
+                          "received", "verified", "pulling", "starting", "healthy", "committed"], phases  # 2.1.0
+        assert [c.name for c in engine.all if c.running] == ["edge-runtime"]
+        assert json.loads((tmp_path / "ota" / "state.json").read_text())["version"] == "2.1.0"
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher.close()
+    assert not thread.is_alive()
