@@ -46,7 +46,7 @@ class ManifestInbox:
         the agent to refuse it, with its reason on the status topic, without keeping the rest. An empty
         (or blank) payload is no manifest: it is how an operator clears a retained one."""
         kept = bytes(payload[:MAX_MANIFEST_BYTES + 1])
-        if not kept.strip():
+        if len(kept) <= MAX_MANIFEST_BYTES and not kept.strip():  # an oversized one is refused, blank or not
             log.info("ota: an empty message on %s (a cleared retained manifest): no manifest, nothing to do", topic)
             return
         try:

@@ -80,6 +80,19 @@ def test_the_inbox_keeps_a_bounded_number_of_bounded_manifests() -> None:
     assert len(kept) == MAX_MANIFEST_BYTES + 1  # enough for the agent to refuse it with its reason
 
 
+def test_an_oversized_payload_that_starts_blank_is_refused_not_taken_for_a_cleared_manifest(tmp_path: Path) -> None:
+    # The inbox looked only at the bytes it keeps (64 KiB + 1): a payload past the bound whose first 64 KiB
+    # were blank was logged as "an empty message (a cleared retained manifest)" and dropped, so the operator
+    # saw no refusal for a manifest too large to take.
+    inbox = ManifestInbox()
+    inbox.offer(b" " * (MAX_MANIFEST_BYTES + 10) + json.dumps({"image": IMAGE, "version": "2.0.0"}).encode())
+    inbox.offer(b" \r\n\t" * 1000)  # blank within the bound: no manifest
+    assert inbox.queue.qsize() == 1
+    agent, statuses = _agent(tmp_path)
+    assert agent.handle(inbox.queue.get_nowait()) == "refused"
+    assert statuses[-1]["reason"] == f"the manifest is larger than {MAX_MANIFEST_BYTES // 1024} KiB"
+
+
 def test_ota_publish_refuses_a_target_that_is_not_one_topic_level(tmp_path: Path) -> None:
     # `--group +` went to paho, which raises ValueError for a wildcard in a publish topic: an internal
     # error instead of one line naming the option (and `--device a/b` reached another device's topic).
