@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from edge_runtime import __version__
 from edge_runtime.ota.manifest import Manifest, ManifestRefused, generate_keypair, parse, sign, verify, version_key
 from tests.ota.test_manifest_bounds import IMAGE, _agent
 
@@ -89,3 +91,27 @@ def test_the_agent_takes_the_final_release_after_its_release_candidate(tmp_path:
     agent.handle(_signed(private, "1.2.0").model_dump_json(exclude_none=True))
     assert [s["phase"] for s in statuses] == ["received", "failed"]  # past verify: no container to update here
     assert statuses[-1]["reason"] == "no container named 'edge' to update"
+
+
+
+def test_the_versions_this_repository_ships_are_semantic_versions() -> None:
+    # The agent compares its own version (`min_agent_version`) and the image's version label (the running
+    # version) with version_key: one that is not SemVer 2.0.0 would refuse every manifest (the label) or
+    # raise out of verify (the agent's), so the package version and every image's VERSION default must parse.
+    root = Path(__file__).resolve().parents[2]
+    pyproject = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    bake = re.search(r'variable "VERSION" \{ default = "([^"]+)" \}',
+                     (root / "l4t_docker" / "docker-bake.hcl").read_text())
+    assert pyproject is not None and bake is not None
+    shipped = {"edge_runtime.__version__": __version__, "pyproject.toml": pyproject.group(1),
+               "docker-bake.hcl": bake.group(1)}
+    for path in sorted((root / "l4t_docker").glob("Dockerfile.*")):
+        for default in re.findall(r"^ARG VERSION=(\S+)", path.read_text(), re.M):
+            shipped[path.name] = default
+    assert len(shipped) >= 6, shipped  # the package twice, the bake file, three Dockerfiles
+    for where, version in shipped.items():
+        try:
+            key = version_key(version)
+        except ValueError:
+            pytest.fail(f"{where}: {version!r} is not a semantic version")
+        assert str(key) == version, where
