@@ -2,8 +2,8 @@
 the text parts, as llama.cpp's server places a media marker, not all at the template's image slot with
 the text after them ("Golden sample: <img> Part: <img> Same?" used to reach the model as
 "<img><img>Golden sample:\\nPart:\\nSame?", so it could not tell which image was which). Our prompt's
-first-token logits equal libmtmd's `mtmd_helper_eval_chunks` on the interleaved prompt (<= 1e-5) on the
-tiny Qwen2.5-VL and Gemma 3 pairs, and differ from the slot layout's; the API hands the worker the
+first-token logits equal libmtmd's `mtmd_helper_eval_chunks` on the interleaved prompt (<= 1e-5) on every
+tiny pair, and differ from the slot layout's; the API hands the worker the
 offsets of a request's parts (one image, or images that all come before the text, keep the slot)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.device import ChatJob
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import encode
-from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+from tests.support.tiny_pairs import FAMILIES, TinyPair, write_pair_bundle
 
 TOLERANCE = 1e-5
 TEXTS = ("Golden sample:", "Part to inspect:", "Are they the same? Answer in JSON.")
@@ -64,7 +64,7 @@ def our_logits(ins: Inspector, images: list[np.ndarray], prompt: str, at: tuple[
     return ins.language.prompt_logits(prefix, image, suffix)
 
 
-@pytest.mark.parametrize("family", ["qwen2.5-vl", "gemma3"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_images_among_the_text_equal_libmtmds_interleaved_prompt(
         family: str, tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
     settings = Config(device_id="t").model.model_copy(update={"threads": 2, "warmup": False})
