@@ -112,16 +112,20 @@ def health_metrics(health: dict[str, Any] | None) -> Iterator[Any]:
 
 
 def thread_metrics(threads: dict[str, Any] | None) -> Iterator[Any]:
-    """Supervised pipeline threads, when the daemon reports them ({name: {alive, restarts}})."""
+    """Supervised pipeline threads, when the daemon reports them ({name: {alive, restarts[, busy_s]}})."""
     if not threads:
         return
     alive = GaugeMetricFamily("edge_runtime_thread_alive", "1 while the thread runs", labels=["thread"])
     restarts = CounterMetricFamily("edge_runtime_thread_restarts", "Restarts after the thread died",
                                    labels=["thread"])
+    # 0 while the thread waits for work: an alert on it catches a hang well before the 60 s watchdog
+    busy = GaugeMetricFamily("edge_runtime_thread_busy_seconds", "How long the piece of work in progress "
+                             "(a frame's encode, the gate's look, a batch) has run; 0 while waiting", labels=["thread"])
     for name, t in threads.items():
         alive.add_metric([name], 1.0 if t.get("alive") else 0.0)
         restarts.add_metric([name], t.get("restarts", 0))
-    yield from (alive, restarts)
+        busy.add_metric([name], float(t.get("busy_s") or 0.0))
+    yield from (alive, restarts, busy)
 
 
 def admission_metrics(gates: dict[str, Any]) -> Iterator[Any]:

@@ -97,10 +97,12 @@ def test_metrics_render_thread_restarts_when_status_has_them(client: FlaskClient
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     real = daemon.status
     monkeypatch.setattr(daemon, "status", lambda: {**real(), "threads": {
-        "inspector": {"alive": True, "restarts": 2}, "outbox": {"alive": False, "restarts": 0}}})
+        "inspector": {"alive": True, "restarts": 2, "busy_s": 12.5}, "outbox": {"alive": False, "restarts": 0}}})
     text = client.get("/metrics").get_data(as_text=True)
     assert 'edge_runtime_thread_restarts_total{thread="inspector"} 2.0' in text
     assert 'edge_runtime_thread_alive{thread="outbox"} 0.0' in text
+    assert 'edge_runtime_thread_busy_seconds{thread="inspector"} 12.5' in text
+    assert 'edge_runtime_thread_busy_seconds{thread="outbox"} 0.0' in text
 
 
 def test_metrics_count_admission_refusals(client: FlaskClient, daemon: Daemon) -> None:
