@@ -26,7 +26,7 @@ from edge_runtime.core.images import read_image_file
 from edge_runtime.inference.encoding import fit_tokens
 from edge_runtime.inference.llm import mtmd as mtmd_module
 from edge_runtime.inference.llm.handles import Model
-from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MtmdContext, chunk_is_image, chunk_tokens
+from edge_runtime.inference.llm.mtmd import MAX_IMAGE_PIXELS, MtmdContext
 from edge_runtime.inference.llm.runtime import log_to
 from edge_runtime.inference.programs import BETWEEN_TEXT, FRAME_TEXT, REFERENCE_TEXT, LoadedProgram, check_programs
 from edge_runtime.inference.prompting import around_image
@@ -94,8 +94,12 @@ def check_frame_budgets(budgets: Budgets, asked: Mapping[str, list[Asker]], mtmd
 
 
 def loaded_reference_tokens(programs: Mapping[str, LoadedProgram]) -> dict[str, int]:
-    """Each loaded program's references' image tokens (their captions are the prompt's text)."""
-    return {name: sum(len(r.encoded.embeds) for r in p.references) for name, p in programs.items()}
+    """Each loaded program's references as prompt tokens: each one's image tokens and libmtmd's text tokens
+    around and inside it (their captions are the prompt's text)."""
+    def held(enc: object) -> int:
+        return sum(len(s) for s in getattr(enc, "parts", []) if isinstance(s, list))
+
+    return {name: sum(len(r.encoded.embeds) + held(r.encoded) for r in p.references) for name, p in programs.items()}
 
 
 class TooLarge(ValueError):
@@ -109,21 +113,16 @@ def _taken(w: int, h: int, what: str) -> None:
 
 
 def _image_tokens(mtmd: MtmdContext, w: int, h: int, tokens: tuple[int, int] | None, what: str = "its frame") -> int:
+    """The prompt tokens of one image of w x h under the budget `tokens`: its image tokens and the text
+    tokens libmtmd lays around and inside it (the projector's begin and end markers, a slicing model's
+    slice and row markers), as the prompt holds them."""
     _taken(w, h, what)
     pixels = np.zeros((h, w, 3), np.uint8)
     try:
-        return mtmd.image_tokens(fit_tokens(mtmd, pixels, *tokens) if tokens else pixels)
+        pixels = fit_tokens(mtmd, pixels, *tokens) if tokens else pixels
     except InputError:
-        return mtmd.image_tokens(pixels)  # under a budget it cannot meet: check_frame_budgets says so
-
-
-def marker_tokens(mtmd: MtmdContext | None) -> int:
-    """The text tokens libmtmd puts around one image (the projector's begin and end markers): a prompt
-    holds them once per image besides the image's own tokens."""
-    if mtmd is None:
-        return 0
-    with mtmd.tokenize(mtmd.marker, [np.zeros((64, 64, 3), np.uint8)]) as chunks:
-        return sum(len(chunk_tokens(c)) for c in chunks if not chunk_is_image(c))
+        pass  # under a budget it cannot meet: check_frame_budgets says so
+    return mtmd.prompt_tokens(pixels)
 
 
 def question_tokens(template: str, system: str, default: str, tokenize: Callable[[str], list[int]],
@@ -176,13 +175,11 @@ def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, refer
     its largest region, a clip), the prompt's text (`text` counts it for a question: the template, the
     system text, the question) and the answer's max_tokens cannot fit the context: every question would
     be refused, as the model refuses a prompt whose tokens and max_tokens are more than the context."""
-    markers = marker_tokens(mtmd)
     for name, cfg in programs.items():
         refs = reference_tokens.get(name, 0)
         tokens = budgets.get(name)
         if not refs and cfg.clip is None and not cfg.regions and cfg.tiling is None and (tokens or (1, 0))[0] <= 1:
             continue
-        refs += markers * len(cfg.references)
         listed: list[Asker | None] = list(asked.get(name, [])) or [None]
         for who in listed:
             where = f" ({who.label})" if who is not None else ""
@@ -194,7 +191,6 @@ def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, refer
             except InputError as exc:  # a question longer than the context can hold, refused before tokenizing
                 raise ConfigError(f"programs.{name}{where}: its question cannot be asked "
                                   f"({str(exc).removeprefix('messages: ')})") from None
-            image += markers * (cfg.clip.frames if cfg.clip is not None else 1) if mtmd is not None else 0
             need = refs + image + words + max_tokens
             if need > n_ctx:
                 raise ConfigError(

@@ -20,14 +20,14 @@ from edge_runtime.inference.llm.feed import head_cells, image_segments
 from edge_runtime.inference.program_fit import check_programs_offline
 from edge_runtime.inference.regions import RegionsEncoded
 from tests.support.images import encode
-from tests.support.tiny_pairs import TinyPair, write_pair_bundle
+from tests.support.tiny_pairs import FAMILIES, TinyPair, write_pair_bundle
 
-N_CTX = 256
+N_CTX = 1024
 QUESTION = "Is every screw seated? Answer in JSON."
 LONG = "Is the label present, straight and readable? JSON."  # longer than the bundle's default question
 
 
-@pytest.fixture(scope="module", params=["qwen2.5-vl", "gemma3"])
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def setup(request: pytest.FixtureRequest, tiny_pairs: Callable[[str], TinyPair],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Inspector, Path, Path]]:
     root = tmp_path_factory.mktemp("fit") / request.param
@@ -70,14 +70,15 @@ def fits(ins: Inspector, bundle: Path, programs: dict[str, ProgramConfig], cams:
     return started
 
 
+@pytest.mark.parametrize("size", [(64, 48), (512, 384)])  # the larger: MiniCPM-V's slices and their markers
 def test_a_references_program_fits_exactly_as_the_model_takes_its_prompt(
-        setup: tuple[Inspector, Path, Path]) -> None:
+        setup: tuple[Inspector, Path, Path], size: tuple[int, int]) -> None:
     ins, bundle, ref = setup
-    cams = [CameraConfig(name="belt", source="x.png", program="p", width=64, height=48, prompt=QUESTION)]
+    cams = [CameraConfig(name="belt", source="x.png", program="p", width=size[0], height=size[1], prompt=QUESTION)]
     programs = {"p": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden OK sample")])}
     ins.max_tokens = 8
     ins.use_programs(programs, cams, ImageLimits())
-    frame = np.random.default_rng(4).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    frame = np.random.default_rng(4).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     need = prompt_tokens(ins, "belt", QUESTION, ins.encode_frame("belt", frame))
     assert fits(ins, bundle, programs, cams, N_CTX - need)
     assert not fits(ins, bundle, programs, cams, N_CTX - need + 1)  # used to pass: every frame refused
@@ -116,15 +117,15 @@ def test_an_image_token_min_the_context_cannot_hold_is_refused_whatever_the_fram
     """Every frame is enlarged to at least image_tokens.min tokens; a min that leaves no room in the
     context was taken (a program with only a budget was not checked at all, nor a camera of unknown
     size), and every frame was enlarged and encoded before the model refused its prompt."""
-    bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "q", image_max_tokens=1024)
+    bundle = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "q", image_max_tokens=2048)
     settings = Config(device_id="t").model.model_copy(
         update={"threads": 2, "warmup": False, "context_size": N_CTX, "max_tokens": 8})
     with Inspector(load_bundle(bundle), settings, "t") as ins:
         for cams in ([CameraConfig(name="belt", source="x.png", program="p")],
                      [CameraConfig(name="belt", source="x.png", program="p", width=64, height=48)]):
-            for program in ({"image_tokens": {"min": 300}},
-                            {"image_tokens": {"min": 300}, "tiling": {"rows": 1, "cols": 2}},
-                            {"image_tokens": {"min": 150}, "clip": {"frames": 2, "spacing_s": 0}}):
-                with pytest.raises(ConfigError, match=r"^programs\.p \(camera belt\): .*more than the context of 256"):
+            for program in ({"image_tokens": {"min": 1000}},
+                            {"image_tokens": {"min": 1000}, "tiling": {"rows": 1, "cols": 2}},
+                            {"image_tokens": {"min": 520}, "clip": {"frames": 2, "spacing_s": 0}}):
+                with pytest.raises(ConfigError, match=r"^programs\.p \(camera belt\): .*more than the context of 1024"):
                     ins.use_programs({"p": ProgramConfig.model_validate(program)}, cams, ImageLimits())
             ins.use_programs({"p": ProgramConfig.model_validate({"image_tokens": {"min": 100}})}, cams, ImageLimits())
