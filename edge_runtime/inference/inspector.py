@@ -43,6 +43,7 @@ from edge_runtime.inference.program_fit import (
     check_context,
     check_frame_budgets,
     loaded_reference_tokens,
+    onnx_image_tokens,
     question_tokens,
 )
 from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
@@ -200,10 +201,11 @@ class Inspector:
         asked = askers(programs, cameras, stations)  # cameras, line stations and their recipes
         budgets = {name: p.tokens for name, p in loaded[0].items()}
         check_frame_budgets(budgets, asked, self.encoder.mtmd)
-        p = self.bundle.manifest.prompt
-        text = question_tokens(p.template, p.system, p.default, self.prompts.tokenize, self.language.with_bos)
-        check_context(programs, budgets, loaded_reference_tokens(loaded[0]), asked,
-                      self.encoder.mtmd, self.max_tokens, self.language.n_ctx, text)
+        m = self.bundle.manifest
+        text = question_tokens(m.prompt.template, m.prompt.system, m.prompt.default, self.prompts.tokenize,
+                               self.language.with_bos if self.encoder.mtmd is not None else list)
+        check_context(programs, budgets, loaded_reference_tokens(loaded[0]), asked, self.encoder.mtmd,
+                      self.max_tokens, self.language.n_ctx, text, onnx_image_tokens(m))
         self._programs = loaded
 
     @property

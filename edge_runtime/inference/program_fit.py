@@ -20,7 +20,7 @@ import numpy as np
 from edge_runtime.config import CameraConfig, Config, ImageLimits
 from edge_runtime.config.line_io import StationConfig
 from edge_runtime.config.programs import ProgramConfig, reference_pixels
-from edge_runtime.core.bundle.manifest import Bundle, MmprojManifest
+from edge_runtime.core.bundle.manifest import Bundle, Manifest, MmprojManifest
 from edge_runtime.core.errors import ConfigError, ImageError, InputError
 from edge_runtime.core.images import read_image_file
 from edge_runtime.inference.encoding import fit_tokens
@@ -146,17 +146,24 @@ def question_tokens(template: str, system: str, default: str, tokenize: Callable
     return count
 
 
+def onnx_image_tokens(m: Manifest | MmprojManifest) -> int:
+    """The image tokens an ONNX-encoder bundle makes of any image (its fixed count; with a tile layout,
+    a lower bound: one tile's); 0 for a GGUF + mmproj bundle, whose images libmtmd counts."""
+    return m.vision.image_tokens if isinstance(m, Manifest) else 0
+
+
 def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple[int, int] | None,
-                 mtmd: MtmdContext | None, question: str | None, text: Text) -> tuple[str, int, int]:
+                 mtmd: MtmdContext | None, question: str | None, text: Text, fixed: int = 0
+                 ) -> tuple[str, int, int]:
     """What one question of the program shows besides the references, its image tokens and its text's
     tokens: the region whose image and question are the most tokens (named boxes; tiles where the frame's
     size is known), a clip's frames, or the frame. An image of unknown size counts its budget's min: it
     is enlarged to at least that many tokens."""
     captions = tuple(r.caption for r in cfg.references)
-    floor = tokens[0] if tokens is not None and mtmd is not None else 0
+    floor = (tokens[0] if tokens is not None else 0) if mtmd is not None else fixed
     if cfg.regions or cfg.tiling is not None:
         specs = frame_regions(cfg, *size) if size else frame_regions(cfg.model_copy(update={"tiling": None}), 0, 0)
-        asked = [(_image_tokens(mtmd, s.box[2], s.box[3], tokens, f"region {s.name}") if mtmd is not None else 0,
+        asked = [(_image_tokens(mtmd, s.box[2], s.box[3], tokens, f"region {s.name}") if mtmd is not None else fixed,
                   text(s.prompt or question, captions)) for s in specs]
         if not size and cfg.tiling is not None:  # tiles of a frame of unknown size
             asked.append((floor, text(question, captions)))
@@ -170,7 +177,7 @@ def _asked_image(cfg: ProgramConfig, tokens: tuple[int, int] | None, size: tuple
 
 def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, reference_tokens: Mapping[str, int],
                   asked: Mapping[str, list[Asker]], mtmd: MtmdContext | None, max_tokens: int, n_ctx: int,
-                  text: Text = lambda question, captions: 0) -> None:
+                  text: Text = lambda question, captions: 0, fixed_image: int = 0) -> None:
     """ConfigError when a program's references, what one of its questions shows (a frame of known size,
     its largest region, a clip), the prompt's text (`text` counts it for a question: the template, the
     system text, the question) and the answer's max_tokens cannot fit the context: every question would
@@ -185,7 +192,7 @@ def check_context(programs: Mapping[str, ProgramConfig], budgets: Budgets, refer
             where = f" ({who.label})" if who is not None else ""
             try:
                 shown, image, words = _asked_image(cfg, tokens, who.size if who else None, mtmd,
-                                                   who.question if who else None, text)
+                                                   who.question if who else None, text, fixed_image)
             except TooLarge as exc:
                 raise ConfigError(f"programs.{name}{where}: {exc}") from None
             except InputError as exc:  # a question longer than the context can hold, refused before tokenizing
@@ -206,7 +213,18 @@ def check_programs_offline(bundle: Bundle, config: Config) -> None:
     region and reference from their sizes. Nothing is loaded when no program is used."""
     m = bundle.manifest
     asked = askers(config.programs, config.cameras, config.line_io.stations)
-    if not isinstance(m, MmprojManifest) or bundle.mmproj_path is None or not any(asked.values()):
+    if not any(asked.values()):
+        return
+    if isinstance(m, Manifest):  # an ONNX encoder: its fixed image tokens and the prompt's text
+        log_to(lambda text: log.debug("llama.cpp: %s", text.decode("utf-8", "replace").rstrip()))
+        budgets = check_programs(config.programs, config.cameras, False, bundle.name, 0, m.verdict_schema)
+        with Model(str(bundle.language_path), vocab_only=True) as model:
+            text = question_tokens(m.prompt.template, m.prompt.system, m.prompt.default,
+                                   lambda t: model.vocab.tokenize(t.encode("utf-8"), False, True), list)
+            check_context(config.programs, budgets, {}, asked, None, config.model.max_tokens or m.generation.max_tokens,
+                          config.model.context_size, text, onnx_image_tokens(m))
+        return
+    if bundle.mmproj_path is None:
         return
     budgets = check_programs(config.programs, config.cameras, True, bundle.name, m.mtmd.image_max_tokens,
                              m.verdict_schema)

@@ -129,3 +129,20 @@ def test_an_image_token_min_the_context_cannot_hold_is_refused_whatever_the_fram
                 with pytest.raises(ConfigError, match=r"^programs\.p \(camera belt\): .*more than the context of 1024"):
                     ins.use_programs({"p": ProgramConfig.model_validate(program)}, cams, ImageLimits())
             ins.use_programs({"p": ProgramConfig.model_validate({"image_tokens": {"min": 100}})}, cams, ImageLimits())
+
+
+def test_an_onnx_bundles_regions_count_its_fixed_image_tokens_at_start_and_validate(demo_dir: Path) -> None:
+    """The demo ONNX bundle makes 49 tokens of any image: they were counted as 0, and `config validate`
+    made no context check at all for an ONNX bundle."""
+    settings = Config(device_id="t").model.model_copy(
+        update={"threads": 2, "warmup": False, "context_size": N_CTX, "max_tokens": 8})
+    cams = [CameraConfig(name="cover", source="x.png", program="r", width=64, height=48)]
+    programs = {"r": ProgramConfig.model_validate({"regions": [{"name": "label", "box": [0, 0, 32, 32],
+                                                                 "prompt": LONG}]})}
+    with Inspector(load_bundle(demo_dir), settings, "t") as ins:
+        ins.use_programs(programs, cams, ImageLimits())
+        enc = ins.encode_frame("cover", np.random.default_rng(6).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+        assert isinstance(enc, RegionsEncoded)
+        need = prompt_tokens(ins, "cover", LONG, enc.regions[0][1])
+        assert fits(ins, demo_dir, programs, cams, N_CTX - need)
+        assert not fits(ins, demo_dir, programs, cams, N_CTX - need + 1)
