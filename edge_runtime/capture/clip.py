@@ -1,9 +1,10 @@
 """A camera's clip ring: its last N frames taken at least T seconds apart, for a program's `clip:`
 (docs/inspection.md). Capture offers every frame; the ring keeps one only when it is T after the
 newest it holds, and never more than N (a deque with maxlen): memory is at most N frames, each at most
-`max_bytes / N` (a larger frame is refused and counted, never queued). The trigger loop asks for a
-clip when an inspection is due and gets one only when the ring is full and holds a frame that no
-clip asked about yet.
+`max_bytes / N` (a larger frame is refused and counted, never queued). A frame more than the clip's
+gap limit after the newest (the camera stalled, reconnected) empties the ring first: a clip is a short
+sequence, never frames from both sides of a stall. The trigger loop asks for a clip when an inspection
+is due and gets one only when the ring is full and holds a frame that no clip asked about yet.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ClipRing:
         self._lock = threading.Lock()
         self._asked = -1  # seq of the newest frame of the last clip handed out
         self.too_large = 0  # frames refused: more bytes than their share of the bound
+        self.restarts = 0  # the ring emptied by a gap over the limit (a stall) or a clock stepped back
 
     def __len__(self) -> int:
         with self._lock:
@@ -45,8 +47,11 @@ class ClipRing:
                 if seq <= newest.seq:
                     return False
                 gap = captured_at - newest.captured_at
-                if gap < 0:  # the wall clock stepped back: the kept frames' times no longer compare
+                if gap < 0 or gap > self.config.gap_limit_s:
+                    # The wall clock stepped back (the kept frames' times no longer compare), or the camera
+                    # stalled: the clip starts again from this frame.
                     self._ring.clear()
+                    self.restarts += 1
                 elif gap < self.spacing_s:
                     return False
             self._ring.append(ClipFrame(image, seq, captured_at))

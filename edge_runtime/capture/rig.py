@@ -71,7 +71,7 @@ def clip_counters(rig: CameraRig) -> dict[str, int]:
     if ring is None:
         return {}
     return {"waiting_for_clip": rig.schedule.stats.waiting_for_clip, "clip_frames_held": len(ring),
-            "clip_frames_too_large": ring.too_large}
+            "clip_frames_too_large": ring.too_large, "clip_restarts": ring.restarts}
 
 
 def clip_of(config: Config, cam: CameraConfig) -> ClipConfig | None:

@@ -71,6 +71,23 @@ class ClipConfig(Section):
                         "is about, oldest first, in one multi-image prompt.")
     spacing_s: float = Field(ge=0.0, le=3600.0, description="Seconds at least between two frames of the clip "
                              "(0: consecutive captured frames).")
+    max_gap_s: float | None = Field(
+        None, gt=0.0, le=86400.0, description="Seconds at most between two frames of the clip: a longer gap (the "
+        "camera stalled or reconnected) starts the clip again from the frame after it, so no question mixes frames "
+        "from before and after a stall. Default: spacing_s + max(spacing_s, 5 s). Set it above the camera's "
+        "frame interval for a camera slower than one frame in 5 s.")
+
+    @property
+    def gap_limit_s(self) -> float:
+        """The longest gap between two frames of one clip (max_gap_s, or its default)."""
+        return self.max_gap_s if self.max_gap_s is not None else self.spacing_s + max(self.spacing_s, 5.0)
+
+    @model_validator(mode="after")
+    def _gap_above_spacing(self) -> ClipConfig:
+        if self.max_gap_s is not None and self.max_gap_s < self.spacing_s:
+            raise ValueError(f"clip: max_gap_s {self.max_gap_s} is less than spacing_s {self.spacing_s}: "
+                             "no two frames could be kept")
+        return self
 
 
 class ProgramConfig(Section):

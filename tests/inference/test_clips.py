@@ -112,6 +112,34 @@ def test_the_ring_never_holds_more_than_its_frames_and_keeps_only_frames_spacing
     assert again is not None and [f.seq for f in again] == [*kept[-3:], 201]
 
 
+def test_a_camera_stall_longer_than_the_gap_limit_starts_the_clip_again() -> None:
+    ring = ClipRing(ClipConfig(frames=3, spacing_s=0.5))  # default gap limit: 0.5 + 5 s
+    image = np.zeros((8, 8, 3), np.uint8)
+    for seq, at in ((1, 10.0), (2, 10.5), (3, 11.0)):
+        assert ring.offer(image, seq, at)
+    assert [f.seq for f in ring.take() or ()] == [1, 2, 3]
+    assert ring.offer(image, 4, 11.0 + 5.6)  # the camera stalled 5.6 s: frames 1-3 are let go
+    assert ring.restarts == 1 and len(ring) == 1
+    assert ring.take() is None  # one frame after the stall is no clip yet
+    assert ring.offer(image, 5, 17.1) and ring.offer(image, 6, 17.6)
+    clip = ring.take()
+    assert clip is not None and [f.seq for f in clip] == [4, 5, 6]  # only frames after the stall
+    assert ring.offer(image, 7, 17.6 + 5.5)  # within the limit (5.5 s): kept beside the others
+    assert ring.restarts == 1 and [f.seq for f in ring.take() or ()] == [5, 6, 7]
+
+
+def test_an_explicit_gap_limit_lets_a_slow_camera_fill_its_clip() -> None:
+    ring = ClipRing(ClipConfig(frames=2, spacing_s=0, max_gap_s=30))
+    image = np.zeros((8, 8, 3), np.uint8)
+    assert ring.offer(image, 1, 0.0) and ring.offer(image, 2, 20.0)  # one frame in 20 s
+    assert ring.restarts == 0 and ring.take() is not None
+
+
+def test_a_gap_limit_below_the_spacing_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="max_gap_s 0.2 is less than spacing_s 0.5"):
+        ClipConfig(frames=2, spacing_s=0.5, max_gap_s=0.2)
+
+
 def test_the_ring_refuses_a_frame_over_its_share_of_the_bound() -> None:
     ring = ClipRing(ClipConfig(frames=4, spacing_s=0), max_bytes=4 * 8 * 8 * 3)
     assert not ring.offer(np.zeros((9, 8, 3), np.uint8), 1, 1.0)
