@@ -136,7 +136,7 @@ def test_an_explicit_gap_limit_lets_a_slow_camera_fill_its_clip() -> None:
 
 
 def test_a_gap_limit_below_the_spacing_is_refused_naming_it() -> None:
-    with pytest.raises(ValueError, match="max_gap_s 0.2 is less than spacing_s 0.5"):
+    with pytest.raises(ValueError, match=r"max_gap_s 0\.2 is less than spacing_s 0\.5"):
         ClipConfig(frames=2, spacing_s=0.5, max_gap_s=0.2)
 
 
