@@ -71,7 +71,7 @@ class InspectionWorker:
         self.errors = 0
         self.not_journaled = 0  # verdicts refused or lost to a full disk (none of them was published)
         self._full_log = RateLimitedLog(log)
-        self._config_logs: dict[str, RateLimitedLog] = {}  # per camera: one's line must not hide another's
+        self._camera_logs: dict[tuple[str, str], RateLimitedLog] = {}  # per camera and kind of failure
         self.batches = 0  # generations that ran several frames or chats as parallel sequences
         self.peak_batch = 0  # the most sequences one of them ran at once
         self.energy = energy  # joules between two instants (the governor's sensor)
@@ -319,16 +319,18 @@ class InspectionWorker:
         stats = self.stats_for(request.camera)
         if stats:
             stats.errors += 1
-        if isinstance(exc, InputError):
-            # The camera's own question (its config's prompt or program) cannot be asked: nobody gets a
-            # 4xx for it, and it fails the same way every frame, so count it and say it once a minute.
-            if request.camera not in self._config_logs and len(self._config_logs) >= 256:
-                self._config_logs.clear()  # cameras are bounded by the config; keep the map bounded anyway
-            limited = self._config_logs.setdefault(request.camera, RateLimitedLog(log))
+        # A camera's failure repeats every frame (its question cannot be asked; a region off a frame that
+        # changed size; a model that fails): counted, and said once a minute per camera and kind, not
+        # 30 lines a second at 30 fps.
+        kind = "config" if isinstance(exc, InputError) else type(exc).__name__
+        if (request.camera, kind) not in self._camera_logs and len(self._camera_logs) >= 256:
+            self._camera_logs.clear()  # cameras are bounded by the config; keep the map bounded anyway
+        limited = self._camera_logs.setdefault((request.camera, kind), RateLimitedLog(log))
+        if isinstance(exc, InputError):  # the camera's own question (its config's prompt or program): no 4xx
             limited.log(logging.ERROR, "inspection of %s failed: its configured question cannot be asked: %s",
                         request.camera, exc)
         else:
-            log.error("inspection of %s failed: %s", request.camera, exc)
+            limited.log(logging.ERROR, "inspection of %s failed: %s", request.camera, exc)
         request.future.set_exception(exc)
 
     def _storage_full(self, request: InspectionRequest, exc: StorageFull) -> None:

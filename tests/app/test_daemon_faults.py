@@ -3,6 +3,7 @@ at shutdown, and the hung-inspection watchdog. Work is submitted through the `De
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -16,7 +17,8 @@ from edge_runtime.app import status as status_module
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.device import DeviceCameras
-from edge_runtime.core.errors import EdgeRuntimeError, QueueFull
+from edge_runtime.core.errors import EdgeRuntimeError, InferenceError, QueueFull
+from edge_runtime.core.inspection_queue import InspectionRequest
 from edge_runtime.core.samples import write_sample_video
 from tests.app.test_reload import daemon_with_file
 from tests.support.waiting import wait_for
@@ -171,6 +173,35 @@ def test_a_hung_frame_encode_in_stage_1_makes_the_pipeline_not_ready_naming_the_
     assert future.result(timeout=60).camera == "api"
     wait_for(bare_daemon.alive, what="alive again")
     assert bare_daemon.health()["ready"]
+
+
+def test_a_camera_failing_every_frame_logs_one_line_a_minute_per_kind_and_counts_every_frame(
+        bare_daemon: Daemon, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # E.g. a region off a frame that changed size: InferenceError("regions without a verdict") each frame.
+    inspector = bare_daemon.inspector
+    assert inspector is not None
+
+    def fails(*_args: Any, **_kwargs: Any) -> Any:
+        raise InferenceError("regions without a verdict: lid (outside the 320x240 frame)")
+
+    monkeypatch.setattr(inspector, "inspect", fails)
+    monkeypatch.setattr(inspector, "inspect_batch", fails)
+    before = bare_daemon.worker.errors
+    image = np.full((64, 64, 3), 128, np.uint8)
+    with caplog.at_level(logging.ERROR, logger="edge_runtime.inference.worker"):
+        for n in range(6):
+            request = InspectionRequest(image, "belt", seq=n, trigger="schedule")
+            bare_daemon.inspections.submit(request)
+            with pytest.raises(InferenceError):
+                request.future.result(timeout=30)
+        other = InspectionRequest(image, "belt", seq=9, trigger="schedule", job=lambda _i: 1 / 0)
+        bare_daemon.inspections.submit(other)
+        with pytest.raises(ZeroDivisionError):
+            other.future.result(timeout=30)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("inspection of belt failed")]
+    assert len(lines) == 2, lines  # one for the six InferenceErrors, one for the other kind
+    assert "regions without a verdict" in lines[0] and "division by zero" in lines[1]
+    assert bare_daemon.worker.errors - before == 7
 
 
 def test_an_unknown_camera_is_refused_through_the_device_interface(bare_daemon: Daemon) -> None:
