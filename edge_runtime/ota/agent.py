@@ -6,9 +6,10 @@ at any point converges on restart (`recover()`) to exactly one healthy container
 name: the candidate if it turned healthy, otherwise the previous one.
 
 Phases published: received, current (the manifest's release runs already), verified, pulling,
-waiting_line, starting, healthy, committed, rolled_back, refused, failed, canceled. With an update lock
-(`update_lock.py`) the pulled image waits for the line and the quiet window before the old container is
-stopped; a source may cancel an update until then.
+waiting_line, starting, healthy, committed, rolled_back, refused, failed, canceled, and waiting_engine (the
+engine did not answer before anything was recorded: nothing changed; the source takes the manifest again).
+With an update lock (`update_lock.py`) the pulled image waits for the line and the quiet window before the
+old container is stopped; a source may cancel an update until then.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,8 @@ from edge_runtime.ota.update_lock import LockVerdict, UpdateLock
 
 log = logging.getLogger(__name__)
 VERSION_LABEL = "org.opencontainers.image.version"
+WAITING_ENGINE = "waiting_engine"  # handle()'s phase when the engine did not answer before any step was recorded
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
 class OtaAgent:
@@ -45,6 +49,7 @@ class OtaAgent:
         self.cancelled: Callable[[], str | None] = lambda: None
         self._crash_after = os.environ.get("EDGE_OTA_CRASH_AFTER")  # test hook: die right after this phase
         self._recovery_logged: str | None = None  # a recovery retried (the engine down) is announced once
+        self._engine_said: str | None = None  # the last `waiting_engine` reason logged (a repeat goes to debug)
         state_path.parent.mkdir(parents=True, exist_ok=True)
 
     # ---- state -------------------------------------------------------------------------------
@@ -65,16 +70,20 @@ class OtaAgent:
         if self._crash_after == state.get("phase"):
             os._exit(137)  # simulated power loss right after this step was recorded
 
-    def _status(self, phase: str, manifest: Manifest | None = None, reason: str = "") -> None:
-        msg = {"phase": phase, "ts": time.time(), "agent": __version__}
+    def status_message(self, phase: str, manifest: Manifest | None = None, reason: str = "") -> dict[str, Any]:
+        msg: dict[str, Any] = {"phase": phase, "ts": time.time(), "agent": __version__}
         if manifest is not None:
             msg.update(version=manifest.version, image=manifest.image)
             if manifest.evaluation is not None:  # what was measured for this release (edge-runtime eval)
                 msg["evaluation"] = manifest.evaluation
         if reason:
             msg["reason"] = reason
-        log.info("ota: %s%s", phase, f" ({reason})" if reason else "")
-        self.publish_cb(msg)
+        return msg
+
+    def _status(self, phase: str, manifest: Manifest | None = None, reason: str = "",
+                level: int = logging.INFO) -> None:
+        log.log(level, "ota: %s%s", phase, f" ({reason})" if reason else "")
+        self.publish_cb(self.status_message(phase, manifest, reason))
 
     # ---- containers ----------------------------------------------------------------------------
 
@@ -87,17 +96,24 @@ class OtaAgent:
             return None
 
     def current_version(self) -> str | None:
-        container = self._get(self.name)
+        return self._version_of(self._get(self.name))
+
+    def check_engine(self) -> None:
+        """Raise unless the engine answers (asked for the managed container, as `handle` asks first)."""
+        self._get(self.name)
+
+    def _version_of(self, container: Any) -> str | None:
+        """The release `container` runs; with none (none found, or the engine not answering) the state
+        file's, the release of the last update."""
         if container is None:
             return self.state().get("version")
         labels = container.image.labels or {}
         return labels.get(VERSION_LABEL) or self.state().get("version")
 
-    def _runs_image_of(self, manifest: Manifest) -> bool:
+    def _runs_image_of(self, manifest: Manifest, container: Any) -> bool:
         """Whether the running container's image is the manifest's (by digest), as far as the engine and
         the state file know; unknown counts as yes, the version being the same."""
         digests: set[str] = set()
-        container = self._get(self.name)
         if container is not None:
             attrs = getattr(container.image, "attrs", None) or {}
             digests.update(ref.split("@", 1)[1] for ref in attrs.get("RepoDigests") or [] if "@" in ref)
@@ -149,24 +165,36 @@ class OtaAgent:
     def handle(self, payload: bytes | str | dict[str, Any]) -> str:
         """Apply one manifest; returns the final phase."""
         self._status("received")
+        engine_error: Exception | None = None
         try:
             manifest = parse(payload)
-            current = self.current_version()
-            if manifest.version == current and self._runs_image_of(manifest):
+            verify(manifest, self.keys, None, __version__)  # signature, digest, agent: no engine needed
+            try:
+                old = self._get(self.name)
+                current = self._judge(manifest, old)
+            except ManifestRefused:
+                raise
+            except Exception as exc:  # noqa: BLE001 - docker raises DockerException, APIError, connection errors
+                # The engine does not answer (dockerd restarting) and nothing was recorded yet: judged by the
+                # state file (the release of the last update), so a manifest refused for its content, or the
+                # recorded release again, is answered now; any other waits for the engine (the source retries).
+                engine_error, old = exc, None
+                current = self._judge(manifest, None)
+            if current:
                 # The release that runs, again: a retained ("desired state") manifest the broker hands to
                 # every new subscription, or a polled URL read again after a restart. Checked like any
                 # other, then reported as the current state instead of refused as "not newer".
-                verify(manifest, self.keys, None, __version__)
                 self._status("current", manifest)
                 return "current"
-            verify(manifest, self.keys, current, __version__, self.allow_downgrade)
         except ManifestRefused as exc:
             self._status("refused", reason=str(exc))
             return "refused"
         if self.state().get("phase") not in (None, "idle"):
             self._status("refused", manifest, "another update is in progress")
             return "refused"
-        old = self._get(self.name)
+        if engine_error is not None:
+            return self._wait_for_engine(manifest, engine_error)
+        self._engine_said = None
         if old is None:
             self._status("failed", manifest, f"no container named {self.name!r} to update")
             return "failed"
@@ -189,6 +217,35 @@ class OtaAgent:
         finally:
             if self.lock is not None:
                 self.lock.release()
+
+    def _judge(self, manifest: Manifest, container: Any) -> bool:
+        """True when the manifest's release is the one `container` runs (None: the state file's); raises
+        ManifestRefused when it may not be applied."""
+        current = self._version_of(container)
+        if manifest.version == current and self._runs_image_of(manifest, container):
+            return True
+        verify(manifest, self.keys, current, __version__, self.allow_downgrade)
+        return False
+
+    @staticmethod
+    def engine_reason(exc: BaseException) -> str:
+        """The status reason for an engine that did not answer (or answered with an error)."""
+        import docker.errors
+
+        text = str(exc) or type(exc).__name__
+        text = text if len(text) <= 300 else text[:300] + "…"
+        if isinstance(exc, docker.errors.APIError) and exc.response is not None:  # it answered, with an error
+            return f"the container engine failed: {text}"
+        return f"the container engine is not answering: {text}"
+
+    def _wait_for_engine(self, manifest: Manifest, exc: Exception) -> str:
+        """Nothing was recorded or changed: reported, and left to the source to take again."""
+        reason = self.engine_reason(exc)
+        said = _NUMBERS.sub("#", reason)  # one info line per distinct error, as the recovery logs
+        level = logging.DEBUG if said == self._engine_said else logging.INFO
+        self._engine_said = said
+        self._status(WAITING_ENGINE, manifest, reason, level=level)
+        return WAITING_ENGINE
 
     def _wait_for_line(self, manifest: Manifest, old: Any) -> str | None:
         """Hold the update lock (line idle, window open), or end the update: the final phase."""

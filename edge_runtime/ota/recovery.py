@@ -1,5 +1,6 @@
 """The agent's crash recovery, retried until it succeeds, for both sources (the MQTT loop in
-`service.py` and the DDI loop in `ddi/runner.py`).
+`service.py` and the DDI loop in `ddi/runner.py`); and `EngineWait`, the MQTT loop's manifest that waits
+for the engine.
 
 `OtaAgent.recover()` finishes or undoes a swap that was interrupted; it needs the Docker engine, which at
 boot may not answer yet (or answers with an error). A failed attempt is counted, published as a
@@ -19,7 +20,8 @@ from typing import Any
 
 from edge_runtime import __version__
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.ota.agent import OtaAgent
+from edge_runtime.ota.agent import WAITING_ENGINE, OtaAgent
+from edge_runtime.ota.manifest import Manifest, parse, version_key
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +129,77 @@ class Recovery:
             self.publish(status)
         if self.on_failure is not None:
             self.on_failure(reason, first)
+
+
+class EngineWait:
+    """The MQTT loop's manifest (from the topics or the URL) that `OtaAgent.handle` could not take because
+    the engine did not answer (`waiting_engine`: no swap under way, nothing recorded or changed). It is kept
+    and taken again once the engine answers, asked with backoff (`backoff_s`) and never sooner; each failed
+    attempt is a `waiting_engine` status with `engine_failures` (the attempts in a row, the manifest's own
+    the first) and the log has one line per distinct error. One manifest waits: one that also waits replaces
+    it when its version is newer (an older or equal one would be refused after it as not newer) or always
+    with allow_downgrade; a manifest refused for its content, or answered `current`, leaves it waiting."""
+
+    def __init__(self, agent: OtaAgent, errors: DistinctErrors | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.agent = agent
+        self.errors = errors or DistinctErrors(log)
+        self.clock = clock
+        self.payload: bytes | None = None
+        self.manifest: Manifest | None = None
+        self.failures = 0  # attempts in a row the engine did not answer
+        self.next_at = 0.0
+
+    def due(self) -> bool:
+        return self.payload is not None and self.clock() >= self.next_at
+
+    def take(self, payload: bytes) -> str:
+        """Hand a manifest to the agent; keep it if it waits for the engine. Returns the agent's phase."""
+        phase = self.agent.handle(payload)
+        if phase != WAITING_ENGINE:
+            if phase not in ("refused", "current"):  # these two may come from the state file, the engine down
+                self._answered()
+            return phase
+        manifest = parse(payload)
+        if self.manifest is None or self.agent.allow_downgrade or _newer(manifest, self.manifest):
+            self.payload, self.manifest = payload, manifest
+        elif payload != self.payload:
+            log.info("ota: %s waits for the engine behind %s, which is newer and is taken first",
+                     manifest.version, self.manifest.version)
+        self.failures += 1
+        self.next_at = self.clock() + backoff_s(self.failures)
+        return phase
+
+    def attempt(self) -> str | None:
+        """Ask the engine; once it answers, hand the waiting manifest to the agent again (its phase).
+        None while the engine does not answer: counted, published, logged once per distinct error."""
+        if self.payload is None:
+            return None
+        try:
+            self.agent.check_engine()
+        except Exception as exc:  # noqa: BLE001 - docker raises DockerException, APIError, connection errors
+            self.failures += 1
+            self.next_at = self.clock() + backoff_s(self.failures)
+            assert self.manifest is not None
+            self.errors.log("engine", exc, "ota: the container engine is not answering: %s (attempt %d; "
+                            "%s waits, retrying with backoff)", self.failures, self.manifest.version)
+            status = self.agent.status_message(WAITING_ENGINE, self.manifest, self.agent.engine_reason(exc))
+            status["engine_failures"] = self.failures
+            self.agent.publish_cb(status)
+            return None
+        payload, self.payload, self.manifest = self.payload, None, None
+        log.info("ota: the container engine answers again after %d failed attempts; taking the manifest that "
+                 "waited", self.failures)
+        self._answered()
+        return self.take(payload)
+
+    def _answered(self) -> None:
+        self.failures = 0
+        self.errors.clear("engine")
+
+
+def _newer(manifest: Manifest, than: Manifest) -> bool:
+    try:
+        return bool(version_key(manifest.version) > version_key(than.version))
+    except ValueError:  # not semantic versions (refused by verify, unless allowed): the later one wins
+        return True

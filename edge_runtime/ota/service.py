@@ -9,6 +9,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.ota.agent import OtaAgent
 from edge_runtime.ota.manifest import MAX_MANIFEST_BYTES
-from edge_runtime.ota.recovery import Recovery
+from edge_runtime.ota.recovery import EngineWait, Recovery
 from edge_runtime.ota.update_lock import UpdateLock
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
     agent = make_agent(config, engine or DockerEngine(), publish)
     agent.cancelled = lambda: "the agent is stopping" if stop.is_set() else None  # ends a wait for the line
     recovery = Recovery(agent, publish, meanwhile="manifests wait until it succeeds")
+    waiting = EngineWait(agent)  # a manifest taken while the engine did not answer, taken again when it does
     next_poll = time.monotonic()
     poller = ManifestPoller()
     seen_url_manifest: str | None = None  # "" while the URL serves no manifest
@@ -176,6 +178,14 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
         while it fails (the engine not up yet at boot), manifests from MQTT waiting in the inbox."""
         while not stop.is_set() and not recovery.attempt():
             stop.wait(recovery.wait_s())
+
+    def take(handle: Callable[..., object], *args: Any) -> None:
+        try:
+            handle(*args)
+        except Exception:  # one bad manifest or a docker hiccup must not end the agent
+            log.exception("ota: handling a manifest failed; the agent goes on")
+        if agent.state().get("phase", "idle") != "idle":
+            recover()  # a swap an error left mid-way (the engine gone while it rolled back)
 
     try:
         recover()  # a swap the agent was killed in
@@ -195,13 +205,12 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
                 elif body is not None and body.decode(errors="replace") != seen_url_manifest:
                     seen_url_manifest = body.decode(errors="replace")
                     payload = body
+            # The manifest that waits for the engine: when its backoff is over, and before a later one
+            # (taken in arrival order, as they would have been with the engine answering).
+            if waiting.due() or (payload is not None and waiting.payload is not None):
+                take(waiting.attempt)
             if payload is not None:
-                try:
-                    agent.handle(payload)
-                except Exception:  # one bad manifest or a docker hiccup must not end the agent
-                    log.exception("ota: handling a manifest failed; the agent goes on")
-                if agent.state().get("phase", "idle") != "idle":
-                    recover()  # a swap an error left mid-way (the engine gone while it rolled back)
+                take(waiting.take, payload)
     finally:
         client.loop_stop()
         client.disconnect()

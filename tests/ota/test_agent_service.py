@@ -276,3 +276,139 @@ def test_a_swap_an_engine_error_left_mid_way_is_recovered_before_the_next_manife
         thread.join(5)
         watcher.close()
     assert not thread.is_alive()
+
+
+def _recorded(tmp_path: Path, version: str) -> None:
+    """The state file of an agent whose last update committed `version` (swap.IMAGE)."""
+    (tmp_path / "ota").mkdir(exist_ok=True)
+    (tmp_path / "ota" / "state.json").write_text(json.dumps({"phase": "idle", "version": version,
+                                                             "image": swap.IMAGE}))
+
+
+def test_a_manifest_taken_while_the_engine_does_not_answer_waits_and_is_applied_when_it_answers(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # No swap under way and dockerd restarting: handle() raised out of its first engine call, the loop only
+    # logged it, the retained status stayed `received` and the release was never applied unless sent again.
+    asked: list[int] = []
+
+    def backoff_s(failures: int) -> float:
+        asked.append(failures)
+        return 0.2
+
+    monkeypatch.setattr(recovery, "backoff_s", backoff_s)
+    private, public = generate_keypair()
+    _recorded(tmp_path, "1.0.0")
+    engine = swap.Engine()
+    engine.down = True
+    monkeypatch.setattr(OtaAgent, "_clone", lambda agent, old, image: _candidate(engine, agent))
+    monkeypatch.setattr(OtaAgent, "_health", lambda _agent, c: "healthy" if c.running else "unhealthy")
+    watcher = Watcher(broker.port)
+    with caplog.at_level(logging.DEBUG, logger="edge_runtime.ota"):
+        thread, stop = _start(_config(tmp_path, broker.port, public), engine)
+        try:
+            watcher.publish(_manifest(private, "2.0.0"))  # retained: reaches the agent once it subscribed
+            watcher.wait(lambda seen: sum(s["phase"] == "waiting_engine" for s in seen) >= 3)
+            waiting = [s for s in watcher.seen if s["phase"] == "waiting_engine"]
+            assert watcher.phases()[:2] == ["received", "waiting_engine"]
+            assert waiting[0]["reason"] == ("the container engine is not answering: Cannot connect to the Docker "
+                                            "daemon at unix:///var/run/docker.sock")
+            assert waiting[0]["version"] == "2.0.0" and waiting[0]["image"] == swap.IMAGE
+            assert [s["engine_failures"] for s in waiting[1:]] == list(range(2, len(waiting) + 1))
+            assert asked[:3] == [1, 2, 3]  # retried with backoff
+            # Refused for its content at once, whatever the engine: forged, and older than the recorded release.
+            forged = json.dumps({**json.loads(_manifest(private, "3.0.0")), "notes": "changed after signing"})
+            watcher.publish(forged, retain=False)
+            watcher.wait(lambda seen: seen[-1]["phase"] == "refused")
+            assert "trusted fleet key" in watcher.seen[-1]["reason"]
+            watcher.publish(_manifest(private, "0.9.0"), retain=False)
+            watcher.wait(lambda seen: seen[-1]["phase"] == "refused" and "not newer" in seen[-1]["reason"])
+            # The recorded release again (the fleet's desired state): the current state, not a refusal.
+            watcher.publish(_manifest(private, "1.0.0"), retain=False)
+            watcher.wait(lambda seen: seen[-1]["phase"] == "current")
+            # A newer release replaces the waiting one; an older one that comes after it does not.
+            watcher.publish(_manifest(private, "2.1.0"), retain=False)
+            watcher.wait(lambda seen: seen[-1]["phase"] == "waiting_engine" and seen[-1]["version"] == "2.1.0")
+            watcher.publish(_manifest(private, "2.0.0"), retain=False)
+            watcher.wait(lambda seen: sum(s["phase"] == "waiting_engine" and s["version"] == "2.1.0"
+                                          for s in seen) >= 3 and seen[-1]["version"] == "2.1.0")
+            assert engine.all[0].running and len(engine.all) == 1  # nothing changed meanwhile
+            engine.down = False
+            watcher.wait(lambda seen: seen[-1]["phase"] == "committed")
+        finally:
+            stop.set()
+            thread.join(5)
+            watcher.close()
+    assert not thread.is_alive()
+    assert watcher.seen[-1]["version"] == "2.1.0"
+    applied = [s["version"] for s in watcher.seen if s["phase"] in ("verified", "committed")]
+    assert applied == ["2.1.0", "2.1.0"]  # without being sent again; 2.0.0 never
+    assert [c.name for c in engine.all if c.running] == ["edge-runtime"]
+    assert json.loads((tmp_path / "ota" / "state.json").read_text())["version"] == "2.1.0"
+    # The log: a line per distinct error (and the agent's own status lines), not one per attempt.
+    engine_lines = [r for r in caplog.records if r.levelno >= logging.INFO and "Cannot connect" in r.getMessage()]
+    assert len(engine_lines) <= 3 < len([s for s in watcher.seen if s["phase"] == "waiting_engine"]), \
+        [r.getMessage() for r in engine_lines]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no "handling a manifest failed"
+
+
+def _candidate(engine: swap.Engine, agent: OtaAgent) -> swap.Container:
+    candidate = swap.Container(engine, f"cand-{len(engine.all)}", f"{agent.name}-candidate", "", running=False)
+    engine.all.append(candidate)
+    return candidate
+
+
+def test_a_manifest_url_read_while_the_engine_does_not_answer_is_applied_when_it_answers(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The URL's manifest was read once (it had not changed since): the failed handle() was never repeated.
+    monkeypatch.setattr(recovery, "backoff_s", lambda failures: 0.2)
+    private, public = generate_keypair()
+    engine = swap.Engine()
+    engine.down = True
+    monkeypatch.setattr(OtaAgent, "_clone", lambda agent, old, image: _candidate(engine, agent))
+    monkeypatch.setattr(OtaAgent, "_health", lambda _agent, c: "healthy" if c.running else "unhealthy")
+
+    class Site(_Site):
+        body = _manifest(private, "2.0.0").encode()
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Site)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    config = _config(tmp_path, broker.port, public)
+    url = f"http://127.0.0.1:{web.server_address[1]}/manifest.json"
+    config = config.model_copy(update={"ota": config.ota.model_copy(update={"manifest_url": url})})
+    watcher = Watcher(broker.port)
+    thread, stop = _start(config, engine)
+    try:
+        watcher.wait(lambda seen: sum(s["phase"] == "waiting_engine" for s in seen) >= 2)
+        engine.down = False
+        watcher.wait(lambda seen: seen[-1]["phase"] == "committed" and seen[-1]["version"] == "2.0.0")
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher.close()
+        web.shutdown()
+        web.server_close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.filterwarnings("ignore:unclosed <socket.socket:ResourceWarning")
+def test_a_manifest_taken_with_no_engine_at_the_socket_waits_and_stopping_stays_prompt(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real Docker SDK at a socket where nothing answers: its client cannot even be made.
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    private, public = generate_keypair()
+    watcher = Watcher(broker.port)
+    thread, stop = _start(_config(tmp_path, broker.port, public))
+    try:
+        watcher.publish(_manifest(private, "2.0.0"))
+        watcher.wait(lambda seen: "waiting_engine" in [s["phase"] for s in seen])
+        assert watcher.seen[-1]["reason"].startswith(
+            "the container engine is not answering: Error while fetching server API version")
+        assert thread.is_alive()
+    finally:
+        started = time.monotonic()
+        stop.set()  # during the first backoff (5 s)
+        thread.join(5)
+        joined_s = time.monotonic() - started
+        watcher.close()
+        gc.collect()
+    assert not thread.is_alive() and joined_s < 2.0, joined_s
