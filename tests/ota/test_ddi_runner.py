@@ -490,3 +490,38 @@ def test_an_error_whose_text_differs_only_by_an_address_or_a_number_is_one_disti
     assert errors.log("recovery", first, "recovery failed: %s") is True
     assert errors.log("recovery", again, "recovery failed: %s") is False
     assert errors.log("recovery", other, "recovery failed: %s") is True
+
+
+def test_an_action_taken_while_the_engine_does_not_answer_says_so_and_is_taken_again_when_it_answers(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # No swap under way and dockerd restarting: handle() raised out of its first engine call; the server's
+    # last word from the device stayed `received` (the MQTT mirror too) while the loop backed off and retried.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    statuses: list[dict[str, Any]] = []
+    source, agent, engine = make(tmp_path, url, keys[1])
+    source.mirror = statuses.append
+    down = [True]
+    answering = engine.containers.get
+
+    def get(name: str) -> Any:
+        if down[0]:
+            raise docker.errors.APIError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+        return answering(name)
+
+    engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    with caplog.at_level(logging.INFO, logger="edge_runtime.ota"):
+        waits = [source.step() for _ in range(3)]
+    assert waits == pytest.approx([5.0, 10.0, 20.0], rel=0.21)  # backed off, as before; not the polling sleep
+    assert engine.pulls == [] and agent.swaps == 0
+    assert not [e for e in executions(recorded) if e[0] == "closed"]  # the action stays open
+    said = [d for _e, _f, d in executions(recorded) if d.startswith("waiting_engine")]
+    assert said == ["waiting_engine: the container engine is not answering: Cannot connect to the Docker daemon at "
+                    "unix:///var/run/docker.sock"]  # once, not at every attempt
+    assert [s["phase"] for s in statuses].count("waiting_engine") == 3 and statuses[-1]["phase"] == "waiting_engine"
+    assert sum("Cannot connect" in r.getMessage() for r in caplog.records) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    down[0] = False
+    assert 1.0 <= source.step() <= 1.1  # the server's polling sleep again
+    assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
+    assert source.failures == 0

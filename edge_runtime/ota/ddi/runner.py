@@ -13,7 +13,9 @@ fails (the Docker engine not answering yet) is retried with its own backoff whil
 polling at the server's interval (so the server does not see the device overdue) and sending configData
 when asked, but answers no action until the swap is finished or undone; each failed attempt is counted
 (`recovery_failures`, in the `recovering` status on MQTT) and logged as one line per distinct error,
-rate-limited (`ota/recovery.py`, shared with the MQTT loop).
+rate-limited (`ota/recovery.py`, shared with the MQTT loop). An action the agent could not take because the
+engine did not answer before anything was recorded (`waiting_engine`) stays open: the server hears the
+reason once per distinct error and offers the action again, which is taken after a backoff.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.ota.agent import OtaAgent
+from edge_runtime.ota.agent import WAITING_ENGINE, OtaAgent
 from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
 from edge_runtime.ota.ddi.client import ControllerBase, DdiClient, DdiError, Deployment
 from edge_runtime.ota.recovery import DistinctErrors, Recovery, backoff_s
@@ -92,6 +94,7 @@ class DdiSource:
         self._cancels_answered: set[str] = set()
         self._cancel_reason: str | None = None
         self._cancel_id: str | None = None  # the cancelAction that stopped the running action, if any
+        self._engine_told: str | None = None  # the last `waiting_engine` reason sent as feedback (action, text)
         self._last_check = 0.0
         self._warn = RateLimitedLog(log, 600)
         agent.publish_cb = self._on_status
@@ -180,8 +183,11 @@ class DdiSource:
         try:
             if base.cancel_href:
                 self._answer_cancel(base.cancel_href)
-            elif base.deployment_href:
-                self._deploy(base.deployment_href)
+            elif base.deployment_href and self._deploy(base.deployment_href) == WAITING_ENGINE:
+                # The engine did not answer before anything was recorded: the action stays open (the server
+                # offers it again) and is taken again after a backoff, counted with the failures.
+                self.failures += 1
+                return backoff_s(self.failures)
         except DdiError as exc:  # counted with the polls: a base that answers must not reset the backoff
             return self._failed("the action", exc)
         self.failures = 0
@@ -196,12 +202,13 @@ class DdiSource:
 
     # ---- one deployment ---------------------------------------------------------------------------------
 
-    def _deploy(self, href: str) -> None:
+    def _deploy(self, href: str) -> str | None:
+        """The action's final phase (the agent's), or None while it is not handed to the agent."""
         deployment = self.client.deployment(href)
         action = deployment.action_id
         known = self.state().get("action") or {}
         if known.get("id") == action and known.get("final"):
-            return  # finished; its feedback was sent (`_flush_final`) and the server has not closed it yet
+            return None  # finished; its feedback was sent (`_flush_final`) and the server has not closed it yet
         # Outside its maintenance window hawkBit sends `update: skip` too: the window decides first, and
         # only a `skip` without a closed window is a download-only assignment.
         if deployment.maintenance_window == "unavailable":  # the server's own window is closed
@@ -210,8 +217,9 @@ class DdiSource:
                 self._proceeding(action, ["waiting for the server's maintenance window"])
             return None
         if deployment.update == "skip":  # hawkBit's download-only assignment
-            return self._close(action, "failure", ["refused: download-only actions are not supported; "
-                                                   "assign the distribution set as forced or soft"])
+            self._close(action, "failure", ["refused: download-only actions are not supported; "
+                                            "assign the distribution set as forced or soft"])
+            return None
         self._save(action={"id": action})
         body = self._download(deployment)
         if body is None:
@@ -219,9 +227,12 @@ class DdiSource:
         self._cancel_reason = None
         self.agent.cancelled = lambda: self._cancel_check(action)
         try:
-            self.agent.handle(body)  # every status comes back through `_on_status`
+            phase = self.agent.handle(body)  # every status comes back through `_on_status`
         finally:
             self.agent.cancelled = lambda: None
+        if phase != WAITING_ENGINE:
+            self._engine_told = None
+        return phase
 
     def _download(self, deployment: Deployment) -> bytes | None:
         action = deployment.action_id
@@ -301,6 +312,11 @@ class DdiSource:
             return
         if phase == "canceled":
             return self._cancelled(action, status)
+        if phase == WAITING_ENGINE:  # the server hears each distinct error once, not every attempt
+            told = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", f"{action} {status.get('reason', '')}")
+            if told == self._engine_told:
+                return None
+            self._engine_told = told
         if phase in FINAL:
             finished, details = final_feedback(phase, status)
             return self._close(action, finished, details)
