@@ -275,6 +275,7 @@ def test_a_pipelined_request_is_not_cut_while_the_one_before_it_is_served() -> N
         assert b"408" not in data and server.cut_requests == 0
     finally:
         server.close()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)  # close() leaves its threads running
 
 
 def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spooling() -> None:
