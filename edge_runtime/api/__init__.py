@@ -162,15 +162,23 @@ class ApiServer:
         server = self._server
         if server is None:
             return
-        if self._thread is not None and self._thread.is_alive():
-            # Close every socket from inside the loop's own thread (waitress's trigger runs the thunk
-            # there), so nothing races its poll(); an empty map then ends run().
-            server.trigger.pull_trigger(self._close_all)
-            self._thread.join(5)
-        else:
-            self._close_all()
-        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
-        self._server = None
+        try:
+            if self._thread is not None and self._thread.is_alive():
+                # Close every socket from inside the loop's own thread (waitress's trigger runs the thunk
+                # there), so nothing races its poll(); an empty map then ends run().
+                try:
+                    server.trigger.pull_trigger(self._close_all)
+                except OSError as exc:
+                    # The wake-up pipe is gone (its descriptor closed under the running server): close
+                    # from here; the loop's poll() returns within asyncore_loop_timeout and sees the empty map.
+                    log.warning("api: cannot wake the server's loop (%s); closing its sockets from here", exc)
+                    self._close_all()
+                self._thread.join(5)
+            else:
+                self._close_all()
+        finally:  # the worker threads end whatever happened above
+            server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+            self._server = None
 
     def _close_all(self) -> None:
         for dispatcher in list(self._map.values()):

@@ -1,0 +1,62 @@
+"""ApiServer.stop() ends the server's threads even when waitress's wake-up pipe is already gone.
+
+Seen in a run of tests/api: a daemon's stop logged "stopping ApiServer failed ... pull_trigger ...
+OSError: [Errno 9] Bad file descriptor" and the server's eight waitress worker threads ran on for the
+rest of the suite (the trigger's descriptor had been closed under the running server)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from edge_runtime.api import ApiServer
+from tests.api.test_api_device import MODEL, FakeDevice, _as_device
+
+
+def _server_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def _ended_within(before: set[threading.Thread], bound_s: float) -> list[threading.Thread]:
+    deadline = time.monotonic() + bound_s
+    while (left := _server_threads(before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_stop_ends_the_loop_and_the_workers(tmp_path: Path) -> None:
+    fake = FakeDevice(tmp_path, MODEL)
+    fake.config.api.port, fake.config.api.host = 0, "127.0.0.1"
+    before = set(threading.enumerate())
+    server = ApiServer(_as_device(fake), fake.config.api)
+    server.start()
+    assert requests.get(f"http://127.0.0.1:{server.port}/", timeout=10).status_code == 200
+    assert _server_threads(before)
+    server.stop()
+    assert _ended_within(before, 10) == []
+
+
+def test_stop_ends_the_loop_and_the_workers_when_the_wakeup_pipe_is_gone(tmp_path: Path) -> None:
+    fake = FakeDevice(tmp_path, MODEL)
+    fake.config.api.port, fake.config.api.host = 0, "127.0.0.1"
+    before = set(threading.enumerate())
+    server = ApiServer(_as_device(fake), fake.config.api)
+    server.start()
+    assert server._server is not None
+    os.close(server._server.trigger.trigger)  # the write end: pull_trigger() now raises EBADF
+    waitress = server._server
+    try:
+        server.stop()
+        assert _ended_within(before, 10) == [], "the server's threads ran on after stop()"
+    finally:  # without the fix: end them here, or they run on into the next tests
+        waitress.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        for dispatcher in list(waitress._map.values()):
+            try:
+                dispatcher.close()
+            except OSError:
+                pass
+        waitress.trigger.socket.close()  # its read end: the trigger's close stopped at the write end's EBADF
