@@ -261,9 +261,11 @@ def test_a_pipelined_request_is_not_cut_while_the_one_before_it_is_served() -> N
             time.sleep(0.5)
             yield b"chunk%d\n" % i
 
-    server = create_guarded_server(slow, Limits(request_deadline_s=0.5), map={}, host="127.0.0.1", port=0,
+    loop_map: dict[int, Any] = {}
+    server = create_guarded_server(slow, Limits(request_deadline_s=0.5), map=loop_map, host="127.0.0.1", port=0,
                                    threads=2, cleanup_interval=0.2, channel_timeout=10)
-    threading.Thread(target=server.run, daemon=True).start()
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
     try:
         with socket.create_connection(("127.0.0.1", server.socket.getsockname()[1]), timeout=10) as sock:
             sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n")  # /b not finished
@@ -274,8 +276,14 @@ def test_a_pipelined_request_is_not_cut_while_the_one_before_it_is_served() -> N
                 data += chunk
         assert b"408" not in data and server.cut_requests == 0
     finally:
-        server.close()
-        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)  # close() leaves its threads running
+        # The workers first (none may pull the wake-up pipe once it is closed), then every socket from
+        # inside the loop's thread, as ApiServer.stop does. server.close() from here closed the pipe while
+        # the loop and a worker still used it ('Exception when servicing ... EBADF' from a worker) and
+        # left the two workers running for the rest of the suite.
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        server.trigger.pull_trigger(lambda: [d.close() for d in list(loop_map.values())])
+        loop.join(5)
+        assert not loop.is_alive(), "the server loop did not end once its map was empty"
 
 
 def test_uploads_beyond_the_body_budget_are_refused_at_their_head_before_any_spooling() -> None:
