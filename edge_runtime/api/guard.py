@@ -14,6 +14,14 @@ connection table and `/healthz` can no longer connect. These bounds close that h
   HEALTHCHECK and the device's own tools use them. Other 127.x addresses count as ordinary clients.
 - a budget for request bodies being received: each is reserved at its head, before waitress spools
   it to a temporary file, so many uploads (with or without a token) cannot fill the disk.
+- a refusal the client can read: a request refused before its body was read (the 503 of the budget,
+  a 408, waitress's own 413 / 431 / 400) is answered, the connection's sending side is shut down, and
+  what the client still sends is read and thrown away (lingering close, as nginx does) for at most
+  `Limits.linger_s` and the largest body the server takes, then the socket is closed. Closing it at
+  once with the body unread made the kernel send a reset that discarded the answer: the client saw
+  ECONNRESET / EPIPE instead of "busy, retry later". The drain runs in the server's loop thread
+  (no worker thread waits), keeps nothing (one reused buffer) and the connection still counts
+  against its client's cap while it lingers.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class Limits:
     request_deadline_s: float = 15.0
     connections_per_client: int = 64
     bodies_bytes: int = 64 * 2**20  # request bodies being received at once (waitress spools them to disk)
+    linger_s: float = 5.0  # how long a refused connection's unread body is drained before it is closed
 
 
 class JsonErrorTask(ErrorTask):
@@ -70,6 +79,7 @@ class JsonErrorTask(ErrorTask):
         self.status = f"{e.code} {e.reason}"
         self.response_headers.append(("Content-Type", "application/json"))
         self.set_close_on_finish()
+        self.channel.refused = True  # its body may be unread: the channel drains it before closing
         self.content_length = len(body)
         self.write(body)
 
@@ -83,6 +93,9 @@ class GuardedChannel(HTTPChannel):
     client: str = ""
     _body_for: Any = None  # the request whose body is counted against the server's budget
     _body_bytes = 0
+    refused = False  # answered before its request was read whole: drain what still comes before closing
+    _linger_until: float | None = None  # while draining: when the socket is closed however much still comes
+    _linger_left = 0  # bytes the drain still takes before the socket is closed
 
     def received(self, data: bytes) -> bool:
         done: bool = super().received(data)
@@ -133,8 +146,51 @@ class GuardedChannel(HTTPChannel):
         self.request = None
         self.request_started = None
         self.close_when_flushed = True
+        self.refused = True
         if self._body_for is not None:
             self._release_body()
+
+    @property
+    def lingering(self) -> bool:
+        return self._linger_until is not None
+
+    def handle_close(self) -> None:
+        """Close; but a refusal whose request may still be arriving is flushed, then the sending side is
+        shut down (FIN after the answer) and incoming bytes are drained within bounds (see the module)."""
+        if self.refused and self._linger_until is None and self.connected and not self.total_outbufs_len:
+            try:
+                self.socket.shutdown(socket.SHUT_WR)
+            except OSError:  # the peer is gone already: close it now
+                pass
+            else:
+                self._linger_until = time.monotonic() + self.server.limits.linger_s
+                self._linger_left = self.adj.max_request_body_size
+                self.will_close = self.close_when_flushed = False
+                self.request = None
+                self.request_started = None
+                return
+        super().handle_close()
+
+    def readable(self) -> bool:
+        return True if self.lingering else bool(super().readable())
+
+    def writable(self) -> bool:
+        # While draining nothing is written; waitress's idle timeout may still ask to close (will_close).
+        return self.will_close if self.lingering else bool(super().writable())
+
+    def handle_read(self) -> None:
+        if self._linger_until is None:
+            super().handle_read()
+            return
+        try:
+            n = self.socket.recv_into(self.server.drain_buffer)
+        except BlockingIOError:
+            return
+        except OSError:
+            n = 0
+        self._linger_left -= n
+        if n == 0 or self._linger_left <= 0 or time.monotonic() >= self._linger_until:
+            self.handle_close()  # EOF: the client read the answer; else past a bound (a reset, by its fault)
 
     def del_channel(self, map: Any = None) -> None:
         if self._body_for is not None:
@@ -156,6 +212,7 @@ class GuardedServer(TcpWSGIServer):
         self.cut_requests = 0
         self.bodies_in_flight = 0  # bytes reserved by request bodies being received (loop thread only)
         self.bodies_refused = 0
+        self.drain_buffer = bytearray(256 * 1024)  # what refused connections still send lands here (loop thread)
         super().__init__(application, **kw)
 
     def reserve_body(self, size: int) -> bool:
@@ -207,8 +264,14 @@ class GuardedServer(TcpWSGIServer):
 
     def maintenance(self, now: float) -> None:
         super().maintenance(now)  # idle connections (channel_timeout)
-        cutoff = time.monotonic() - self.limits.request_deadline_s
+        mono = time.monotonic()
+        cutoff = mono - self.limits.request_deadline_s
         for channel in list(self.active_channels.values()):
+            linger_until = getattr(channel, "_linger_until", None)
+            if linger_until is not None:  # draining a refused request's body
+                if mono >= linger_until:  # a refused client still sending (or silent): close it now
+                    channel.handle_close()
+                continue
             started = getattr(channel, "request_started", None)
             if started is not None and getattr(channel, "requests", None):
                 # A pipelined request arrived with one still being served: waitress reads no more of
