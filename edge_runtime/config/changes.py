@@ -56,12 +56,14 @@ def _top(key: str) -> str:
 
 def programs_changed(old: Config, new: Config) -> bool:
     """Whether the inspection programs, which camera runs which, or the frame size (width, height, roi)
-    of a camera that runs one differ: a program is checked against its cameras' frames (references,
-    frame and answer within the context, image_tokens within the projector's floor), so a camera grown
-    under an unchanged program is checked again, as `config validate` and a start check it."""
+    or question (prompt) of a camera that runs one differ: a program is checked against its cameras'
+    frames and questions (references, frame, question and answer within the context, image_tokens
+    within the projector's floor), so a camera grown or asked more under an unchanged program is checked
+    again, as `config validate` and a start check it."""
 
     def asked(cfg: Config) -> dict[str, tuple[object, ...]]:
-        return {c.name: (c.program, c.width, c.height, c.roi) for c in cfg.cameras if c.program is not None}
+        return {c.name: (c.program, c.width, c.height, c.roi, c.prompt) for c in cfg.cameras
+                if c.program is not None}
 
     return old.programs != new.programs or asked(old) != asked(new)
 

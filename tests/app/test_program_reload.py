@@ -172,6 +172,48 @@ def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole
         daemon.stop()
 
 
+def test_a_reload_that_lengthens_a_program_cameras_question_past_the_context_is_refused_whole(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """The program and the frame are unchanged; the camera's question grows so that it, the reference, the
+    frame and the answer no longer fit the context (`config validate` and a start refuse this file). The
+    reload used to apply it (`applied: cameras`) without checking the program again, so every frame of
+    the camera would fail. It is refused in one line and the running question stays."""
+    rng = np.random.default_rng(59)
+    ref, frame = tmp_path / "ref.png", tmp_path / "frame.png"
+    ref.write_bytes(encode(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), ".png"))
+    frame.write_bytes(encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), ".png"))
+    cfg = Config(device_id="programs-test", data_dir=tmp_path / "data")
+    cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
+    cfg.model.threads = 2
+    cfg.model.context_size = 256
+    cfg.model.max_tokens = 140
+    cfg.model.warmup = False
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing", width=32, height=32,
+                                prompt="Is the housing whole?", trigger=TriggerConfig(mode="on_demand"))]
+    cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
+    path = tmp_path / "edge.yaml"
+    path.write_text(cfg.model_dump_json())
+    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
+    daemon.start()
+    try:
+        data = json.loads(path.read_text())
+        data["cameras"][0]["prompt"] = "Is the housing whole? " * 40
+        path.write_text(json.dumps(data))
+        with pytest.raises(EdgeRuntimeError, match="reload refused") as caught:
+            daemon.reload()
+        message = str(caught.value)
+        assert "programs.housing (camera belt)" in message and "\n" not in message
+        assert daemon.running.config.cameras[0].prompt == "Is the housing whole?"
+        data["cameras"][0]["prompt"] = "Is the housing whole and clean?"  # a question that fits: applied
+        path.write_text(json.dumps(data))
+        assert daemon.reload()["applied"] == ["cameras"]
+        assert daemon.running.config.cameras[0].prompt == "Is the housing whole and clean?"
+    finally:
+        daemon.stop()
+
+
 def test_programs_changed_with_a_model_that_fails_to_load_are_loaded_on_the_running_model(
         tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
     """A reload changes the model's settings and a program; the new model fails to load (its max_tokens
