@@ -21,6 +21,7 @@ from edge_runtime.lineio.metrics import line_io_metrics
 # Seconds, as Prometheus names and units want them (1 ms .. 30 s).
 _BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 _CAMERA_STATES = ("connecting", "streaming", "reconnecting", "failed", "ended", "stopped")
+_LEVELS = frozenset({"clip_frames_held"})  # camera `frames` entries that are levels, not counts
 
 
 class StatusCollector(Collector):
@@ -40,13 +41,18 @@ class StatusCollector(Collector):
         state = GaugeMetricFamily("edge_camera_state", "1 for the camera's current state",
                                   labels=["camera", "state"])
         fps = GaugeMetricFamily("edge_camera_fps", "Frames captured per second", labels=["camera"])
+        held = GaugeMetricFamily("edge_camera_clip_frames_held", "Frames a clip camera's ring holds now",
+                                 labels=["camera"])
         for cam in s["cameras"]:
             for outcome, value in cam["frames"].items():
-                frames.add_metric([cam["name"], outcome], value)
+                if outcome in _LEVELS:  # a level that falls, not a count: a counter's rate() would see resets
+                    held.add_metric([cam["name"]], value)
+                else:
+                    frames.add_metric([cam["name"], outcome], value)
             for st in _CAMERA_STATES:
                 state.add_metric([cam["name"], st], 1.0 if cam["state"] == st else 0.0)
             fps.add_metric([cam["name"]], cam["fps"])
-        yield from (frames, state, fps)
+        yield from (frames, state, fps, held)
         yield GaugeMetricFamily("edge_ready", "Model loaded and warmed up",
                                 value=1.0 if s.get("model_loaded", s["ready"]) else 0.0)
         yield GaugeMetricFamily("edge_queue_depth", "Inspections waiting", value=s["inspection"]["queue_depth"])

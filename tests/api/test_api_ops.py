@@ -105,6 +105,19 @@ def test_metrics_render_thread_restarts_when_status_has_them(client: FlaskClient
     assert 'edge_runtime_thread_busy_seconds{thread="outbox"} 0.0' in text
 
 
+def test_a_clip_rings_frames_held_is_a_gauge_not_a_counter(client: FlaskClient, daemon: Daemon,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    real = daemon.status
+    camera = {"name": "capper", "state": "streaming", "fps": 10.0,
+              "frames": {"captured": 40, "waiting_for_clip": 3, "clip_frames_held": 2, "clip_restarts": 1}}
+    monkeypatch.setattr(daemon, "status", lambda: {**real(), "cameras": [camera]})
+    text = client.get("/metrics").get_data(as_text=True)
+    assert "# TYPE edge_camera_clip_frames_held gauge" in text
+    assert 'edge_camera_clip_frames_held{camera="capper"} 2.0' in text
+    assert 'outcome="clip_frames_held"' not in text  # it falls as the ring empties: no counter's rate()
+    assert 'edge_camera_frames_total{camera="capper",outcome="clip_restarts"} 1.0' in text
+
+
 def test_metrics_count_admission_refusals(client: FlaskClient, daemon: Daemon) -> None:
     assert daemon.api is not None
     gate = daemon.api.app.extensions["edge_runtime_admission"]
