@@ -12,6 +12,7 @@ from typing import Any
 
 from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from waitress import wasyncore
 
 from edge_runtime.api.admission import QUICK_THREADS, Admission, slots
 from edge_runtime.api.auth import guard_reads, session_keys, start_session
@@ -165,25 +166,36 @@ class ApiServer:
         try:
             if self._thread is not None and self._thread.is_alive():
                 # Close every socket from inside the loop's own thread (waitress's trigger runs the thunk
-                # there), so nothing races its poll(); an empty map then ends run().
+                # there), so nothing races its poll(); an empty map then ends run(). A loop that is awake
+                # already runs the thunk before pull_trigger's own write: the thunk leaves the wake-up pipe
+                # open (closed below), or that write finds it closed (EBADF, or another file's descriptor).
                 try:
                     server.trigger.pull_trigger(self._close_all)
                 except OSError as exc:
-                    # The wake-up pipe is gone (its descriptor closed under the running server): close
-                    # from here; the loop's poll() returns within asyncore_loop_timeout and sees the empty map.
                     log.warning("api: cannot wake the server's loop (%s); closing its sockets from here", exc)
                     self._close_all()
                 self._thread.join(5)
             else:
                 self._close_all()
-        finally:  # the worker threads end whatever happened above
+        finally:
+            # The workers end whatever happened above; then the pipe a worker finishing a response pulls.
             server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+            try:
+                server.trigger.close()
+            except OSError:  # pragma: no cover - its descriptors are ours until here
+                log.debug("api: closing the wake-up pipe", exc_info=True)
             self._server = None
 
     def _close_all(self) -> None:
+        server = self._server
         for dispatcher in list(self._map.values()):
             try:
-                dispatcher.close()
+                if server is not None and dispatcher is server.trigger:
+                    dispatcher.del_channel()  # out of the loop's map (an empty map ends run()), still open
+                elif dispatcher is server:
+                    wasyncore.dispatcher.close(dispatcher)  # the listener; waitress's close() shuts the pipe too
+                else:
+                    dispatcher.close()
             except OSError:  # already closed by its peer
                 pass
 

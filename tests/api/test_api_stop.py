@@ -60,3 +60,40 @@ def test_stop_ends_the_loop_and_the_workers_when_the_wakeup_pipe_is_gone(tmp_pat
         waitress.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
         for dispatcher in list(waitress._map.values()):
             dispatcher.close()
+
+
+def test_stop_never_writes_to_a_wakeup_pipe_already_closed(tmp_path: Path) -> None:
+    """A loop that is awake already (a worker has just pulled the trigger) runs stop()'s thunk before
+    pull_trigger's own write. The thunk used to close the pipe with every other socket, so that write
+    found it closed: the EBADF out of stop() in a run of tests/api (test_regions_everywhere.py's daemon),
+    and on a descriptor number reused meanwhile, a byte written into some other file."""
+    fake = FakeDevice(tmp_path, MODEL)
+    fake.config.api.port, fake.config.api.host = 0, "127.0.0.1"
+    before = set(threading.enumerate())
+    server = ApiServer(_as_device(fake), fake.config.api)
+    server.start()
+    waitress = server._server
+    assert waitress is not None
+    trigger, real = waitress.trigger, waitress.trigger._physical_pull
+    closed_at_write: list[bool] = []
+
+    def loop_first() -> None:
+        if trigger.thunks:  # stop()'s pull: the loop wakes and runs the thunk before this write
+            real()
+            deadline = time.monotonic() + 5
+            while trigger.thunks and time.monotonic() < deadline:
+                time.sleep(0.01)
+        closed_at_write.append(trigger._closed)
+        if trigger._closed:  # what os.write() on the closed descriptor answers (not written: it may be reused)
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        real()
+    trigger._physical_pull = loop_first
+    try:
+        server.stop()
+        assert closed_at_write == [False], "stop() wrote to the wake-up pipe after closing it"
+        assert _ended_within(before, 10) == []
+    finally:
+        waitress.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        for dispatcher in list(waitress._map.values()):
+            dispatcher.close()
+        trigger.close()
