@@ -19,8 +19,9 @@ import threading
 import time
 
 GRACE_S = 1.0
-# One thread for the whole process by design, started by whichever test needs it first.
-PROCESS_THREADS = frozenset({"http-deadline"})  # core/http.py's deadline watchdog
+# One thread for the whole process by design, started by whichever test needs it first: core/http.py's
+# deadline watchdog, and tqdm's progress-bar monitor (model conversion and export show progress bars).
+PROCESS_THREADS = frozenset({"http-deadline", "tqdm_monitor"})
 
 
 class ThreadLedger:
