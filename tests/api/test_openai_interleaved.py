@@ -24,6 +24,7 @@ from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.device import ChatJob
 from edge_runtime.inference.inspector import Inspector
 from tests.support.images import encode
+from tests.support.mtmd_reference import text_logits
 from tests.support.tiny_pairs import FAMILIES, TinyPair, write_pair_bundle
 
 TOLERANCE = 1e-5
@@ -49,13 +50,7 @@ def helper_logits(ins: Inspector, images: list[np.ndarray], prompt: str, at: tup
     for offset in reversed(at):
         marked = marked[:offset] + ins.mtmd.marker + marked[offset:]
     p = ins.bundle.manifest.prompt
-    text = p.template.format(system=p.system, image="", prompt=marked)
-    lm = ins.language
-    lm.forget_prefix(clear=True)
-    with ins.mtmd.tokenize(text, [img[:, :, ::-1].copy() for img in images], add_special=True) as chunks:
-        ins.mtmd.eval_chunks(lm.ctx, chunks, 0, 0, lm.n_batch)
-    lm.forget_prefix(clear=True)
-    return lm.ctx.logits_ith(-1).copy()
+    return text_logits(ins, images, p.template.format(system=p.system, image="", prompt=marked))
 
 
 def our_logits(ins: Inspector, images: list[np.ndarray], prompt: str, at: tuple[int, ...]) -> np.ndarray:

@@ -13,6 +13,13 @@ def helper_logits(ins: Inspector, images: list[np.ndarray], question: str) -> np
     assert ins.mtmd is not None
     p = ins.bundle.manifest.prompt
     text = p.template.format(system=p.system, image=ins.mtmd.marker * len(images), prompt=question)
+    return text_logits(ins, images, text)
+
+
+def text_logits(ins: Inspector, images: list[np.ndarray], text: str) -> np.ndarray:
+    """The first-token logits of a whole prompt text holding one media marker per image, in order, through
+    mtmd_helper_eval_chunks (the KV cleared before and after)."""
+    assert ins.mtmd is not None
     lm = ins.language
     lm.forget_prefix(clear=True)
     with ins.mtmd.tokenize(text, [img[:, :, ::-1].copy() for img in images], add_special=True) as chunks:
