@@ -123,13 +123,12 @@ def test_a_reference_file_replaced_under_the_same_config_is_encoded_again_on_rel
         daemon.stop()
 
 
-def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole(
-        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
-    """The program is unchanged; the camera's frame grows so that its reference, the frame's image tokens
-    and the answer no longer fit the context (`config validate` refuses this file). The reload used to
-    apply it (`applied: cameras`): the program was not checked again, so every frame of the camera
-    would be refused. It is refused in one line and the running camera and program stay."""
-    rng = np.random.default_rng(53)
+def _tight_reference_daemon(tiny_pairs: Callable[[str], TinyPair], tmp_path: Path, seed: int,
+                            prompt: str | None = None) -> tuple[Daemon, Path]:
+    """A running daemon (and its config file) whose camera `belt` runs a one-reference program in a context
+    with little room: the reference, a 32x32 frame's few tokens, the text and 140 answer tokens fit;
+    a 256x256 frame's 64 tokens, or a much longer question, do not."""
+    rng = np.random.default_rng(seed)
     ref, frame = tmp_path / "ref.png", tmp_path / "frame.png"
     ref.write_bytes(encode(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), ".png"))
     frame.write_bytes(encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), ".png"))
@@ -137,17 +136,27 @@ def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole
     cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
     cfg.model.threads = 2
     cfg.model.context_size = 256
-    cfg.model.max_tokens = 140  # the reference, a 32x32 frame's few tokens, the text and 140 fit; 256x256's 64 not
+    cfg.model.max_tokens = 140
     cfg.model.warmup = False  # the warm-up's own frame is not the camera's
     cfg.api.enabled = False
     cfg.mqtt.enabled = False
     cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing", width=32, height=32,
-                                trigger=TriggerConfig(mode="on_demand"))]
+                                prompt=prompt, trigger=TriggerConfig(mode="on_demand"))]
     cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
     path = tmp_path / "edge.yaml"
     path.write_text(cfg.model_dump_json())
     daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
     daemon.start()
+    return daemon, path
+
+
+def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole(
+        tiny_pairs: Callable[[str], TinyPair], tmp_path: Path) -> None:
+    """The program is unchanged; the camera's frame grows so that its reference, the frame's image tokens
+    and the answer no longer fit the context (`config validate` refuses this file). The reload used to
+    apply it (`applied: cameras`): the program was not checked again, so every frame of the camera
+    would be refused. It is refused in one line and the running camera and program stay."""
+    daemon, path = _tight_reference_daemon(tiny_pairs, tmp_path, seed=53)
     try:
         ins = daemon.inspector
         assert ins is not None
@@ -178,25 +187,7 @@ def test_a_reload_that_lengthens_a_program_cameras_question_past_the_context_is_
     frame and the answer no longer fit the context (`config validate` and a start refuse this file). The
     reload used to apply it (`applied: cameras`) without checking the program again, so every frame of
     the camera would fail. It is refused in one line and the running question stays."""
-    rng = np.random.default_rng(59)
-    ref, frame = tmp_path / "ref.png", tmp_path / "frame.png"
-    ref.write_bytes(encode(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), ".png"))
-    frame.write_bytes(encode(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), ".png"))
-    cfg = Config(device_id="programs-test", data_dir=tmp_path / "data")
-    cfg.model.path = write_pair_bundle(tiny_pairs("qwen2.5-vl"), tmp_path / "bundle")
-    cfg.model.threads = 2
-    cfg.model.context_size = 256
-    cfg.model.max_tokens = 140
-    cfg.model.warmup = False
-    cfg.api.enabled = False
-    cfg.mqtt.enabled = False
-    cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing", width=32, height=32,
-                                prompt="Is the housing whole?", trigger=TriggerConfig(mode="on_demand"))]
-    cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
-    path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
+    daemon, path = _tight_reference_daemon(tiny_pairs, tmp_path, seed=59, prompt="Is the housing whole?")
     try:
         data = json.loads(path.read_text())
         data["cameras"][0]["prompt"] = "Is the housing whole? " * 40
