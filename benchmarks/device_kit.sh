@@ -16,7 +16,7 @@ WHEELS=(flask itsdangerous blinker waitress werkzeug jinja2 markupsafe click pah
         "pydantic==2.14.4" "pydantic-core==2.50.5" annotated-types typing-inspection
         jsonschema jsonschema-specifications referencing rpds-py "llguidance==1.9.1" gguf platformdirs
         simplejpeg pillow-heif jetson-stats docker pymodbus cryptography cffi "protobuf>=7.35.1" diskcache pyyaml
-        psutil prometheus-client regex tqdm nvidia-ml-py faiss-cpu threadpoolctl)
+        psutil prometheus-client regex tqdm nvidia-ml-py faiss-cpu threadpoolctl "semver>=3,<4")
 "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps -d "$KIT/whl" \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_31_x86_64 --platform any "${WHEELS[@]}"
