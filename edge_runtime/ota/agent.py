@@ -7,7 +7,8 @@ name: the candidate if it turned healthy, otherwise the previous one.
 
 Phases published: received, current (the manifest's release runs already), verified, pulling,
 waiting_line, starting, healthy, committed, rolled_back, refused, failed, canceled, and waiting_engine (the
-engine did not answer before anything was recorded: nothing changed; the source takes the manifest again).
+engine did not answer before anything changed — at the check, during the pull, or before the old container
+was stopped: nothing changed; the source takes the manifest again).
 With an update lock (`update_lock.py`) the pulled image waits for the line and the quiet window before the
 old container is stopped; a source may cancel an update until then.
 """
@@ -31,6 +32,18 @@ log = logging.getLogger(__name__)
 VERSION_LABEL = "org.opencontainers.image.version"
 WAITING_ENGINE = "waiting_engine"  # handle()'s phase when the engine did not answer before any step was recorded
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+def engine_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the engine did not answer (its socket gone, the connection refused or cut, a
+    timeout, the client not made), as opposed to an answer with an error: a registry's or an image's error
+    (manifest unknown, unauthorized, registry unreachable) comes back from the engine as an APIError with
+    its HTTP response, and is a real failure."""
+    import docker.errors
+
+    if isinstance(exc, docker.errors.APIError):
+        return exc.response is None
+    return isinstance(exc, docker.errors.DockerException | OSError)  # requests' errors are OSErrors
 
 
 class OtaAgent:
@@ -198,6 +211,7 @@ class OtaAgent:
         if old is None:
             self._status("failed", manifest, f"no container named {self.name!r} to update")
             return "failed"
+        idle = {k: v for k, v in self.state().items() if k in ("version", "image")}  # what an undo restores
         self._save(phase="verified", manifest=manifest.model_dump(), old_id=old.id)
         self._status("verified", manifest)
 
@@ -208,12 +222,14 @@ class OtaAgent:
             self.docker.api.pull(repo, tag=digest)
             self.docker.images.get(manifest.image)
         except Exception as exc:  # noqa: BLE001 - docker raises APIError, ImageNotFound, connection errors
-            self._save(phase="idle", version=self.state().get("version"))
+            self._save(phase="idle", **idle)
+            if engine_lost(exc):  # dockerd went away after the check: nothing changed, the manifest waits
+                return self._wait_for_engine(manifest, exc)
             self._status("failed", manifest, f"pull failed: {exc}")
             return "failed"
         try:
             stopped = self._wait_for_line(manifest, old)
-            return stopped or self._start(manifest, old)
+            return stopped or self._start(manifest, old, idle)
         finally:
             if self.lock is not None:
                 self.lock.release()
@@ -239,7 +255,8 @@ class OtaAgent:
         return f"the container engine is not answering: {text}"
 
     def _wait_for_engine(self, manifest: Manifest, exc: Exception) -> str:
-        """Nothing was recorded or changed: reported, and left to the source to take again."""
+        """Nothing changed (a step recorded before the engine went away was undone): reported, and left to
+        the source to take again."""
         reason = self.engine_reason(exc)
         said = _NUMBERS.sub("#", reason)  # one info line per distinct error, as the recovery logs
         level = logging.DEBUG if said == self._engine_said else logging.INFO
@@ -263,14 +280,20 @@ class OtaAgent:
         self._status(verdict.phase, manifest, verdict.reason)
         return verdict.phase
 
-    def _start(self, manifest: Manifest, old: Any) -> str:
+    def _start(self, manifest: Manifest, old: Any, idle: dict[str, Any] | None = None) -> str:
         self._save(phase="starting", manifest=manifest.model_dump(), old_id=old.id)
         self._status("starting", manifest)
-        stale = self._get(f"{self.name}-candidate")
-        if stale is not None:
-            stale.remove(force=True)
         try:
+            stale = self._get(f"{self.name}-candidate")
+            if stale is not None:
+                stale.remove(force=True)
             candidate = self._clone(old, manifest.image)
+        except Exception as exc:  # noqa: BLE001 - the old container still runs: nothing changed yet
+            if engine_lost(exc):  # a candidate left created is removed by the next attempt, as a stale one
+                self._save(phase="idle", **({"version": self.state().get("version")} if idle is None else idle))
+                return self._wait_for_engine(manifest, exc)
+            return self._rollback(manifest, old.id, f"starting the candidate failed: {exc}")
+        try:
             # The camera device and the host port belong to one container at a time: stop the old one first.
             old.stop(timeout=20)
             if self.lock is not None:  # the daemon is down: the new one may take its shared lock again
@@ -279,7 +302,9 @@ class OtaAgent:
             self._save(phase="waiting_health", manifest=manifest.model_dump(), old_id=old.id,
                        candidate_id=candidate.id)
             verdict = self._wait_healthy(candidate)
-        except Exception as exc:  # noqa: BLE001 - the engine refused a step: the old container must run again
+        except Exception as exc:  # the engine refused a step: the old container must run again
+            if engine_lost(exc):  # the swap is half done: recorded, it is finished (`recover`) once the engine
+                raise  # answers, the candidate committed if it turns healthy, instead of rolled back now
             return self._rollback(manifest, old.id, f"starting the candidate failed: {exc}")
         if verdict != "healthy":
             return self._rollback(manifest, old.id, f"candidate {verdict}")

@@ -17,6 +17,7 @@ from typing import Any
 import docker.errors
 import paho.mqtt.client as mqtt
 import pytest
+import requests
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edge_runtime.config import Config
@@ -412,3 +413,35 @@ def test_a_manifest_taken_with_no_engine_at_the_socket_waits_and_stopping_stays_
         watcher.close()
         gc.collect()
     assert not thread.is_alive() and joined_s < 2.0, joined_s
+
+
+def test_a_manifest_whose_pull_the_engine_dropped_is_applied_when_it_answers_again(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine answered the check and went away during the pull (dockerd restarting): `failed`, and the
+    # retained manifest was never taken again (unless sent again, or the agent restarted).
+    monkeypatch.setattr(recovery, "backoff_s", lambda failures: 0.2)
+    private, public = generate_keypair()
+    engine = swap.Engine()
+    pulls: list[str] = []
+
+    def pull(repo: str, tag: str) -> None:
+        pulls.append(tag)
+        if len(pulls) == 1:
+            raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('pull'))")
+
+    engine.api = type("Api", (), {"pull": lambda _s, repo, tag: pull(repo, tag)})()
+    monkeypatch.setattr(OtaAgent, "_clone", lambda agent, old, image: _candidate(engine, agent))
+    monkeypatch.setattr(OtaAgent, "_health", lambda _agent, c: "healthy" if c.running else "unhealthy")
+    watcher = Watcher(broker.port)
+    thread, stop = _start(_config(tmp_path, broker.port, public), engine)
+    try:
+        watcher.publish(_manifest(private, "2.0.0"))
+        watcher.wait(lambda seen: bool(seen) and seen[-1]["phase"] in ("committed", "failed"))
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher.close()
+    assert not thread.is_alive()
+    assert watcher.phases() == ["received", "verified", "pulling", "waiting_engine",
+                                "received", "verified", "pulling", "starting", "healthy", "committed"]
+    assert len(pulls) == 2 and [c.name for c in engine.all if c.running] == ["edge-runtime"]

@@ -10,11 +10,19 @@ from typing import Any
 
 import docker.errors
 import pytest
+import requests
 
 from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
 
 IMAGE = "registry.plant.local/edge-runtime@sha256:" + "ab" * 32
+
+
+def _answered(status: int, explanation: str, reason: str = "Not Found") -> docker.errors.APIError:
+    """What docker-py raises when the engine answers with an error (its own, a registry's, an image's)."""
+    response = requests.Response()
+    response.status_code, response.reason, response.url = status, reason, "http+docker://localhost/v1.43"
+    return docker.errors.APIError("", response=response, explanation=explanation)
 
 
 class Container:
@@ -29,7 +37,8 @@ class Container:
 
     def start(self) -> None:
         if self.fail_start:  # e.g. the device path or host port of the old configuration is not free
-            raise docker.errors.APIError("driver failed programming external connectivity: port is already allocated")
+            raise _answered(500, "driver failed programming external connectivity: port is already allocated",
+                            "Internal Server Error")
         self.running = True
 
     def stop(self, timeout: int = 10) -> None:
@@ -136,3 +145,90 @@ def test_a_retained_manifest_of_the_running_release_is_the_current_state_after_a
     rebuilt = sign(Manifest(image=IMAGE.replace("ab" * 32, "cd" * 32), version="2.0.0"), private)
     assert restarted.handle(rebuilt.model_dump_json(exclude_none=True)) == "refused"
     assert "not newer" in statuses[-1]["reason"] and restarted.clones == 0
+
+
+def _lost(what: str) -> requests.exceptions.ConnectionError:
+    """What docker-py raises when dockerd goes away (its socket closed or gone) in the middle of a call."""
+    return requests.exceptions.ConnectionError(f"('Connection aborted.', RemoteDisconnected('{what}'))")
+
+
+def test_an_engine_that_goes_away_during_the_pull_is_waited_for_and_a_registry_error_still_fails(
+        tmp_path: Path) -> None:
+    # The engine answered the check, then went away (dockerd restarting) while the image was pulled: the
+    # update ended `failed` ("pull failed: Connection aborted") and the release was dropped.
+    private, public = generate_keypair()
+    payload = sign(Manifest(image=IMAGE, version="2.0.0"), private).model_dump_json(exclude_none=True)
+    engine = Engine()
+    failures = [_lost("Remote end closed connection without response")]
+
+    def pull(repo: str, tag: str) -> None:
+        if failures:
+            raise failures.pop(0)
+
+    engine.api = type("Api", (), {"pull": lambda _s, repo, tag: pull(repo, tag)})()
+    statuses: list[dict[str, Any]] = []
+    agent = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append, health_timeout_s=1)
+    agent.candidate_starts = True
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "idle", "version": "1.0.0", "image": "x@sha256:1"}))
+    assert agent.handle(payload) == "waiting_engine"
+    assert [s["phase"] for s in statuses] == ["received", "verified", "pulling", "waiting_engine"]
+    assert statuses[-1]["reason"].startswith("the container engine is not answering: ('Connection aborted.'")
+    assert agent.state() == {"phase": "idle", "version": "1.0.0", "image": "x@sha256:1"}  # as it was
+    assert agent.clones == 0 and engine.get("old-id").running
+    assert agent.handle(payload) == "committed"  # the source takes it again once the engine answers
+    # The engine answered, with the registry's error: a real failure, as before.
+    failures.append(_answered(404, "manifest for registry.plant.local/edge-runtime not found: manifest unknown"))
+    newer = sign(Manifest(image=IMAGE, version="2.1.0"), private).model_dump_json(exclude_none=True)
+    assert agent.handle(newer) == "failed"
+    assert statuses[-1]["reason"].startswith("pull failed: 404 Client Error") and "manifest unknown" in \
+        statuses[-1]["reason"]
+    assert agent.state()["phase"] == "idle" and agent.state()["version"] == "2.0.0"
+
+
+def test_an_engine_that_goes_away_before_the_old_container_stops_is_waited_for_and_after_it_recovered(
+        tmp_path: Path) -> None:
+    private, public = generate_keypair()
+    payload = sign(Manifest(image=IMAGE, version="2.0.0"), private).model_dump_json(exclude_none=True)
+    engine = Engine()
+    statuses: list[dict[str, Any]] = []
+
+    class Flaky(Agent):
+        lose_at: str | None = "create"  # where the engine goes away once
+
+        def _clone(self, old: Any, image: str) -> Any:
+            candidate = Container(engine, f"cand-{len(engine.all)}", f"{self.name}-candidate", "", running=False)
+            engine.all.append(candidate)  # created, then the engine went away before it answered
+            if self.lose_at == "create":
+                self.lose_at = None
+                raise _lost("create")
+            if self.lose_at == "start":  # the candidate's first start is cut off; the engine is back at once
+                self.lose_at = None
+                starts = iter([_lost("start")])
+
+                def start() -> None:
+                    error = next(starts, None)
+                    if error is not None:
+                        raise error
+                    candidate.running = True
+
+                candidate.start = start  # type: ignore[method-assign]
+            return candidate
+
+    agent = Flaky(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append, health_timeout_s=1)
+    agent.candidate_starts = True
+    # Before the old container stopped nothing changed: waiting_engine, the old one runs; taken again, the
+    # candidate left behind is removed and the update commits.
+    assert agent.handle(payload) == "waiting_engine"
+    assert engine.get("old-id").running and agent.state() == {"phase": "idle"}
+    assert statuses[-1]["reason"] == "the container engine is not answering: ('Connection aborted.', " \
+                                     "RemoteDisconnected('create'))"
+    assert agent.handle(payload) == "committed" and engine.removed == ["cand-1"]
+    # After the old container stopped: the swap is left recorded for the recovery, which finishes it once the
+    # engine answers (it was rolled back at once when the engine came back before the rollback's calls).
+    agent.lose_at = "start"
+    newer = sign(Manifest(image=IMAGE, version="2.1.0"), private).model_dump_json(exclude_none=True)
+    with pytest.raises(requests.exceptions.ConnectionError):
+        agent.handle(newer)
+    assert agent.state()["phase"] == "starting"
+    assert agent.recover() == "committed" and statuses[-1]["version"] == "2.1.0"
+    assert [c.name for c in engine.all if c.running] == ["edge-runtime"]

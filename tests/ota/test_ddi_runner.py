@@ -16,6 +16,7 @@ from typing import Any
 
 import docker.errors
 import pytest
+import requests
 
 from edge_runtime.config import Config
 from edge_runtime.config.ota import HawkbitConfig
@@ -60,7 +61,7 @@ class Agent(OtaAgent):
     outcome = "committed"
     swaps = 0
 
-    def _start(self, manifest: Manifest, old: Any) -> str:
+    def _start(self, manifest: Manifest, old: Any, idle: dict[str, Any] | None = None) -> str:
         self.swaps += 1
         self._status("starting", manifest)
         if self.outcome == "committed":
@@ -525,3 +526,26 @@ def test_an_action_taken_while_the_engine_does_not_answer_says_so_and_is_taken_a
     assert 1.0 <= source.step() <= 1.1  # the server's polling sleep again
     assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
     assert source.failures == 0
+
+
+def test_an_action_whose_pull_the_engine_dropped_stays_open_and_is_taken_again(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # dockerd went away after the engine check, while the image was pulled: the action was closed as
+    # `failure` ("pull failed: Connection aborted") and the release never installed on this device.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    source, agent, engine = make(tmp_path, url, keys[1])
+    lost = [requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('pull'))")]
+
+    def pull(repo: str, tag: str) -> None:
+        if lost:
+            raise lost.pop()
+        engine.pulls.append(f"{repo}@{tag}")
+
+    engine.api = type("Api", (), {"pull": lambda _s, repo, tag: pull(repo, tag)})()
+    source.step()
+    assert not [e for e in executions(recorded) if e[0] == "closed"] and agent.swaps == 0
+    assert executions(recorded)[-1] == ("proceeding", "none", "waiting_engine: the container engine is not "
+                                        "answering: ('Connection aborted.', RemoteDisconnected('pull'))")
+    source.step()
+    assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
