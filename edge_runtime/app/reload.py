@@ -22,6 +22,7 @@ from edge_runtime.delivery.mqtt.client import MqttService
 from edge_runtime.inference.anomaly.loading import CameraGate
 from edge_runtime.inference.anomaly.step import GateStep, gates_for
 from edge_runtime.inference.inspector import Inspector
+from edge_runtime.inference.memory_fit import references_check
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.stage import VerdictServices
 
@@ -148,7 +149,8 @@ class Reloader:
         `file_config` is then what the next reload is compared with again."""
         files = inspector.changed_references()  # a reference file replaced under the same config
         try:
-            inspector.use_programs(new.programs, new.cameras, new.images, new.line_io.stations)
+            inspector.use_programs(new.programs, new.cameras, new.images, new.line_io.stations,
+                                   references_check(inspector.bundle, new))
         except EdgeRuntimeError as exc:
             # The whole file is refused, as `config validate` refuses it: kept, its cameras would run
             # under programs that cannot fit them (a camera grown under an unchanged program, or one

@@ -69,6 +69,29 @@ def encoded_bytes(enc: Encoded) -> int:
     return total
 
 
+def held_bytes(chunks: Sequence[int], n_embd: int, mrope: bool) -> int:
+    """The bytes of the arrays a libmtmd encoding holds (`_encode_mtmd`), from its image chunks' token
+    counts, before anything is encoded: each chunk's float32 embeddings [N, n_embd] and, with M-RoPE,
+    its two int32 position arrays [4, N]; then `embeds`, all of them stacked into one more array."""
+    tokens = sum(chunks)
+    return tokens * n_embd * 4 + (2 * 4 * tokens * 4 if mrope else 0) + tokens * n_embd * 4
+
+
+def array_bytes(encodings: Sequence[Encoded]) -> int:
+    """The bytes of the distinct arrays these encodings hold (an array shared by several counted once):
+    their embeddings and M-RoPE positions, as `held_bytes` counts them."""
+    seen: dict[int, int] = {}
+    for enc in encodings:
+        arrays = [enc.embeds]
+        if isinstance(enc, MediaEncoded):
+            for part in enc.parts:
+                if isinstance(part, MediaEmbeds):
+                    arrays += [a for a in (part.embeds, part.mrope, part.mrope_shift) if a is not None]
+        for a in arrays:
+            seen[id(a)] = a.nbytes
+    return sum(seen.values())
+
+
 def freeze(enc: Encoded) -> Encoded:
     """The encoding with its arrays read-only: the cache hands the same arrays to every hit."""
     frozen(enc.embeds)
@@ -279,6 +302,11 @@ class FrameEncoder:
         return MediaEncoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000,
                             parts=parts)
 
+    def reference_bytes(self, frame: np.ndarray, tokens: tuple[int, int] | None) -> tuple[int, int]:
+        """`reference_bytes` with this encoder's libmtmd context."""
+        assert self.mtmd is not None
+        return reference_bytes(self.mtmd, frame, tokens, self.mtmd.n_embd)
+
     def image_tokens(self, frame: np.ndarray) -> int:
         """How many image tokens libmtmd makes of a (BGR) frame, counted from its size: nothing is encoded."""
         assert self.mtmd is not None
@@ -288,6 +316,20 @@ class FrameEncoder:
         """`fit_tokens` with this encoder's libmtmd context."""
         assert self.mtmd is not None
         return fit_tokens(self.mtmd, pixels, low, high)
+
+
+def reference_bytes(mtmd: MtmdContext, frame: np.ndarray, tokens: tuple[int, int] | None, n_embd: int
+                    ) -> tuple[int, int]:
+    """(image tokens, bytes held) of the encoding of a (BGR) frame under the budget `tokens`, counted from
+    its size as libmtmd lays it out (`held_bytes`, rows of `n_embd`): nothing is encoded."""
+    pixels = rgb(frame)
+    if tokens is not None:
+        try:
+            pixels = fit_tokens(mtmd, pixels, *tokens)
+        except InputError:
+            pass  # under a budget it cannot meet: the encode refuses it, check_frame_budgets says why
+    chunks = mtmd.image_chunks(pixels)
+    return sum(chunks), held_bytes(chunks, n_embd, mtmd.use_mrope)
 
 
 def fit_tokens(mtmd: MtmdContext, pixels: np.ndarray, low: int, high: int) -> np.ndarray:

@@ -46,7 +46,7 @@ from edge_runtime.inference.program_fit import (
     onnx_image_tokens,
     question_tokens,
 )
-from edge_runtime.inference.programs import LoadedProgram, changed_references, load_programs
+from edge_runtime.inference.programs import LoadedProgram, ReferenceMemory, changed_references, load_programs
 from edge_runtime.inference.prompting import PromptBuilder
 from edge_runtime.inference.regions import RegionsEncoded, judge
 from edge_runtime.inference.results import RegionsCollected, frame_result, regions_result
@@ -190,14 +190,20 @@ class Inspector:
         return self.prompts.prompt_parts(prompt)
 
     def use_programs(self, programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig],
-                     limits: ImageLimits, stations: Sequence[StationConfig] = ()) -> None:
-        """Load the config's inspection programs: every reference read and encoded (through the encoder
-        cache: a reload with the same references encodes nothing). All or nothing: on a ConfigError
-        (one line naming the program and the file) the programs in use stay. `stations`: the line stations
-        whose recipes (or themselves) name a program, checked like the cameras that do."""
+                     limits: ImageLimits, stations: Sequence[StationConfig] = (),
+                     fit: Callable[[ReferenceMemory], None] | None = None) -> None:
+        """Load the config's inspection programs: every reference read, counted, then each distinct image
+        encoded once (one the running programs hold is reused: a reload with the same references encodes
+        nothing). All or nothing: on a ConfigError (one line naming the program and the file) the programs
+        in use stay. `stations`: the line stations whose recipes (or themselves) name a program, checked
+        like the cameras that do. `fit` sees what the references will hold before any is encoded and may
+        refuse it (memory_fit.references_check)."""
+        mtmd = self.encoder.mtmd
         loaded = load_programs(programs, cameras, limits, lambda f, t: self.encode(f, tokens=t),
                                self.several_images, self.bundle.name, self.image_budget,
-                               self.bundle.manifest.verdict_schema)
+                               self.bundle.manifest.verdict_schema,
+                               self.encoder.reference_bytes if mtmd is not None else None, fit,
+                               mtmd.n_embd if mtmd is not None else 0, self._programs[0])
         asked = askers(programs, cameras, stations)  # cameras, line stations and their recipes
         budgets = {name: p.tokens for name, p in loaded[0].items()}
         check_frame_budgets(budgets, asked, self.encoder.mtmd)

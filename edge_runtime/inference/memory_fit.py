@@ -34,6 +34,7 @@ from edge_runtime.inference import engines
 # isort: split
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from edge_runtime.config import Config
 from edge_runtime.core.bundle.gguf_header import ArrayInfo, GGUFHeader, read_header
 from edge_runtime.core.bundle.manifest import Bundle, Manifest
 from edge_runtime.core.errors import BundleError, ConfigError
+from edge_runtime.inference.programs import ReferenceMemory
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class LanguageShape:
     n_embd: int
     n_ff: int
     n_head: int
+    n_embd_inp: int = 0  # the width of an image embedding the model takes (wider on Qwen3-VL: deepstack)
 
 
 def _first(value: Any, default: int = 0) -> int:
@@ -108,7 +111,8 @@ def language_shape(header: GGUFHeader) -> LanguageShape:
     return LanguageShape(
         weights=sum(t.nbytes for t in header.tensors.values()), layers=layers, kv_layer_bytes=kv,
         n_vocab=n_vocab or _first(g("vocab_size"), 32000), n_embd=n_embd,
-        n_ff=_first(g("feed_forward_length"), 4 * n_embd), n_head=max(heads))
+        n_ff=_first(g("feed_forward_length"), 4 * n_embd), n_head=max(heads),
+        n_embd_inp=n_embd * (1 + _first(g("n_deepstack_layers"))))  # llama_hparams::n_embd_inp
 
 
 def _pad(n: int) -> int:
@@ -327,3 +331,51 @@ def check_fit(bundle: Bundle, config: Config, gpu_offload: bool, host: HostMemor
     log.info("model: memory needed %s; %s available (%s)", need.figures(config), _size(host.available),
              host.source)
     return need
+
+
+# ---- what the programs' references hold ----------------------------------------------------------
+
+def check_references_fit(refs: ReferenceMemory, bundle: Bundle, config: Config, gpu_offload: bool,
+                         host: HostMemory | None = None, unified: bool | None = None, loaded: bool = True) -> None:
+    """Raise ConfigError, one line naming the programs and the figures, when the inspection programs'
+    reference embeddings (host arrays, on every device) cannot fit: with the model `loaded` (start,
+    reload), the ones not held yet must be free now and all of them fit the device's RAM beside the
+    model (`need_of`, the mapped weights included); before (`config validate`, which may run beside a
+    daemon holding its own model), only the latter."""
+    if not refs.total:
+        return
+    host = host if host is not None else host_memory()
+    unified = unified if unified is not None else unified_memory()
+    need = need_of(bundle, config, gpu_offload)
+    model = need.host_resident(unified) + int((1 - need.gpu_share) * need.weights)
+    if loaded and refs.new > host.available:
+        problem = (f"{_size(refs.new)} more must be free in RAM but {_size(host.available)} is ({host.source})"
+                   + (f" ({_size(refs.total - refs.new)} of them are held already)" if refs.new < refs.total else ""))
+    elif model + refs.total > host.total:
+        problem = (f"with the model ({_size(model)}) {_size(model + refs.total)} of RAM is needed but the device "
+                   f"has {_size(host.total)} ({host.source})")
+    else:
+        log.info("programs: references hold %s (%d images, %d image tokens)", _size(refs.total), refs.images,
+                 refs.tokens)
+        return
+    images = f"{refs.images} distinct image" + ("s" if refs.images != 1 else "")
+    ranked = sorted(refs.programs.items(), key=lambda kv: -kv[1])
+    shown = ", ".join(f"programs.{name} {_size(n)}" for name, n in ranked[:8]) + (
+        f" and {len(ranked) - 8} more programs" if len(ranked) > 8 else "")
+    raise ConfigError(
+        f"the inspection programs' references do not fit this device's memory: {problem}; their embeddings take "
+        f"{_size(refs.total)} ({images}, {refs.tokens} image tokens at "
+        f"{_size(refs.total / max(refs.tokens, 1))} a token as held, rows of {refs.n_embd} float32): {shown}. "
+        "Use fewer or smaller references or a lower programs.<name>.image_tokens.max, or set "
+        "model.memory_check: false to load them anyway")
+
+
+def references_check(bundle: Bundle, config: Config) -> Callable[[ReferenceMemory], None] | None:
+    """What start and reload give `Inspector.use_programs` to check the references' memory (None when
+    model.memory_check is off)."""
+    if not config.model.memory_check:
+        return None
+    from edge_runtime.inference.llm.runtime import engine_info
+
+    gpu_offload = bool(engine_info()["gpu_offload"])
+    return lambda refs: check_references_fit(refs, bundle, config, gpu_offload)

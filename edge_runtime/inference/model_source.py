@@ -44,17 +44,18 @@ def open_inspector(config: Config, model_dir: str | None) -> Inspector:
     inspector's warm-ups), and on the daemon's main thread, which lives on, that left an OpenMP team
     beside the inspection worker's that made every decode 1.4x slower (inference/openmp.py)."""
     from edge_runtime.inference.inspector import Inspector
+    from edge_runtime.inference.memory_fit import check_fit, references_check
     from edge_runtime.inference.openmp import on_passing_thread
 
     bundle = resolve_bundle(config, model_dir)
     if config.model.memory_check:  # before a byte is allocated: refused with the figures, not OOM-killed
         from edge_runtime.inference.llm.runtime import engine_info
-        from edge_runtime.inference.memory_fit import check_fit
 
         check_fit(bundle, config, gpu_offload=bool(engine_info()["gpu_offload"]))
     inspector = on_passing_thread(Inspector, bundle, config.model, config.device_id, name="model-load")
-    try:  # the programs' references, encoded once (a missing or unusable one: one ConfigError line)
-        inspector.use_programs(config.programs, config.cameras, config.images, config.line_io.stations)
+    try:  # the programs' references, counted (memory) then encoded once (a missing one: one ConfigError line)
+        inspector.use_programs(config.programs, config.cameras, config.images, config.line_io.stations,
+                               references_check(bundle, config))
     except BaseException:
         inspector.close()
         raise

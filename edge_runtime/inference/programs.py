@@ -36,6 +36,7 @@ from edge_runtime.core.batch import Encoded
 from edge_runtime.core.bundle.manifest import Bundle, MmprojManifest
 from edge_runtime.core.errors import ConfigError, ImageError, InputError
 from edge_runtime.core.images import read_image_file
+from edge_runtime.inference.encoder_cache import pixels_digest
 from edge_runtime.inference.llm.feed import Prefix, Segment
 
 REFERENCE_TEXT = "Reference ({caption}):\n"
@@ -50,12 +51,29 @@ Split = Callable[[Sequence[Encoded]], tuple[list[int], list[Segment], list[int]]
 log = logging.getLogger(__name__)
 
 
+Key = tuple[str, tuple[int, int] | None]  # a reference's encoding: (sha256 of its pixels, image token budget)
+
+
 @dataclass(frozen=True)
 class Reference:
     caption: str
     path: Path
     encoded: Encoded
     stamp: tuple[int, int, int] | None = None  # the file's (mtime_ns, size, inode) when it was read
+    key: Key | None = None  # references with the same key hold one encoding (load_programs)
+
+
+@dataclass(frozen=True)
+class ReferenceMemory:
+    """What the programs' references hold in memory, counted before any is encoded: each distinct image
+    (the same pixels under the same token budget, in one program or several) once."""
+
+    programs: dict[str, int]  # each program's references' bytes (an image it shares with another in both)
+    images: int  # distinct encodings
+    tokens: int  # their image tokens
+    total: int  # their bytes (embeddings and positions, as held)
+    new: int  # of which not held already: the running programs' encodings are reused, not encoded again
+    n_embd: int
 
 
 def file_stamp(path: Path) -> tuple[int, int, int] | None:
@@ -169,31 +187,75 @@ def check_bundle_programs(bundle: Bundle, programs: Mapping[str, ProgramConfig],
 
 def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], limits: ImageLimits,
                   encode: Callable[[np.ndarray, tuple[int, int] | None], Encoded], several_images: bool, bundle: str,
-                  ceiling: int, schema: Mapping[str, Any]) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
+                  ceiling: int, schema: Mapping[str, Any],
+                  count: Callable[[np.ndarray, tuple[int, int] | None], tuple[int, int]] | None = None,
+                  fit: Callable[[ReferenceMemory], None] | None = None, n_embd: int = 0,
+                  running: Mapping[str, LoadedProgram] | None = None,
+                  ) -> tuple[dict[str, LoadedProgram], dict[str, LoadedProgram]]:
     """(programs by name, the program of each camera that names one); ConfigError in one line naming
-    the program, its cameras and the reference file that cannot be used (`check_programs` first)."""
+    the program, its cameras and the reference file that cannot be used (`check_programs` first).
+
+    Every reference is read and counted first, nothing encoded: `count` gives an image's (tokens, bytes
+    held) from its size, and `fit` sees the whole (ReferenceMemory) and may refuse it (memory_fit.py).
+    Then each distinct image (sha256 of its pixels, under its program's token budget) is encoded once and
+    its encoding held by every reference showing it, in any program; one the `running` programs hold
+    already is taken from them, not encoded again."""
     budgets = check_programs(programs, cameras, several_images, bundle, ceiling, schema)
     users: dict[str, list[str]] = {}
     for cam in cameras:
         if cam.program is not None:
             users.setdefault(cam.program, []).append(cam.name)
+
+    def read(name: str, i: int, path: Path) -> np.ndarray:
+        used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
+        try:
+            return read_image_file(path, reference_pixels(limits), limits.min_side, int(limits.max_file_mb * 2**20))
+        except (ImageError, InputError) as exc:
+            why = str(exc).removeprefix(f"{path}: ").removeprefix("image: ")
+            raise ConfigError(f"programs.{name}{used}: references.{i}.image {path}: {why}") from None
+
+    held = {ref.key: ref.encoded for p in (running or {}).values() for ref in p.references if ref.key is not None}
+    # 1. Read and count: each file decoded, hashed and counted from its size, then dropped.
+    keys: dict[tuple[str, int], tuple[Key, tuple[int, int, int] | None]] = {}
+    sizes: dict[Key, tuple[int, int]] = {}
+    per_program: dict[str, int] = {}
+    for name, cfg in programs.items():
+        for i, ref in enumerate(cfg.references):
+            stamp = file_stamp(ref.image)  # before the read: a write during it shows at the next reload
+            frame = read(name, i, ref.image)
+            key = (pixels_digest(frame), budgets[name])
+            keys[name, i] = key, stamp
+            if key not in sizes:
+                sizes[key] = count(frame, budgets[name]) if count is not None else (0, 0)
+            per_program[name] = per_program.get(name, 0) + sizes[key][1]
+    if fit is not None and sizes:
+        fit(ReferenceMemory(per_program, len(sizes), sum(t for t, _ in sizes.values()),
+                            sum(b for _, b in sizes.values()),
+                            sum(b for k, (_, b) in sizes.items() if k not in held), n_embd))
+    # 2. Encode each distinct image once (decoded again: what step 1 read is not kept, it would be all of
+    # the references' pixels at once).
+    encoded: dict[Key, Encoded] = {k: held[k] for k in sizes if k in held}
     loaded: dict[str, LoadedProgram] = {}
     for name, cfg in programs.items():
         used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
         tokens = budgets[name]
-        if cfg.references:  # each one decoded and encoded: seconds on a Jetson, said so a reload does not look hung
-            log.info("programs.%s: encoding %d reference(s)", name, len(cfg.references))
+        todo = {keys[name, i][0] for i in range(len(cfg.references))} - encoded.keys()
+        if todo:  # each one decoded and encoded: seconds on a Jetson, said so a reload does not look hung
+            log.info("programs.%s: encoding %d reference(s)", name, len(todo))
         refs = []
         for i, ref in enumerate(cfg.references):
-            stamp = file_stamp(ref.image)  # before the read: a write during it shows at the next reload
-            try:
-                frame = read_image_file(ref.image, reference_pixels(limits), limits.min_side,
-                                        int(limits.max_file_mb * 2**20))
-                enc = encode(frame, tokens)
-            except (ImageError, InputError) as exc:
-                why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")
-                raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
-            refs.append(Reference(ref.caption, ref.image, enc, stamp))
+            key, stamp = keys[name, i]
+            if key not in encoded:
+                frame = read(name, i, ref.image)
+                if pixels_digest(frame) != key[0]:  # rewritten since step 1 counted it
+                    raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: the file "
+                                      "changed while the references were read; reload again")
+                try:
+                    encoded[key] = encode(frame, tokens)
+                except (ImageError, InputError) as exc:
+                    why = str(exc).removeprefix(f"{ref.image}: ").removeprefix("image: ")
+                    raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: {why}") from None
+            refs.append(Reference(ref.caption, ref.image, encoded[key], stamp, key))
         loaded[name] = LoadedProgram(name, tuple(refs), cfg, tokens)
     by_camera = {cam.name: loaded[cam.program] for cam in cameras if cam.program is not None and cam.program in loaded}
     return loaded, by_camera

@@ -176,6 +176,12 @@ class MtmdContext(Handle):
         with self.tokenize(self.marker, [rgb]) as chunks:
             return sum(int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c)) for c in chunks if chunk_is_image(c))
 
+    def image_chunks(self, rgb: np.ndarray) -> list[int]:
+        """The image tokens of each image chunk libmtmd makes of `rgb` (one, or a slicing model's several):
+        the rows of each `MediaEmbeds` `image_segments` would return, counted without encoding."""
+        with self.tokenize(self.marker, [rgb]) as chunks:
+            return [int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(c)) for c in chunks if chunk_is_image(c)]
+
     def prompt_tokens(self, rgb: np.ndarray) -> int:
         """How many prompt tokens `rgb` takes: its image tokens and the text tokens libmtmd lays around and
         inside it (the projector's begin and end markers, a slicing model's slice and row markers)."""
