@@ -4,6 +4,12 @@ Capture never waits for inference. Each camera reads as fast as its source deliv
 newest frame, and counts every frame that was replaced before anyone took it. A source that fails
 or ends is reopened with exponential backoff; its state and last error are visible to the daemon.
 The sources themselves (and the checks on image files) are in sources.py.
+
+A capture thread can be stuck inside OpenCV (a V4L2 or network read that does not return until the
+driver or FFmpeg's read timeout gives up), and Python cannot interrupt it. `Camera.stop()` then leaves
+the camera `stopping`, not stopped: its thread closes the capture itself once the read returns, the
+daemon's health names it meanwhile (`stopping_cameras()`), and a new camera on the same source waits
+for it before opening the source (one owner per device).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class CameraState(str, Enum):
     RECONNECTING = "reconnecting"
     FAILED = "failed"
     ENDED = "ended"  # a file source without looping has delivered everything
+    STOPPING = "stopping"  # stop() timed out: the thread is still blocked in a read and holds the source
     STOPPED = "stopped"
 
 
@@ -84,6 +91,27 @@ class LatestFrame:
             return self._frame
 
 
+# ---- cameras whose thread outlived stop() -------------------------------------------------
+
+STOP_TIMED_OUT = "stop timed out: the capture thread is still blocked reading the source"
+_lingering_lock = threading.Lock()
+_lingering: list[Camera] = []  # stop() requested, thread not ended yet: they still hold their source
+
+
+def stopping_cameras() -> list[str]:
+    """One health reason per camera whose stop timed out and whose thread still holds its source."""
+    with _lingering_lock:
+        cams = [c for c in _lingering if c.state == CameraState.STOPPING]
+    return [f"camera {c.name}: stopping: its capture thread is still blocked reading {redact(str(c.cfg.source))}"
+            for c in cams]
+
+
+def _previous_owner(cam: Camera) -> Camera | None:
+    """A stopped camera whose thread still holds `cam`'s source (the same source string)."""
+    with _lingering_lock:
+        return next((c for c in _lingering if c is not cam and str(c.cfg.source) == str(cam.cfg.source)), None)
+
+
 # ---- the camera thread ---------------------------------------------------------------------
 
 @dataclass
@@ -112,16 +140,43 @@ class Camera:
         self.last_error: str | None = None
         self._seq = 0
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # state changes by stop() against the thread's last word
+        self._finished = False  # the thread has released its source and ended
+        self.released = threading.Event()  # set with _finished
+        self.stop_requested: float | None = None  # time.monotonic() of stop()
         self._recent: list[float] = []  # capture times of the last ~2 s, for the fps figure
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 3.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout)
-        self.state = CameraState.STOPPED
+    def stop(self, timeout: float = 3.0) -> bool:
+        """Ask the thread to end and wait up to `timeout`. True when it ended; False when it is still
+        blocked in a read: the camera stays `stopping` until the read returns and the thread closes the
+        capture (it is a daemon thread, so it never holds the process's exit)."""
+        with self._lock:
+            if self.stop_requested is None:
+                self.stop_requested = time.monotonic()
+            self._stop.set()
+            if not self._thread.is_alive() and self._thread.ident is None:  # never started
+                self._finished = True
+                self.released.set()
+                self.state = CameraState.STOPPED
+                return True
+            if not self._finished:
+                with _lingering_lock:
+                    if self not in _lingering:
+                        _lingering.append(self)
+        self.released.wait(timeout)
+        with self._lock:
+            if self._finished:
+                self.state = CameraState.STOPPED
+                return True
+            self.state = CameraState.STOPPING
+            self.last_error = STOP_TIMED_OUT
+        log.warning("camera %s: stopping: its capture thread is still blocked reading %s; it closes the "
+                    "source when the read returns", self.name, redact(str(self.cfg.source)))
+        return False
 
     def status(self) -> CameraStatus:
         now = time.time()
@@ -133,6 +188,8 @@ class Camera:
                             self.last_error, round(len(recent) / 2.0, 2), stats)
 
     def _set_state(self, state: CameraState, error: str | None = None) -> None:
+        if self._stop.is_set():
+            return  # stop() owns the state from now on
         if state != self.state or error != self.last_error:
             level = logging.WARNING if state in (CameraState.FAILED, CameraState.RECONNECTING) else logging.INFO
             log.log(level, "camera %s: %s%s", self.name, state.value, f" ({error})" if error else "")
@@ -141,6 +198,34 @@ class Camera:
             self.last_error = error
 
     def _run(self) -> None:
+        try:
+            if self._wait_for_previous_owner():
+                self._capture()
+        finally:  # the source is closed by now (by this thread: one owner of the native capture)
+            with self._lock, _lingering_lock:
+                lingered = self.state == CameraState.STOPPING
+                if self in _lingering:
+                    _lingering.remove(self)
+                self._finished = True
+                if self._stop.is_set():
+                    self.state = CameraState.STOPPED
+                if lingered and self.last_error == STOP_TIMED_OUT:
+                    self.last_error = None
+                self.released.set()
+            if lingered:
+                log.info("camera %s: stopped (the blocked read returned; the source is closed)", self.name)
+
+    def _wait_for_previous_owner(self) -> bool:
+        """Wait (stoppably) until no earlier camera's thread holds this source. False: stopped meanwhile."""
+        while (previous := _previous_owner(self)) is not None:
+            self._set_state(CameraState.CONNECTING, f"waiting for camera {previous.name}'s previous capture thread "
+                                                    f"to release {redact(str(self.cfg.source))}")
+            while not previous.released.wait(0.1):
+                if self._stop.is_set():
+                    return False
+        return not self._stop.is_set()
+
+    def _capture(self) -> None:
         backoff, failures, looping = self.cfg.reconnect_min_s, 0, False
         while not self._stop.is_set():
             try:
@@ -181,7 +266,6 @@ class Camera:
             self._set_state(CameraState.RECONNECTING, why)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.cfg.reconnect_max_s)
-        self.state = CameraState.STOPPED
 
     def _report_refusals(self, source: Source) -> None:
         for path, reason in source.new_refusals:
