@@ -25,7 +25,7 @@ from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
 from edge_runtime.ota.ddi.artifact import build_swu
 from edge_runtime.ota.ddi.attributes import device_attributes
 from edge_runtime.ota.ddi.client import DdiClient
-from edge_runtime.ota.ddi.runner import DdiSource, backoff_s, poll_wait_s
+from edge_runtime.ota.ddi.runner import DdiSource, backoff_s, poll_wait_s, retry_wait_s
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
 from edge_runtime.ota.update_lock import UpdateLock
 from tests.ota import test_agent_swap as swap
@@ -513,7 +513,7 @@ def test_an_action_taken_while_the_engine_does_not_answer_says_so_and_is_taken_a
     engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
     with caplog.at_level(logging.INFO, logger="edge_runtime.ota"):
         waits = [source.step() for _ in range(3)]
-    assert waits == pytest.approx([5.0, 10.0, 20.0], rel=0.21)  # backed off, as before; not the polling sleep
+    assert all(5.0 <= w <= 5.5 for w in waits), waits  # the server's 1 s polling sleep, bounded below at 5 s
     assert engine.pulls == [] and agent.swaps == 0
     assert not [e for e in executions(recorded) if e[0] == "closed"]  # the action stays open
     said = [d for _e, _f, d in executions(recorded) if d.startswith("waiting_engine")]
@@ -549,3 +549,39 @@ def test_an_action_whose_pull_the_engine_dropped_stays_open_and_is_taken_again(
                                         "answering: ('Connection aborted.', RemoteDisconnected('pull'))")
     source.step()
     assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
+
+
+def test_an_action_retried_reuses_its_downloaded_artifact_and_follows_the_servers_polling_interval(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # Each retry downloaded the artifact again, and came after the agent's backoff (5 s, 10 s, 20 s …)
+    # whatever the server's polling sleep: a server asking for 2 min between polls was asked every few seconds.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]), sleep="00:02:00")
+    source, _agent, engine = make(tmp_path, url, keys[1])
+    down = [True]
+    answering = engine.containers.get
+
+    def get(name: str) -> Any:
+        if down[0]:
+            raise docker.errors.APIError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+        return answering(name)
+
+    engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    waits = [source.step() for _ in range(3)]
+    downloads = lambda: len(recorded.sent("GET", "/artifacts/manifest.signed.json"))  # noqa: E731
+    assert downloads() == 1 and [d for *_, d in executions(recorded)].count("downloading manifest.signed.json") == 1
+    assert all(120.0 <= w <= 132.0 for w in waits), waits  # the server's interval, plus up to 10 %
+    recorded.json(BASE_PATH, controller_base(url + BASE_PATH, sleep="10:00:00", deployment="8"))
+    assert 300.0 <= source.step() <= 330.0  # bounded above: an update that waits is taken again within minutes
+    down[0] = False
+    assert 36000.0 <= source.step() <= 39600.0  # taken; the server's own interval again
+    assert executions(recorded)[-1] == ("closed", "success", "committed 2.0.0") and downloads() == 1
+    # A failing server backs off, but is not asked again sooner than its interval either.
+    offer(recorded, url, release(keys[0], version="2.1.0"), action="9", sleep="00:02:00")
+    recorded.raw(f"{BASE_PATH}/deploymentBase/9", b"database unavailable", status=500)
+    assert 120.0 <= source.step() <= 132.0
+    recorded.json(f"{BASE_PATH}/deploymentBase/9", deployment_base(url, "9", release(keys[0], version="2.1.0")))
+    source.step()  # another artifact (another hash): downloaded
+    assert downloads() == 2 and executions(recorded)[-1] == ("closed", "success", "committed 2.1.0")
+    assert retry_wait_s(1, 1.0, lambda: 0.5) == 5.25 and retry_wait_s(7, 60.0, lambda: 0.5) == 300.0
+    assert retry_wait_s(1, 86400.0, lambda: 0.0) == 300.0 and retry_wait_s(1, 86400.0, lambda: 1.0) == 330.0

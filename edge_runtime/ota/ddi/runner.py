@@ -14,8 +14,14 @@ polling at the server's interval (so the server does not see the device overdue)
 when asked, but answers no action until the swap is finished or undone; each failed attempt is counted
 (`recovery_failures`, in the `recovering` status on MQTT) and logged as one line per distinct error,
 rate-limited (`ota/recovery.py`, shared with the MQTT loop). An action the agent could not take because the
-engine did not answer before anything was recorded (`waiting_engine`) stays open: the server hears the
+engine did not answer before anything changed (`waiting_engine`) stays open: the server hears the
 reason once per distinct error and offers the action again, which is taken after a backoff.
+
+An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
+one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
+and a cancel reaches it); one the server failed (its deploymentBase, artifact or closing feedback) backs off,
+but never sooner than that interval (`retry_wait_s`). The artifact, once downloaded and checked against
+the server's hash, is kept by that hash and reused by a retry instead of downloaded again.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SLEEP_S = 300.0  # when the server names no interval
 MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is closed as failed
+# An action's retries follow the server's polling interval, kept within these: a server asking for a poll
+# every second does not get a failing device's retries as often, and one asking for hours still sees an
+# update that waits (for the engine, say) taken again within minutes.
+MIN_RETRY_INTERVAL_S, MAX_RETRY_INTERVAL_S = 5.0, 300.0
 FINAL = {"committed": "success", "current": "success", "rolled_back": "failure", "refused": "failure",
          "failed": "failure"}
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
@@ -51,6 +61,18 @@ def poll_wait_s(interval_s: float, jitter: Callable[[], float] = random.random) 
     """The polling interval plus up to 10 %: never sooner than the server asked, and devices that started
     together (a plant powering up) drift apart instead of polling, and starting a wave's pulls, in step."""
     return interval_s * (1.0 + 0.1 * jitter())
+
+
+def retry_interval_s(interval_s: float) -> float:
+    """The server's polling interval as an action's retries follow it (5 s - 5 min)."""
+    return min(max(interval_s, MIN_RETRY_INTERVAL_S), MAX_RETRY_INTERVAL_S)
+
+
+def retry_wait_s(failures: int, interval_s: float, jitter: Callable[[], float] = random.random) -> float:
+    """The wait before an action the server failed is tried again: the backoff (5 s, 10 s … 5 min, ±20 %: a
+    failing server is not asked again at every poll), but never sooner than the server's polling interval
+    (`retry_interval_s`, plus up to 10 %: a fleet of devices does not come back sooner than asked, in step)."""
+    return max(backoff_s(failures, jitter), poll_wait_s(retry_interval_s(interval_s), jitter))
 
 
 def final_feedback(phase: str, status: dict[str, Any]) -> tuple[str, list[str]]:
@@ -91,6 +113,7 @@ class DdiSource:
                                   self._tell_recovery_failed)
         self._recovering = False
         self._download_tries: dict[str, int] = {}
+        self._artifact: tuple[str, bytes] | None = None  # the last artifact downloaded: (its hash, its bytes)
         self._cancels_answered: set[str] = set()
         self._cancel_reason: str | None = None
         self._cancel_id: str | None = None  # the cancelAction that stopped the running action, if any
@@ -172,7 +195,7 @@ class DdiSource:
     def _poll_and_act(self) -> float:
         if not self._flush_final():
             self.failures += 1
-            return backoff_s(self.failures)
+            return retry_wait_s(self.failures, self.interval_s)
         try:
             base = self.client.poll()
         except DdiError as exc:
@@ -184,18 +207,21 @@ class DdiSource:
             if base.cancel_href:
                 self._answer_cancel(base.cancel_href)
             elif base.deployment_href and self._deploy(base.deployment_href) == WAITING_ENGINE:
-                # The engine did not answer before anything was recorded: the action stays open (the server
-                # offers it again) and is taken again after a backoff, counted with the failures.
+                # The engine did not answer before anything changed: the action stays open (the server offers
+                # it again) and is taken again at the next poll, at the server's interval (within 5 s - 5 min;
+                # the server is healthy and must not see the device overdue), counted with the failures.
                 self.failures += 1
-                return backoff_s(self.failures)
+                return poll_wait_s(retry_interval_s(self.interval_s))
         except DdiError as exc:  # counted with the polls: a base that answers must not reset the backoff
-            return self._failed("the action", exc)
+            return self._failed("the action", exc, of_action=True)
         self.failures = 0
         return poll_wait_s(self.interval_s)
 
-    def _failed(self, what: str, exc: DdiError) -> float:
+    def _failed(self, what: str, exc: DdiError, of_action: bool = False) -> float:
+        """Counted; the wait before the next try (a poll that failed: the backoff alone, the interval of a
+        server that does not answer being unknown; the action's: `retry_wait_s`)."""
         self.failures += 1
-        wait = backoff_s(self.failures)
+        wait = retry_wait_s(self.failures, self.interval_s) if of_action else backoff_s(self.failures)
         self._warn.log(logging.WARNING, "ota: DDI %s failed: %s (%d in a row; next try in %.0f s)",
                        what, exc, self.failures, wait)
         return wait
@@ -240,9 +266,16 @@ class DdiSource:
         if not ours:
             self._close(action, "failure", ["refused: the deployment has no artifact"])
             return None
-        self._proceeding(action, [f"downloading {ours[0].filename}"])
+        artifact = ours[0]
+        key = f"sha256:{artifact.sha256}" if artifact.sha256 else f"sha1:{artifact.sha1}" if artifact.sha1 else None
         try:
-            return manifest_from_artifact(self.client.download(ours[0]))
+            if key is not None and self._artifact is not None and self._artifact[0] == key:
+                return manifest_from_artifact(self._artifact[1])  # checked against this hash when downloaded
+            self._proceeding(action, [f"downloading {artifact.filename}"])
+            data = self.client.download(artifact)  # checked against the server's hash
+            if key is not None:
+                self._artifact = (key, data)  # one kept: a retry (the engine not answering) reuses it
+            return manifest_from_artifact(data)
         except ArtifactRefused as exc:
             self._close(action, "failure", [f"refused: {exc} (expected a signed manifest or a .swu with "
                                             f"{SWU_MANIFEST})"])
