@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,6 +22,7 @@ from edge_runtime.core import strict_json
 from edge_runtime.core.images import SUPPORTED_FORMATS, header_flood
 
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
+EXPORT_THREADS = 1  # result exports (export.csv / .jsonl) at once, each on a thread of its own
 RETRY_AFTER_S = 2
 MAX_JSON_DEPTH = 32  # a request body is never legitimately deeper; json.loads recurses per level
 # The most commas, arrays and objects one body may hold, in strings too: 64 messages of 512 parts are ~66k,
@@ -37,6 +38,21 @@ def slots(threads: int) -> tuple[int, int]:
     refusing the fourth with a 429 while the batch had room for it; event streams get the rest."""
     streams = max(1, threads // 3)
     return streams, max(1, threads - streams)
+
+
+class Closing:
+    """An iterable whose close() runs `on_close` even when the generator never started (a client
+    that left before the first byte), so stream slots and subscriptions are always given back."""
+
+    def __init__(self, gen: Generator[str, None, None], on_close: Callable[[], None]) -> None:
+        self.gen, self.on_close = gen, on_close
+
+    def __iter__(self) -> Iterator[str]:
+        return self.gen
+
+    def close(self) -> None:
+        self.gen.close()
+        self.on_close()
 
 
 class Ticket:

@@ -14,6 +14,11 @@ connection table and `/healthz` can no longer connect. These bounds close that h
   HEALTHCHECK and the device's own tools use them. Other 127.x addresses count as ordinary clients.
 - a budget for request bodies being received: each is reserved at its head, before waitress spools
   it to a temporary file, so many uploads (with or without a token) cannot fill the disk.
+- a send deadline: a connection that owes a response (part of it buffered) and takes no byte of it
+  for `Limits.send_stall_s` is closed. waitress buffers at most 16 MB of a response, then the thread
+  writing it waits for the client: without the deadline a client that asked for a large export and
+  never read held a server thread for as long as it kept the connection open (the write fails then
+  and the thread goes back to the pool).
 - a refusal the client can read: a request refused before its body was read (the 503 of the budget,
   a 408, waitress's own 413 / 431 / 400) is answered, the connection's sending side is shut down, and
   what the client still sends is read and thrown away (lingering close, as nginx does) for at most
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 CONNECTION_LIMIT = 500  # connections for clients other than the device's own loopback
 LOOPBACK_RESERVE = 50  # slots above it that only 127.0.0.1 / ::1 may take
 EXEMPT = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+SEND_STALL_S = 30.0  # see Limits.send_stall_s
 REFUSAL = (b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nConnection: close\r\n"
            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
 
@@ -65,6 +71,7 @@ class Limits:
     connections_per_client: int = 64
     bodies_bytes: int = 64 * 2**20  # request bodies being received at once (waitress spools them to disk)
     linger_s: float = 5.0  # how long a refused connection's unread body is drained before it is closed
+    send_stall_s: float = SEND_STALL_S  # a connection owing a response that takes no byte of it this long is closed
 
 
 class JsonErrorTask(ErrorTask):
@@ -96,6 +103,7 @@ class GuardedChannel(HTTPChannel):
     refused = False  # answered before its request was read whole: drain what still comes before closing
     _linger_until: float | None = None  # while draining: when the socket is closed however much still comes
     _linger_left = 0  # bytes the drain still takes before the socket is closed
+    last_sent = 0.0  # monotonic: when the client last took a byte, or last owed nothing (loop thread)
 
     def received(self, data: bytes) -> bool:
         done: bool = super().received(data)
@@ -106,6 +114,16 @@ class GuardedChannel(HTTPChannel):
             self.request_started = time.monotonic()
         self._count_body()
         return done
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.last_sent = time.monotonic()
+
+    def _flush_some(self, do_close: bool = True) -> bool:
+        sent: bool = super()._flush_some(do_close)
+        if sent:
+            self.last_sent = time.monotonic()
+        return sent
 
     def _count_body(self) -> None:
         """Reserve a request's declared body size (a chunked body: the most it may be) as soon as its
@@ -212,6 +230,7 @@ class GuardedServer(TcpWSGIServer):
         self.cut_requests = 0
         self.bodies_in_flight = 0  # bytes reserved by request bodies being received (loop thread only)
         self.bodies_refused = 0
+        self.stalled = 0  # connections closed for taking no byte of the response they were owed
         self.drain_buffer = bytearray(256 * 1024)  # what refused connections still send lands here (loop thread)
         super().__init__(application, **kw)
 
@@ -272,6 +291,8 @@ class GuardedServer(TcpWSGIServer):
                 if mono >= linger_until:  # a refused client still sending (or silent): close it now
                     channel.handle_close()
                 continue
+            if self._stalled(channel, mono):
+                continue
             started = getattr(channel, "request_started", None)
             if started is not None and getattr(channel, "requests", None):
                 # A pipelined request arrived with one still being served: waitress reads no more of
@@ -282,6 +303,25 @@ class GuardedServer(TcpWSGIServer):
                     and not channel.close_when_flushed:
                 self.cut_requests += 1
                 channel.cut()
+
+
+    def _stalled(self, channel: Any, mono: float) -> bool:
+        """Close a connection that owes a response and took no byte of it for send_stall_s (the thread
+        writing it, waiting for room in waitress's buffer, gets ClientDisconnected and is free again)."""
+        if not isinstance(channel, GuardedChannel):
+            return False
+        if not channel.total_outbufs_len:
+            channel.last_sent = mono  # owes nothing: the clock starts with the next answer
+            return False
+        if mono - channel.last_sent < self.limits.send_stall_s:
+            return False
+        self.stalled += 1
+        if self.stalled % 100 == 1:  # one line per burst
+            log.warning("api: closed a connection from %s that took no byte of its answer for %.0f s "
+                        "(%d bytes owed); %d so far", channel.client, mono - channel.last_sent,
+                        channel.total_outbufs_len, self.stalled)
+        channel.handle_close()
+        return True
 
 
 def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any], **kw: Any) -> GuardedServer:
@@ -315,5 +355,8 @@ class ConnectionMetrics(Collector):
                                   "api.request_deadline_s (408 and closed)", value=srv.cut_requests)
         yield GaugeMetricFamily("edge_api_request_bodies_bytes", "Request body bytes being received (reserved "
                                 "at their head; at most 4x api.max_request_mb)", value=srv.bodies_in_flight)
+        yield CounterMetricFamily("edge_api_responses_stalled", "Connections closed for taking no byte of "
+                                  "the answer they were owed for 30 s (a client that stopped reading)",
+                                  value=srv.stalled)
         yield CounterMetricFamily("edge_api_request_bodies_refused", "Requests refused with 503 because too "
                                   "many bodies were arriving at once", value=srv.bodies_refused)

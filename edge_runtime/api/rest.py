@@ -11,7 +11,7 @@ import binascii
 import json
 import queue
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from edge_runtime.api.admission import RETRY_AFTER_S, Admission, Ticket, image_size, parse_json
+from edge_runtime.api.admission import RETRY_AFTER_S, Admission, Closing, Ticket, image_size, parse_json
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError, from_image_error, from_input_error, from_validation, invalid
 from edge_runtime.api.models import (
@@ -257,21 +257,6 @@ def trigger(name: str) -> Any:
         except EdgeRuntimeError as exc:
             raise ApiError(409, "no_frame", str(exc), field="name") from None
         return jsonify(wait_result(future).to_dict())
-
-
-class Closing:
-    """An iterable whose close() runs `on_close` even when the generator never started (a client
-    that left before the first byte), so stream slots and subscriptions are always given back."""
-
-    def __init__(self, gen: Generator[str, None, None], on_close: Callable[[], None]) -> None:
-        self.gen, self.on_close = gen, on_close
-
-    def __iter__(self) -> Iterator[str]:
-        return self.gen
-
-    def close(self) -> None:
-        self.gen.close()
-        self.on_close()
 
 
 # ---- live events -----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 - `GET /api/v1/results/<id>/image.jpg` and `…/thumbnail.jpg`: the kept evidence (immutable, ETag = sha256)
 - `GET /api/v1/inspections`: results filtered by camera, defect, category, since/until, review state,
   confidence below; newest first with a `before` cursor (`after` returns only newer rows, for polling)
-- `GET /api/v1/inspections/export.csv|.jsonl`: the same filters, streamed page by page
+- `GET /api/v1/inspections/export.csv|.jsonl`: the same filters, streamed page by page, one export at
+  a time (a 429 for another: an export holds a server thread while its client reads it)
 - `GET /api/v1/review/schema`: the bundle's verdict schema (the page builds its correction form from it)
 - `POST /api/v1/results/<id>/review`: confirm or correct (token rules as for every write)
 """
@@ -15,7 +16,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request, send_file
@@ -23,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
 
-from edge_runtime.api.admission import parse_json
+from edge_runtime.api.admission import Closing, parse_json
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError
 from edge_runtime.api.metrics import webhook_metrics
@@ -154,16 +155,23 @@ def export(fmt: str) -> Any:
     if fmt not in ("csv", "jsonl"):
         raise ApiError(404, "not_found", "export formats: export.csv, export.jsonl")
     f = _filter()
-    matches = daemon().results.iterate_inspections(f)
+    # An export holds a server thread until its client has read it (a large journal is more than
+    # waitress buffers): one at a time, on a thread of its own, so /healthz never waits behind them.
+    ticket = current_app.extensions["edge_runtime_exports"].enter()
+    try:
+        matches = daemon().results.iterate_inspections(f)
+    except BaseException:
+        ticket.release()
+        raise
 
-    def rows() -> Iterator[str]:
+    def rows() -> Generator[str, None, None]:
         if fmt == "csv":
             yield _csv_text(list(CSV_COLUMNS))
         for r in matches:
             yield _csv_text(_csv_row(r)) if fmt == "csv" else json.dumps(r, ensure_ascii=False) + "\n"
 
     mimetype = "text/csv" if fmt == "csv" else "application/x-ndjson"
-    return Response(rows(), mimetype=mimetype,
+    return Response(Closing(rows(), ticket.release), mimetype=mimetype,
                     headers={"Content-Disposition": f'attachment; filename="results.{fmt}"'})
 
 
