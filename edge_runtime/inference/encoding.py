@@ -41,7 +41,8 @@ from edge_runtime.inference.vision import Preprocessor, VisionEncoder
 @dataclass
 class MediaEncoded(Encoded):
     """A frame encoded by libmtmd: the prompt segments of its image (projector tokens, MediaEmbeds);
-    `embeds` holds all its embeddings stacked, for what reads them as one block."""
+    `embeds` holds all its embeddings as one block, for what reads them so: the one chunk's own array
+    (most models), a stacked copy of several (a slicing model's)."""
 
     parts: list[Segment] = field(default_factory=list)
 
@@ -60,7 +61,7 @@ def encoded_bytes(enc: Encoded) -> int:
     if isinstance(enc, MediaEncoded):
         for part in enc.parts:
             if isinstance(part, MediaEmbeds):
-                total += part.embeds.nbytes
+                total += part.embeds.nbytes if part.embeds is not enc.embeds else 0
                 total += sum(a.nbytes for a in (part.mrope, part.mrope_shift) if a is not None)
             elif isinstance(part, np.ndarray):
                 total += part.nbytes
@@ -72,9 +73,9 @@ def encoded_bytes(enc: Encoded) -> int:
 def held_bytes(chunks: Sequence[int], n_embd: int, mrope: bool) -> int:
     """The bytes of the arrays a libmtmd encoding holds (`_encode_mtmd`), from its image chunks' token
     counts, before anything is encoded: each chunk's float32 embeddings [N, n_embd] and, with M-RoPE,
-    its two int32 position arrays [4, N]; then `embeds`, all of them stacked into one more array."""
+    its two int32 position arrays [4, N]; with several chunks, `embeds` stacks them into one more array."""
     tokens = sum(chunks)
-    return tokens * n_embd * 4 + (2 * 4 * tokens * 4 if mrope else 0) + tokens * n_embd * 4
+    return tokens * n_embd * 4 + (2 * 4 * tokens * 4 if mrope else 0) + (tokens * n_embd * 4 if len(chunks) > 1 else 0)
 
 
 def array_bytes(encodings: Sequence[Encoded]) -> int:
@@ -298,7 +299,9 @@ class FrameEncoder:
         finally:
             self._free.put(lane)
         blocks = [p.embeds for p in parts if isinstance(p, MediaEmbeds)]
-        embeds = np.concatenate(blocks) if blocks else np.zeros((0, self.mtmd.n_embd), np.float32)
+        # one chunk (most models): its own array, not a copy that would hold every embedding twice
+        embeds = blocks[0] if len(blocks) == 1 else np.concatenate(blocks) if blocks else \
+            np.zeros((0, self.mtmd.n_embd), np.float32)
         return MediaEncoded(embeds, frame.shape[1], frame.shape[0], (t1 - t0) * 1000, (t2 - t1) * 1000,
                             parts=parts)
 

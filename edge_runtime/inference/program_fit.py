@@ -267,7 +267,7 @@ def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Map
         sizes: dict[tuple[str, tuple[int, int] | None], tuple[int, int]] = {}  # what each distinct image holds
         per_program: dict[str, int] = {}
         for name, cfg in config.programs.items():
-            refs[name] = 0
+            refs[name], mine = 0, set()
             for i, ref in enumerate(cfg.references):
                 frame = _reference(name, config.cameras, i, ref.image, config.images)
                 h, w = frame.shape[:2]
@@ -275,7 +275,9 @@ def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Map
                 key = (pixels_digest(frame), budgets[name])
                 if key not in sizes:
                     sizes[key] = reference_bytes(mtmd, frame, budgets[name], n_embd)
-                per_program[name] = per_program.get(name, 0) + sizes[key][1]
+                mine.add(key)
+            if mine:
+                per_program[name] = sum(sizes[k][1] for k in mine)
         if config.model.memory_check and sizes:  # what start counts, against the device's RAM (memory_fit.py)
             from edge_runtime.inference.llm.runtime import engine_info
 

@@ -68,7 +68,7 @@ class ReferenceMemory:
     """What the programs' references hold in memory, counted before any is encoded: each distinct image
     (the same pixels under the same token budget, in one program or several) once."""
 
-    programs: dict[str, int]  # each program's references' bytes (an image it shares with another in both)
+    programs: dict[str, int]  # each program's references' bytes (an image shared with another counted in both)
     images: int  # distinct encodings
     tokens: int  # their image tokens
     total: int  # their bytes (embeddings and positions, as held)
@@ -227,7 +227,9 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
             keys[name, i] = key, stamp
             if key not in sizes:
                 sizes[key] = count(frame, budgets[name]) if count is not None else (0, 0)
-            per_program[name] = per_program.get(name, 0) + sizes[key][1]
+        mine = {keys[name, i][0] for i in range(len(cfg.references))}
+        if mine:
+            per_program[name] = sum(sizes[k][1] for k in mine)
     if fit is not None and sizes:
         fit(ReferenceMemory(per_program, len(sizes), sum(t for t, _ in sizes.values()),
                             sum(b for _, b in sizes.values()),

@@ -26,9 +26,10 @@ from edge_runtime.core.bundle.gguf_header import read_header
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.inference import memory_fit
-from edge_runtime.inference.encoding import array_bytes
+from edge_runtime.inference.encoding import MediaEncoded, array_bytes, encoded_bytes
 from edge_runtime.inference.inspector import Inspector
 from edge_runtime.inference.llm import runtime as engines_runtime
+from edge_runtime.inference.llm.mtmd import MediaEmbeds
 from edge_runtime.inference.memory_fit import HostMemory, language_shape, need_of, references_check
 from edge_runtime.inference.model_source import open_inspector
 from edge_runtime.inference.program_fit import check_programs_offline
@@ -128,10 +129,10 @@ def test_start_refuses_references_that_do_not_fit_in_one_line(qwen: Path, tmp_pa
     assert "\n" not in line and line.startswith("the inspection programs' references do not fit this device's "
                                                 "memory: "), line
     assert "more must be free in RAM but" in line and "(MemAvailable)" in line
-    # two 96x72 pictures of 9 tokens each: a token is 64 float32 held twice (the chunk's and the stacked
-    # copy) and 2 x 4 int32 M-RoPE positions, 544 B
-    assert "their embeddings take 9.6 KiB (2 distinct images, 18 image tokens at 544 B a token as held, " \
-           "rows of 64 float32)" in line, line
+    # two 96x72 pictures of 9 tokens each: a token is 64 float32 and 2 x 4 int32 M-RoPE positions, 288 B
+    assert "5.1 KiB more must be free in RAM but 4.0 KiB is (MemAvailable)" in line, line
+    assert "their embeddings take 5.1 KiB (2 distinct images, 18 image tokens at 288 B a token as held, " \
+           "rows of 64 float32): programs.housing 5.1 KiB, programs.cover 2.5 KiB" in line, line
     assert "programs.housing " in line and "programs.cover " in line and "model.memory_check: false" in line
     # model.memory_check: false loads them anyway
     config.model.memory_check = False
@@ -179,8 +180,8 @@ def test_config_validate_refuses_references_the_devices_ram_cannot_hold(qwen: Pa
         check_programs_offline(load_bundle(qwen), config)
     line = str(refused.value)
     assert "\n" not in line and "of RAM is needed but the device has" in line, line
-    assert "(1 distinct image, 9 image tokens at 544 B a token as held, rows of 64 float32)" in line, line
-    assert "programs.housing " in line
+    assert "(1 distinct image, 9 image tokens at 288 B a token as held, rows of 64 float32): " \
+           "programs.housing 2.5 KiB." in line, line  # its one picture, named twice, once
     monkeypatch.setattr(memory_fit, "host_memory", lambda: HostMemory(0, model + 10 * 2**20, "MemAvailable"))
     check_programs_offline(load_bundle(qwen), config)  # nothing free now (a daemon runs) is not a refusal
 
@@ -217,3 +218,18 @@ def test_the_same_picture_is_encoded_and_held_once_across_programs(qwen: Path, t
         assert ins._programs[0]["q"].references[0].encoded.embeds is shared.embeds
     finally:
         ins.close()
+
+
+def test_a_one_chunk_encoding_holds_its_embeddings_once(qwen_ins: Inspector, tmp_path: Path) -> None:
+    """A reference (any libmtmd encoding) of one image chunk keeps the chunk's array as its `embeds`, not
+    a stacked copy: 64 float32 and 32 B of M-RoPE positions a token on the tiny Qwen2.5-VL, where it was
+    twice the embeddings (544 B a token); the encoder cache counts the array once."""
+    ins = qwen_ins
+    ins.use_programs({"p": refs(picture(tmp_path / "a.png", 1, (320, 240)))}, [], ImageLimits())
+    enc = ins._programs[0]["p"].references[0].encoded
+    assert isinstance(enc, MediaEncoded)
+    [chunk] = [p for p in enc.parts if isinstance(p, MediaEmbeds)]
+    assert enc.embeds is chunk.embeds
+    assert array_bytes([enc]) == len(enc.embeds) * (64 * 4 + 2 * 4 * 4) == 54 * 288
+    text = sum(len(p) for p in enc.parts if isinstance(p, list))
+    assert encoded_bytes(enc) == array_bytes([enc]) + 256 + 8 * text
