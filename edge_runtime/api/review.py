@@ -28,7 +28,9 @@ from edge_runtime.api.admission import Closing, parse_json
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError
 from edge_runtime.api.metrics import webhook_metrics
+from edge_runtime.api.rest import storage_full
 from edge_runtime.core.device import DeviceRoles
+from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
 
 bp = Blueprint("inspection", __name__)
@@ -214,6 +216,8 @@ def review(result_id: str) -> Any:
         written = d.review.review_result(result, str(body.get("action")), correction, body.get("note"))
     except ReviewError as exc:
         raise _bad(str(exc), exc.field) from None
+    except StorageFull as exc:  # the journal's disk is full: 503 with Retry-After, as for a trigger
+        raise storage_full(exc) from None
     return jsonify(id=result_id, review=written)
 
 

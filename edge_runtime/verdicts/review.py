@@ -19,9 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import utc_now
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
 from edge_runtime.verdicts.database import open_db
+from edge_runtime.verdicts.journal import is_full
 from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageQueue
 from edge_runtime.verdicts.result_query import select_results
 
@@ -87,14 +89,20 @@ class ReviewStore:
                              separators=(",", ":"), ensure_ascii=False)
         if len(message) > MAX_PAYLOAD:  # checked before anything is written: a 4xx, not half a review
             raise ReviewError(f"the review message would be over {MAX_PAYLOAD} bytes", "verdict")
-        with self._lock, self._db:
-            self._db.execute("BEGIN")
-            self._db.execute("INSERT INTO reviews (result_id, state, correction, note, ts) VALUES (?, ?, ?, ?, ?)",
-                             (result["id"], state, json.dumps(correction) if correction else None, note,
-                              review["ts"]))
-            self._patch(result["id"], review)
-            if self.messages is not None:  # in the same transaction: a crash cannot keep one without the other
-                self.messages.stage(self._db, f"{result['camera']}/review", message)
+        try:
+            with self._lock, self._db:
+                self._db.execute("BEGIN")
+                self._db.execute("INSERT INTO reviews (result_id, state, correction, note, ts) VALUES (?, ?, ?, ?, ?)",
+                                 (result["id"], state, json.dumps(correction) if correction else None, note,
+                                  review["ts"]))
+                self._patch(result["id"], review)
+                if self.messages is not None:  # in the same transaction: a crash cannot keep one without the other
+                    self.messages.stage(self._db, f"{result['camera']}/review", message)
+        except sqlite3.OperationalError as exc:
+            if not is_full(exc):
+                raise
+            # Rolled back whole; a fault of the device that heals when space returns (the API's 503).
+            raise StorageFull(f"disk full: the review cannot be stored ({exc}); free space on the device") from None
         self.written += 1
         if self.messages is not None:
             self.messages.notify()
