@@ -81,10 +81,20 @@ def register_error_handlers(app: Flask) -> None:
     def http_error(exc: HTTPException) -> Any:
         status = exc.code or 500
         message = exc.description or exc.name
+        field = None
         if status == 413:
             limit = app.config.get("MAX_CONTENT_LENGTH") or 0
             message = f"the request body is larger than the limit of {limit // (1024 * 1024)} MB"
-        response = jsonify(body(status, exc.name.lower().replace(" ", "_"), message))
+            length = request.content_length
+            parts, text = request.max_form_parts, request.max_form_memory_size
+            if request.mimetype == "multipart/form-data" and length is not None and length <= limit \
+                    and parts is not None and text is not None:
+                # Not the body's size: werkzeug's form parser bounds the parts and each text field.
+                field = "body"
+                message = (f"the multipart form is over the form parser's limits: at most "
+                           f"{parts} parts, and at most {text // 1000} kB "
+                           "in one text field (a file part such as `image` is bounded only by the body's size)")
+        response = jsonify(body(status, exc.name.lower().replace(" ", "_"), message, field))
         response.status_code = status
         if isinstance(exc, RequestedRangeNotSatisfiable) and exc.length is not None:
             response.headers["Content-Range"] = f"{exc.units} */{exc.length}"  # what a client can ask for
