@@ -19,10 +19,11 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from edge_runtime import __version__
 from edge_runtime.ota.manifest import Manifest, ManifestRefused, parse, verify
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 VERSION_LABEL = "org.opencontainers.image.version"
 WAITING_ENGINE = "waiting_engine"  # handle()'s phase when the engine did not answer before any step was recorded
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_T = TypeVar("_T")
+
+
+class AgentStopping(Exception):
+    """The agent was asked to stop (`OtaAgent.stopping`) during a swap's wait or engine call: left there,
+    `ota/state.json` recording the step, so the next start's `recover()` finishes or undoes the swap, as
+    after a kill."""
 
 
 def engine_lost(exc: BaseException) -> bool:
@@ -60,6 +68,9 @@ class OtaAgent:
         self.lock = lock
         # Asked until the old container is stopped: a reason to cancel (the source withdrew the update) or None.
         self.cancelled: Callable[[], str | None] = lambda: None
+        # Set by the source when the agent must stop: the health wait and the swap's engine calls end at once
+        # (`AgentStopping`), the state file left for the next start.
+        self.stopping = threading.Event()
         self._crash_after = os.environ.get("EDGE_OTA_CRASH_AFTER")  # test hook: die right after this phase
         self._recovery_logged: str | None = None  # a recovery retried (the engine down) is announced once
         self._engine_said: str | None = None  # the last `waiting_engine` reason logged (a repeat goes to debug)
@@ -135,8 +146,35 @@ class OtaAgent:
             digests.add(str(state["image"]).split("@", 1)[-1])
         return not digests or manifest.image.split("@", 1)[-1] in digests
 
+    def _call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """An engine call of a swap, which a stop does not wait for: made beside (a stop of the old container
+        waits up to 20 s for it, a hung engine up to the client's timeout) and left, on `stopping`, within
+        0.1 s. Left, it ends on its own (a process that exits ends it); the engine's side of it is what a
+        kill at that point leaves, which the next `recover()` handles."""
+        if self.stopping.is_set():
+            raise AgentStopping("the agent is stopping")
+        done = threading.Event()
+        outcome: list[Any] = []
+
+        def call() -> None:
+            try:
+                outcome.append((True, fn(*args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                outcome.append((False, exc))
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name="ota-engine-call", daemon=True).start()
+        while not done.wait(0.1):
+            if self.stopping.is_set():
+                raise AgentStopping("the agent is stopping")
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
     def _health(self, container: Any) -> str:
-        container.reload()
+        self._call(container.reload)
         health = container.attrs["State"].get("Health")
         if health is None:  # no HEALTHCHECK in the image: running is all we can see
             return "healthy" if container.status == "running" else "unhealthy"
@@ -151,7 +189,8 @@ class OtaAgent:
             status = self._health(container)
             if status in ("healthy", "unhealthy"):
                 return status
-            time.sleep(0.5)
+            if self.stopping.wait(0.5):
+                raise AgentStopping("the agent is stopping")
         return f"no health verdict within {self.health_timeout_s:.0f} s (last: {status})"
 
     def _clone(self, old: Any, image: str) -> Any:
@@ -295,13 +334,15 @@ class OtaAgent:
             return self._rollback(manifest, old.id, f"starting the candidate failed: {exc}")
         try:
             # The camera device and the host port belong to one container at a time: stop the old one first.
-            old.stop(timeout=20)
+            self._call(old.stop, timeout=20)
             if self.lock is not None:  # the daemon is down: the new one may take its shared lock again
                 self.lock.release()
-            candidate.start()
+            self._call(candidate.start)
             self._save(phase="waiting_health", manifest=manifest.model_dump(), old_id=old.id,
                        candidate_id=candidate.id)
             verdict = self._wait_healthy(candidate)
+        except AgentStopping:
+            raise  # recorded: the next start finishes the swap
         except Exception as exc:  # the engine refused a step: the old container must run again
             if engine_lost(exc):  # the swap is half done: recorded, it is finished (`recover`) once the engine
                 raise  # answers, the candidate committed if it turns healthy, instead of rolled back now
@@ -313,27 +354,27 @@ class OtaAgent:
 
     def _commit(self, manifest: Manifest, old_id: str, candidate_id: str) -> str:
         self._save(phase="committing", manifest=manifest.model_dump(), old_id=old_id, candidate_id=candidate_id)
-        previous = self._get(f"{self.name}-previous")
+        previous = self._call(self._get, f"{self.name}-previous")
         if previous is not None and previous.id != old_id:
-            previous.remove(force=True)
-        old = self._get(old_id)
+            self._call(previous.remove, force=True)
+        old = self._call(self._get, old_id)
         if old is not None and old.name != f"{self.name}-previous":
-            old.rename(f"{self.name}-previous")  # kept, stopped, for a manual rollback
-        candidate = self._get(candidate_id)
+            self._call(old.rename, f"{self.name}-previous")  # kept, stopped, for a manual rollback
+        candidate = self._call(self._get, candidate_id)
         if candidate is not None and candidate.name != self.name:
-            candidate.rename(self.name)
+            self._call(candidate.rename, self.name)
         self._finish("committed", manifest, version=manifest.version, image=manifest.image)
         return "committed"
 
     def _rollback(self, manifest: Manifest, old_id: str, reason: str) -> str:
-        candidate = self._get(f"{self.name}-candidate")
+        candidate = self._call(self._get, f"{self.name}-candidate")
         if candidate is not None:
-            candidate.remove(force=True)
-        old = self._get(old_id)
+            self._call(candidate.remove, force=True)
+        old = self._call(self._get, old_id)
         if old is not None:
             if old.name != self.name:
-                old.rename(self.name)
-            old.start()
+                self._call(old.rename, self.name)
+            self._call(old.start)
         self._finish("rolled_back", manifest, reason, version=self.state().get("version"))
         return "rolled_back"
 
@@ -346,7 +387,8 @@ class OtaAgent:
         self._save(phase="idle", **idle)
 
     def recover(self) -> str:
-        """After a crash or power loss: finish or undo whatever step was under way."""
+        """After a crash or power loss: finish or undo whatever step was under way. A stop (`stopping`) ends
+        its waits and engine calls at once (`AgentStopping`), the state file left for the next start."""
         state = self.state()
         phase = state.get("phase", "idle")
         if phase == "idle":
@@ -363,19 +405,19 @@ class OtaAgent:
                 "ota: recovering from an interrupted update (phase %s)", phase)
         self._recovery_logged = phase
         if phase in ("verified", "pulling", "waiting_line"):
-            self._save(phase="idle", version=self.current_version())
+            self._save(phase="idle", version=self._call(self.current_version))
             self._status("failed", manifest, f"interrupted while {phase}; nothing was changed")
             return "failed"
         if phase == "committing":
             return self._commit(manifest, state["old_id"], state["candidate_id"])
         # starting / waiting_health: the old container may be stopped and a candidate may exist.
-        candidate = self._get(f"{self.name}-candidate")
+        candidate = self._call(self._get, f"{self.name}-candidate")
         if candidate is not None:
-            old = self._get(state["old_id"])
+            old = self._call(self._get, state["old_id"])
             if old is not None and old.status == "running":  # killed before it was stopped, or its restart
-                old.stop(timeout=20)  # policy brought it back at boot: one daemon at a time, as in `_start`
+                self._call(old.stop, timeout=20)  # policy brought it back at boot: one daemon at a time
             if candidate.status != "running":
-                candidate.start()
+                self._call(candidate.start)
             if self._wait_healthy(candidate) == "healthy":
                 self._status("healthy", manifest)
                 return self._commit(manifest, state["old_id"], candidate.id)

@@ -20,7 +20,7 @@ from typing import Any
 
 from edge_runtime import __version__
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.ota.agent import WAITING_ENGINE, OtaAgent
+from edge_runtime.ota.agent import WAITING_ENGINE, AgentStopping, OtaAgent
 from edge_runtime.ota.manifest import Manifest, parse, version_key
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,9 @@ class Recovery:
         try:
             self.agent.recover()
             error: Exception | None = None
+        except AgentStopping:  # the agent stops: no failure; the state file has the step for the next start
+            log.info("ota: stopping during the recovery of an interrupted update; it goes on at the next start")
+            return False
         except Exception as exc:  # noqa: BLE001 - docker raises APIError, connection errors, timeouts
             error = exc
         if self.agent.state().get("phase", "idle") != "idle":

@@ -20,7 +20,7 @@ from edge_runtime.config import Config
 from edge_runtime.core import http
 from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.delivery.mqtt.client import configure_client
-from edge_runtime.ota.agent import OtaAgent
+from edge_runtime.ota.agent import AgentStopping, OtaAgent
 from edge_runtime.ota.manifest import MAX_MANIFEST_BYTES
 from edge_runtime.ota.recovery import EngineWait, Recovery
 from edge_runtime.ota.update_lock import UpdateLock
@@ -167,6 +167,7 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
         return
     agent = make_agent(config, engine or DockerEngine(), publish)
     agent.cancelled = lambda: "the agent is stopping" if stop.is_set() else None  # ends a wait for the line
+    agent.stopping = stop  # ends a swap's health wait and engine calls (recorded: the next start goes on)
     recovery = Recovery(agent, publish, meanwhile="manifests wait until it succeeds")
     waiting = EngineWait(agent)  # a manifest taken while the engine did not answer, taken again when it does
     next_poll = time.monotonic()
@@ -182,6 +183,9 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
     def take(handle: Callable[..., object], *args: Any) -> None:
         try:
             handle(*args)
+        except AgentStopping:  # mid-swap: the state file has the step, the next start finishes it
+            log.info("ota: stopping during an update; it is finished or undone at the next start")
+            return
         except Exception:  # one bad manifest or a docker hiccup must not end the agent
             log.exception("ota: handling a manifest failed; the agent goes on")
         if agent.state().get("phase", "idle") != "idle":

@@ -445,3 +445,41 @@ def test_a_manifest_whose_pull_the_engine_dropped_is_applied_when_it_answers_aga
     assert watcher.phases() == ["received", "verified", "pulling", "waiting_engine",
                                 "received", "verified", "pulling", "starting", "healthy", "committed"]
     assert len(pulls) == 2 and [c.name for c in engine.all if c.running] == ["edge-runtime"]
+
+
+def test_stopping_during_the_recoverys_health_wait_is_prompt_and_the_next_start_finishes_the_swap(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Killed while the candidate waited for its verdict: at the next start the recovery waits for it again, up
+    # to health_timeout_s (120 s), and a stop in that wait was held until it ended.
+    private, public = generate_keypair()
+    engine = swap.Engine()
+    engine.get("old-id").running = False
+    engine.all.append(swap.Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=True))
+    manifest = sign(Manifest(image=swap.IMAGE, version="2.0.0"), private)
+    (tmp_path / "ota").mkdir()
+    (tmp_path / "ota" / "state.json").write_text(json.dumps({
+        "phase": "waiting_health", "manifest": manifest.model_dump(), "old_id": "old-id", "candidate_id": "cand-id"}))
+    verdict = ["starting"]  # the candidate's model still loads
+    monkeypatch.setattr(OtaAgent, "_health", lambda _agent, c: verdict[0])
+    config = _config(tmp_path, broker.port, public)
+    assert config.ota.health_timeout_s == 120
+    watcher = Watcher(broker.port)
+    thread, stop = _start(config, engine)
+    try:
+        time.sleep(1.0)  # in the health wait
+        started = time.monotonic()
+        stop.set()
+        thread.join(5)
+        joined_s = time.monotonic() - started
+        assert not thread.is_alive() and joined_s < 1.5, joined_s
+        state = json.loads((tmp_path / "ota" / "state.json").read_text())
+        assert state["phase"] == "waiting_health" and not engine.removed  # left for the next start
+        assert "recovering" not in watcher.phases()
+        verdict[0] = "healthy"
+        thread, stop = _start(config, engine)  # the next start finishes the swap
+        watcher.wait(lambda seen: bool(seen) and seen[-1]["phase"] == "committed")
+    finally:
+        stop.set()
+        thread.join(5)
+        watcher.close()
+    assert [c.id for c in engine.all if c.running] == ["cand-id"]

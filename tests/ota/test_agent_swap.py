@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import requests
 
 from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
+from edge_runtime.ota.recovery import Recovery
 
 IMAGE = "registry.plant.local/edge-runtime@sha256:" + "ab" * 32
 
@@ -232,3 +235,69 @@ def test_an_engine_that_goes_away_before_the_old_container_stops_is_waited_for_a
     assert agent.state()["phase"] == "starting"
     assert agent.recover() == "committed" and statuses[-1]["version"] == "2.1.0"
     assert [c.name for c in engine.all if c.running] == ["edge-runtime"]
+
+
+def _waiting_health(tmp_path: Path, engine: Engine, private: str, old_running: bool = False) -> None:
+    """The agent was killed while its 2.0.0 candidate waited for its health verdict."""
+    manifest = sign(Manifest(image=IMAGE, version="2.0.0"), private)
+    engine.get("old-id").running = old_running
+    engine.all.append(Container(engine, "cand-id", "edge-runtime-candidate", "2.0.0", running=True))
+    (tmp_path / "state.json").write_text(json.dumps({"phase": "waiting_health", "manifest": manifest.model_dump(),
+                                                     "old_id": "old-id", "candidate_id": "cand-id"}))
+
+
+def _stopped_within(agent: OtaAgent, recovery: Recovery, after_s: float = 0.3) -> tuple[bool | None, float]:
+    """Run the recovery beside, stop the agent after `after_s`: (the attempt's result, seconds to end)."""
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(recovery.attempt()), daemon=True)
+    worker.start()
+    time.sleep(after_s)
+    started = time.monotonic()
+    agent.stopping.set()
+    worker.join(10)
+    return (result[0] if result else None), time.monotonic() - started
+
+
+def test_stopping_ends_the_recoverys_health_wait_and_leaves_the_swap_to_the_next_start(tmp_path: Path) -> None:
+    # The recovery waited for the candidate's verdict up to health_timeout_s (120 s by default) whatever
+    # the stop: `systemctl stop` (or the service's stop event) was held that long.
+    private, public = generate_keypair()
+    engine = Engine()
+    _waiting_health(tmp_path, engine, private)
+
+    class Slow(Agent):
+        def _health(self, container: Any) -> str:
+            return "starting"  # no verdict yet (the model still loads)
+
+    statuses: list[dict[str, Any]] = []
+    agent = Slow(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append, health_timeout_s=60)
+    recovered, took_s = _stopped_within(agent, Recovery(agent, statuses.append))
+    assert recovered is False and took_s < 1.5, took_s
+    assert agent.state()["phase"] == "waiting_health" and agent.state()["candidate_id"] == "cand-id"
+    assert not engine.removed and not engine.get("old-id").running  # no rollback: left as it was
+    assert "recovering" not in [s["phase"] for s in statuses]  # a stop is no failed attempt
+    restarted = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append)  # next start
+    assert restarted.recover() == "committed"
+    assert [c.id for c in engine.all if c.running] == ["cand-id"]
+
+
+def test_stopping_ends_a_recoverys_engine_call_that_hangs(tmp_path: Path) -> None:
+    # Killed before the old container was stopped: the recovery stops it (docker waits up to 20 s for its
+    # daemon to exit; a hung engine up to the client's timeout), and the stop waited for that call.
+    private, public = generate_keypair()
+    engine = Engine()
+    _waiting_health(tmp_path, engine, private, old_running=True)
+    release = threading.Event()
+    old = engine.get("old-id")
+
+    def hang(timeout: int = 10) -> None:
+        release.wait(30)
+
+    old.stop = hang  # type: ignore[method-assign]
+    agent = Agent(engine, "edge-runtime", tmp_path / "state.json", [public], lambda s: None, health_timeout_s=60)
+    try:
+        recovered, took_s = _stopped_within(agent, Recovery(agent, None))
+    finally:
+        release.set()
+    assert recovered is False and took_s < 1.0, took_s
+    assert agent.state()["phase"] == "waiting_health"

@@ -585,3 +585,35 @@ def test_an_action_retried_reuses_its_downloaded_artifact_and_follows_the_server
     assert downloads() == 2 and executions(recorded)[-1] == ("closed", "success", "committed 2.1.0")
     assert retry_wait_s(1, 1.0, lambda: 0.5) == 5.25 and retry_wait_s(7, 60.0, lambda: 0.5) == 300.0
     assert retry_wait_s(1, 86400.0, lambda: 0.0) == 300.0 and retry_wait_s(1, 86400.0, lambda: 1.0) == 330.0
+
+
+def test_stopping_during_the_recoverys_health_wait_is_prompt_and_the_action_is_reported_at_the_next_start(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # The recovery's health wait (up to health_timeout_s) did not look at the loop's stop.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    engine, agent, cfg = interrupted_swap(tmp_path, keys, url)
+    verdict = ["starting"]
+
+    class Loading(swap.Agent):
+        def _health(self, container: Any) -> str:
+            return verdict[0]
+
+    agent = Loading(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None, health_timeout_s=60)
+    stop = threading.Event()
+    source = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, stop)
+    worker = threading.Thread(target=source.run, daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    stop.set()
+    worker.join(5)
+    assert not worker.is_alive() and time.monotonic() - started < 1.5
+    assert agent.state()["phase"] == "waiting_health" and json.loads((tmp_path / "ddi.json").read_text()) == {
+        "action": {"id": "8"}}
+    assert not [e for e in executions(recorded) if e[0] == "closed"]
+    verdict[0] = "healthy"
+    restarted = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, threading.Event())
+    restarted._recover()
+    restarted.step()
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]

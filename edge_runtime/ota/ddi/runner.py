@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.ota.agent import WAITING_ENGINE, OtaAgent
+from edge_runtime.ota.agent import WAITING_ENGINE, AgentStopping, OtaAgent
 from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
 from edge_runtime.ota.ddi.client import ControllerBase, DdiClient, DdiError, Deployment
 from edge_runtime.ota.recovery import DistinctErrors, Recovery, backoff_s
@@ -121,6 +121,7 @@ class DdiSource:
         self._last_check = 0.0
         self._warn = RateLimitedLog(log, 600)
         agent.publish_cb = self._on_status
+        agent.stopping = stop  # ends a swap's health wait and engine calls (recorded: the next start goes on)
         state_path.parent.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -154,6 +155,9 @@ class DdiSource:
             try:
                 wait = self._while_recovering() if pending else self.step()
                 self._errors.clear("step")
+            except AgentStopping:  # mid-swap: recorded (state.json, ddi.json); the next start reports it
+                log.info("ota: stopping during an update; it is finished or undone, and reported, at the next start")
+                break
             except Exception as exc:  # noqa: BLE001 - no exception may end the loop
                 self.failures += 1
                 wait = backoff_s(self.failures)
@@ -168,7 +172,7 @@ class DdiSource:
         # with backoff, polling meanwhile, and finished before any action is answered.
         if self.agent.state().get("phase", "idle") != "idle":
             if not self._recover():
-                return self._while_recovering()
+                return 0.0 if self.stop.is_set() else self._while_recovering()
             if self._clock() < self._next_poll_at:  # its outcome went out with the recovery; the poll when due
                 return self._next_poll_at - self._clock()
         wait = self._poll_and_act()
