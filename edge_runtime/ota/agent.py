@@ -31,7 +31,7 @@ from edge_runtime.ota.update_lock import LockVerdict, UpdateLock
 
 log = logging.getLogger(__name__)
 VERSION_LABEL = "org.opencontainers.image.version"
-WAITING_ENGINE = "waiting_engine"  # handle()'s phase when the engine did not answer before any step was recorded
+WAITING_ENGINE = "waiting_engine"  # handle()'s phase when the engine did not answer before anything changed
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _T = TypeVar("_T")
 
