@@ -106,8 +106,7 @@ class WebhookOutbox:
         self.backoff_min_s, self.backoff_max_s = backoff_min_s, backoff_max_s
         self.senders = max(1, senders)
         self._lock = threading.Lock()
-        self._db = open_db(db_path)
-        self._db.executescript(_SCHEMA)
+        self._db = open_db(db_path, _SCHEMA)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -74,11 +74,10 @@ class EvidenceStore:
         self.keep_undelivered = keep_undelivered
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = open_db(db_path)
+        self._db = open_db(db_path, _SCHEMA)
         # WAL + NORMAL cannot corrupt; a power cut may lose the newest rows, which costs at most a few
         # unlinked files, while FULL would add an fsync (~4 ms here) to every inspection.
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
         self._credit = 1 - cfg.keep_passes  # so the first pass is kept
         self._logged = 0.0
         self.saved = 0

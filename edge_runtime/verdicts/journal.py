@@ -25,7 +25,7 @@ from typing import Any
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import Result
 from edge_runtime.core.result_filter import ResultFilter
-from edge_runtime.verdicts.database import open_db
+from edge_runtime.verdicts.database import is_full, open_db
 from edge_runtime.verdicts.result_query import select_results
 
 log = logging.getLogger(__name__)
@@ -48,20 +48,8 @@ CREATE INDEX IF NOT EXISTS results_unsent ON results (sent, seq);
 CREATE INDEX IF NOT EXISTS results_created ON results (created);
 """
 
-# SQLITE_FULL, and SQLITE_IOERR (a WAL or shm write that hit ENOSPC reports as an I/O error).
-_FULL_CODES = {13, 10}
-
-
 class _SideEffectsLost(Exception):
     """`extra` failed in a way that made SQLite roll back the whole transaction, result row included."""
-
-
-def is_full(exc: sqlite3.Error) -> bool:
-    """SQLite's way of saying the disk is full (callers staging rows in a journal transaction use it)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in _FULL_CODES
-    return "full" in str(exc) or "disk I/O" in str(exc)
 
 
 class Journal:
@@ -85,8 +73,7 @@ class Journal:
         self._next_space_check = 0.0
         self._next_checkpoint = time.monotonic() + 60
         self._lock = threading.Lock()
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
+        self._db = open_db(path, _SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reason" not in columns:  # journals written before parking existed
             self._db.execute("ALTER TABLE results ADD COLUMN reason TEXT")

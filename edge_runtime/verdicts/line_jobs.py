@@ -80,8 +80,7 @@ class LineJobs:
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.Lock()  # the connection
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
+        self._db = open_db(path, _SCHEMA)
         self._acks = 0
         self._queue: deque[_Write] = deque()
         self._cond = threading.Condition()

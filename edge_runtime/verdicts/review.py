@@ -22,8 +22,7 @@ from typing import Any
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result import utc_now
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
-from edge_runtime.verdicts.database import open_db
-from edge_runtime.verdicts.journal import is_full
+from edge_runtime.verdicts.database import is_full, open_db
 from edge_runtime.verdicts.messages import MAX_PAYLOAD, MessageQueue
 from edge_runtime.verdicts.result_query import select_results
 
@@ -45,8 +44,7 @@ class ReviewStore:
     def __init__(self, db_path: Path, messages: MessageQueue | None = None) -> None:
         self.messages = messages
         self._lock = threading.Lock()
-        self._db = open_db(db_path)
-        self._db.executescript(_SCHEMA)
+        self._db = open_db(db_path, _SCHEMA)
         self.written = 0
 
     # ---- writes ------------------------------------------------------------------------------------

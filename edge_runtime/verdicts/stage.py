@@ -29,8 +29,8 @@ from edge_runtime.core.device import EvidenceFile
 from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import GateDecision, OpenGate
 from edge_runtime.core.result import Result, utc_now
+from edge_runtime.verdicts.database import is_full
 from edge_runtime.verdicts.evidence import EvidenceStore
-from edge_runtime.verdicts.journal import is_full
 from edge_runtime.verdicts.messages import MessageQueue
 from edge_runtime.verdicts.region_marks import crop_offset, draw_regions
 from edge_runtime.verdicts.review import ReviewStore

@@ -39,8 +39,7 @@ class MessageOutbox:
         self._drop_logged_at = -60.0
         self._wake = wake
         self._lock = threading.Lock()
-        self._db = open_db(path)
-        self._db.executescript(_SCHEMA)
+        self._db = open_db(path, _SCHEMA)
 
     def notify(self) -> None:
         """Rows were committed: wake whoever sends them."""
