@@ -137,6 +137,9 @@ class EvidenceStore:
             return
         thumb = self._thumbnail(image)
         size = len(data) + len(thumb)
+        # The folder may have been removed under us (an `rm -rf` to free space): the free-space check
+        # below stat()s it, and a missing folder was an ENOENT counted as a full disk until a restart.
+        self.root.mkdir(parents=True, exist_ok=True)
         self._make_room(size)
         paths.path.parent.mkdir(parents=True, exist_ok=True)
         # Only the evidence itself is fsync'd; a thumbnail lost to a power cut is made again on request.
