@@ -14,7 +14,7 @@ from flask import Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from waitress import wasyncore
 
-from edge_runtime.api.admission import EXPORT_THREADS, QUICK_THREADS, Admission, slots
+from edge_runtime.api.admission import EXPORT_THREADS, QUERY_THREADS, QUICK_THREADS, Admission, slots
 from edge_runtime.api.auth import guard_reads, session_keys, start_session
 from edge_runtime.api.errors import register_error_handlers
 from edge_runtime.api.guard import ConnectionMetrics, Limits, create_guarded_server
@@ -60,10 +60,12 @@ def create_app(device: DeviceRoles, cfg: ApiConfig, metrics: Metrics | None = No
     app.extensions["edge_runtime_admission"] = Admission(max_inference, max_pixels)
     app.extensions["edge_runtime_streams"] = Admission(max_streams, 0, "event streams")
     app.extensions["edge_runtime_exports"] = Admission(EXPORT_THREADS, 0, "result exports")
+    app.extensions["edge_runtime_queries"] = Admission(QUERY_THREADS, 0, "result queries")
     metrics = metrics or Metrics(device.status.status)
     metrics.admission = {"inference": app.extensions["edge_runtime_admission"],
                          "events": app.extensions["edge_runtime_streams"],
-                         "exports": app.extensions["edge_runtime_exports"]}
+                         "exports": app.extensions["edge_runtime_exports"],
+                         "queries": app.extensions["edge_runtime_queries"]}
     app.extensions["edge_runtime_metrics"] = metrics
     for bp in (rest.bp, openai.bp, page.bp):
         app.register_blueprint(bp)
@@ -147,9 +149,9 @@ class ApiServer:
         try:
             self._server = create_guarded_server(
                 self.app, self.limits, map=self._map, host=self.cfg.host, port=self.cfg.port,
-                # api.threads for long requests (verdicts, streams), EXPORT_THREADS for result exports,
-                # QUICK_THREADS kept for the rest.
-                threads=self.cfg.threads + EXPORT_THREADS + QUICK_THREADS, ident="edge-runtime",
+                # api.threads for long requests (verdicts, streams), EXPORT_THREADS and QUERY_THREADS for
+                # result exports and queries, QUICK_THREADS kept for the rest.
+                threads=self.cfg.threads + EXPORT_THREADS + QUERY_THREADS + QUICK_THREADS, ident="edge-runtime",
                 channel_timeout=CHANNEL_TIMEOUT_S, cleanup_interval=CLEANUP_S,
                 asyncore_use_poll=True,
                 max_request_body_size=self._body_bound(self.cfg),

@@ -23,6 +23,7 @@ from edge_runtime.core.images import SUPPORTED_FORMATS, header_flood
 
 QUICK_THREADS = 2  # always free for health, status, metrics and refusals
 EXPORT_THREADS = 1  # result exports (export.csv / .jsonl) at once, each on a thread of its own
+QUERY_THREADS = 2  # result queries (/api/v1/results, /api/v1/inspections) at once, on threads of their own
 RETRY_AFTER_S = 2
 MAX_JSON_DEPTH = 32  # a request body is never legitimately deeper; json.loads recurses per level
 # The most commas, arrays and objects one body may hold, in strings too: 64 messages of 512 parts are ~66k,

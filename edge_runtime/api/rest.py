@@ -177,8 +177,11 @@ def openapi() -> Any:
 def results() -> Any:
     q: ResultsQuery = validate(ResultsQuery, request.args.to_dict())
     last_event_id = current_app.extensions["edge_runtime_events"].last_id  # before the query: no gap
-    rows = daemon().results.query_results(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
-                                  before_seq=q.before)
+    # A page of a large journal takes its one connection for a while: two at a time (429 beyond), so a
+    # crowd of readers cannot take every server thread from /healthz.
+    with current_app.extensions["edge_runtime_queries"].admitted():
+        rows = daemon().results.query_results(camera=q.camera, since=q.since, until=q.until, limit=q.limit,
+                                              before_seq=q.before)
     next_before = rows[-1]["journal_seq"] if len(rows) == q.limit else None
     return jsonify(results=rows, next_before=next_before, last_event_id=last_event_id)
 

@@ -131,7 +131,9 @@ def thumbnail(result_id: str) -> Any:
 
 @bp.get("/api/v1/inspections")
 def inspections() -> Any:
-    rows, cursor = daemon().results.query_inspections(_filter())
+    f = _filter()
+    with current_app.extensions["edge_runtime_queries"].admitted():  # two at a time, as /api/v1/results
+        rows, cursor = daemon().results.query_inspections(f)
     return jsonify(results=rows, next_before=cursor)
 
 

@@ -218,7 +218,15 @@ function gateCameras(gates) {
 
 async function loadRecent() {
   try {
-    const page = await (await fetch("/api/v1/results?limit=20", { cache: "no-store" })).json();
+    const get = () => fetch("/api/v1/results?limit=20", { cache: "no-store" });
+    let res = await get();
+    // The device answers two result queries at a time (429 beyond): wait and ask again before the
+    // event stream starts from this page's last_event_id.
+    for (let left = 4; res.status === 429 && left > 0; left--) {
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      res = await get();
+    }
+    const page = await res.json();
     lastEventId = page.last_event_id; // events after this one are replayed by the stream
     page.results.reverse().forEach(addResult);
   } catch (e) { /* the poll loop reports reachability */ }
