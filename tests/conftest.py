@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,44 +14,25 @@ import edge_runtime.inference.engines  # noqa: F401 - onnxruntime, then llama_cp
 from edge_runtime.config import Config
 from edge_runtime.core.bundle.manifest import Bundle, load_bundle
 from edge_runtime.inference.inspector import Inspector
-from tests.support.leftovers import RootLogging, ThreadLedger
+from tests.support.leftovers import LeftoverThreads, RootLogging
 from tests.support.tiny_pairs import TinyPair, tiny_pair
 
 # ---- what a test leaves behind (tests/support/leftovers.py) ----------------------------------------
 
-_threads = ThreadLedger()
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Threads a test module leaves running: listed at the end of the run; a non-daemon one of
+    edge_runtime's own fails the module (an error at its last test's teardown)."""
+    config.pluginmanager.register(LeftoverThreads(), "leftover-threads")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     """Around each test: the root logger's handlers and level are put back (the CLI's setup_logging
-    replaces them with one on the test's capture stream, closed once the test ends). Around each module
-    (its last test's teardown ends its module-scoped fixtures): the threads it left running are listed
-    at the end of the run."""
-    module = item.nodeid.split("::")[0]
-    if _threads.module != module:
-        _threads.module_starts(module)
+    replaces them with one on the test's capture stream, closed once the test ends)."""
     logging_before = RootLogging()
     yield
     logging_before.restore()
-    if nextitem is None or nextitem.nodeid.split("::")[0] != module:
-        _threads.module_ends()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any]) -> Generator[None, None, None]:
-    """Threads a session- or package-scoped fixture starts live as long as the session: not a module's."""
-    before = set(threading.enumerate()) if fixturedef.scope in ("session", "package") else None
-    yield
-    if before is not None:
-        _threads.session_owned.update(t for t in threading.enumerate() if t not in before)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _threads.reported:
-        terminalreporter.section("threads left running after their test module (tests/support/leftovers.py)")
-        for line in _threads.reported:
-            terminalreporter.line(line)
 
 
 @pytest.fixture(scope="session")
