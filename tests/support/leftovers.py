@@ -18,9 +18,10 @@ edge_runtime code, or running an edge_runtime function) still alive `FAIL_GRACE_
 teardown fails the module: its last test errors at teardown, naming the thread and where it was started.
 Such a thread is a leak of the code under test (a pool never shut down, a service never stopped), and it
 would hold the interpreter's exit. Before failing, it also counts as the session's when the object that
-started it is held by a session fixture's value (up to `SESSION_DEPTH` attributes away). Daemon threads and threads of the tests or libraries are only listed:
-many are a server fixture's or a library's and end on their own; `ALLOWED` names the project's
-non-daemon threads that may outlive a module, each with its reason.
+started it is held by a session fixture's value (up to `SESSION_DEPTH` attributes away). Daemon threads
+and threads of the tests or libraries are only listed: many are a server fixture's or a library's and
+end on their own. `ALLOWED` names the project's non-daemon threads that may outlive a module, each with
+its reason (none need it: a full run on 2026-12-05 left no thread of any kind after any module).
 """
 
 from __future__ import annotations
