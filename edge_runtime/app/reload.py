@@ -78,7 +78,17 @@ class Reloader:
                                                      or state.inspector.changed_references()):
             # The running model (no new one, or one that failed to load) runs the new programs.
             new = self._use_programs(state.inspector, new, changes, running_file)
+        banks = {name: _bank_id(cam) for name, cam in self.gates.cameras.items()}
         self._install_gates(new, gates)
+        # Banks are read again on every reload: one fitted again in place (same path, same settings) is
+        # in use now, and the reply says so.
+        for name, cam in self.gates.cameras.items():
+            if name in banks and banks[name] != _bank_id(cam):
+                station, _, recipe = name.partition("/")
+                key = (f"line_io.stations.{station}.recipes.{recipe}.gate.bank" if recipe
+                       else f"cameras.{name}.gate.bank")
+                if key not in changes.applied:
+                    changes.applied.append(key)
         new_cams = {c.name: c for c in new.cameras}
         for name, cfg in {c.name: c for c in state.config.cameras}.items():
             if new_cams.get(name) != cfg and name in state.rigs:
@@ -176,3 +186,8 @@ class Reloader:
                 self.faults.add(f"{GATES_OFF}{exc}")
                 gates = {}
         self.gates.install(gates or {})
+
+
+def _bank_id(cam: CameraGate) -> tuple[str, ...]:
+    """The sha256 of each section of a gate's bank: what tells a bank fitted again from the one in use."""
+    return tuple(r.gate.header.vectors.sha256 for r in cam.regions) or (cam.gate.header.vectors.sha256,)
