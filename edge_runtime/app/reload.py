@@ -12,7 +12,7 @@ from typing import Any
 
 from edge_runtime.api import ApiServer
 from edge_runtime.app.running import Running
-from edge_runtime.capture.rig import clip_of
+from edge_runtime.capture.rig import clip_of, stop_rigs
 from edge_runtime.config import CameraConfig, Config, load_config
 from edge_runtime.config.changes import Changes, describe_changes, programs_changed, restart_only
 from edge_runtime.config.reload_guard import refusal
@@ -90,13 +90,14 @@ class Reloader:
                 if key not in changes.applied:
                     changes.applied.append(key)
         new_cams = {c.name: c for c in new.cameras}
-        for name, cfg in {c.name: c for c in state.config.cameras}.items():
-            if new_cams.get(name) != cfg and name in state.rigs:
-                rigs = dict(state.rigs)
-                rig = rigs.pop(name)
-                state.rigs = rigs
-                rig.stop()
-                log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
+        going = [name for name, cfg in {c.name: c for c in state.config.cameras}.items()
+                 if new_cams.get(name) != cfg and name in state.rigs]
+        rigs = dict(state.rigs)
+        stopped = [rigs.pop(name) for name in going]
+        state.rigs = rigs
+        stop_rigs(stopped)  # together: one 3 s wait however many capture threads are stuck in a read
+        for name in going:
+            log.info("daemon: camera %s %s", name, "changed" if name in new_cams else "removed")
         self.journal.set_limits(new.journal.max_rows, new.journal.max_age_days, new.journal.min_free_mb)
         logging.getLogger().setLevel(new.log_level.upper())
         state.config = new

@@ -153,7 +153,13 @@ class Camera:
     def stop(self, timeout: float = 3.0) -> bool:
         """Ask the thread to end and wait up to `timeout`. True when it ended; False when it is still
         blocked in a read: the camera stays `stopping` until the read returns and the thread closes the
-        capture (it is a daemon thread, so it never holds the process's exit)."""
+        capture (it is a daemon thread, so it never holds the process's exit). Many cameras stop together
+        with `request_stop()` on each, then `wait_stopped()` against one deadline (capture/rig.py)."""
+        self.request_stop()
+        return self.wait_stopped(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the thread to end, without waiting for it (`wait_stopped` does)."""
         with self._lock:
             if self.stop_requested is None:
                 self.stop_requested = time.monotonic()
@@ -162,12 +168,16 @@ class Camera:
                 self._finished = True
                 self.released.set()
                 self.state = CameraState.STOPPED
-                return True
+                return
             if not self._finished:
                 with _lingering_lock:
                     if self not in _lingering:
                         _lingering.append(self)
-        self.released.wait(timeout)
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """After `request_stop()`: wait up to `timeout` for the thread to end; False (the camera left
+        `stopping`) when it is still blocked in a read."""
+        self.released.wait(max(0.0, timeout))
         with self._lock:
             if self._finished:
                 self.state = CameraState.STOPPED

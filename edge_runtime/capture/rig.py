@@ -3,6 +3,8 @@ they read in the status snapshot and the telemetry message."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import FrameRouter, InspectionQueue
 from edge_runtime.core.result import utc_now
+
+STOP_TIMEOUT_S = 3.0  # a shutdown's or a reload's wait for its cameras' threads, all together
 
 
 class CameraRig:
@@ -35,8 +39,7 @@ class CameraRig:
         self.schedule.start()
 
     def stop(self) -> None:
-        self.schedule.stop()
-        self.camera.stop()
+        stop_rigs([self])
 
     def latest_jpeg(self, quality: int) -> bytes | None:
         """The newest frame as JPEG, encoded lazily and cached per frame."""
@@ -49,6 +52,21 @@ class CameraRig:
                 return None
             self._jpeg = (frame.seq, buf.tobytes())
         return self._jpeg[1]
+
+
+def stop_rigs(rigs: Iterable[CameraRig], timeout: float = STOP_TIMEOUT_S) -> list[str]:
+    """Stop cameras together: every trigger loop and capture thread is asked to end first, then all are
+    waited for against one deadline, so a shutdown or a reload takes one `timeout` however many capture
+    threads are blocked in a read (one at a time, each stuck camera added its own). Returns the names of
+    the cameras left `stopping` (their thread still blocked: capture/camera.py)."""
+    rigs = list(rigs)
+    for rig in rigs:
+        rig.schedule.request_stop()
+        rig.camera.request_stop()
+    deadline = time.monotonic() + timeout
+    for rig in rigs:
+        rig.schedule.join(deadline - time.monotonic())
+    return [rig.camera.name for rig in rigs if not rig.camera.wait_stopped(deadline - time.monotonic())]
 
 
 def camera_status(rig: CameraRig) -> dict[str, Any]:

@@ -80,8 +80,15 @@ class CameraSchedule:
         self._thread.start()
 
     def stop(self, timeout: float = 3.0) -> None:
-        self._stop.set()
+        self.request_stop()
         self._thread.join(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the loop to end, without waiting for it (`stop` or `join` does)."""
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(max(0.0, timeout))
 
     def _run(self) -> None:
         mode = self.trigger.mode
