@@ -73,6 +73,8 @@ class Journal:
         self._next_space_check = 0.0
         self._next_checkpoint = time.monotonic() + 60
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
         self._db = open_db(path, _SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reason" not in columns:  # journals written before parking existed
@@ -293,8 +295,12 @@ class Journal:
               limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
         """Newest first. `since`/`until` are RFC 3339 timestamps; `before_seq` pages backwards."""
         f = ResultFilter(camera=camera, since=since, until=until, before=before_seq, limit=max(1, min(limit, 1000)))
-        with self._lock:
-            return select_results(self._db, f)[0]
+        # On a connection of its own: a page of a large journal never holds back add() (WAL readers do not
+        # block the writer); opened on first use, after the schema is in place.
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = open_db(self.path)
+            return select_results(self._reader, f)[0]
 
     def unsent(self, after_seq: int = 0, limit: int = 100) -> list[tuple[int, str, str]]:
         """(seq, camera, body JSON) of results not yet acknowledged by the broker, oldest first."""
@@ -321,3 +327,6 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()

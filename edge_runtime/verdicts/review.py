@@ -45,6 +45,10 @@ class ReviewStore:
         self.messages = messages
         self._lock = threading.Lock()
         self._db = open_db(db_path, _SCHEMA)
+        # Queries scan the journal (a filter on a verdict field reads every row): on a connection of their
+        # own, so the writes and the status counts above never wait behind one (WAL: readers don't block).
+        self._read_lock = threading.Lock()
+        self._reader = open_db(db_path)
         self.written = 0
 
     # ---- writes ------------------------------------------------------------------------------------
@@ -115,8 +119,8 @@ class ReviewStore:
     def query(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
         """Newest first; returns the rows and the cursor of the next page (None on the last)."""
         f.check()
-        with self._lock:
-            return select_results(self._db, f)
+        with self._read_lock:
+            return select_results(self._reader, f)
 
     def iterate(self, f: ResultFilter, page: int = 500) -> Iterator[dict[str, Any]]:
         """Every matching row, page by page (exports stream this; memory stays one page)."""
@@ -152,6 +156,8 @@ class ReviewStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._read_lock:
+            self._reader.close()
 
 
 # ---- dataset export ---------------------------------------------------------------------------------
