@@ -20,7 +20,7 @@ from typing import Any
 
 from edge_runtime import __version__
 from edge_runtime.core.supervise import RateLimitedLog
-from edge_runtime.ota.agent import WAITING_ENGINE, AgentStopping, OtaAgent
+from edge_runtime.ota.agent import WAITING_ENGINE, AgentStopping, OtaAgent, engine_lost
 from edge_runtime.ota.manifest import Manifest, parse, version_key
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,24 @@ class DistinctErrors:
     def clear(self, kind: str) -> None:
         """The failure ended: its errors are logged at once if they come back."""
         self._logs = {k: v for k, v in self._logs.items() if k[0] != kind}
+
+
+def engine_gone(agent: OtaAgent, exc: BaseException, then: str, logger: logging.Logger = log) -> bool:
+    """An update that `handle()` left because the engine stopped answering mid-swap (`engine_lost`, the swap
+    still recorded: once the old container is being stopped it is not rolled back without an engine) is an
+    expected condition the recovery takes over, not a bug: one WARNING line naming the engine's error and
+    `then` (what the source does next), the traceback at DEBUG. False for any other error, which the caller
+    logs as the bug it is (ERROR, with its traceback)."""
+    state = agent.state()
+    phase = state.get("phase", "idle")
+    if phase == "idle" or not engine_lost(exc):
+        return False
+    manifest = state.get("manifest")
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    logger.warning("ota: %s, during the update to %s (phase %s); %s", agent.engine_reason(exc), version or "?",
+                   phase, then)
+    logger.debug("ota: the engine's error", exc_info=exc)
+    return True
 
 
 class Recovery:

@@ -22,7 +22,7 @@ from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.delivery.mqtt.client import configure_client
 from edge_runtime.ota.agent import AgentStopping, OtaAgent
 from edge_runtime.ota.manifest import MAX_MANIFEST_BYTES
-from edge_runtime.ota.recovery import EngineWait, Recovery
+from edge_runtime.ota.recovery import EngineWait, Recovery, engine_gone
 from edge_runtime.ota.update_lock import UpdateLock
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,10 @@ def run_agent(config: Config, stop: threading.Event | None = None, engine: Any =
         except AgentStopping:  # mid-swap: the state file has the step, the next start finishes it
             log.info("ota: stopping during an update; it is finished or undone at the next start")
             return
-        except Exception:  # one bad manifest or a docker hiccup must not end the agent
-            log.exception("ota: handling a manifest failed; the agent goes on")
+        except Exception as exc:  # one bad manifest or a docker hiccup must not end the agent
+            if not engine_gone(agent, exc, "the recovery finishes or undoes it once the engine answers (retried "
+                               "with backoff; manifests wait until then)", log):
+                log.exception("ota: handling a manifest failed; the agent goes on")
         if agent.state().get("phase", "idle") != "idle":
             recover()  # a swap an error left mid-way (the engine gone while it rolled back)
 

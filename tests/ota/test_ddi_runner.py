@@ -617,3 +617,54 @@ def test_stopping_during_the_recoverys_health_wait_is_prompt_and_the_action_is_r
     restarted._recover()
     restarted.step()
     assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
+
+
+def test_an_engine_gone_mid_swap_is_one_warning_line_and_the_recovery_reports_the_action(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # dockerd went away as the candidate started, after the old container was stopped: handle() leaves the swap
+    # recorded for the recovery (an expected, handled condition), and the loop logged it as "DDI step failed"
+    # at ERROR with a traceback, as it does a bug.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    engine = swap.Engine()
+
+    class Candidate(swap.Container):
+        starts = 0
+
+        def start(self) -> None:
+            Candidate.starts += 1
+            if Candidate.starts == 1:
+                engine.down = True
+                raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('start'))")
+            self.running = True
+
+    class Agent(swap.Agent):
+        def _clone(self, old: Any, image: str) -> Any:
+            candidate = Candidate(engine, "cand-id", f"{self.name}-candidate", "2.0.0", running=False)
+            engine.all.append(candidate)
+            return candidate
+
+    agent = Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None, health_timeout_s=5)
+    stop = threading.Event()
+    waits: list[float] = []
+
+    def sleep(s: float) -> bool:
+        waits.append(s)
+        engine.down = False  # the engine is back
+        if len(waits) >= 2:
+            stop.set()
+        return stop.is_set()
+
+    cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+    source = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, stop, sleep=sleep)
+    with caplog.at_level(logging.DEBUG, logger="edge_runtime.ota"):
+        source.run()
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
+    assert [c.name for c in engine.all if c.running] == ["edge-runtime"]
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    [gone] = [r for r in caplog.records if "during the update to" in r.getMessage()]
+    assert gone.levelno == logging.WARNING and gone.exc_info is None
+    assert gone.getMessage() == (
+        "ota: the container engine is not answering: ('Connection aborted.', RemoteDisconnected('start')), during "
+        "the update to 2.0.0 (phase starting); the recovery finishes or undoes it once the engine answers (retried "
+        "with backoff, polling meanwhile), and the action is reported then")

@@ -42,7 +42,7 @@ from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.ota.agent import WAITING_ENGINE, AgentStopping, OtaAgent
 from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
 from edge_runtime.ota.ddi.client import ControllerBase, DdiClient, DdiError, Deployment
-from edge_runtime.ota.recovery import DistinctErrors, Recovery, backoff_s
+from edge_runtime.ota.recovery import DistinctErrors, Recovery, backoff_s, engine_gone
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,11 @@ class DdiSource:
             except Exception as exc:  # noqa: BLE001 - no exception may end the loop
                 self.failures += 1
                 wait = backoff_s(self.failures)
-                self._errors.log("step", exc, "ota: DDI step failed: %s (%d in a row); the agent goes on",
-                                 self.failures, level=logging.ERROR, first_traceback=True)
+                if not engine_gone(self.agent, exc, "the recovery finishes or undoes it once the engine answers "
+                                   "(retried with backoff, polling meanwhile), and the action is reported then",
+                                   log):
+                    self._errors.log("step", exc, "ota: DDI step failed: %s (%d in a row); the agent goes on",
+                                     self.failures, level=logging.ERROR, first_traceback=True)
             pending = False
             self._sleep(wait)
 
