@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from edge_runtime.config.base import Section
+
+# What a client can send after `Bearer `: HTTP header values are latin-1 and trimmed, and clients
+# differ on anything past printable ASCII (curl sends UTF-8, Python's http.client refuses it).
+_SENDABLE_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 class ApiConfig(Section):
@@ -15,7 +20,8 @@ class ApiConfig(Section):
     port: int = Field(8080, ge=0, le=65535, description="TCP port (0 picks a free one).")
     token: SecretStr | None = Field(
         None, description="Bearer token for inference and mutating endpoints (and every read with "
-        "auth: all). Without one, those endpoints answer only clients on loopback.")
+        "auth: all): printable ASCII without spaces, at most 4096 characters. Without one, those endpoints "
+        "answer only clients on loopback.")
     auth: Literal["writes", "all"] = Field(
         "writes", description="What needs the token: writes (inference and changes; reads are open) or "
         "all (every endpoint but /healthz, /readyz and the status page's shell and static files).")
@@ -42,3 +48,12 @@ class ApiConfig(Section):
         64_000_000, ge=1, le=1_000_000_000, description="Most pixels all images of one chat request may "
         "declare together (read from their headers; each image is bounded by images.max_pixels too); more "
         "are a 413 naming the image that crossed it, before any is decoded.")
+
+    @field_validator("token")
+    @classmethod
+    def _sendable(cls, token: SecretStr | None) -> SecretStr | None:
+        # '' is what an unset ${VAR:-} gives: no token (config/reload_guard.py); the value is never echoed.
+        if token is not None and token.get_secret_value() and not _SENDABLE_TOKEN.fullmatch(token.get_secret_value()):
+            raise ValueError("must be printable ASCII without spaces, at most 4096 characters: clients send it "
+                             "in an HTTP header, and a space, control character or other letter could never match")
+        return token
