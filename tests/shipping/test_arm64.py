@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ARM64 = ROOT / "build" / "arm64"
 sys.path.insert(0, str(ARM64))
+import emulated  # noqa: E402
 import resolve  # noqa: E402
 
 AMX = "-U__AMX_INT8__"
@@ -147,3 +148,26 @@ def test_installed_requirements_are_checked_with_their_markers(tmp_path: Path) -
     assert resolve.check_installed([str(tmp_path)]) == ["edge-runtime needs asyncua>=2.1: not installed"]
     dist("asyncua", "2.0.0", [])
     assert resolve.check_installed([str(tmp_path)]) == ["edge-runtime needs asyncua>=2.1: 2.0.0 installed"]
+
+
+def _sweep(shadow: Path) -> subprocess.CompletedProcess[str]:
+    """The emulated step's module sweep, run by this Python with `shadow` ahead of everything on the path."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{shadow}:{ROOT}", "HOME": str(shadow)}
+    return subprocess.run([sys.executable, "-c", emulated._SWEEP], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_the_module_sweep_names_a_module_whose_dependency_does_not_import(tmp_path: Path) -> None:
+    (tmp_path / "semver.py").write_text("raise ImportError('no aarch64 build of this')\n")
+    proc = _sweep(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "edge_runtime.ota.manifest: ImportError" in proc.stdout
+
+
+def test_the_module_sweep_lets_only_the_eval_extra_be_missing(tmp_path: Path) -> None:
+    (tmp_path / "scipy").mkdir()
+    (tmp_path / "scipy" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'scipy'\", name='scipy')\n")
+    proc = _sweep(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "need the eval extra" in proc.stdout and "(0 need" not in proc.stdout
