@@ -278,19 +278,20 @@ def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Map
                 mine.add(key)
             if mine:
                 per_program[name] = sum(sizes[k][1] for k in mine)
-        if config.model.memory_check and sizes:  # what start counts, against the device's RAM (memory_fit.py)
-            from edge_runtime.inference.llm.runtime import engine_info
-
-            total = sum(b for _, b in sizes.values())
-            memory_fit.check_references_fit(
-                ReferenceMemory(per_program, len(sizes), sum(t for t, _ in sizes.values()), total, total, n_embd),
-                bundle, config, bool(engine_info()["gpu_offload"]), loaded=False)
         p, bos = m.prompt, model.vocab.bos()
         text = question_tokens(p.template, p.system, p.default, tokenize,
                                lambda ids: ids if bos < 0 or not model.vocab.add_bos() or ids[:1] == [bos]
                                else [bos, *ids])
         check_context(config.programs, budgets, refs, asked, mtmd,
                       config.model.max_tokens or m.generation.max_tokens, config.model.context_size, text)
+        # after the context (the cheaper, more specific refusal): what start counts, against the device's RAM
+        if config.model.memory_check and sizes:
+            from edge_runtime.inference.llm.runtime import engine_info
+
+            total = sum(b for _, b in sizes.values())
+            memory_fit.check_references_fit(
+                ReferenceMemory(per_program, len(sizes), sum(t for t, _ in sizes.values()), total, total, n_embd),
+                bundle, config, bool(engine_info()["gpu_offload"]), loaded=False)
 
 
 def _reference(program: str, cameras: Sequence[CameraConfig], i: int, path: Path, limits: ImageLimits
