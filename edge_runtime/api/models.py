@@ -156,7 +156,7 @@ class JsonSchemaSpec(BaseModel):
     name: str = Field("response", max_length=64)
     description: str | None = Field(None, max_length=1024)
     schema_: dict[str, Any] = Field(alias="schema")
-    strict: bool | None = None
+    strict: bool | None = Field(None, strict=True)
 
 
 class ResponseFormat(_Strict):
@@ -174,15 +174,17 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # vLLM clients send many optional knobs
     model: str | None = Field(None, max_length=128)
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_tokens: int | None = Field(None, ge=1, le=131072, description="At most the model's context")
-    max_completion_tokens: int | None = Field(None, ge=1, le=131072)
-    temperature: float = Field(0.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(None, ge=-1, le=2**32 - 1, description="-1 or empty: a random seed")
+    # strict=True: a JSON integer, number or boolean, never pydantic's lax reading ("stream": "yes" as true,
+    # "max_tokens": true as 1, "8" or 8.0 as 8): a client's mistake is a 400 naming the field, not another request.
+    max_tokens: int | None = Field(None, strict=True, ge=1, le=131072, description="At most the model's context")
+    max_completion_tokens: int | None = Field(None, strict=True, ge=1, le=131072)
+    temperature: float = Field(0.0, strict=True, ge=0, le=2)
+    top_p: float = Field(1.0, strict=True, gt=0, le=1)
+    seed: int | None = Field(None, strict=True, ge=-1, le=2**32 - 1, description="-1 or empty: a random seed")
     stop: (Annotated[str, Field(min_length=1, max_length=64)]
            | Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=4)] | None) = None
-    stream: bool = False
-    n: int = Field(1, ge=1, le=1)
+    stream: bool = Field(False, strict=True)
+    n: int = Field(1, strict=True, ge=1, le=1)
     response_format: ResponseFormat | None = None
     # Features this server does not have. Other knobs are taken and ignored (vLLM clients send many), but
     # these ask for a different answer (a tool call, banned tokens, log-probabilities): ignored, the client

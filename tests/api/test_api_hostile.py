@@ -117,6 +117,35 @@ def test_chat_defaults_of_those_features_pass(client: FlaskClient) -> None:
     assert client.post("/v1/chat/completions", json=body).status_code == 200
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("stream", "yes"), ("stream", "true"), ("stream", 1), ("stream", 0),
+    ("max_tokens", True), ("max_tokens", "8"), ("max_tokens", 8.0), ("max_completion_tokens", True),
+    ("seed", True), ("seed", "3"), ("n", True), ("n", 1.0),
+    ("temperature", True), ("temperature", "0.5"), ("top_p", False), ("top_p", "1"),
+    ("response_format", {"type": "json_schema", "json_schema": {"schema": {"type": "object"}, "strict": "yes"}})])
+def test_chat_booleans_and_numbers_must_be_json_booleans_and_numbers(
+        client: FlaskClient, field: str, value: object) -> None:
+    # pydantic's lax mode took "stream": "yes" as true and "max_tokens": true as 1: a client's bug
+    # became a different request (a stream it cannot read, one token) instead of a 400 naming the field.
+    error = error_of(client.post("/v1/chat/completions", json={**chat(), field: value}), 400)
+    expected = "response_format.json_schema.strict" if field == "response_format" else field
+    assert error["field"] == expected, error
+
+
+def test_chat_json_numbers_and_booleans_still_pass(client: FlaskClient) -> None:
+    body = chat(stream=False, max_completion_tokens=8, seed=3, n=1, temperature=1, top_p=1,
+                response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}, "strict": True}})
+    reply = client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.json
+
+
+@pytest.mark.parametrize("value", [True, 5, ["x"]])
+def test_infer_prompt_must_be_a_json_string(client: FlaskClient, value: object) -> None:
+    body = {"image": base64.b64encode(JPEG).decode(), "prompt": value}
+    assert error_of(client.post("/api/v1/infer", json=body), 400)["field"] == "prompt"
+    assert error_of(client.post("/api/v1/infer", json={"image": value}), 400)["field"] == "image"
+
+
 def test_chat_message_count_is_bounded(client: FlaskClient) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}] * 65}
     assert error_of(client.post("/v1/chat/completions", json=body), 400)["field"] == "messages"
