@@ -52,8 +52,14 @@ class ApiConfig(Section):
     @field_validator("token")
     @classmethod
     def _sendable(cls, token: SecretStr | None) -> SecretStr | None:
-        # '' is what an unset ${VAR:-} gives: no token (config/reload_guard.py); the value is never echoed.
-        if token is not None and token.get_secret_value() and not _SENDABLE_TOKEN.fullmatch(token.get_secret_value()):
-            raise ValueError("must be printable ASCII without spaces, at most 4096 characters: clients send it "
-                             "in an HTTP header, and a space, control character or other letter could never match")
-        return token
+        # '' is what an unset ${VAR:-} gives: no token (config/reload_guard.py).
+        return sendable_token(token)
+
+
+def sendable_token(token: SecretStr | None) -> SecretStr | None:
+    """A Bearer token a client can send (api.token, rails' access.token); None and '' pass. The value is
+    never echoed in the error."""
+    if token is not None and token.get_secret_value() and not _SENDABLE_TOKEN.fullmatch(token.get_secret_value()):
+        raise ValueError("must be printable ASCII without spaces, at most 4096 characters: clients send it "
+                         "in an HTTP header, and a space, control character or other letter could never match")
+    return token

@@ -12,6 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from edge_runtime.config.api import sendable_token
 from edge_runtime.config.base import Section, check_regex
 from edge_runtime.config.rules import Condition
 
@@ -96,11 +97,21 @@ class Access(Section):
     """Which models and response formats a caller may use. With `token`, the rail applies only to
     requests bearing that token; without, to every request."""
 
-    token: SecretStr | None = Field(None, description="Applies to requests with this Bearer token only.")
+    token: SecretStr | None = Field(None, description="Applies to requests with this Bearer token only: "
+                                    "printable ASCII without spaces, as api.token.")
     models: list[str] | None = Field(None, max_length=32, description="Model names the request may ask for "
                                      "(`model`; a request without one asks for the served model).")
     schemas: list[str] | None = Field(None, max_length=64, description="Response formats it may use: a "
                                       "json_schema by its name, `text`, `json_object`; REST infer is `verdict`.")
+
+    @field_validator("token")
+    @classmethod
+    def _sendable(cls, token: SecretStr | None) -> SecretStr | None:
+        # Unlike api.token's '' (no token), an empty one here would match no request: the rail would restrict nobody.
+        if token is not None and not token.get_secret_value():
+            raise ValueError("is empty, so it would match no request; leave token out to apply the rail to every "
+                             "request")
+        return sendable_token(token)
 
     @model_validator(mode="after")
     def _something(self) -> Access:
