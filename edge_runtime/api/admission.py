@@ -21,7 +21,7 @@ from edge_runtime.api.errors import ApiError, invalid
 from edge_runtime.core import strict_json
 from edge_runtime.core.images import SUPPORTED_FORMATS, header_flood
 
-QUICK_THREADS = 2  # always free for health, status, metrics and refusals
+QUICK_THREADS = 2  # always free for status, metrics and refusals (health has its own: guard.HEALTH_THREADS)
 EXPORT_THREADS = 1  # result exports (export.csv / .jsonl) at once, each on a thread of its own
 QUERY_THREADS = 2  # result queries (/api/v1/results, /api/v1/inspections) at once, on threads of their own
 RETRY_AFTER_S = 2
