@@ -9,9 +9,12 @@ from pydantic import Field, SecretStr, field_validator
 
 from edge_runtime.config.base import Section
 
-# What a client can send after `Bearer `: HTTP header values are latin-1 and trimmed, and clients
-# differ on anything past printable ASCII (curl sends UTF-8, Python's http.client refuses it).
-_SENDABLE_TOKEN = re.compile(r"[\x21-\x7e]{1,4096}")
+# What a client can send after `Bearer ` and the server can match: waitress decodes header values as
+# latin-1 (requests/http.client send str values so; curl's UTF-8 `短` reads as mojibake), no header carries
+# a control character (C0, DEL, C1), and the HTTP layers strip the value's ends (`check_access` and the
+# rails' `bearer()` with str.strip(), which also takes \xa0), so leading/trailing whitespace never
+# matches. Inner spaces and latin-1 letters are kept and match.
+_SENDABLE_TOKEN = re.compile(r"[\x20-\x7e\xa0-\xff]{1,4096}")
 
 
 class ApiConfig(Section):
@@ -20,7 +23,8 @@ class ApiConfig(Section):
     port: int = Field(8080, ge=0, le=65535, description="TCP port (0 picks a free one).")
     token: SecretStr | None = Field(
         None, description="Bearer token for inference and mutating endpoints (and every read with "
-        "auth: all): printable ASCII without spaces, at most 4096 characters. Without one, those endpoints "
+        "auth: all): latin-1 text (inner spaces and letters such as é are fine) without control characters "
+        "or leading/trailing whitespace, at most 4096 characters. Without one, those endpoints "
         "answer only clients on loopback.")
     auth: Literal["writes", "all"] = Field(
         "writes", description="What needs the token: writes (inference and changes; reads are open) or "
@@ -59,7 +63,9 @@ class ApiConfig(Section):
 def sendable_token(token: SecretStr | None) -> SecretStr | None:
     """A Bearer token a client can send (api.token, rails' access.token); None and '' pass. The value is
     never echoed in the error."""
-    if token is not None and token.get_secret_value() and not _SENDABLE_TOKEN.fullmatch(token.get_secret_value()):
-        raise ValueError("must be printable ASCII without spaces, at most 4096 characters: clients send it "
-                         "in an HTTP header, and a space, control character or other letter could never match")
+    value = token.get_secret_value() if token is not None else ""
+    if value and (not _SENDABLE_TOKEN.fullmatch(value) or value != value.strip()):
+        raise ValueError("must be latin-1 text without control characters or leading/trailing whitespace, at "
+                         "most 4096 characters: clients send it in an HTTP header (latin-1, ends trimmed), so "
+                         "anything else could never match")
     return token

@@ -98,7 +98,8 @@ class Access(Section):
     requests bearing that token; without, to every request."""
 
     token: SecretStr | None = Field(None, description="Applies to requests with this Bearer token only: "
-                                    "printable ASCII without spaces, as api.token.")
+                                    "latin-1 text without control characters or leading/trailing "
+                                    "whitespace, at most 4096 characters, as api.token.")
     models: list[str] | None = Field(None, max_length=32, description="Model names the request may ask for "
                                      "(`model`; a request without one asks for the served model).")
     schemas: list[str] | None = Field(None, max_length=64, description="Response formats it may use: a "

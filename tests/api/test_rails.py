@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 from flask.testing import FlaskClient
 
 from edge_runtime.app.daemon import Daemon
@@ -178,6 +179,32 @@ def test_access_rail_limits_models_and_schemas_per_token(daemon: Daemon, client:
     refused(chat(client, "hi", model="default"), "rail_input_served_only", 403, "model")
     infer = client.post("/api/v1/infer", json={"image": base64.b64encode(JPEG).decode()}, headers=as_integrator)
     refused(infer, "rail_input_integrator", 403, "response_format")  # infer answers in the bundle's `verdict`
+
+
+@pytest.mark.parametrize("token", ["correct horse battery staple", "sékrit"])
+def test_an_access_rail_token_with_inner_spaces_or_a_latin1_letter_matches_through_the_real_server(
+        daemon: Daemon, client: FlaskClient, token: str) -> None:
+    # Validated as a config file is, then applied as a reload applies it; requests sends the header as
+    # latin-1 and waitress decodes it so, inner spaces kept (auth's partition, the rails' bearer()).
+    assert daemon.api is not None
+    before = daemon.config
+    cfg = Config.model_validate({"device_id": "rails-test", "api": {"token": token},
+                                 "rails": {"input": [{"name": "integrator",
+                                                      "access": {"token": token, "schemas": ["word"]}}]}})
+    daemon.api.apply(before.api.model_copy(update={"token": cfg.api.token}))
+    daemon.running.config = before.model_copy(update={"api": daemon.api.cfg, "rails": cfg.rails})
+    try:
+        url = f"http://127.0.0.1:{daemon.api.port}/v1/chat/completions"
+        body: dict[str, Any] = {"model": "edge-demo-vlm", "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "hi"}]}
+        right = requests.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        assert right.status_code == 403, right.text[:300]  # authenticated, and the token's rail applied
+        assert right.json()["error"]["code"] == "rail_input_integrator"
+        wrong = requests.post(url, json=body, headers={"Authorization": f"Bearer {token[:-1]}"}, timeout=60)
+        assert wrong.status_code == 401, wrong.text[:300]
+    finally:
+        daemon.api.apply(before.api)
+        daemon.running.config = before
 
 
 def test_a_catastrophic_regex_refuses_instead_of_stalling(daemon: Daemon, client: FlaskClient) -> None:
