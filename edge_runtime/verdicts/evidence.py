@@ -80,6 +80,7 @@ class EvidenceStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._credit = 1 - cfg.keep_passes  # so the first pass is kept
         self._logged = 0.0
+        self._checked = float("-inf")  # when _make_room last looked for files removed under us
         self.saved = 0
         self.skipped_sampled = 0
         self.skipped_full = 0
@@ -139,7 +140,11 @@ class EvidenceStore:
         size = len(data) + len(thumb)
         # The folder may have been removed under us (an `rm -rf` to free space): the free-space check
         # below stat()s it, and a missing folder was an ENOENT counted as a full disk until a restart.
-        self.root.mkdir(parents=True, exist_ok=True)
+        # The files that went with it must stop counting against the budget too: with the broker down
+        # none of them may be chosen for deletion, and their rows kept the budget full for good.
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._forget_missing()
         self._make_room(size)
         paths.path.parent.mkdir(parents=True, exist_ok=True)
         # Only the evidence itself is fsync'd; a thumbnail lost to a power cut is made again on request.
@@ -185,6 +190,12 @@ class EvidenceStore:
         need = max(used + size - budget, min_free + size - shutil.disk_usage(self.root).free, 0)
         if need > 0:
             need -= self._delete(self._victims(), need)
+        if need > 0 and time.monotonic() - self._checked > 60:
+            # Before calling the disk full: were files removed under us (`rm -rf <dir>/*`)? Their rows
+            # count against the budget and, undelivered, are never chosen. At most once a minute: it
+            # stat()s every file the store knows.
+            self._checked = time.monotonic()
+            need -= self._forget_missing()
         if need > 0:
             raise OSError(errno.ENOSPC, "evidence budget or disk full (only undelivered evidence is left)")
 
@@ -203,17 +214,37 @@ class EvidenceStore:
 
     def _delete(self, victims: list[tuple[str, int]], need: int | None = None) -> int:
         freed = 0
+        missing = False
         for sha, size in victims:
             if need is not None and freed >= need:
                 break
             paths = self.paths(sha)
+            missing |= not paths.path.exists()
             for p in (paths.path, paths.thumbnail):
                 p.unlink(missing_ok=True)
-            self._db.execute("DELETE FROM evidence_files WHERE sha256 = ?", (sha,))
-            self._db.execute("DELETE FROM evidence WHERE sha256 = ?", (sha,))
+            self._forget(sha)
             freed += size
             self.deleted += 1
+        if missing:  # removed under us: others may have gone with it, and still count
+            freed += self._forget_missing()
         return freed
+
+    def _forget(self, sha: str) -> None:
+        """Drop a file's rows: its own and the results' references to it (`lookup`, dataset export)."""
+        self._db.execute("DELETE FROM evidence_files WHERE sha256 = ?", (sha,))
+        self._db.execute("DELETE FROM evidence WHERE sha256 = ?", (sha,))
+
+    def _forget_missing(self) -> int:
+        """Drop the rows of files no longer on disk (removed under us); returns the bytes they counted."""
+        gone = [(sha, size) for sha, size in self._db.execute("SELECT sha256, bytes FROM evidence_files")
+                if not self.paths(sha).path.exists()]
+        for sha, _ in gone:
+            self.paths(sha).thumbnail.unlink(missing_ok=True)
+            self._forget(sha)
+        if gone:
+            log.warning("evidence: %d image(s) were removed from %s by something else; their results have no "
+                        "image now", len(gone), self.root)
+        return sum(size for _, size in gone)
 
     def apply_retention(self) -> None:
         """Age limit and budget; the daemon calls this now and then (writes also make room)."""
