@@ -668,3 +668,34 @@ def test_an_engine_gone_mid_swap_is_one_warning_line_and_the_recovery_reports_th
         "ota: the container engine is not answering: ('Connection aborted.', RemoteDisconnected('start')), during "
         "the update to 2.0.0 (phase starting); the recovery finishes or undoes it once the engine answers (retried "
         "with backoff, polling meanwhile), and the action is reported then")
+
+
+def test_an_action_waiting_for_the_engine_tells_the_server_received_once_not_at_every_retry(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # Each retry ran handle() again, whose `received` became a `proceeding` feedback every 5-30 s: hawkBit
+    # keeps at most 1000 status entries per action (maxStatusEntriesPerAction), then refuses the action's
+    # feedback, its closing one included, after hours of a Docker outage.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))  # the server's polling sleep: 1 s
+    source, agent, engine = make(tmp_path, url, keys[1])
+    down = [True]
+    answering = engine.containers.get
+
+    def get(name: str) -> Any:
+        if down[0]:
+            raise docker.errors.APIError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
+        return answering(name)
+
+    engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    for _ in range(6):
+        source.step()
+    details = [d for *_, d in executions(recorded)]
+    assert details.count("received") == 1, details
+    assert sum(d.startswith("waiting_engine") for d in details) == 1 and len(details) == 3, details
+    down[0] = False
+    source.step()
+    assert executions(recorded)[-1] == ("closed", "success", "committed 2.0.0") and agent.swaps == 1
+    # Another action is told its own `received`.
+    offer(recorded, url, release(keys[0], version="2.1.0"), action="9")
+    source.step()
+    assert [d for *_, d in executions(recorded)].count("received") == 2

@@ -15,7 +15,8 @@ when asked, but answers no action until the swap is finished or undone; each fai
 (`recovery_failures`, in the `recovering` status on MQTT) and logged as one line per distinct error,
 rate-limited (`ota/recovery.py`, shared with the MQTT loop). An action the agent could not take because the
 engine did not answer before anything changed (`waiting_engine`) stays open: the server hears the
-reason once per distinct error and offers the action again, which is taken after a backoff.
+reason once per distinct error, and `received` once, per action (hawkBit keeps at most 1000 status entries per
+action), and offers the action again, which is taken again at its polling interval (below).
 
 An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
 one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
@@ -54,6 +55,8 @@ MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is
 MIN_RETRY_INTERVAL_S, MAX_RETRY_INTERVAL_S = 5.0, 300.0
 FINAL = {"committed": "success", "current": "success", "rolled_back": "failure", "refused": "failure",
          "failed": "failure"}
+# Statuses an action taken again (the engine not answering) repeats: told to the server once per action.
+REPEATED = frozenset({"received", WAITING_ENGINE})
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
 
 
@@ -117,7 +120,10 @@ class DdiSource:
         self._cancels_answered: set[str] = set()
         self._cancel_reason: str | None = None
         self._cancel_id: str | None = None  # the cancelAction that stopped the running action, if any
-        self._engine_told: str | None = None  # the last `waiting_engine` reason sent as feedback (action, text)
+        # The repeatable statuses (`received`, `waiting_engine` and its reason) told to the server, per action: an
+        # action retried while the engine does not answer is taken again every 5 s - 5 min, and hawkBit keeps
+        # at most 1000 status entries per action (then refuses its feedback, the closing one included).
+        self._told: tuple[str, set[str]] = ("", set())
         self._last_check = 0.0
         self._warn = RateLimitedLog(log, 600)
         agent.publish_cb = self._on_status
@@ -263,8 +269,6 @@ class DdiSource:
             phase = self.agent.handle(body)  # every status comes back through `_on_status`
         finally:
             self.agent.cancelled = lambda: None
-        if phase != WAITING_ENGINE:
-            self._engine_told = None
         return phase
 
     def _download(self, deployment: Deployment) -> bytes | None:
@@ -352,11 +356,13 @@ class DdiSource:
             return
         if phase == "canceled":
             return self._cancelled(action, status)
-        if phase == WAITING_ENGINE:  # the server hears each distinct error once, not every attempt
-            told = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", f"{action} {status.get('reason', '')}")
-            if told == self._engine_told:
+        if phase in REPEATED:  # the server hears each once per action (each distinct error), not every attempt
+            if self._told[0] != action:
+                self._told = (action, set())
+            told = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", f"{phase} {status.get('reason', '')}")
+            if told in self._told[1]:
                 return None
-            self._engine_told = told
+            self._told[1].add(told)
         if phase in FINAL:
             finished, details = final_feedback(phase, status)
             return self._close(action, finished, details)
