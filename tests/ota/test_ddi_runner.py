@@ -699,3 +699,26 @@ def test_an_action_waiting_for_the_engine_tells_the_server_received_once_not_at_
     offer(recorded, url, release(keys[0], version="2.1.0"), action="9")
     source.step()
     assert [d for *_, d in executions(recorded)].count("received") == 2
+
+
+def test_a_closing_feedback_that_fails_at_start_is_retried_with_the_backoff_not_the_default_interval(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # Before any poll answered, the server's interval was the 300 s default: a closing feedback refused at
+    # start was tried again only after ~5 min (`retry_wait_s` with that default), not after the backoff.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.raw(f"{BASE_PATH}/deploymentBase/8/feedback", b"busy", status=503)
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8", "sent": False, "final": {
+        "finished": "success", "details": ["committed 2.0.0"]}}}))
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    waits = [source.step() for _ in range(3)]
+    assert all(4.0 * 2 ** i <= w <= 6.0 * 2 ** i for i, w in enumerate(waits)), waits  # 5, 10, 20 s (±20 %)
+    del recorded.routes[f"{BASE_PATH}/deploymentBase/8/feedback"]
+    recorded.requests.clear()  # the refused ones
+    assert 1.0 <= source.step() <= 1.1 and source.failures == 0  # sent, then polled: the server's 1 s
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")]
+    # Once the server's interval is known, a closing feedback it fails is not retried sooner than it.
+    source.interval_s = 120.0
+    source._save(action={"id": "9", "sent": False, "final": {"finished": "success", "details": ["x"]}})
+    recorded.raw(f"{BASE_PATH}/deploymentBase/9/feedback", b"busy", status=503)
+    assert 120.0 <= source.step() <= 132.0

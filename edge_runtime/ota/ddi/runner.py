@@ -21,8 +21,9 @@ action), and offers the action again, which is taken again at its polling interv
 An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
 one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
 and a cancel reaches it); one the server failed (its deploymentBase, artifact or closing feedback) backs off,
-but never sooner than that interval (`retry_wait_s`). The artifact, once downloaded and checked against
-the server's hash, is kept by that hash and reused by a retry instead of downloaded again.
+but never sooner than that interval once a poll named it (`retry_wait_s`; before, at start, the backoff alone).
+The artifact, once downloaded and checked against the server's hash, is kept by that hash and reused by a retry
+instead of downloaded again.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class DdiSource:
         self._sleep = sleep or stop.wait
         self._clock = clock
         self.interval_s = poll_override_s or DEFAULT_SLEEP_S
+        self._interval_known = poll_override_s is not None  # configured, or named by a poll that answered
         self.failures = 0
         self._next_poll_at = -math.inf  # when the server may be polled again (while a recovery fails)
         self._errors = DistinctErrors(log)
@@ -199,21 +201,31 @@ class DdiSource:
                 self._next_poll_at = now + self._failed("polling", exc)
             else:
                 self.failures = 0
-                self.interval_s = self.poll_override_s or base.sleep_s or DEFAULT_SLEEP_S
+                self._set_interval(base)
                 if base.config_data_href:
                     self._send_config_data()
                 self._next_poll_at = now + poll_wait_s(self.interval_s)
         return max(0.0, min(self._recovery.wait_s(), self._next_poll_at - now))
 
+    def _set_interval(self, base: ControllerBase) -> None:
+        self.interval_s = self.poll_override_s or base.sleep_s or DEFAULT_SLEEP_S
+        self._interval_known = True
+
+    def _retry_wait_s(self) -> float:
+        """`retry_wait_s` once the server's interval is known; before (no poll answered yet, the interval the
+        300 s default) the backoff alone, as for a failed poll: a closing feedback refused at start is sent
+        again after 5 s, 10 s, 20 s …, not after ~5 min."""
+        return retry_wait_s(self.failures, self.interval_s) if self._interval_known else backoff_s(self.failures)
+
     def _poll_and_act(self) -> float:
         if not self._flush_final():
             self.failures += 1
-            return retry_wait_s(self.failures, self.interval_s)
+            return self._retry_wait_s()
         try:
             base = self.client.poll()
         except DdiError as exc:
             return self._failed("polling", exc)
-        self.interval_s = self.poll_override_s or base.sleep_s or DEFAULT_SLEEP_S
+        self._set_interval(base)
         if base.config_data_href:
             self._send_config_data()
         try:
@@ -232,9 +244,9 @@ class DdiSource:
 
     def _failed(self, what: str, exc: DdiError, of_action: bool = False) -> float:
         """Counted; the wait before the next try (a poll that failed: the backoff alone, the interval of a
-        server that does not answer being unknown; the action's: `retry_wait_s`)."""
+        server that does not answer being unknown; the action's: `_retry_wait_s`)."""
         self.failures += 1
-        wait = retry_wait_s(self.failures, self.interval_s) if of_action else backoff_s(self.failures)
+        wait = self._retry_wait_s() if of_action else backoff_s(self.failures)
         self._warn.log(logging.WARNING, "ota: DDI %s failed: %s (%d in a row; next try in %.0f s)",
                        what, exc, self.failures, wait)
         return wait
