@@ -216,16 +216,22 @@ function gateCameras(gates) {
   }).join("");
 }
 
+// The device answers two result queries at a time (429 beyond): wait and ask again, up to 4 times
+// 1 s apart. Also used by review.js (the Inspections list).
+async function fetchQuery(url) {
+  const get = () => fetch(url, { cache: "no-store" });
+  let res = await get();
+  for (let left = 4; res.status === 429 && left > 0; left--) {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    res = await get();
+  }
+  return res;
+}
+
 async function loadRecent() {
   try {
-    const get = () => fetch("/api/v1/results?limit=20", { cache: "no-store" });
-    let res = await get();
-    // The device answers two result queries at a time (429 beyond): wait and ask again before the
-    // event stream starts from this page's last_event_id.
-    for (let left = 4; res.status === 429 && left > 0; left--) {
-      await new Promise((resolve) => setTimeout(resolve, 1000));
-      res = await get();
-    }
+    // Asked again on a 429 before the event stream starts from this page's last_event_id.
+    const res = await fetchQuery("/api/v1/results?limit=20");
     const page = await res.json();
     lastEventId = page.last_event_id; // events after this one are replayed by the stream
     page.results.reverse().forEach(addResult);

@@ -8,7 +8,7 @@
   const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   const style = document.createElement("style");
   style.textContent = `#inspection { grid-column: 1 / -1; }
-    #insp-list tr { cursor: pointer; } #insp-list tr.sel { outline: 2px solid #4aa3ff; }
+    #insp-list tr { cursor: pointer; } #insp-list[aria-busy=true] { opacity: .5; } #insp-list tr.sel { outline: 2px solid #4aa3ff; }
     #insp-list img { width: 64px; height: 48px; object-fit: contain; background: #000; border-radius: 3px; }
     .insp-body { display: grid; gap: 1rem; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
     #insp-image { width: 100%; max-height: 420px; object-fit: contain; background: #000; border-radius: 4px; }
@@ -67,15 +67,24 @@
     return tr;
   }
 
+  let resetPending = false; // a filter change whose query the device has not answered yet
+
   async function refresh(reset) {
-    if (busy) return;
+    if (busy) { resetPending ||= reset; return; }
     busy = true;
+    reset ||= resetPending;
+    const list = $("insp-list");
     try {
-      if (reset) { $("insp-list").innerHTML = ""; rows.clear(); newest = 0; }
       const filter = $("insp-filter").value;
-      const q = `limit=20${filter ? "&" + filter : ""}${newest ? "&after=" + newest : ""}`;
-      const { results } = await (await fetch(`/api/v1/inspections?${q}`, { cache: "no-store" })).json();
-      const list = $("insp-list");
+      const after = reset ? 0 : newest;
+      const q = `limit=20${filter ? "&" + filter : ""}${after ? "&after=" + after : ""}`;
+      // Result queries are answered two at a time (429 beyond): app.js's fetchQuery asks again. The
+      // list is cleared only once the answer is here, so a refusal never leaves it blank.
+      if (reset) { resetPending = true; list.setAttribute("aria-busy", "true"); }
+      const res = await fetchQuery(`/api/v1/inspections?${q}`);
+      if (!res.ok) return; // still refused: the next poll asks again (a pending reset included)
+      const { results } = await res.json();
+      if (reset) { list.innerHTML = ""; rows.clear(); newest = 0; resetPending = false; list.removeAttribute("aria-busy"); }
       results.slice().reverse().forEach((r) => {
         newest = Math.max(newest, r.journal_seq);
         if (rows.has(r.id)) return;
