@@ -43,15 +43,27 @@ class AgentStopping(Exception):
 
 
 def engine_lost(exc: BaseException) -> bool:
-    """Whether `exc` says the engine did not answer (its socket gone, the connection refused or cut, a
-    timeout, the client not made), as opposed to an answer with an error: a registry's or an image's error
-    (manifest unknown, unauthorized, registry unreachable) comes back from the engine as an APIError with
-    its HTTP response, and is a real failure."""
+    """Whether `exc` says the engine did not answer: the connection refused or cut, a timeout (requests'
+    ConnectionError, Timeout, ChunkedEncodingError, and the urllib3 or socket errors they wrap, should one
+    come through unwrapped), an APIError without an HTTP response, or the client not made for one of those
+    (docker.from_env()'s DockerException, caused by it). Not an answer with an error: a registry's or an
+    image's error (manifest unknown, unauthorized, registry unreachable) comes back from the engine as an
+    APIError with its HTTP response, and is a real failure; nor a local one: an OSError that is no connection
+    error (ENOSPC writing ota/state.json), docker-py's own argument errors (InvalidArgument, InvalidVersion)."""
     import docker.errors
+    import requests
+    import urllib3
 
-    if isinstance(exc, docker.errors.APIError):
+    if isinstance(exc, requests.exceptions.HTTPError):  # docker's APIError is one
         return exc.response is None
-    return isinstance(exc, docker.errors.DockerException | OSError)  # requests' errors are OSErrors
+    if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout
+                  | requests.exceptions.ChunkedEncodingError | urllib3.exceptions.ProtocolError
+                  | urllib3.exceptions.TimeoutError | urllib3.exceptions.NewConnectionError
+                  | ConnectionError | TimeoutError):
+        return True
+    if isinstance(exc, docker.errors.DockerException) and exc.__cause__ is not None:
+        return engine_lost(exc.__cause__)
+    return False
 
 
 class OtaAgent:

@@ -14,7 +14,7 @@ import docker.errors
 import pytest
 import requests
 
-from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
+from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent, engine_lost
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
 from edge_runtime.ota.recovery import Recovery
 
@@ -301,3 +301,70 @@ def test_stopping_ends_a_recoverys_engine_call_that_hangs(tmp_path: Path) -> Non
         release.set()
     assert recovered is False and took_s < 1.0, took_s
     assert agent.state()["phase"] == "waiting_health"
+
+
+def test_only_an_engine_that_did_not_answer_is_waited_for_a_local_error_is_rolled_back(tmp_path: Path) -> None:
+    # engine_lost() took any OSError and any DockerException without a response for "the engine did not
+    # answer": ENOSPC writing ota/state.json during the swap was left to the recovery as engine loss, and
+    # docker-py's own argument errors (InvalidArgument in _clone) looped as waiting_engine for ever.
+    import errno
+    import os
+
+    import urllib3
+
+    private, public = generate_keypair()
+    refused = urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection: [Errno 111] "  # type: ignore[arg-type]
+                                                    "Connection refused")
+    assert engine_lost(requests.exceptions.ConnectionError(refused))
+    assert engine_lost(requests.exceptions.ConnectionError(urllib3.exceptions.ProtocolError(
+        "Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))))
+    assert engine_lost(urllib3.exceptions.ProtocolError("Connection aborted."))
+    assert engine_lost(requests.exceptions.ReadTimeout("UnixHTTPConnectionPool: Read timed out."))
+    assert engine_lost(requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead"))
+    assert engine_lost(ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"))
+    assert engine_lost(docker.errors.APIError("Cannot connect to the Docker daemon"))  # no response
+    try:  # docker.from_env() when the engine is down: the client not made
+        raise docker.errors.DockerException("Error while fetching server API version") from _lost("version")
+    except docker.errors.DockerException as made:
+        assert engine_lost(made)
+    enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "ota/state.tmp")
+    for answered_or_local in (enospc, FileNotFoundError(errno.ENOENT, "No such file"), PermissionError(13, "no"),
+                              docker.errors.InvalidArgument("invalid port bindings"),
+                              docker.errors.InvalidVersion("runtime is not supported by API version 1.24"),
+                              _answered(500, "port is already allocated"), ValueError("x")):
+        assert not engine_lost(answered_or_local), answered_or_local
+
+    engine = Engine()
+    statuses: list[dict[str, Any]] = []
+
+    class Local(Agent):
+        fail: str | None = None
+
+        def _clone(self, old: Any, image: str) -> Any:
+            if self.fail == "invalid":
+                raise docker.errors.InvalidArgument("'bogus' is not a valid port binding")
+            if self.fail == "refused":
+                self.fail = None
+                raise requests.exceptions.ConnectionError(refused)
+            return super()._clone(old, image)
+
+        def _save(self, **state: Any) -> None:
+            if self.fail == "enospc" and state.get("phase") == "waiting_health":
+                self.fail = None
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.state_path.with_suffix(".tmp")))
+            super()._save(**state)
+
+    agent = Local(engine, "edge-runtime", tmp_path / "state.json", [public], statuses.append, health_timeout_s=1)
+    agent.candidate_starts = True
+    payload = sign(Manifest(image=IMAGE, version="2.0.0"), private).model_dump_json(exclude_none=True)
+    agent.fail = "invalid"
+    assert agent.handle(payload) == "rolled_back"
+    assert "not a valid port binding" in statuses[-1]["reason"] and engine.get("old-id").running
+    agent.fail = "enospc"
+    assert agent.handle(payload) == "rolled_back"
+    assert statuses[-1]["reason"] == "starting the candidate failed: [Errno 28] No space left on device: " \
+                                     f"'{tmp_path / 'state.tmp'}'"
+    assert [c.id for c in engine.all if c.running] == ["old-id"] and agent.state()["phase"] == "idle"
+    agent.fail = "refused"  # the engine did not answer: waited for, then taken again
+    assert agent.handle(payload) == "waiting_engine" and engine.get("old-id").running
+    assert agent.handle(payload) == "committed"
