@@ -14,15 +14,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edge_runtime.api.gate_metrics import gate_metrics
-from edge_runtime.capture.camera import CameraState
 from edge_runtime.core.result import STAGES, Result
 from edge_runtime.fleet.offload.metrics import offload_metrics
 from edge_runtime.lineio.metrics import line_io_metrics
 
 # Seconds, as Prometheus names and units want them (1 ms .. 30 s).
 _BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
-# Every state a camera can be in (a hand-kept list once lacked `stopping`: such a camera read 0 everywhere).
-_CAMERA_STATES = tuple(s.value for s in CameraState)
+# Every state a camera can be in: capture.camera.CameraState's values (api may not import capture, the
+# import-linter contract; tests/api/test_metrics_camera_state.py fails when a state is missing here).
+_CAMERA_STATES = ("connecting", "streaming", "reconnecting", "failed", "ended", "stopping", "stopped")
 _LEVELS = frozenset({"clip_frames_held"})  # camera `frames` entries that are levels, not counts
 
 
