@@ -19,6 +19,7 @@ from PIL import Image
 
 from edge_runtime.api.errors import ApiError, invalid
 from edge_runtime.core import strict_json
+from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.images import SUPPORTED_FORMATS, header_flood
 
 QUICK_THREADS = 2  # always free for status, metrics and refusals (health has its own: guard.HEALTH_THREADS)
@@ -146,3 +147,8 @@ def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH, max_values: int = MA
         return strict_json.loads(raw, max_depth, max_values)
     except strict_json.StrictJsonError as exc:
         raise invalid(exc.field or "body", str(exc)) from None
+
+
+def storage_full(exc: StorageFull) -> ApiError:
+    """The device cannot journal verdicts now (disk full): a fault of the device, healing by itself."""
+    return ApiError(503, "storage_full", str(exc), headers={"Retry-After": str(RETRY_AFTER_S * 5)})

@@ -19,7 +19,15 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 from pydantic import BaseModel, ValidationError
 
-from edge_runtime.api.admission import RETRY_AFTER_S, Admission, Closing, Ticket, image_size, parse_json
+from edge_runtime.api.admission import (
+    RETRY_AFTER_S,
+    Admission,
+    Closing,
+    Ticket,
+    image_size,
+    parse_json,
+    storage_full,
+)
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError, from_image_error, from_input_error, from_validation, invalid
 from edge_runtime.api.models import (
@@ -101,11 +109,6 @@ def submit(fn: Callable[..., Future[Any]], *args: Any, **kwargs: Any) -> Future[
         raise from_input_error(exc) from None
     except StorageFull as exc:
         raise storage_full(exc) from None
-
-
-def storage_full(exc: StorageFull) -> ApiError:
-    """The device cannot journal verdicts now (disk full): a fault of the device, healing by itself."""
-    return ApiError(503, "storage_full", str(exc), headers={"Retry-After": str(RETRY_AFTER_S * 5)})
 
 
 def decode_base64(text: str, field: str) -> bytes:

@@ -24,11 +24,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from werkzeug.exceptions import RequestedRangeNotSatisfiable
 
-from edge_runtime.api.admission import Closing, parse_json
+from edge_runtime.api.admission import Closing, parse_json, storage_full
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError
 from edge_runtime.api.metrics import webhook_metrics
-from edge_runtime.api.rest import storage_full
 from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
