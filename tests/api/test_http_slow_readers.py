@@ -10,11 +10,8 @@ connection that owes a response and takes no byte of it for `Limits.send_stall_s
 
 from __future__ import annotations
 
-import json
 import socket
-import sqlite3
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,8 +20,8 @@ import requests
 
 from edge_runtime.api.guard import SEND_STALL_S
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.core.result import FrameInfo, Result
 from tests.api.test_api import make_daemon
+from tests.support.journal_rows import fill_journal
 from tests.support.waiting import wait_for
 
 ROWS = 3000
@@ -34,15 +31,8 @@ NOTES = "x" * 8000  # 3,000 results of ~8 KB: an export of ~25 MB, past waitress
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
     d = make_daemon(tmp_path_factory.mktemp("slow-readers"), demo_dir, camera=False)
-    template = Result(device="d", camera="belt", frame=FrameInfo(0, 10, 10), verdict={"defect": False, "notes": NOTES},
-                      text="{}", model="m@1", timings_ms={"total": 1.0}, prompt="p").to_dict()
-    rows = []
-    for i in range(ROWS):
-        body = dict(template, id=uuid.uuid4().hex)
-        rows.append((body["id"], body["ts"], time.time() - ROWS + i, "belt", json.dumps(body), 1))
-    path = d.config.journal.path or d.config.data_dir / "journal.sqlite3"
-    with sqlite3.connect(path, timeout=30) as db:
-        db.executemany("INSERT INTO results (id, ts, created, camera, body, sent) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    fill_journal(d.config.journal.path or d.config.data_dir / "journal.sqlite3", ROWS,
+                 {"defect": False, "notes": NOTES})
     yield d
     d.stop()
 

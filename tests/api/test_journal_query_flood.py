@@ -5,11 +5,8 @@ queries are now admitted two at a time on threads of their own; the others get a
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +15,8 @@ import pytest
 import requests
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.core.result import FrameInfo, Result
 from tests.api.test_api import make_daemon
+from tests.support.journal_rows import fill_journal
 
 ROWS = 40_000
 
@@ -27,15 +24,7 @@ ROWS = 40_000
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
     d = make_daemon(tmp_path_factory.mktemp("query-flood"), demo_dir, camera=False)
-    template = Result(device="d", camera="belt", frame=FrameInfo(0, 10, 10), verdict={"defect": False},
-                      text="{}", model="m@1", timings_ms={"total": 1.0}, prompt="p").to_dict()
-    rows = []
-    for i in range(ROWS):
-        body = dict(template, id=uuid.uuid4().hex)
-        rows.append((body["id"], body["ts"], time.time() - ROWS + i, "belt", json.dumps(body), 1))
-    path = d.config.journal.path or d.config.data_dir / "journal.sqlite3"
-    with sqlite3.connect(path, timeout=30) as db:
-        db.executemany("INSERT INTO results (id, ts, created, camera, body, sent) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    fill_journal(d.config.journal.path or d.config.data_dir / "journal.sqlite3", ROWS)
     yield d
     d.stop()
 

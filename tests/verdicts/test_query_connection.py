@@ -6,32 +6,23 @@ and the status counts take. It did: with two queries of a 40,000-result journal 
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import statistics
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.review import ReviewStore
+from tests.support.journal_rows import fill_journal
 
 ROWS = 40_000
 
 
 def journal_of(path: Path) -> Journal:
     journal = Journal(path)
-    template = Result(device="d", camera="belt", frame=FrameInfo(0, 10, 10), verdict={"defect": False},
-                      text="{}", model="m@1", timings_ms={"total": 1.0}, prompt="p").to_dict()
-    rows = []
-    for i in range(ROWS):
-        body = dict(template, id=uuid.uuid4().hex)
-        rows.append((body["id"], body["ts"], time.time() - ROWS + i, "belt", json.dumps(body), 1))
-    with sqlite3.connect(path, timeout=30) as db:
-        db.executemany("INSERT INTO results (id, ts, created, camera, body, sent) VALUES (?, ?, ?, ?, ?, ?)", rows)
+    fill_journal(path, ROWS)
     return journal
 
 
