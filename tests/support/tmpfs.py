@@ -21,3 +21,16 @@ def tmpfs(path: Path, size: str = "8m") -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill_disk(disk: Path) -> Path:
+    """Write zeros into `disk`/filler until the file system refuses (ENOSPC): another program filling the disk.
+    Unbuffered, so the file's size is what reached the disk."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+    return filler

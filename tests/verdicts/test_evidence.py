@@ -13,7 +13,7 @@ from edge_runtime.config import EvidenceConfig
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.verdicts.evidence import FAULT, EvidenceStore
 from edge_runtime.verdicts.journal import Journal
-from tests.support.tmpfs import tmpfs
+from tests.support.tmpfs import fill_disk, tmpfs
 
 DEFECT = {"defect": True, "category": "scratch"}
 PASS = {"defect": False, "category": "none"}
@@ -91,13 +91,7 @@ def test_a_full_disk_is_a_fault_not_a_crash_and_heals_when_space_returns(tmp_pat
         faults: set[str] = set()
         store = EvidenceStore(EvidenceConfig(max_mb=100, min_free_mb=0), disk / "ev", tmp_path / "j.sqlite3",
                               faults)
-        filler = disk / "filler"
-        with filler.open("wb") as f:  # another program fills the disk
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-            except OSError:
-                pass
+        filler = fill_disk(disk)  # another program fills the disk
         assert store.save(noise(1), "r1", DEFECT) is None
         assert FAULT in faults and store.status()["disk_full"]
         assert store.save(noise(2), "r2", DEFECT) is None  # still no crash, still degraded

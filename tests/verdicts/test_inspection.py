@@ -27,7 +27,7 @@ from edge_runtime.verdicts.evidence import FAULT
 from tests.support.broker import Broker
 from tests.support.daemon_http import trigger
 from tests.support.receiver import Receiver, Subscriber
-from tests.support.tmpfs import tmpfs
+from tests.support.tmpfs import fill_disk, tmpfs
 from tests.support.waiting import wait_for
 
 TOKEN = "line-token"
@@ -308,13 +308,7 @@ def test_a_full_evidence_disk_degrades_the_device_and_heals(tmp_path: Path, demo
         daemon = Daemon(cfg)
         daemon.start()
         try:
-            filler = disk / "filler"
-            with filler.open("wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                except OSError:
-                    pass
+            filler = fill_disk(disk)
             frame = np.full((64, 64, 3), 90, np.uint8)
             first = daemon.entry.submit_image(frame, journal=True).result(timeout=60)
             assert first.evidence is None and daemon.journal.get(first.id) is not None  # the verdict is kept

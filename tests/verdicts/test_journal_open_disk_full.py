@@ -10,18 +10,7 @@ import sys
 from pathlib import Path
 
 from edge_runtime.verdicts.journal import Journal
-from tests.support.tmpfs import tmpfs
-
-
-def fill(disk: Path) -> Path:
-    filler = disk / "filler"
-    with filler.open("wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError:
-            pass
-    return filler
+from tests.support.tmpfs import fill_disk, tmpfs
 
 
 def test_run_on_a_full_journal_disk_says_disk_full_in_one_line_and_the_journal_opens_once_space_returns(
@@ -32,7 +21,7 @@ def test_run_on_a_full_journal_disk_says_disk_full_in_one_line_and_the_journal_o
         config.write_text(f"device_id: full-start\ndata_dir: {data}\nmqtt: {{enabled: false}}\n"
                           "api: {enabled: false}\ngovernor: {enabled: false}\n")
         data.mkdir()
-        filler = fill(disk)
+        filler = fill_disk(disk)
         run = subprocess.run([sys.executable, "-m", "edge_runtime", "run", "--config", str(config)],
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 2, run.stderr

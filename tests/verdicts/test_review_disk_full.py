@@ -11,7 +11,7 @@ import requests
 
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import load_config
-from tests.support.tmpfs import tmpfs
+from tests.support.tmpfs import fill_disk, tmpfs
 
 
 def test_a_review_on_a_full_disk_is_a_503_storage_full_and_goes_through_when_space_returns(
@@ -30,13 +30,7 @@ def test_a_review_on_a_full_disk_is_a_503_storage_full_and_goes_through_when_spa
             url = f"http://127.0.0.1:{daemon.api.port}"
             frame = np.full((64, 64, 3), 90, np.uint8)
             result = daemon.entry.submit_image(frame, journal=True).result(timeout=60)
-            filler = disk / "filler"
-            with filler.open("wb") as f:
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                except OSError:
-                    pass
+            filler = fill_disk(disk)
             review = {"action": "confirm", "note": "checked at the bench " + "x" * 400}
             full = requests.post(f"{url}/api/v1/results/{result.id}/review", json=review, timeout=30)
             assert full.status_code == 503, full.text

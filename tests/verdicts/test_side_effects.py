@@ -24,7 +24,7 @@ from edge_runtime.inference.inspector import Inspector
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.messages import MAX_PAYLOAD
 from edge_runtime.verdicts.stage import VerdictServices
-from tests.support.tmpfs import tmpfs
+from tests.support.tmpfs import fill_disk, tmpfs
 
 ACTIONS = [{"type": "alert"}, {"type": "webhook", "url": "http://127.0.0.1:9/hook"}, {"type": "review"}]
 
@@ -125,13 +125,7 @@ def test_a_disk_that_fills_during_the_transaction_journals_neither_the_result_no
         try:
             line.deliver(make_result(0))  # the WAL and its index exist: later writes only add frames
             notes = "x" * 60_000  # the result fits in the space left; the result and its alert do not
-            filler = disk / "filler"
-            with filler.open("wb", buffering=0) as f:
-                try:
-                    while True:
-                        f.write(b"\0" * 65536)
-                except OSError:
-                    pass
+            filler = fill_disk(disk)
             os.truncate(filler, filler.stat().st_size - 100 * 1024)
             with pytest.raises(StorageFull):
                 line.deliver(make_result(1, notes))
