@@ -493,15 +493,9 @@ def test_an_error_whose_text_differs_only_by_an_address_or_a_number_is_one_disti
     assert errors.log("recovery", other, "recovery failed: %s") is True
 
 
-def test_an_action_taken_while_the_engine_does_not_answer_says_so_and_is_taken_again_when_it_answers(
-        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # No swap under way and dockerd restarting: handle() raised out of its first engine call; the server's
-    # last word from the device stayed `received` (the MQTT mirror too) while the loop backed off and retried.
-    recorded, url = served
-    offer(recorded, url, release(keys[0]))
-    statuses: list[dict[str, Any]] = []
-    source, agent, engine = make(tmp_path, url, keys[1])
-    source.mirror = statuses.append
+def engine_down(engine: Any) -> list[bool]:
+    """The engine's `containers.get` refuses as a Docker engine that is not running does while the returned
+    flag's [0] is True; set it False and the engine answers again."""
     down = [True]
     answering = engine.containers.get
 
@@ -511,6 +505,19 @@ def test_an_action_taken_while_the_engine_does_not_answer_says_so_and_is_taken_a
         return answering(name)
 
     engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    return down
+
+
+def test_an_action_taken_while_the_engine_does_not_answer_says_so_and_is_taken_again_when_it_answers(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # No swap under way and dockerd restarting: handle() raised out of its first engine call; the server's
+    # last word from the device stayed `received` (the MQTT mirror too) while the loop backed off and retried.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    statuses: list[dict[str, Any]] = []
+    source, agent, engine = make(tmp_path, url, keys[1])
+    source.mirror = statuses.append
+    down = engine_down(engine)
     with caplog.at_level(logging.INFO, logger="edge_runtime.ota"):
         waits = [source.step() for _ in range(3)]
     assert all(5.0 <= w <= 5.5 for w in waits), waits  # the server's 1 s polling sleep, bounded below at 5 s
@@ -558,15 +565,7 @@ def test_an_action_retried_reuses_its_downloaded_artifact_and_follows_the_server
     recorded, url = served
     offer(recorded, url, release(keys[0]), sleep="00:02:00")
     source, _agent, engine = make(tmp_path, url, keys[1])
-    down = [True]
-    answering = engine.containers.get
-
-    def get(name: str) -> Any:
-        if down[0]:
-            raise docker.errors.APIError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
-        return answering(name)
-
-    engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    down = engine_down(engine)
     waits = [source.step() for _ in range(3)]
     downloads = lambda: len(recorded.sent("GET", "/artifacts/manifest.signed.json"))  # noqa: E731
     assert downloads() == 1 and [d for *_, d in executions(recorded)].count("downloading manifest.signed.json") == 1
@@ -678,15 +677,7 @@ def test_an_action_waiting_for_the_engine_tells_the_server_received_once_not_at_
     recorded, url = served
     offer(recorded, url, release(keys[0]))  # the server's polling sleep: 1 s
     source, agent, engine = make(tmp_path, url, keys[1])
-    down = [True]
-    answering = engine.containers.get
-
-    def get(name: str) -> Any:
-        if down[0]:
-            raise docker.errors.APIError("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
-        return answering(name)
-
-    engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    down = engine_down(engine)
     for _ in range(6):
         source.step()
     details = [d for *_, d in executions(recorded)]
