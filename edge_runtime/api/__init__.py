@@ -99,6 +99,8 @@ class ApiServer:
         self.app = create_app(device, cfg, self.metrics, self.events, stream_seconds)
         self._server: Any = None
         self.limits = Limits(cfg.request_deadline_s, cfg.connections_per_client, _bodies_bytes(cfg))
+        _export_bound(self.limits, cfg)
+        self.app.extensions["edge_runtime_limits"] = self.limits  # exports bind their bound to it (review.py)
         self.metrics.registry.register(ConnectionMetrics(lambda: self._server))
         self._map: dict[int, Any] = {}  # our own socket map, handed to waitress (public parameter)
         self._thread: threading.Thread | None = None
@@ -132,6 +134,7 @@ class ApiServer:
         self.limits.request_deadline_s = cfg.request_deadline_s
         self.limits.connections_per_client = cfg.connections_per_client
         self.limits.bodies_bytes = _bodies_bytes(cfg)
+        _export_bound(self.limits, cfg)  # from the next export on
         restart = [name for name in RESTART_SETTINGS if getattr(old, name) != getattr(cfg, name)]
         if self._server is not None and cfg.max_request_mb * 1024 * 1024 > self._server.adj.max_request_body_size:
             restart.append("max_request_mb")  # waitress refuses bodies over the bound it started with
@@ -208,3 +211,8 @@ class ApiServer:
 def _bodies_bytes(cfg: ApiConfig) -> int:
     """Request bodies received at once: four of the largest allowed, spooled to disk by waitress."""
     return int(4 * cfg.max_request_mb * 2**20)
+
+
+def _export_bound(limits: Limits, cfg: ApiConfig) -> None:
+    limits.export_min_bytes_s = cfg.export_min_kib_s * 1024
+    limits.export_max_s = cfg.export_max_s

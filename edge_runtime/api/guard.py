@@ -19,6 +19,10 @@ connection table and `/healthz` can no longer connect. These bounds close that h
   writing it waits for the client: without the deadline a client that asked for a large export and
   never read held a server thread for as long as it kept the connection open (the write fails then
   and the thread goes back to the pool).
+- a transfer bound for a response that asks for one (result exports, `SendBound`): a client must take
+  at least `min_bytes_s` over every `window_s` in which it was owed bytes, and the whole answer within
+  `max_s`, or the connection is closed. The stall deadline alone let a client that read a little every
+  few seconds keep the one export slot for ever.
 - a refusal the client can read: a request refused before its body was read (the 503 of the budget,
   a 408, waitress's own 413 / 431 / 400) is answered, the connection's sending side is shut down, and
   what the client still sends is read and thrown away (lingering close, as nginx does) for at most
@@ -39,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -51,7 +56,7 @@ from prometheus_client.registry import Collector
 from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
-from waitress.task import ErrorTask, ThreadedTaskDispatcher
+from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,7 @@ CONNECTION_LIMIT = 500  # connections for clients other than the device's own lo
 LOOPBACK_RESERVE = 50  # slots above it that only 127.0.0.1 / ::1 may take
 EXEMPT = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 SEND_STALL_S = 30.0  # see Limits.send_stall_s
+CHANNEL_KEY = "edge_runtime.channel"  # the WSGI environ key of the request's GuardedChannel (SendBound)
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})  # served on the health lane (see the module)
 HEALTH_METHODS = frozenset({"GET", "HEAD"})
 HEALTH_THREADS = 1  # the lane's server threads, beyond those waitress is told of
@@ -81,6 +87,67 @@ class Limits:
     bodies_bytes: int = 64 * 2**20  # request bodies being received at once (waitress spools them to disk)
     linger_s: float = 5.0  # how long a refused connection's unread body is drained before it is closed
     send_stall_s: float = SEND_STALL_S  # a connection owing a response that takes no byte of it this long is closed
+    # Result exports (SendBound): the least a client must take per window while owed bytes, and the most
+    # an export may take in all (api.export_min_kib_s, api.export_max_s).
+    export_min_bytes_s: float = 4 * 1024
+    export_window_s: float = 60.0
+    export_max_s: float = 3600.0
+
+
+@dataclass
+class SendBound:
+    """A transfer bound on one response (set by the app through `bind`, checked by the loop thread).
+
+    Time in which the client owed nothing (it had taken every byte the app had written: the app is the
+    slow side then) starts a new window; a slow link that keeps to the rate finishes however large the
+    answer is, up to `max_s`."""
+
+    what: str
+    min_bytes_s: float
+    window_s: float
+    max_s: float
+    started: float = 0.0
+    window_start: float = 0.0
+    window_sent: int = 0
+    done: bool = False  # the app has written the whole answer (what is left is in waitress's buffer)
+
+    def breached(self, channel: GuardedChannel, mono: float) -> str | None:
+        """Why the connection is to be cut now, or None."""
+        if mono - self.started > self.max_s:
+            return f"was not taken whole within {self.max_s:.0f} s"
+        if not channel.total_outbufs_len or channel.drained >= self.window_start:
+            self.window_start, self.window_sent = mono, channel.bytes_sent  # the client kept up
+            return None
+        took = channel.bytes_sent - self.window_sent
+        if mono - self.window_start < self.window_s:
+            return None
+        if took < self.min_bytes_s * (mono - self.window_start):
+            return f"took {took} bytes in {mono - self.window_start:.0f} s, less than " \
+                   f"{self.min_bytes_s / 1024:g} KiB/s"
+        self.window_start, self.window_sent = mono, channel.bytes_sent
+        return None
+
+
+def bind(environ: dict[str, Any], what: str, limits: Limits) -> SendBound | None:
+    """Put the response of this request under `limits`' export bound; None when not served by
+    GuardedServer (a test client). Call `done()` on it when the app has written its last byte."""
+    channel = environ.get(CHANNEL_KEY)
+    if not isinstance(channel, GuardedChannel):
+        return None
+    mono = time.monotonic()
+    bound = SendBound(what, limits.export_min_bytes_s, limits.export_window_s, limits.export_max_s, mono, mono,
+                      channel.bytes_sent)
+    channel.bound = bound
+    return bound
+
+
+class ChannelTask(WSGITask):
+    """waitress's WSGI task, with its channel in the environ (CHANNEL_KEY) for `bind`."""
+
+    def get_environment(self) -> Any:
+        environ = super().get_environment()
+        environ[CHANNEL_KEY] = self.channel
+        return environ
 
 
 class JsonErrorTask(ErrorTask):
@@ -103,6 +170,7 @@ class JsonErrorTask(ErrorTask):
 class GuardedChannel(HTTPChannel):
     """An HTTP connection that remembers when the request it is receiving began."""
 
+    task_class = ChannelTask
     error_task_class = JsonErrorTask
 
     request_started: float | None = None
@@ -113,6 +181,9 @@ class GuardedChannel(HTTPChannel):
     _linger_until: float | None = None  # while draining: when the socket is closed however much still comes
     _linger_left = 0  # bytes the drain still takes before the socket is closed
     last_sent = 0.0  # monotonic: when the client last took a byte, or last owed nothing (loop thread)
+    bytes_sent = 0  # bytes of answers the client has taken
+    drained = 0.0  # monotonic: when the client last took the last byte it was owed
+    bound: SendBound | None = None  # the transfer bound of the response being sent (bind)
 
     def received(self, data: bytes) -> bool:
         done: bool = super().received(data)
@@ -132,7 +203,14 @@ class GuardedChannel(HTTPChannel):
         sent: bool = super()._flush_some(do_close)
         if sent:
             self.last_sent = time.monotonic()
+            if not self.total_outbufs_len:
+                self.drained = self.last_sent
         return sent
+
+    def send(self, data: bytes, do_close: bool = True) -> int:
+        n: int = super().send(data, do_close=do_close)
+        self.bytes_sent += n
+        return n
 
     def _count_body(self) -> None:
         """Reserve a request's declared body size (a chunked body: the most it may be) as soon as its
@@ -240,6 +318,7 @@ class GuardedServer(TcpWSGIServer):
         self.bodies_in_flight = 0  # bytes reserved by request bodies being received (loop thread only)
         self.bodies_refused = 0
         self.stalled = 0  # connections closed for taking no byte of the response they were owed
+        self.bound_cut: Counter[str] = Counter()  # connections closed past their SendBound, by its `what`
         self.drain_buffer = bytearray(256 * 1024)  # what refused connections still send lands here (loop thread)
         super().__init__(application, **kw)
 
@@ -300,7 +379,7 @@ class GuardedServer(TcpWSGIServer):
                 if mono >= linger_until:  # a refused client still sending (or silent): close it now
                     channel.handle_close()
                 continue
-            if self._stalled(channel, mono):
+            if self._stalled(channel, mono) or self._past_bound(channel, mono):
                 continue
             started = getattr(channel, "request_started", None)
             if started is not None and getattr(channel, "requests", None):
@@ -329,6 +408,30 @@ class GuardedServer(TcpWSGIServer):
             log.warning("api: closed a connection from %s that took no byte of its answer for %.0f s "
                         "(%d bytes owed); %d so far", channel.client, mono - channel.last_sent,
                         channel.total_outbufs_len, self.stalled)
+        channel.handle_close()
+        return True
+
+
+    def _past_bound(self, channel: Any, mono: float) -> bool:
+        """Close a connection whose response is past its SendBound (one line each: a cut needs a
+        window's time at least); the thread writing it gets ClientDisconnected, as for a stall."""
+        bound = getattr(channel, "bound", None)
+        if bound is None:
+            return False
+        if bound.done and not channel.total_outbufs_len:
+            channel.bound = None  # sent whole
+            return False
+        why = bound.breached(channel, mono)
+        if why is None:
+            return False
+        self.bound_cut[bound.what] += 1
+        log.warning("api: cut the %s to %s after %.0f s (%d bytes taken): it %s", bound.what, channel.client,
+                    mono - bound.started, channel.bytes_sent, why)
+        channel.bound = None
+        try:  # a reset: what the kernel still holds for the client is dropped, not sent at its pace
+            channel.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
         channel.handle_close()
         return True
 
@@ -408,5 +511,10 @@ class ConnectionMetrics(Collector):
         yield CounterMetricFamily("edge_api_responses_stalled", "Connections closed for taking no byte of "
                                   "the answer they were owed for 30 s (a client that stopped reading)",
                                   value=srv.stalled)
+        cut = CounterMetricFamily("edge_api_responses_cut", "Answers cut for being taken too slowly "
+                                  "(api.export_min_kib_s) or for too long (api.export_max_s)", labels=["what"])
+        for what in ("export", *sorted(set(srv.bound_cut) - {"export"})):
+            cut.add_metric([what], srv.bound_cut[what])
+        yield cut
         yield CounterMetricFamily("edge_api_request_bodies_refused", "Requests refused with 503 because too "
                                   "many bodies were arriving at once", value=srv.bodies_refused)

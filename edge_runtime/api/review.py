@@ -4,7 +4,8 @@
 - `GET /api/v1/inspections`: results filtered by camera, defect, category, since/until, review state,
   confidence below; newest first with a `before` cursor (`after` returns only newer rows, for polling)
 - `GET /api/v1/inspections/export.csv|.jsonl`: the same filters, streamed page by page, one export at
-  a time (a 429 for another: an export holds a server thread while its client reads it)
+  a time (a 429 for another: an export holds a server thread while its client reads it); a client that
+  takes it slower than `api.export_min_kib_s` or not within `api.export_max_s` is cut (guard.SendBound)
 - `GET /api/v1/review/schema`: the bundle's verdict schema (the page builds its correction form from it)
 - `POST /api/v1/results/<id>/review`: confirm or correct (token rules as for every write)
 """
@@ -27,6 +28,7 @@ from werkzeug.exceptions import RequestedRangeNotSatisfiable
 from edge_runtime.api.admission import Closing, parse_json, storage_full
 from edge_runtime.api.auth import require_access
 from edge_runtime.api.errors import ApiError
+from edge_runtime.api.guard import Limits, bind
 from edge_runtime.api.metrics import webhook_metrics
 from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.errors import StorageFull
@@ -173,8 +175,17 @@ def export(fmt: str) -> Any:
         for r in matches:
             yield _csv_text(_csv_row(r)) if fmt == "csv" else json.dumps(r, ensure_ascii=False) + "\n"
 
+    # The slot is held until the client has taken the answer: one that takes a trickle (or takes too
+    # long) is cut by the server's loop, so the next client gets the slot (guard.SendBound).
+    bound = bind(request.environ, "export", current_app.extensions.get("edge_runtime_limits") or Limits())
+
+    def written() -> None:
+        ticket.release()
+        if bound is not None:
+            bound.done = True
+
     mimetype = "text/csv" if fmt == "csv" else "application/x-ndjson"
-    return Response(Closing(rows(), ticket.release), mimetype=mimetype,
+    return Response(Closing(rows(), written), mimetype=mimetype,
                     headers={"Content-Disposition": f'attachment; filename="results.{fmt}"'})
 
 

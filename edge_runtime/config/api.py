@@ -44,6 +44,13 @@ class ApiConfig(Section):
     connections_per_client: int = Field(
         64, ge=1, le=500, description="Most connections one client address may hold open; more are "
         "refused at once. 127.0.0.1 and ::1 are exempt (local health checks).")
+    export_min_kib_s: float = Field(
+        4, gt=0, le=1_000_000, description="A result export (export.csv / .jsonl, one at a time) is cut when its "
+        "client takes less than this many KiB/s over a minute in which it was owed data, so a client that reads "
+        "a trickle cannot keep the one export slot (64 KiB/s is 16 times this).")
+    export_max_s: float = Field(
+        3600, ge=10, le=86_400, description="A result export not taken whole within this many seconds is cut "
+        "(100 MB at 64 KiB/s takes ~26 minutes).")
     max_images_per_request: int = Field(
         8, ge=1, le=256, description="Most image_url parts one /v1/chat/completions request may carry (in order, "
         "as llama.cpp's server and vLLM take them); more are a 400 naming the first part over the limit, "

@@ -22,6 +22,7 @@ LIVE = (
     "api.token",  # rotated by the API server on reload (api/)
     "api.allow_remote_image_urls", "api.allow_local_image_urls", "api.request_timeout_s",
     "api.auth", "api.request_deadline_s", "api.connections_per_client",  # read per request / accept
+    "api.export_min_kib_s", "api.export_max_s",  # read when an export starts
     "ota",  # read by the update agent, a separate process
     "rules", "rules_budget",  # re-evaluated from the next verdict on (verdicts/stage.py)
     "rails",  # read per request by the API (api/rails/live.py)
