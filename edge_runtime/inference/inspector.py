@@ -49,8 +49,8 @@ from edge_runtime.inference.program_fit import (
 from edge_runtime.inference.programs import LoadedProgram, ReferenceMemory, changed_references, load_programs
 from edge_runtime.inference.prompting import PromptBuilder
 from edge_runtime.inference.regions import RegionsEncoded, judge
-from edge_runtime.inference.results import RegionsCollected, frame_result, regions_result
-from edge_runtime.inference.schemas import SchemaRefused, SchemaRules, VerdictRules
+from edge_runtime.inference.results import RegionsCollected, frame_result, refused, regions_result
+from edge_runtime.inference.schemas import SchemaRules, VerdictRules
 from edge_runtime.inference.vision import Preprocessor, VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -291,8 +291,9 @@ class Inspector:
             served: dict[int, Result | InferenceError] = {}
 
             def finished(w: Work, outcome: Result | Generation | Exception) -> None:
-                served[id(w)] = outcome if isinstance(outcome, Result | InferenceError) else \
-                    InferenceError(str(outcome))
+                served[id(w)] = (outcome if isinstance(outcome, Result | InferenceError)
+                                 else refused(outcome) if isinstance(outcome, InputError)
+                                 else InferenceError(str(outcome)))
 
             self.serve(jobs, finished)
             return [served[id(job)] for job in jobs]
@@ -303,11 +304,13 @@ class Inspector:
         for i, (job, question) in enumerate(zip(jobs, questions, strict=True)):
             try:
                 rules = self.verdict_rules(job.schema)
-            except SchemaRefused as exc:
-                out[i] = exc
+                prompt = Prompt(*self.frame_sequence(job.camera, question, job.encoded, program_name=job.program),
+                                rules.grammar, self.max_tokens)
+                self.language.check_prompt(prompt)  # one question too long for the context fails alone
+            except InputError as exc:
+                out[i] = refused(exc)
                 continue
-            prompts.append(Prompt(*self.frame_sequence(job.camera, question, job.encoded, program_name=job.program),
-                                  rules.grammar, self.max_tokens))
+            prompts.append(prompt)
             ruled.append((i, rules))
         gens = self.generate_batch(prompts, self.grammar, self.max_tokens) if prompts else []
         for (i, rules), gen in zip(ruled, gens, strict=True):
@@ -384,7 +387,7 @@ class Inspector:
                 prompts.append(Prompt(*self.frame_sequence(w.camera, question, renc, "prompt", w.program),
                                       rules.grammar, self.max_tokens, tag=(w, rules, collected, k)))
             except (InputError, InferenceError) as exc:
-                collected.outcomes[k] = judge(spec, None, "", nok_field, str(exc))
+                collected.failed(k, exc)
         collected.pending = len(prompts)
         return prompts, collected
 

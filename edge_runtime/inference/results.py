@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from edge_runtime.core.batch import BatchJob, Encoded
-from edge_runtime.core.errors import InferenceError
+from edge_runtime.core.errors import InferenceError, InputError
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.clips import clip_stamps
 from edge_runtime.inference.llm.feed import Generation
 from edge_runtime.inference.regions import RegionOutcome, RegionsEncoded, judge, overall
-from edge_runtime.inference.schemas import VerdictRules
+from edge_runtime.inference.schemas import SchemaRefused, VerdictRules
 
 
 def frame_result(device_id: str, model: str, enc: Encoded, verdict: dict[str, Any], gen: Generation, question: str,
@@ -32,6 +32,17 @@ def frame_result(device_id: str, model: str, enc: Encoded, verdict: dict[str, An
                   prompt=question, governor=governor, clip=clip_stamps(enc))
 
 
+class QuestionRefused(InputError, InferenceError):
+    """A frame whose question cannot be asked (longer than the context once laid around the frame): an
+    InputError naming the field, so a client's request is answered with a 4xx and a camera's is logged as
+    its configured question, and an InferenceError too, so a batch reports it in that frame's place."""
+
+
+def refused(exc: InputError) -> InferenceError:
+    """`exc` as that frame's own failure in a batch, still an InputError with its field and status."""
+    return exc if isinstance(exc, InferenceError) else QuestionRefused(str(exc), exc.field, exc.status)
+
+
 class RegionsCollected:
     """A frame's regions as their sequences finish (serve's `done` hears of them one by one)."""
 
@@ -41,6 +52,18 @@ class RegionsCollected:
         self.outcomes: list[RegionOutcome | None] = [None] * len(enc.regions)
         self.gens: list[Generation] = []
         self.pending = 0
+        # The first region asked with the frame's own question that could not be (too long for the context):
+        # the frame is refused with it, as a frame without regions is (not "regions without a verdict", nor
+        # a verdict made of the regions that have their own question).
+        self.refused: InputError | None = None
+
+    def failed(self, k: int, exc: Exception) -> None:
+        """Region `k` could not be asked (its crop refused, its question too long, ...)."""
+        spec = self.enc.regions[k][0]
+        self.outcomes[k] = judge(spec, None, "", self.nok_field, str(exc))
+        if isinstance(exc, InputError) and not isinstance(exc, SchemaRefused) and spec.prompt is None \
+                and self.refused is None:
+            self.refused = exc
 
     def answered(self, k: int, verdict: dict[str, Any]) -> None:
         """Region `k` answered by the anomaly gate (skip_ok's OK): it is not asked."""
@@ -52,7 +75,7 @@ class RegionsCollected:
         spec = self.enc.regions[k][0]
         self.pending -= 1
         if isinstance(outcome, Exception):
-            self.outcomes[k] = judge(spec, None, "", self.nok_field, str(outcome))
+            self.failed(k, outcome)
             return
         self.gens.append(outcome)
         try:
@@ -68,6 +91,8 @@ def regions_result(device_id: str, model: str, w: BatchJob, collected: RegionsCo
     """A frame's Result from its regions' outcomes (or why it has none: no region NOK, one without a verdict)."""
     enc, gens = collected.enc, collected.gens
     outcomes = [o for o in collected.outcomes if o is not None]
+    if collected.refused is not None:  # the frame's question cannot be asked: refused whole, as without regions
+        return refused(collected.refused)
     try:
         best = overall(outcomes)
     except InferenceError as exc:

@@ -14,7 +14,7 @@ import pytest
 from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, load_config
 from edge_runtime.core.batch import BatchJob
 from edge_runtime.core.bundle.manifest import Bundle
-from edge_runtime.core.errors import ConfigError, InferenceError
+from edge_runtime.core.errors import ConfigError, InferenceError, InputError
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import part_image
 from edge_runtime.inference.inspector import Inspector
@@ -176,3 +176,26 @@ def test_a_frame_encoded_before_a_reload_is_inspected_under_one_program(
         finally:
             worker.stop()
             journal.close()
+
+
+def test_a_question_too_long_for_the_context_fails_its_own_frame_alone_naming_the_field(ins: Inspector) -> None:
+    """A client's question (a trigger's `prompt`) that cannot fit the context once laid around a frame is
+    that request's InputError, not the batch's and not a daemon fault: in a batch with other cameras'
+    frames, the whole batch used to fail with it (a camera's scheduled frame lost, counted as its error),
+    and on a regions camera, or beside one, it came back as an InferenceError (a 500 on REST)."""
+    long = "Is the screw seated? " * 300  # under the byte bound, over the context in tokens
+    frames = synthetic_frames(3, seed=64)
+    plain = [BatchJob(ins.encode(f), camera=c, prompt=p)
+             for f, c, p in zip(frames, ("a", "b", "c"), (None, long, None), strict=True)]
+    outcomes = ins.inspect_batch(plain)
+    assert isinstance(outcomes[0], Result) and isinstance(outcomes[2], Result), outcomes
+    assert isinstance(outcomes[1], InputError) and "the context holds" in str(outcomes[1])
+    # A regions camera's frame with the long question, batched with a plain frame that fits.
+    mixed = ins.inspect_batch([BatchJob(ins.encode_frame("left", frames[0]), camera="left", prompt=long),
+                               BatchJob(ins.encode(frames[1]), camera="b")])
+    assert isinstance(mixed[0], InputError) and "the context holds" in str(mixed[0]), mixed
+    assert isinstance(mixed[1], Result)
+    # Alone: the same InputError (the worker answers a client's request with a 4xx naming the field).
+    with pytest.raises(InputError, match="the context holds") as caught:
+        ins.inspect(frames[0], camera="left", prompt=long)
+    assert caught.value.field is not None

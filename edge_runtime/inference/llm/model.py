@@ -293,6 +293,10 @@ class LanguageModel:
         more = None if admit is None else (lambda n: checked(admit(n)))
         return self.parallel.serve(checked(prompts), finished, more)
 
+    def check_prompt(self, prompt: Prompt) -> None:
+        """InputError (naming the field) when `prompt` cannot fit the context, as generating it would raise."""
+        self._check_prompt(prompt.prefix, prompt.image, prompt.suffix, prompt.max_tokens)
+
     def _check_prompt(self, prefix: Head, image: ImagePart, suffix: list[int], max_tokens: int
                       ) -> tuple[Head, list[Segment], list[int]]:
         segments = image_segments(image)
