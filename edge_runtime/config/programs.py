@@ -222,6 +222,17 @@ def check_clip_ring(cfg: ProgramConfig, width: int, height: int, program: str, c
                          "a camera's clip ring may hold (fewer frames, or a smaller roi)")
 
 
+def check_clip_pace(cfg: ProgramConfig, fps: float, program: str, camera: str) -> None:
+    """ValueError naming the program and the camera when its frames, at `fps`, come further apart than the
+    clip's gap limit: each would empty the ring as a stall does, so no clip ever fills and the camera is
+    never inspected while it streams."""
+    if cfg.clip is None or 1.0 / fps <= cfg.clip.gap_limit_s:
+        return
+    raise ValueError(f"programs.{program} (camera {camera}): a frame every {1.0 / fps:.1f} s (fps {fps:g}) is more "
+                     f"than the clip's max_gap_s of {cfg.clip.gap_limit_s:g} s, so every frame would start the clip "
+                     f"again and none would ever be asked: set clip.max_gap_s above {1.0 / fps:.1f}")
+
+
 def check_regions_inside(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:
     """ValueError naming the program, the camera and the first region outside its width x height frame."""
     for r in cfg.regions:

@@ -29,6 +29,7 @@ from edge_runtime.config.offload import OffloadConfig
 from edge_runtime.config.ota import OtaConfig
 from edge_runtime.config.programs import (
     ProgramConfig,
+    check_clip_pace,
     check_clip_ring,
     check_references,
     check_region_schemas,
@@ -117,6 +118,8 @@ class Config(Section):
                     raise ValueError(f"cameras.{cam.name}.trigger.mode: on_demand never asks program {cam.program}'s "
                                      f"clip of {clip.frames} frames (a REST or MQTT trigger asks about one frame; "
                                      "clips are asked by interval, continuous or on_change)")
+                if cam.fps is not None:
+                    check_clip_pace(self.programs[cam.program], cam.fps, cam.program, cam.name)
                 size = (cam.roi[2], cam.roi[3]) if cam.roi else (cam.width, cam.height)
                 if size[0] is not None and size[1] is not None:  # else checked per frame (a region has no verdict)
                     check_regions_inside(self.programs[cam.program], size[0], size[1], cam.program, cam.name)

@@ -41,3 +41,25 @@ def test_a_station_inheriting_its_cameras_clip_is_one_line(station_program: str 
     message = str(caught.value)
     assert "line_io.stations.st1.program: none is named, so its jobs take camera capper's program 'capping'" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("fps", "clip", "refused"), [
+    (0.15, "{frames: 3, spacing_s: 0.3}", True),  # a frame every 6.7 s, the default gap 5.3 s
+    (0.15, "{frames: 3, spacing_s: 0.3, max_gap_s: 10}", False),
+    (0.06, "{frames: 3, spacing_s: 10}", False),  # every 16.7 s against a gap of 20 s: each frame kept
+    (5, "{frames: 3, spacing_s: 0.3}", False),
+])
+def test_a_camera_slower_than_its_clips_gap_is_one_line(fps: float, clip: str, refused: bool) -> None:
+    """Each frame of a camera slower than the clip's gap limit empties the ring (a stall, as the ring sees
+    it): the clip never fills and the camera is never inspected, while its state says streaming and the
+    daemon's health says ok (seen on a running daemon: clip_restarts rose with every frame, 0 inspected)."""
+    text = (f"programs:\n  capping:\n    clip: {clip}\n"
+            f"cameras:\n  - {{name: capper, source: x.avi, fps: {fps}, program: capping}}\n")
+    if not refused:
+        parse_config(text)
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    message = str(caught.value)
+    assert "programs.capping (camera capper): a frame every 6.7 s (fps 0.15)" in message
+    assert "max_gap_s" in message and "\n" not in message
