@@ -277,6 +277,16 @@ def event_id(raw: str | None, field: str) -> int | None:
     return int(raw)
 
 
+def as_journaled_now(event: dict[str, Any]) -> dict[str, Any]:
+    """A replayed event's evidence as the journal has it now: an image removed since it was published
+    is `uri: null` with `removed` (as in /api/v1/results), not a link that answers 410."""
+    evidence = event.get("evidence")
+    if not (isinstance(evidence, dict) and evidence.get("uri")) or not isinstance(event.get("id"), str):
+        return event
+    now = daemon().results.get_result(event["id"])
+    return event if now is None else {**event, "evidence": now.get("evidence")}
+
+
 @bp.get("/api/v1/events")
 @doc("Server-sent events: `result` per new verdict, each with an id; a stream ends after a while and the "
      "browser resumes it with Last-Event-ID", query=EventsQuery, response="text/event-stream", errors=(400, 429))
@@ -290,6 +300,7 @@ def events() -> Any:
     hub: EventHub = current_app.extensions["edge_runtime_events"]
     lifetime = float(current_app.config["EDGE_STREAM_SECONDS"])
     q, backlog = hub.subscribe(after)
+    backlog = [(i, as_journaled_now(e)) for i, e in backlog]
 
     def frame(event_id: int, event: dict[str, Any]) -> str:
         return f"id: {event_id}\nevent: result\ndata: {json.dumps(event)}\n\n"

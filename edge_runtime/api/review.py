@@ -1,6 +1,7 @@
 """Inspection evidence, result queries, exports and review writes (a blueprint of its own).
 
-- `GET /api/v1/results/<id>/image.jpg` and `…/thumbnail.jpg`: the kept evidence (immutable, ETag = sha256)
+- `GET /api/v1/results/<id>/image.jpg` and `…/thumbnail.jpg`: the kept evidence (immutable, ETag = sha256);
+  410 `evidence_removed` once retention deleted it or it was found removed (the result says so too)
 - `GET /api/v1/inspections`: results filtered by camera, defect, category, since/until, review state,
   confidence below; newest first with a `before` cursor (`after` returns only newer rows, for polling)
 - `GET /api/v1/inspections/export.csv|.jsonl`: the same filters, streamed page by page, one export at
@@ -89,6 +90,17 @@ def _filter() -> ResultFilter:
 
 # ---- evidence images -------------------------------------------------------------------------------
 
+def _gone(result_id: str, evidence: dict[str, Any]) -> ApiError:
+    """410: the result had an image and it was removed (its journal row says when and why)."""
+    removed = evidence.get("removed") or {}
+    why = {"retention": "deleted by retention (evidence.max_mb / max_age_days)",
+           "missing": "removed from the evidence folder by something other than the device"}.get(
+        str(removed.get("why")), "deleted by retention")
+    when = f" at {removed['at']}" if removed.get("at") else ""
+    return ApiError(410, "evidence_removed", f"the evidence image of result {result_id!r} (sha256 "
+                    f"{evidence.get('sha256', '?')}) was {why}{when}")
+
+
 def _evidence(result_id: str, thumbnail: bool) -> Any:
     d = daemon()
     if len(result_id) > 64:
@@ -97,10 +109,13 @@ def _evidence(result_id: str, thumbnail: bool) -> Any:
         found = d.results.evidence_file(result_id, thumbnail)
         handle = found.path.open("rb") if found is not None else None
     except OSError:
-        raise ApiError(404, "not_found", f"no evidence for {result_id!r}: deleted by retention") from None
+        found = handle = None
     if found is None or handle is None:
-        exists = d.results.get_result(result_id) is not None
-        why = "its image was not kept (passes are sampled) or was deleted by retention" if exists else \
+        result = d.results.get_result(result_id)  # marked removed when its file is found missing
+        evidence = result.get("evidence") if result is not None else None
+        if isinstance(evidence, dict) and (evidence.get("removed") or evidence.get("uri")):
+            raise _gone(result_id, evidence)
+        why = "its image was not kept (passes are sampled, or evidence is off)" if result is not None else \
             "no result with that id"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
     # The size comes from the open handle (the path may be gone by now): with it, HEAD has a
@@ -289,7 +304,8 @@ def register(app: Flask, daemon: DeviceRoles, registry: Any) -> None:
 
 _ERR = {"$ref": "#/components/schemas/ErrorBody"}  # the one error shape (openapi._models defines it)
 RESULT_FIELDS: dict[str, Any] = {
-    "evidence": {"type": ["object", "null"], "description": "The kept image: uri, sha256, bytes, width, height"},
+    "evidence": {"type": ["object", "null"], "description": "The kept image: uri, sha256, bytes, width, height; "
+                 "once the image is removed, uri is null and removed is {at, why: retention or missing}"},
     "rules": {"type": ["array", "null"], "items": {"type": "object"}, "description": "Rules that fired"},
     "review": {"type": ["object", "null"], "description": "state (pending/confirmed/corrected), correction"},
 }
@@ -331,9 +347,11 @@ def openapi_paths() -> dict[str, Any]:
         "note": {"type": "string", "maxLength": 500}}}
     return {
         "/api/v1/results/{result_id}/image.jpg": {"get": {
-            "summary": "The result's evidence image", "parameters": [_ID], "responses": {"200": jpeg, **_err(404)}}},
+            "summary": "The result's evidence image (410 once it was removed)", "parameters": [_ID],
+            "responses": {"200": jpeg, **_err(404, 410)}}},
         "/api/v1/results/{result_id}/thumbnail.jpg": {"get": {
-            "summary": "Its thumbnail", "parameters": [_ID], "responses": {"200": jpeg, **_err(404)}}},
+            "summary": "Its thumbnail (410 once it was removed)", "parameters": [_ID],
+            "responses": {"200": jpeg, **_err(404, 410)}}},
         "/api/v1/inspections": {"get": {
             "summary": "Results filtered, newest first, with a cursor", "parameters": _FILTERS,
             "responses": {"200": _ok(), **_err(400)}}},

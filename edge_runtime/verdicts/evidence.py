@@ -5,12 +5,18 @@ temporary name and renamed, so a reader never sees half an image and identical f
 Retention holds a disk budget and an age limit: passing verdicts go before defects, oldest first, and
 never a file whose result the MQTT outbox has not delivered yet. A full disk turns into the
 `evidence disk full` fault (the device reports degraded) and heals on the next write that fits.
+
+An image deleted by retention, or found removed by something else, is marked in its results' journal
+rows: `evidence.uri` becomes null and `evidence.removed` says when and why (`retention` or `missing`),
+so every later read (REST, the exports, the MQTT outbox's unsent rows) says so instead of handing out a
+link that answers 404.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -26,6 +32,7 @@ import cv2
 import numpy as np
 
 from edge_runtime.config import EvidenceConfig  # lives with the other sections
+from edge_runtime.core.result import utc_now
 from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
@@ -222,17 +229,43 @@ class EvidenceStore:
             missing |= not paths.path.exists()
             for p in (paths.path, paths.thumbnail):
                 p.unlink(missing_ok=True)
-            self._forget(sha)
+            self._forget(sha, "retention")
             freed += size
             self.deleted += 1
         if missing:  # removed under us: others may have gone with it, and still count
             freed += self._forget_missing()
         return freed
 
-    def _forget(self, sha: str) -> None:
-        """Drop a file's rows: its own and the results' references to it (`lookup`, dataset export)."""
+    def _forget(self, sha: str, why: str) -> None:
+        """Drop a file's rows: its own and the results' references to it (`lookup`, dataset export);
+        the results that showed it say it was removed (see the module)."""
+        if self._has_journal():
+            self._db.execute(
+                "UPDATE results SET body = json_set(body, '$.evidence.uri', json('null'), '$.evidence.removed', "
+                "json(?)) WHERE id IN (SELECT result_id FROM evidence WHERE sha256 = ?) "
+                "AND json_extract(body, '$.evidence.uri') IS NOT NULL", (_removed(why), sha))
         self._db.execute("DELETE FROM evidence_files WHERE sha256 = ?", (sha,))
         self._db.execute("DELETE FROM evidence WHERE sha256 = ?", (sha,))
+
+    def still_kept(self, result_id: str) -> bool:
+        """Whether a result's image is on disk. One found missing (removed by something else) is
+        forgotten and its results marked at once; so is a result whose journal row still links an
+        image the store no longer knows (rows dropped before removals were marked)."""
+        with self._lock:
+            row = self._db.execute("SELECT sha256 FROM evidence WHERE result_id = ?", (result_id,)).fetchone()
+            if row is not None and self.paths(row[0]).path.exists():
+                return True
+            if row is not None:
+                self.paths(row[0]).thumbnail.unlink(missing_ok=True)
+                self._forget(row[0], "missing")
+                log.warning("evidence: the image of result %s (%s) was removed from %s by something else",
+                            result_id, row[0], self.root)
+            elif self._has_journal():
+                self._db.execute(
+                    "UPDATE results SET body = json_set(body, '$.evidence.uri', json('null'), '$.evidence.removed', "
+                    "json(?)) WHERE id = ? AND json_extract(body, '$.evidence.uri') IS NOT NULL",
+                    (_removed("missing"), result_id))
+            return False
 
     def _forget_missing(self) -> int:
         """Drop the rows of files no longer on disk (removed under us); returns the bytes they counted."""
@@ -240,7 +273,7 @@ class EvidenceStore:
                 if not self.paths(sha).path.exists()]
         for sha, _ in gone:
             self.paths(sha).thumbnail.unlink(missing_ok=True)
-            self._forget(sha)
+            self._forget(sha, "missing")
         if gone:
             log.warning("evidence: %d image(s) were removed from %s by something else; their results have no "
                         "image now", len(gone), self.root)
@@ -299,6 +332,11 @@ class EvidenceStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _removed(why: str) -> str:
+    """The JSON of a result's `evidence.removed`."""
+    return json.dumps({"at": utc_now(), "why": why})
 
 
 def _atomic_write(path: Path, data: bytes, durable: bool = True) -> None:

@@ -41,7 +41,13 @@ class VerdictQueries:
         self.model = model
 
     def get_result(self, result_id: str) -> dict[str, Any] | None:
-        return self.journal.get(result_id)
+        """The journaled result; a link to an image found missing now is marked removed first (one
+        stat: lists and exports rely on the marks retention and the image route leave)."""
+        result = self.journal.get(result_id)
+        evidence = result.get("evidence") if result is not None else None
+        if isinstance(evidence, dict) and evidence.get("uri") and self.verdicts.evidence_gone(result_id):
+            result = self.journal.get(result_id)
+        return result
 
     def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:

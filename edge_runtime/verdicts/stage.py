@@ -315,13 +315,24 @@ class VerdictServices:
     # ---- reporting -----------------------------------------------------------------------------------
 
     def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
-        """A result's kept image (or its thumbnail); None when none was kept or evidence is off."""
+        """A result's kept image (or its thumbnail); None when none was kept or evidence is off. An image
+        found missing now is marked removed in the result (EvidenceStore.still_kept)."""
         store = self.evidence
-        found = store.lookup(result_id) if store is not None else None
-        if store is None or found is None:
+        if store is None:
             return None
-        return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
-            EvidenceFile(found.path, found.sha256)
+        found = store.lookup(result_id)
+        try:
+            if found is not None:
+                return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
+                    EvidenceFile(found.path, found.sha256)
+        except FileNotFoundError:  # the image went between the lookup and the thumbnail
+            pass
+        store.still_kept(result_id)
+        return None
+
+    def evidence_gone(self, result_id: str) -> bool:
+        """Whether the image a journaled result links is found missing now (its row is marked then)."""
+        return self.evidence is not None and not self.evidence.still_kept(result_id)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -89,6 +89,22 @@ def test_a_defect_is_seen_alerted_corrected_in_the_page_and_exported(tmp_path: P
         assert summary["images"] == 1 and rows[0]["id"] == result.id
         assert rows[0]["verdict"] == result.verdict and rows[0]["label"] == fixed
         assert (tmp_path / "dataset" / "train" / rows[0]["file_name"]).stat().st_size == result.evidence["bytes"]
+
+        # The image is removed from the device (a technician's rm): the page says so, no broken image.
+        found = daemon.verdicts.evidence.lookup(result.id)  # type: ignore[union-attr]
+        assert found is not None
+        found.path.unlink()
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 820, "height": 1180})
+            page.goto(f"http://127.0.0.1:{daemon.api.port}/")  # type: ignore[union-attr]
+            page.wait_for_selector(f'#insp-list tr[data-id="{result.id}"]')
+            page.click(f'#insp-list tr[data-id="{result.id}"]')
+            page.wait_for_selector("#insp-image-gone:not([hidden])", timeout=5000)
+            assert page.inner_text("#insp-image-gone").startswith(
+                "evidence removed (removed from the device's evidence folder, ")
+            assert page.is_hidden("#insp-image")
+            # The list row, read before the removal was known, shows the words instead of its thumbnail.
+            page.wait_for_selector(f'#insp-list tr[data-id="{result.id}"] small.gone', timeout=5000)
     finally:
         daemon.stop()
         alerts.close()

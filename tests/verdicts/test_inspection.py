@@ -157,6 +157,68 @@ def test_the_evidence_image_and_thumbnail_are_served_by_hash(line: Line) -> None
     assert status == 404 and b"no result with that id" in body
 
 
+def _replayed(line: Line, after: int, result_id: str) -> dict[str, Any]:
+    """The event of `result_id` as /api/v1/events replays it to a client resuming after event `after`."""
+    req = urllib.request.Request(f"{line.url}/api/v1/events?last_event_id={after}")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        for raw in resp:
+            if raw.startswith(b"data: ") and result_id.encode() in raw:
+                event: dict[str, Any] = json.loads(raw[6:])
+                return event
+    raise AssertionError("the event was not replayed")
+
+
+def test_an_image_removed_by_hand_is_a_410_and_every_read_of_its_result_says_removed(line: Line) -> None:
+    """Removed from the folder (a technician's rm): the image route said 404 while the result went on
+    handing out its link (REST, inspections, exports, a replayed event)."""
+    assert line.daemon.api is not None
+    before = line.daemon.api.events.last_id
+    result = inspect(line)
+    store = line.daemon.verdicts.evidence
+    assert store is not None and result.evidence is not None
+    found = store.lookup(result.id)
+    assert found is not None
+    found.path.unlink()
+
+    status, headers, body = http(line, f"/api/v1/results/{result.id}/thumbnail.jpg", token=None)
+    assert status == 410 and headers["Content-Type"] == "application/json", (status, body)
+    error = json.loads(body)["error"]
+    assert error["type"] == "evidence_removed" and result.evidence["sha256"] in error["message"]
+    assert "removed from the evidence folder" in error["message"] and result.id in error["message"]
+    status, _, body = http(line, f"/api/v1/results/{result.id}/image.jpg", token=None)
+    assert status == 410 and json.loads(body)["error"]["type"] == "evidence_removed"
+
+    status, _, body = http(line, f"/api/v1/results/{result.id}")
+    evidence = json.loads(body)["evidence"]
+    assert evidence["uri"] is None and evidence["removed"]["why"] == "missing"
+    assert evidence["sha256"] == result.evidence["sha256"]
+    status, _, body = http(line, "/api/v1/inspections?limit=1000", token=None)
+    listed = [r for r in json.loads(body)["results"] if r["id"] == result.id]
+    assert listed[0]["evidence"] == evidence
+    status, _, body = http(line, "/api/v1/inspections/export.jsonl", token=None)
+    exported = [json.loads(x) for x in body.splitlines() if result.id.encode() in x]
+    assert exported[0]["evidence"] == evidence
+    status, _, body = http(line, "/api/v1/inspections/export.csv", token=None)
+    row = next(r for r in csv.DictReader(io.StringIO(body.decode())) if r["id"] == result.id)
+    assert row["evidence_uri"] == ""
+    assert _replayed(line, before, result.id)["evidence"] == evidence
+
+
+def test_an_image_deleted_by_retention_says_so_on_the_image_route_and_in_its_result(line: Line) -> None:
+    result = inspect(line)
+    store = line.daemon.verdicts.evidence
+    assert store is not None
+    found = store.lookup(result.id)
+    assert found is not None
+    with store._lock:  # as apply_retention deletes a victim
+        store._delete([(found.sha256, 1)])
+    status, _, body = http(line, f"/api/v1/results/{result.id}/image.jpg", token=None)
+    assert status == 410
+    assert "deleted by retention" in json.loads(body)["error"]["message"]
+    status, _, body = http(line, f"/api/v1/results/{result.id}")
+    assert json.loads(body)["evidence"]["removed"]["why"] == "retention"
+
+
 def test_a_firing_rule_is_recorded_alerted_posted_and_counted(line: Line) -> None:
     result = inspect(line)  # defect: true (the camera's prompt, see CONFIG)
     assert result.verdict["defect"] is True
@@ -404,7 +466,7 @@ def test_sighup_reloads_the_rules_of_a_running_daemon(tmp_path: Path, demo_dir: 
             proc.stderr.close()
 
 
-def test_an_image_deleted_by_retention_is_a_404_not_a_500(line: Line) -> None:
+def test_an_image_deleted_by_retention_between_lookup_and_read_is_a_410_not_a_500(line: Line) -> None:
     result = inspect(line)
     found = line.daemon.verdicts.evidence.lookup(result.id)  # type: ignore[union-attr]
     assert found is not None
@@ -416,7 +478,7 @@ def test_an_image_deleted_by_retention_is_a_404_not_a_500(line: Line) -> None:
         status, _, body = http(line, f"/api/v1/results/{result.id}/image.jpg", token=None)
     finally:
         store.lookup = real_lookup  # type: ignore[union-attr, method-assign]
-    assert status == 404 and b"deleted by retention" in body
+    assert status == 410 and b"evidence_removed" in body, (status, body)
 
 
 def test_an_unusable_evidence_path_is_one_clear_error(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@
     #insp-list tr { cursor: pointer; } #insp-list[aria-busy=true] { opacity: .5; } #insp-list tr.sel { outline: 2px solid #4aa3ff; }
     #insp-list img { width: 64px; height: 48px; object-fit: contain; background: #000; border-radius: 3px; }
     .insp-body { display: grid; gap: 1rem; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); align-items: start; }
+    #insp-image-gone { color: var(--muted); font-style: italic; }
     #insp-image { width: 100%; max-height: 420px; object-fit: contain; background: #000; border-radius: 4px; }
     #review-form label, #review-form .sf-field { display: grid; grid-template-columns: 8rem 1fr auto; gap: .5rem; margin: .3rem 0; align-items: start; }
     #review-form input, #review-form select, #review-form button, #review-form textarea { font: inherit; padding: .3rem; }
@@ -38,6 +39,7 @@
       <table><thead><tr><th></th><th>time</th><th>camera</th><th>verdict</th></tr></thead><tbody id="insp-list"></tbody></table>
       <div id="insp-detail" hidden>
         <img id="insp-image" alt="evidence">
+        <p id="insp-image-gone" hidden></p>
         <div id="insp-verdict" class="verdict"></div>
         <ul id="insp-regions" class="regions" hidden></ul>
         <div id="insp-info" class="kv"></div>
@@ -59,11 +61,18 @@
   function row(r) {
     const tr = document.createElement("tr");
     tr.dataset.id = r.id;
-    const thumb = r.evidence ? `<img src="/api/v1/results/${encodeURIComponent(r.id)}/thumbnail.jpg" alt="">` : "";
+    // An image removed (retention, or by hand) is said so, not shown broken: the result says so
+    // (evidence.removed), or its thumbnail answers 410 when the removal is found by that request.
+    const thumb = r.evidence && r.evidence.uri
+      ? `<img src="/api/v1/results/${encodeURIComponent(r.id)}/thumbnail.jpg" alt="">`
+      : r.evidence && r.evidence.removed ? `<small class="gone">evidence removed</small>` : "";
     const state = r.review ? ` <small>${esc(r.review.state)}</small>` : "";
     tr.innerHTML = `<td>${thumb}</td><td>${esc(r.ts.slice(11, 19))}</td><td>${esc(r.camera)}</td>` +
       `<td class="${cls(r.verdict)}">${esc(verdictText(r.verdict))}${state}</td>`;
     tr.addEventListener("click", () => open(r.id));
+    const img = tr.querySelector("img");
+    if (img) img.addEventListener("error", () => img.replaceWith(Object.assign(document.createElement("small"),
+      { className: "gone", textContent: "evidence removed" })), { once: true });
     return tr;
   }
 
@@ -96,14 +105,26 @@
     } catch (e) { /* the status poll reports reachability */ } finally { busy = false; }
   }
 
-  async function open(id) {
+  async function open(id, retried = false) {
     const r = await (await fetch(`/api/v1/results/${encodeURIComponent(id)}`, { cache: "no-store" })).json();
     current = r;
     rows.forEach((tr, k) => tr.classList.toggle("sel", k === id));
     $("insp-detail").hidden = false;
-    const img = $("insp-image");
-    img.hidden = !r.evidence;
-    if (r.evidence) img.src = r.evidence.uri;
+    const img = $("insp-image"), gone = $("insp-image-gone");
+    const removed = r.evidence && r.evidence.removed;
+    img.hidden = !(r.evidence && r.evidence.uri);
+    gone.hidden = !removed;
+    gone.textContent = removed ? `evidence removed (${removed.why === "retention" ? "deleted by retention"
+      : "removed from the device's evidence folder"}, ${String(removed.at || "").slice(0, 19).replace("T", " ")})` : "";
+    // Removed since the result was read: the image answers 410 and the result, read again, says why.
+    img.onerror = () => {
+      if (!current || current.id !== r.id || img.hidden) return;
+      if (!retried) { open(r.id, true); return; }
+      img.hidden = true;
+      gone.hidden = false;
+      gone.textContent = "evidence image unavailable";
+    };
+    if (r.evidence && r.evidence.uri) img.src = r.evidence.uri;
     $("insp-verdict").textContent = verdictText(r.verdict);
     $("insp-verdict").className = "verdict " + cls(r.verdict);
     if (typeof regionList === "function") regionList(r.regions, $("insp-regions")); // app.js: per-region outcomes
