@@ -1,12 +1,14 @@
 """A recorded DDI server for the unit tests: answers shaped exactly like hawkBit's documented examples
 (DdiControllerBase, DdiDeploymentBase, DdiCancel), served by a real local http.server, with hostile
-modes (oversized, malformed, redirect loop, slow drip) and a record of every request it got."""
+modes (oversized, malformed, redirect loop, slow drip) and a record of every request it got, and the
+status entries hawkBit would keep for each action from them (`history`)."""
 
 from __future__ import annotations
 
 import hashlib
 import http.server
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TENANT, CONTROLLER = "DEFAULT", "press-7"
+_OF_ACTION = re.compile(r"/deploymentBase/([^/]+)(/feedback)?$")
+_ARTIFACT = re.compile(r"/softwaremodules/[^/]+/artifacts/")
 
 
 def controller_base(base: str, sleep: str = "00:00:01", deployment: str | None = None, cancel: str | None = None,
@@ -58,6 +62,13 @@ class Recorded:
     routes: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)
     drip_s: float = 0.0  # > 0: send the body one byte per drip_s
     requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
+    # action id -> the status entries hawkBit keeps for it (its action history, at most 1000 by default:
+    # `maxStatusEntriesPerAction`): one per feedback it accepted, "execution: details"; RETRIEVED for a
+    # GET of the action's deploymentBase unless the last entry is already RETRIEVED (hawkBit's
+    # JpaControllerManagement.handleRegisterRetrieved: a device polling the same action adds one, not one a poll);
+    # DOWNLOAD for each download of an artifact (DdiRootController.logDownload; here: of the last action fetched).
+    history: dict[str, list[str]] = field(default_factory=dict)
+    _fetched: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def json(self, path: str, value: Any, status: int = 200) -> None:
@@ -69,6 +80,24 @@ class Recorded:
     def feedbacks(self) -> list[dict[str, Any]]:
         with self.lock:
             return [json.loads(b) for m, p, _h, b in self.requests if m == "POST" and p.endswith("/feedback")]
+
+    def entered(self, method: str, path: str, status: int, body: bytes) -> None:
+        """What hawkBit adds to an action's history for this request, answered with `status`."""
+        m = _OF_ACTION.search(path)
+        if not 200 <= status < 300 or (method == "GET" and path not in self.routes):
+            return
+        if m is None:
+            if method == "GET" and _ARTIFACT.search(path) and self._fetched is not None:
+                self.history[self._fetched].append("DOWNLOAD")
+            return
+        entries = self.history.setdefault(m.group(1), [])
+        if method == "GET" and not m.group(2):
+            self._fetched = m.group(1)
+            if entries[-1:] != ["RETRIEVED"]:
+                entries.append("RETRIEVED")
+        elif method == "POST" and m.group(2):
+            told = json.loads(body)["status"]
+            entries.append(f"{told['execution']}: {'; '.join(told.get('details') or [])}")
 
     def sent(self, method: str, suffix: str) -> list[tuple[str, str, dict[str, str], bytes]]:
         with self.lock:
@@ -88,6 +117,8 @@ def ddi_server(recorded: Recorded) -> Iterator[str]:
             status, payload, headers = recorded.routes.get(self.path.split("?")[0], (200, b"{}", {}))
             if self.command in ("POST", "PUT") and self.path.split("?")[0] not in recorded.routes:
                 status, payload, headers = 200, b"", {}
+            with recorded.lock:
+                recorded.entered(self.command, self.path.split("?")[0], status, body)
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)

@@ -4,6 +4,7 @@ image and an old container, and a swap whose outcome the test picks."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -25,7 +26,7 @@ from edge_runtime.ota.agent import VERSION_LABEL, OtaAgent
 from edge_runtime.ota.ddi.artifact import build_swu
 from edge_runtime.ota.ddi.attributes import device_attributes
 from edge_runtime.ota.ddi.client import DdiClient
-from edge_runtime.ota.ddi.runner import DdiSource, backoff_s, poll_wait_s, retry_wait_s
+from edge_runtime.ota.ddi.runner import MAX_TOLD_PER_ACTION, DdiSource, backoff_s, poll_wait_s, retry_wait_s
 from edge_runtime.ota.manifest import Manifest, generate_keypair, sign
 from edge_runtime.ota.update_lock import UpdateLock
 from tests.ota import test_agent_swap as swap
@@ -211,7 +212,7 @@ def test_an_update_interrupted_before_any_change_is_taken_again(served: tuple[Re
     source, _agent, _engine = make(tmp_path, url, keys[1])
     source._recover()
     assert not [e for e in executions(recorded) if e[0] == "closed"]  # not closed as failed
-    assert json.loads((tmp_path / "ddi.json").read_text()) == {}
+    assert "action" not in json.loads((tmp_path / "ddi.json").read_text())  # forgotten; the server offers it again
     source.step()
     assert executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
 
@@ -285,7 +286,7 @@ def test_stopping_the_agent_ends_a_wait_for_the_line_and_leaves_the_action_open(
         line.close()
     assert not worker.is_alive() and agent.swaps == 0 and agent.state()["phase"] == "idle"
     assert not [e for e in executions(recorded) if e[0] == "closed"]  # the server offers it again later
-    assert json.loads((tmp_path / "ddi.json").read_text()) == {}
+    assert "action" not in json.loads((tmp_path / "ddi.json").read_text())  # forgotten; the server offers it again
 
 
 def test_an_action_outside_hawkbits_maintenance_window_waits_and_is_applied_when_it_opens(
@@ -608,8 +609,8 @@ def test_stopping_during_the_recoverys_health_wait_is_prompt_and_the_action_is_r
     stop.set()
     worker.join(5)
     assert not worker.is_alive() and time.monotonic() - started < 1.5
-    assert agent.state()["phase"] == "waiting_health" and json.loads((tmp_path / "ddi.json").read_text()) == {
-        "action": {"id": "8"}}
+    assert agent.state()["phase"] == "waiting_health" and json.loads((tmp_path / "ddi.json").read_text())[
+        "action"] == {"id": "8"}
     assert not [e for e in executions(recorded) if e[0] == "closed"]
     verdict[0] = "healthy"
     restarted = DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {}, threading.Event())
@@ -690,6 +691,98 @@ def test_an_action_waiting_for_the_engine_tells_the_server_received_once_not_at_
     offer(recorded, url, release(keys[0], version="2.1.0"), action="9")
     source.step()
     assert [d for *_, d in executions(recorded)].count("received") == 2
+
+
+def test_an_action_whose_pull_the_engine_keeps_losing_tells_the_server_each_step_once_across_a_restart(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # Each lost pull (dockerd gone while the image was pulled) ran handle() again up to the pull: `verified` and
+    # `pulling` went to the server at every retry, and with them hawkBit's RETRIEVED for the deploymentBase
+    # fetched in between (3 status entries a retry, every 5 s - 5 min: hawkBit's 1000 within a day or two of
+    # an outage); a restart told `received`, `downloading` and `waiting_engine` again too.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))  # the server's polling sleep: 1 s
+    lost = 12
+
+    def losing(engine: Engine) -> None:
+        def pull(repo: str, tag: str) -> None:
+            nonlocal lost
+            if lost:
+                lost -= 1
+                raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected('pull'))")
+            engine.pulls.append(f"{repo}@{tag}")
+
+        engine.api = type("Api", (), {"pull": lambda _s, repo, tag: pull(repo, tag)})()
+
+    source, _agent, engine = make(tmp_path, url, keys[1])
+    losing(engine)
+    for _ in range(6):
+        assert 5.0 <= source.step() <= 5.5  # waiting for the engine: taken again at the (bounded) interval
+    restarted, agent, engine = make(tmp_path, url, keys[1])  # a new process, the same state files
+    losing(engine)
+    restarted._recover()
+    for _ in range(6):
+        restarted.step()
+    assert lost == 0 and engine.pulls == [] and not [e for e in executions(recorded) if e[0] == "closed"]
+    restarted.step()  # the engine keeps the pull this time
+    assert engine.pulls == [IMAGE] and agent.swaps == 1
+    told = collections.Counter(d.split(":")[0].split(" ")[0] for _e, _f, d in executions(recorded))
+    assert told == {"downloading": 1, "received": 1, "verified": 1, "pulling": 1, "waiting_engine": 1, "starting": 1,
+                    "healthy": 1, "committed": 1}, told  # each once, the restart's download included
+    # What hawkBit keeps for the action: each step once, one RETRIEVED for the polls of the action that waited,
+    # one DOWNLOAD per download (the restart's too), whatever the number of lost pulls.
+    assert recorded.history["8"] == [
+        "RETRIEVED", "proceeding: downloading manifest.signed.json", "DOWNLOAD", "proceeding: received",
+        "proceeding: verified 2.0.0", "proceeding: pulling 2.0.0",
+        "proceeding: waiting_engine: the container engine is not answering: ('Connection aborted.', "
+        "RemoteDisconnected('pull'))", "RETRIEVED", "DOWNLOAD", "RETRIEVED", "proceeding: starting 2.0.0",
+        "proceeding: healthy 2.0.0", "closed: committed 2.0.0"], recorded.history["8"]
+
+
+def test_an_action_tells_the_server_a_bounded_number_of_distinct_steps_and_still_closes(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # Texts that differ by more than a number (an engine error naming something new at every attempt) were each
+    # a new `waiting_engine` feedback: once per distinct text is only bounded by a bound on the texts.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    source, agent, engine = make(tmp_path, url, keys[1])
+    answering = engine.containers.get
+    names = ("".join(p) for p in itertools.product("abcdefghij", repeat=3))
+    down = [True]
+
+    def get(name: str) -> Any:
+        if down[0]:
+            raise docker.errors.APIError(f"Cannot connect to the Docker daemon: context {next(names)} is gone")
+        return answering(name)
+
+    engine.containers = type("Containers", (), {"get": lambda _s, name: get(name)})()
+    for _ in range(MAX_TOLD_PER_ACTION + 10):
+        source.step()
+    told = [d for *_, d in executions(recorded)]
+    assert len(told) == MAX_TOLD_PER_ACTION and told[:2] == ["downloading manifest.signed.json", "received"], told[:3]
+    down[0] = False
+    source.step()
+    assert executions(recorded)[-1] == ("closed", "success", "committed 2.0.0") and agent.swaps == 1
+    assert len(recorded.history["8"]) <= 2 * MAX_TOLD_PER_ACTION + 3  # with RETRIEVED and DOWNLOAD: within 1000
+
+
+def test_an_action_id_the_server_uses_again_after_it_was_closed_is_told_every_step_again(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # goosebit's action id is its software's id: a deployment of that software again, after another one, comes
+    # with an id the device has told steps under already; those are forgotten once the action is closed.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    source.step()
+    offer(recorded, url, release(keys[0], version="2.1.0"), action="9")
+    source.step()
+    offer(recorded, url, release(keys[0], version="2.2.0"), action="8")
+    restarted, agent, _engine = make(tmp_path, url, keys[1])  # and a restart in between
+    restarted.step()
+    assert agent.swaps == 1 and executions(recorded)[-1] == ("closed", "success", "committed 2.2.0")
+    steps = ["downloading manifest.signed.json", "received", "verified {v}", "pulling {v}", "starting {v}",
+             "healthy {v}"]
+    assert [d for d in recorded.history["8"] if d.startswith("proceeding: ")] == [
+        f"proceeding: {step.format(v=v)}" for v in ("2.0.0", "2.2.0") for step in steps]
 
 
 def test_a_closing_feedback_that_fails_at_start_is_retried_with_the_backoff_not_the_default_interval(

@@ -14,9 +14,16 @@ polling at the server's interval (so the server does not see the device overdue)
 when asked, but answers no action until the swap is finished or undone; each failed attempt is counted
 (`recovery_failures`, in the `recovering` status on MQTT) and logged as one line per distinct error,
 rate-limited (`ota/recovery.py`, shared with the MQTT loop). An action the agent could not take because the
-engine did not answer before anything changed (`waiting_engine`) stays open: the server hears the
-reason once per distinct error, and `received` once, per action (hawkBit keeps at most 1000 status entries per
-action), and offers the action again, which is taken again at its polling interval (below).
+engine did not answer before anything changed (`waiting_engine`) stays open, and the server offers the action
+again, which is taken again at its polling interval (below).
+
+Each `proceeding` feedback of an action (its text, numbers folded) is sent once, at most MAX_TOLD_PER_ACTION of
+them: a retry, or a restart (the texts told are kept in `ddi.json`), does not tell `received`, `verified`,
+`pulling` or a `waiting_engine` reason again. hawkBit keeps at most 1000 status entries per action, then refuses
+its feedback, the closing one included; its own entries stay bounded too: RETRIEVED for a fetch of the action's
+deploymentBase is added only after another entry, DOWNLOAD once per download (once per process: the artifact is
+kept). A closing feedback is sent until the server takes it (one it refused is not kept; one it kept whose answer
+was lost is answered 410 Gone the next time, which counts as sent).
 
 An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
 one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
@@ -56,8 +63,14 @@ MAX_DOWNLOAD_TRIES = 3  # retryable download failures of one action before it is
 MIN_RETRY_INTERVAL_S, MAX_RETRY_INTERVAL_S = 5.0, 300.0
 FINAL = {"committed": "success", "current": "success", "rolled_back": "failure", "refused": "failure",
          "failed": "failure"}
-# Statuses an action taken again (the engine not answering) repeats: told to the server once per action.
-REPEATED = frozenset({"received", WAITING_ENGINE})
+# An action's `proceeding` feedback is told once per distinct text (numbers folded, `_NUMBERS`): an action taken
+# again (the engine not answering, a restart) repeats its steps, and hawkBit keeps at most 1000 status entries per
+# action (`maxStatusEntriesPerAction`), then refuses its feedback, the closing one included. Past this many distinct
+# texts an action tells nothing more before its closing feedback (with hawkBit's RETRIEVED and DOWNLOAD entries,
+# about 2 per feedback at most, well within the 1000).
+MAX_TOLD_PER_ACTION = 100
+TOLD_ACTIONS = 4  # the actions whose told feedback is kept (hawkBit offers one at a time; one replaced, then back)
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # addresses, ports, counts: the same step, not a new one
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
 
 
@@ -122,10 +135,12 @@ class DdiSource:
         self._cancels_answered: set[str] = set()
         self._cancel_reason: str | None = None
         self._cancel_id: str | None = None  # the cancelAction that stopped the running action, if any
-        # The repeatable statuses (`received`, `waiting_engine` and its reason) told to the server, per action: an
-        # action retried while the engine does not answer is taken again every 5 s - 5 min, and hawkBit keeps
-        # at most 1000 status entries per action (then refuses its feedback, the closing one included).
-        self._told: tuple[str, set[str]] = ("", set())
+        # The `proceeding` feedback told to the server, per action (`_tell`): kept in ddi.json with the action, so
+        # neither a retry (every 5 s - 5 min while the engine does not answer) nor a restart tells a step again.
+        told = self.state().get("told")
+        self._told: dict[str, list[str]] = {
+            str(a): [str(t) for t in said] for a, said in told.items() if isinstance(said, list)
+        } if isinstance(told, dict) else {}
         self._last_check = 0.0
         self._warn = RateLimitedLog(log, 600)
         agent.publish_cb = self._on_status
@@ -147,6 +162,9 @@ class DdiSource:
             return {}
 
     def _save(self, **state: Any) -> None:
+        """Write ddi.json: `state` (the action) and the feedback told per action."""
+        if self._told:
+            state["told"] = self._told
         tmp = self.state_path.with_suffix(".tmp")
         with tmp.open("w") as f:
             json.dump(state, f)
@@ -347,6 +365,7 @@ class DdiSource:
         else:  # nothing of it runs here (a running one is cancelled through `_cancel_check`)
             self.client.feedback(cancel.action_id, "closed", "success", ["cancelled; nothing was changed"],
                                  cancel=True)
+            self._told.pop(cancel.stop_id, None)  # over (a server that reuses its id offers it afresh)
             if known.get("id") == cancel.stop_id:
                 self._save()
         self._cancels_answered.add(cancel.action_id)
@@ -368,13 +387,6 @@ class DdiSource:
             return
         if phase == "canceled":
             return self._cancelled(action, status)
-        if phase in REPEATED:  # the server hears each once per action (each distinct error), not every attempt
-            if self._told[0] != action:
-                self._told = (action, set())
-            told = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", f"{phase} {status.get('reason', '')}")
-            if told in self._told[1]:
-                return None
-            self._told[1].add(told)
         if phase in FINAL:
             finished, details = final_feedback(phase, status)
             return self._close(action, finished, details)
@@ -384,6 +396,8 @@ class DdiSource:
 
     def _cancelled(self, action: str, status: dict[str, Any]) -> None:
         cancel_id = self._cancel_id
+        if not self.stop.is_set():  # cancelled or withdrawn by the server; a stop takes it again after the restart
+            self._told.pop(action, None)
         self._save()  # the action is over on this device
         if cancel_id is not None:
             try:
@@ -394,12 +408,45 @@ class DdiSource:
                 self._warn.log(logging.WARNING, "ota: confirming the cancel failed: %s", exc)
 
     def _proceeding(self, action: str, details: list[str]) -> None:
+        """A step of the action, told to the server once (`_tell`)."""
+        if not self._tell(action, details):
+            return
         try:  # intermediate steps are best effort: the closing feedback is the one that must arrive
             self.client.feedback(action, "proceeding", "none", details)
         except DdiError as exc:
             self._warn.log(logging.WARNING, "ota: DDI feedback for action %s failed: %s", action, exc)
 
+    def _tell(self, action: str, details: list[str]) -> bool:
+        """Whether this `proceeding` feedback is to be sent: the first time for this action of this text, numbers
+        folded (`received`, `verified 2.0.0`, each distinct `waiting_engine` reason…), at most MAX_TOLD_PER_ACTION
+        texts. Recorded in ddi.json before it is sent (the attempt counts: a feedback that did not get through is
+        not sent again; the steps are best effort), until the action is closed or cancelled. Every attempt still
+        goes to the MQTT status topic; the details carry no attempt count (it would be folded anyway)."""
+        said = _NUMBERS.sub("#", "; ".join(details))
+        told = self._told.pop(action, [])
+        self._told[action] = told  # the most recent last; the oldest forgotten past TOLD_ACTIONS
+        for old in list(self._told)[:-TOLD_ACTIONS]:
+            del self._told[old]
+        if said in told:
+            return False
+        if len(told) >= MAX_TOLD_PER_ACTION:
+            self._warn.log(logging.WARNING, "ota: action %s told the server %d distinct steps; the next ones are not "
+                           "sent (hawkBit keeps at most 1000 status entries per action), its closing feedback is",
+                           action, len(told))
+            return False
+        told.append(said)
+        try:
+            state = self.state()
+            state.pop("told", None)
+            self._save(**state)
+        except OSError as exc:  # told anyway: a restart may tell it again
+            self._warn.log(logging.WARNING, "ota: recording the feedback told for action %s failed: %s", action, exc)
+        return True
+
     def _close(self, action: str, finished: str, details: list[str]) -> None:
+        # Its steps told are forgotten with it: a server that reuses action ids (goosebit's is the software's)
+        # hears every step of a later deployment under the same id.
+        self._told.pop(action, None)
         self._save(action={"id": action, "final": {"finished": finished, "details": details}, "sent": False})
         self._flush_final()
 
