@@ -298,11 +298,19 @@ def test_an_action_outside_hawkbits_maintenance_window_waits_and_is_applied_when
     closed_window = deployment_base(url, "8", release(keys[0]), update="skip")
     closed_window["deployment"]["maintenanceWindow"] = "unavailable"
     recorded.json(f"{BASE_PATH}/deploymentBase/8", closed_window)
-    source, agent, engine = make(tmp_path, url, keys[1])
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    source.step()
+    source.step()
+    source, agent, engine = make(tmp_path, url, keys[1])  # a restart while it waits: told once all the same
+    source._recover()
     source.step()
     source.step()
     assert engine.pulls == [] and agent.swaps == 0
     assert executions(recorded) == [("proceeding", "none", "waiting for the server's maintenance window")]
+    # Polled while it waits, the action's history grows by one RETRIEVED, not one a poll (hawkBit adds one
+    # only after another entry; a feedback at every poll would make it two a poll).
+    assert recorded.history["8"] == ["RETRIEVED", "proceeding: waiting for the server's maintenance window",
+                                     "RETRIEVED"]
     recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", release(keys[0])))  # it opens
     source.step()
     assert engine.pulls == [IMAGE] and executions(recorded)[-1] == ("closed", "success", "committed 2.0.0")
@@ -783,6 +791,23 @@ def test_an_action_id_the_server_uses_again_after_it_was_closed_is_told_every_st
              "healthy {v}"]
     assert [d for d in recorded.history["8"] if d.startswith("proceeding: ")] == [
         f"proceeding: {step.format(v=v)}" for v in ("2.0.0", "2.2.0") for step in steps]
+
+
+def test_a_closing_feedback_the_server_already_has_ends_its_retries(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # A closing feedback the server kept but whose answer was lost (a timeout) is sent again; hawkBit answers
+    # 410 Gone for an action that is no longer active (DdiRootController.postDeploymentBaseActionFeedback):
+    # that ends the retries, and the loop polls on, instead of posting it every 5 s - 5 min without end.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.raw(f"{BASE_PATH}/deploymentBase/8/feedback", b"", status=410)
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8", "sent": False, "final": {
+        "finished": "success", "details": ["committed 2.0.0"]}}}))
+    source, agent, _engine = make(tmp_path, url, keys[1])
+    waits = [source.step() for _ in range(4)]
+    assert all(1.0 <= w <= 1.1 for w in waits), waits  # the server's polling interval: nothing left to retry
+    assert len(recorded.sent("POST", "/deploymentBase/8/feedback")) == 1 and agent.swaps == 0
+    assert json.loads((tmp_path / "ddi.json").read_text())["action"]["sent"] is True
 
 
 def test_a_closing_feedback_that_fails_at_start_is_retried_with_the_backoff_not_the_default_interval(

@@ -20,10 +20,10 @@ again, which is taken again at its polling interval (below).
 Each `proceeding` feedback of an action (its text, numbers folded) is sent once, at most MAX_TOLD_PER_ACTION of
 them: a retry, or a restart (the texts told are kept in `ddi.json`), does not tell `received`, `verified`,
 `pulling` or a `waiting_engine` reason again. hawkBit keeps at most 1000 status entries per action, then refuses
-its feedback, the closing one included; its own entries stay bounded too: RETRIEVED for a fetch of the action's
-deploymentBase is added only after another entry, DOWNLOAD once per download (once per process: the artifact is
-kept). A closing feedback is sent until the server takes it (one it refused is not kept; one it kept whose answer
-was lost is answered 410 Gone the next time, which counts as sent).
+its `proceeding` feedback (releases that check every status, its closing one too); its own entries stay bounded
+too: RETRIEVED for a fetch of the action's deploymentBase is added only after another entry, DOWNLOAD once per
+download (once per process: the artifact is kept). A closing feedback is sent until the server takes it (one it
+refused is not kept; one it kept whose answer was lost is answered 410 Gone the next time, which counts as sent).
 
 An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
 one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
@@ -65,9 +65,9 @@ FINAL = {"committed": "success", "current": "success", "rolled_back": "failure",
          "failed": "failure"}
 # An action's `proceeding` feedback is told once per distinct text (numbers folded, `_NUMBERS`): an action taken
 # again (the engine not answering, a restart) repeats its steps, and hawkBit keeps at most 1000 status entries per
-# action (`maxStatusEntriesPerAction`), then refuses its feedback, the closing one included. Past this many distinct
-# texts an action tells nothing more before its closing feedback (with hawkBit's RETRIEVED and DOWNLOAD entries,
-# about 2 per feedback at most, well within the 1000).
+# action (`maxStatusEntriesPerAction`), then refuses its feedback (403; some releases the closing one too). Past
+# this many distinct texts an action tells nothing more before its closing feedback (with hawkBit's RETRIEVED and
+# DOWNLOAD entries, about 2 per feedback at most, well within the 1000).
 MAX_TOLD_PER_ACTION = 100
 TOLD_ACTIONS = 4  # the actions whose told feedback is kept (hawkBit offers one at a time; one replaced, then back)
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # addresses, ports, counts: the same step, not a new one
