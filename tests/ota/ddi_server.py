@@ -1,7 +1,13 @@
 """A recorded DDI server for the unit tests: answers shaped exactly like hawkBit's documented examples
 (DdiControllerBase, DdiDeploymentBase, DdiCancel), served by a real local http.server, with hostile
 modes (oversized, malformed, redirect loop, slow drip) and a record of every request it got, and the
-status entries hawkBit would keep for each action from them (`history`)."""
+status entries hawkBit would keep for each action from them (`history`).
+
+Like hawkBit (and goosebit), an action whose closing feedback the server took (or answered 410 Gone, already
+closed) is no longer offered: the controller base is served without its deploymentBase link. hawkBit never offers
+it again; goosebit, whose action id is its software's, offers the same id again when told to (a failed release
+forced again, a release assigned again after a rollback): `reopen`. `closes = False` is a server that offers what
+its routes say whatever the device answered."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from typing import Any
 
 TENANT, CONTROLLER = "DEFAULT", "press-7"
 _OF_ACTION = re.compile(r"/deploymentBase/([^/]+)(/feedback)?$")
+_BASE = re.compile(r"^/[^/]+/controller/v1/[^/]+$")
+_OFFERED = re.compile(r"/deploymentBase/([^/?#]+)")
 _ARTIFACT = re.compile(r"/softwaremodules/[^/]+/artifacts/")
 
 
@@ -69,7 +77,34 @@ class Recorded:
     # DOWNLOAD for each download of an artifact (DdiRootController.logDownload; here: of the last action fetched).
     history: dict[str, list[str]] = field(default_factory=dict)
     _fetched: str | None = None
+    # The actions closed by a feedback the server took (or answered 410): no longer offered while `closes`.
+    closed: set[str] = field(default_factory=set)
+    closes: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reopen(self, action: str) -> None:
+        """Offer `action` again after it was closed, under the same id, as goosebit does (its action id is the
+        software's): a failed release with force_update, a release assigned again after a rollback."""
+        with self.lock:
+            self.closed.discard(action)
+
+    def offered(self, path: str, status: int, payload: bytes) -> bytes:
+        """The answer to a GET of `path`: a controller base without the deploymentBase of a closed action."""
+        if not self.closes or not self.closed or status != 200 or not _BASE.match(path):
+            return payload
+        base = json.loads(payload)
+        m = _OFFERED.search(str(base.get("_links", {}).get("deploymentBase", {}).get("href", "")))
+        if m is None or m.group(1) not in self.closed:
+            return payload
+        del base["_links"]["deploymentBase"]
+        return json.dumps(base).encode()
+
+    def took(self, method: str, path: str, status: int, body: bytes) -> None:
+        """Record an action closed by this request, answered with `status`."""
+        m = _OF_ACTION.search(path)
+        if method == "POST" and m and m.group(2) and (200 <= status < 300 or status == 410):
+            if json.loads(body)["status"]["execution"] == "closed":
+                self.closed.add(m.group(1))
 
     def json(self, path: str, value: Any, status: int = 200) -> None:
         self.routes[path] = (status, json.dumps(value).encode(), {"Content-Type": "application/hal+json"})
@@ -119,6 +154,9 @@ def ddi_server(recorded: Recorded) -> Iterator[str]:
                 status, payload, headers = 200, b"", {}
             with recorded.lock:
                 recorded.entered(self.command, self.path.split("?")[0], status, body)
+                recorded.took(self.command, self.path.split("?")[0], status, body)
+                if self.command == "GET":
+                    payload = recorded.offered(self.path.split("?")[0], status, payload)
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)

@@ -96,6 +96,7 @@ def release(private: str, version: str = "2.0.0", tamper: bool = False) -> bytes
 
 
 def offer(recorded: Recorded, url: str, artifact: bytes, action: str = "8", **base: Any) -> None:
+    recorded.reopen(action)  # offered now, if closed before (goosebit reuses its ids)
     recorded.json(BASE_PATH, controller_base(url + BASE_PATH, deployment=action, **base))
     recorded.json(f"{BASE_PATH}/deploymentBase/{action}", deployment_base(url, action, artifact))
     recorded.raw(ARTIFACT, artifact)
@@ -831,3 +832,151 @@ def test_a_closing_feedback_that_fails_at_start_is_retried_with_the_backoff_not_
     source._save(action={"id": "9", "sent": False, "final": {"finished": "success", "details": ["x"]}})
     recorded.raw(f"{BASE_PATH}/deploymentBase/9/feedback", b"busy", status=503)
     assert 120.0 <= source.step() <= 132.0
+
+
+# ---- an action id the server offers again after it was closed (goosebit: its action id is the software's) --------
+
+
+def closings(recorded: Recorded) -> list[tuple[str, str, str]]:
+    return [e for e in executions(recorded) if e[0] == "closed"]
+
+
+def test_a_failed_action_the_server_offers_again_under_its_id_is_tried_again_after_a_restart_too(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # goosebit re-offers a failed release under the same id (its software's) when the operator forces it; ddi.json
+    # still held that id as closed, so `_deploy` returned without acting at every poll, for ever: nothing applied,
+    # nothing told, the server waiting for an answer that never came.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    source, agent, engine = make(tmp_path, url, keys[1])
+    agent.outcome = "rolled_back"
+    source.step()
+    assert closings(recorded) == [("closed", "failure", "rolled back: candidate unhealthy")]
+    told = len(recorded.history["8"])
+    # hawkBit (and goosebit unforced) no longer offers a closed action: the device polls on and tells nothing.
+    assert all(1.0 <= source.step() <= 1.1 for _ in range(3))
+    assert len(recorded.history["8"]) == told and agent.swaps == 1
+    recorded.reopen("8")  # force_update: the same id, the same release
+    agent.outcome = "committed"
+    assert 5.0 <= source.step() <= 6.0  # answered; the next poll not sooner than the backoff's first 5 s
+    assert agent.swaps == 2 and engine.pulls == [IMAGE, IMAGE]
+    assert closings(recorded)[-1] == ("closed", "success", "committed 2.0.0")
+    assert [d for d in recorded.history["8"][told:] if d.startswith("proceeding: ")] == [  # every step told again
+        "proceeding: received", "proceeding: verified 2.0.0", "proceeding: pulling 2.0.0",
+        "proceeding: starting 2.0.0", "proceeding: healthy 2.0.0"]  # (the artifact kept: not downloaded again)
+    assert 1.0 <= source.step() <= 1.1 and len(closings(recorded)) == 2  # once: the server took it
+    # Failed again, with a restart in between (ddi.json holds the closed action), then forced again.
+    recorded.reopen("8")
+    recorded.json(BASE_PATH, controller_base(url + BASE_PATH, deployment="8"))
+    offer(recorded, url, release(keys[0], version="2.1.0"), action="8")
+    agent.outcome = "rolled_back"
+    source.step()
+    assert closings(recorded)[-1] == ("closed", "failure", "rolled back: candidate unhealthy")
+    restarted, agent2, engine2 = make(tmp_path, url, keys[1])
+    assert json.loads((tmp_path / "ddi.json").read_text())["action"]["final"]["finished"] == "failure"
+    restarted.step()
+    assert agent2.swaps == 0 and len(closings(recorded)) == 3  # not offered: nothing done, nothing told
+    recorded.reopen("8")
+    restarted.step()
+    assert agent2.swaps == 1 and engine2.pulls == [IMAGE]
+    assert closings(recorded)[-1] == ("closed", "success", "committed 2.1.0") and len(closings(recorded)) == 4
+
+
+def test_a_committed_action_offered_again_while_its_release_runs_is_closed_as_success_at_once_once_per_offer(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # goosebit offers a release again under its id (forced, or after the device reported another running version);
+    # ddi.json held the id as closed/success: ignored for ever. The release runs: answered at once, nothing pulled.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    engine = swap.Engine()  # the containers outlive the agent's process
+    pulls: list[str] = []
+    engine.api = type("Api", (), {"pull": lambda _s, repo, tag: pulls.append(f"{repo}@{tag}")})()
+
+    def started() -> tuple[DdiSource, swap.Agent]:
+        agent = swap.Agent(engine, "edge-runtime", tmp_path / "state.json", [keys[1]], lambda s: None)
+        agent.candidate_starts = True
+        cfg = HawkbitConfig.model_validate({"url": url, "tenant": TENANT, "request_timeout_s": 5})
+        return DdiSource(DdiClient(cfg, CONTROLLER), agent, tmp_path / "ddi.json", lambda: {},
+                         threading.Event()), agent
+
+    source, agent = started()
+    source.step()
+    assert closings(recorded) == [("closed", "success", "committed 2.0.0")] and agent.clones == 1
+    assert engine.get("edge-runtime").image.labels[VERSION_LABEL] == "2.0.0"
+    restarted, agent2 = started()  # a restart in between: ddi.json holds action 8 as closed/success
+    told = len(recorded.feedbacks())
+    restarted.step()
+    assert len(recorded.feedbacks()) == told  # not offered: nothing told
+    recorded.reopen("8")
+    recorded.requests.clear()
+    restarted.step()
+    assert closings(recorded) == [("closed", "success", "already running 2.0.0")]
+    assert [d for *_, d in executions(recorded)] == ["downloading manifest.signed.json", "received",
+                                                      "already running 2.0.0"]
+    assert pulls == [IMAGE] and agent2.clones == 0  # nothing pulled, nothing swapped
+    for _ in range(3):
+        restarted.step()
+    assert len(closings(recorded)) == 1  # once per offer: the server took the answer and offers it no more
+    recorded.reopen("8")  # offered again: answered again
+    restarted.step()
+    assert len(closings(recorded)) == 2 and pulls == [IMAGE] and agent2.clones == 0
+
+
+def test_a_server_that_keeps_offering_a_closed_action_is_answered_at_the_backoff_not_at_every_poll(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # A server that offers the same id whatever the device answers (each offer after a closing feedback it took
+    # is a new one): each is answered once, the polls after them backing off, so it gets neither a feedback nor
+    # a swap at every poll; once it stops offering it, the device polls at its interval again.
+    recorded, url = served
+    recorded.closes = False
+    offer(recorded, url, release(keys[0], version="1.0.0"))  # the release that runs
+    source, agent, engine = make(tmp_path, url, keys[1])
+    waits = [source.step() for _ in range(5)]
+    assert 1.0 <= waits[0] <= 1.1  # the first offer: the server's interval
+    assert all(max(5.0, 4.0 * 2 ** i) <= w <= max(5.5, 6.0 * 2 ** i) for i, w in enumerate(waits[1:])), waits
+    assert closings(recorded) == [("closed", "success", "already running 1.0.0")] * 5
+    assert engine.pulls == [] and agent.swaps == 0
+    recorded.json(BASE_PATH, controller_base(url + BASE_PATH))  # no longer offered
+    assert 1.0 <= source.step() <= 1.1
+    assert 1.0 <= source.step() <= 1.1 and len(closings(recorded)) == 5
+    offer(recorded, url, release(keys[0], version="1.0.0"))  # offered again later: answered, the backoff afresh
+    assert 5.0 <= source.step() <= 6.0  # a closed action offered again, the first time in a row
+    assert len(closings(recorded)) == 6
+
+
+def test_an_action_closed_after_its_downloads_failed_and_offered_again_gets_its_download_tries_afresh(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.raw(ARTIFACT, b"busy", status=503)
+    source, agent, _engine = make(tmp_path, url, keys[1])
+    for _ in range(3):
+        source.step()
+    assert closings(recorded)[-1][:2] == ("closed", "failure") and "download failed" in closings(recorded)[-1][2]
+    recorded.reopen("8")
+    source.step()  # failed once more: retried, not closed at once as the fourth try
+    assert len(closings(recorded)) == 1
+    recorded.raw(ARTIFACT, release(keys[0]))
+    source.step()
+    assert agent.swaps == 1 and closings(recorded)[-1] == ("closed", "success", "committed 2.0.0")
+
+
+def test_a_closed_action_offered_again_outside_the_servers_maintenance_window_waits_then_is_applied(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    source, agent, _engine = make(tmp_path, url, keys[1])
+    agent.outcome = "rolled_back"
+    source.step()
+    recorded.reopen("8")
+    closed_window = deployment_base(url, "8", release(keys[0]))
+    closed_window["deployment"]["maintenanceWindow"] = "unavailable"
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", closed_window)
+    source.step()
+    source.step()
+    assert [d for *_, d in executions(recorded)].count("waiting for the server's maintenance window") == 1
+    assert agent.swaps == 1
+    recorded.json(f"{BASE_PATH}/deploymentBase/8", deployment_base(url, "8", release(keys[0])))
+    agent.outcome = "committed"
+    source.step()
+    assert agent.swaps == 2 and closings(recorded)[-1] == ("closed", "success", "committed 2.0.0")

@@ -7,7 +7,12 @@ Durability: the action being worked on and, once known, its final feedback are w
 `ddi.json` (fsync + rename) before they are acted on. After a kill the agent's own `recover()`
 finishes or undoes the swap and its final status is sent for the same action; an action that was
 interrupted before anything changed is simply taken again; a final feedback that did not get through
-is sent again (never recomputed), so a server that offers the action again gets the same answer.
+is sent again (never recomputed) before the next poll, so a server that offers the action again because it
+never got the answer gets the same answer. An action the server offers again after it took the closing feedback
+is a new deployment of it (hawkBit never does that; goosebit does, its action id being its software's: a failed
+release forced again, a release offered again after a rollback): taken like any (a release that runs already is
+closed as success at once, nothing pulled), and a server that keeps offering it after each answer is answered at
+the backoff (`retry_wait_s`, counted per offer in a row), not at every poll.
 Failures of the server are retried with exponential backoff and never end the loop. A recovery that
 fails (the Docker engine not answering yet) is retried with its own backoff while the loop goes on
 polling at the server's interval (so the server does not see the device overdue) and sending configData
@@ -131,6 +136,9 @@ class DdiSource:
                                   self._tell_recovery_failed)
         self._recovering = False
         self._download_tries: dict[str, int] = {}
+        # A closed action the server offers again (`_deploy`), and how many times in a row it did; reset by a poll
+        # that offers it no more.
+        self._again: tuple[str, int] | None = None
         self._artifact: tuple[str, bytes] | None = None  # the last artifact downloaded: (its hash, its bytes)
         self._cancels_answered: set[str] = set()
         self._cancel_reason: str | None = None
@@ -244,6 +252,9 @@ class DdiSource:
         except DdiError as exc:
             return self._failed("polling", exc)
         self._set_interval(base)
+        if self._again is not None and (base.cancel_href or not base.deployment_href
+                                        or not _offers(base, self._again[0])):
+            self._again = None  # the server took the last answer to the action it offered again
         if base.config_data_href:
             self._send_config_data()
         try:
@@ -258,6 +269,11 @@ class DdiSource:
         except DdiError as exc:  # counted with the polls: a base that answers must not reset the backoff
             return self._failed("the action", exc, of_action=True)
         self.failures = 0
+        if self._again is not None and (self.state().get("action") or {}).get("final"):
+            # A closed action offered again, answered again: the next poll at the backoff for as many offers in a
+            # row (5 s, 10 s … 5 min, never sooner than the server's interval), so a server that keeps offering
+            # it whatever the device answers gets neither a feedback nor a swap at every poll.
+            return retry_wait_s(self._again[1], self.interval_s)
         return poll_wait_s(self.interval_s)
 
     def _failed(self, what: str, exc: DdiError, of_action: bool = False) -> float:
@@ -277,7 +293,20 @@ class DdiSource:
         action = deployment.action_id
         known = self.state().get("action") or {}
         if known.get("id") == action and known.get("final"):
-            return None  # finished; its feedback was sent (`_flush_final`) and the server has not closed it yet
+            if not known.get("sent"):  # not reached: `_poll_and_act` sends it before it polls
+                return None
+            # Closed here, and the server, which took the closing feedback (or answered that it had it), offers
+            # it again: a deployment it wants applied, and answered. hawkBit never offers a closed action again;
+            # goosebit does, its action id being its software's (a failed release forced again, a release
+            # offered again after a rollback). Taken as a new one: a release that runs already is closed as
+            # success at once (`current`, nothing pulled), a failed one is tried again.
+            again = self._again[1] + 1 if self._again is not None and self._again[0] == action else 1
+            self._again = (action, again)
+            final = known["final"]
+            log.info("ota: the server offers action %s again after it was closed (%s: %s); taken as a new "
+                     "deployment (%d in a row)", action, final.get("finished"), "; ".join(final.get("details") or []),
+                     again)
+            known = {}
         # Outside its maintenance window hawkBit sends `update: skip` too: the window decides first, and
         # only a `skip` without a closed window is a download-only assignment.
         if deployment.maintenance_window == "unavailable":  # the server's own window is closed
@@ -447,6 +476,7 @@ class DdiSource:
         # Its steps told are forgotten with it: a server that reuses action ids (goosebit's is the software's)
         # hears every step of a later deployment under the same id.
         self._told.pop(action, None)
+        self._download_tries.pop(action, None)  # offered again (goosebit), its download is tried afresh
         self._save(action={"id": action, "final": {"finished": finished, "details": details}, "sent": False})
         self._flush_final()
 
