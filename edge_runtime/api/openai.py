@@ -275,7 +275,7 @@ def _chat(ticket: Ticket) -> Any:
     live = req.stream and not rails.output  # output rails hold a stream until the whole answer passed them
     job = ChatJob(prompt, system, frames[0] if frames else None, grammar, max_tokens, temperature, req.top_p, seed,
                   stops, on_text=deltas.put if live else None, on_end=lambda: deltas.put(None),
-                  more_images=frames[1:], image_at=image_at)
+                  more_images=frames[1:], image_at=image_at, image_fields=tuple(f for _, f in image_bytes))
     future = submit(d.inference.chat, job)
     created = int(time.time())
     if live:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+from edge_runtime.core.errors import InputError
 from edge_runtime.core.result import Result
 from edge_runtime.core.result_filter import ResultFilter
 
@@ -56,6 +57,16 @@ class ChatJob:
     # Where each image goes in `prompt` (an offset per image, ascending) when they sit among its text;
     # empty: all at the template's image slot.
     image_at: tuple[int, ...] = ()
+    # Each image's field in the request, in order (the API's `messages.<i>.content.<j>.image_url.url`): a
+    # refused image is named by its own part, not as `image`.
+    image_fields: tuple[str, ...] = ()
+
+    def image_refused(self, exc: InputError, i: int) -> InputError:
+        """`exc`, an image's refusal naming `image`, naming this job's i-th image's field instead."""
+        if exc.field != "image" or i >= len(self.image_fields):
+            return exc
+        name = self.image_fields[i]
+        return InputError(f"{name}: {str(exc).removeprefix('image: ')}", field=name, status=exc.status)
 
 
 class ChatOutput(Protocol):

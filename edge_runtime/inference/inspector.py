@@ -403,12 +403,20 @@ class Inspector:
             return Prompt(*self.frame_sequence(w.camera, question, w.encoded, program_name=w.program), rules.grammar,
                           self.max_tokens, tag=(w, rules))
         job = w.job
+
+        def encode(image: np.ndarray, i: int) -> Encoded:
+            try:
+                return self.encode(image)
+            except InputError as exc:  # named by its own part of the request
+                raise job.image_refused(exc, i) from None
+
         enc = w.encoded
         if enc is None and job.image is not None:
-            enc = self.encode(job.image)  # not encoded ahead (overlap off, or a reload meanwhile)
+            enc = encode(job.image, 0)  # not encoded ahead (overlap off, or a reload meanwhile)
         if self.mtmd is not None and job.more_images:  # refused before any further image is encoded
             self.prompts.check_images_fit(job, enc, self.encoder.image_tokens)
-        encs = ([] if enc is None else [enc]) + [self.encode(img) for img in job.more_images]
+        first = 0 if job.image is None else 1
+        encs = ([] if enc is None else [enc]) + [encode(img, first + i) for i, img in enumerate(job.more_images)]
         prefix, image, suffix = self.sequence(job.prompt, encs, job.system, image_at=job.image_at)
         return Prompt(prefix, image, suffix, job.grammar, job.max_tokens or self.max_tokens,
                       Sampling(job.temperature, job.top_p, job.seed), tuple(job.stops), job.on_text, tag=(w, None))

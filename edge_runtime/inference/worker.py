@@ -190,7 +190,9 @@ class InspectionWorker:
         except Exception as exc:  # noqa: BLE001 - handed on and reported by stage 2
             # A reload closed the model meanwhile (its encoder refuses): stage 2 encodes it again
             # with the new one, as it does a frame encoded under replaced programs (_usable).
-            return None if inspector is not None and inspector is not self.get_inspector() else exc
+            if inspector is not None and inspector is not self.get_inspector():
+                return None
+            return request.chat.image_refused(exc, 0) if request.chat and isinstance(exc, InputError) else exc
 
     def _hand_on(self, to: queue.Queue[tuple[InspectionRequest, Staged]], request: InspectionRequest,
                  encoded: Staged) -> None:

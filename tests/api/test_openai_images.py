@@ -207,3 +207,23 @@ def test_images_that_cannot_fit_the_context_are_refused_before_any_is_encoded(sm
     assert body(caught)["param"] == "messages"
     assert "image tokens" in body(caught)["message"] and "the context holds 256" in body(caught)["message"]
     assert cache.stats()["misses"] - misses <= 1  # at most the first, encoded ahead by the worker
+
+
+@pytest.mark.parametrize("at", [0, 1])
+def test_an_image_over_the_token_budget_is_a_400_naming_its_own_part(openai_client: Any, at: int) -> None:
+    """A 16 px high strip cannot be shrunk under the bundle's image_max_tokens: the refusal named `image`,
+    not the part, so a client that sent several images could not tell which one (seen on a running daemon
+    with a 60000x16 PNG)."""
+    import openai
+    rng = np.random.default_rng(33)
+    strip = rng.integers(0, 256, (16, 2200, 3), dtype=np.uint8)
+    good = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    urls = [data_url(good), data_url(good)]
+    urls[at] = data_url(strip)
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client.chat.completions.create(model="default", messages=ask(parts), max_tokens=4)
+    error = body(caught)
+    assert error["param"] == f"messages.0.content.{at + 1}.image_url.url", error  # part 0 is the text
+    assert "image tokens, more than the bundle's budget" in error["message"]
+    assert error["message"].startswith(f"messages.0.content.{at + 1}.image_url.url: 2200x16 makes ")
