@@ -13,19 +13,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from edge_runtime.config import CameraConfig, Config, ImageLimits
+from edge_runtime.config import CameraConfig, Config
 from edge_runtime.config.line_io import StationConfig
-from edge_runtime.config.programs import ProgramConfig, reference_pixels
+from edge_runtime.config.programs import ProgramConfig
 from edge_runtime.core.bundle.gguf_header import read_header
 from edge_runtime.core.bundle.manifest import Bundle, Manifest, MmprojManifest
-from edge_runtime.core.errors import ConfigError, ImageError, InputError
-from edge_runtime.core.images import read_image_file
+from edge_runtime.core.errors import ConfigError, InputError
 from edge_runtime.inference import memory_fit
-from edge_runtime.inference.encoder_cache import pixels_digest
 from edge_runtime.inference.encoding import fit_tokens, reference_bytes
 from edge_runtime.inference.llm import mtmd as mtmd_module
 from edge_runtime.inference.llm.handles import Model
@@ -36,8 +33,8 @@ from edge_runtime.inference.programs import (
     FRAME_TEXT,
     REFERENCE_TEXT,
     LoadedProgram,
-    ReferenceMemory,
     check_programs,
+    count_references,
 )
 from edge_runtime.inference.prompting import around_image
 from edge_runtime.inference.regions import frame_regions
@@ -261,23 +258,16 @@ def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Map
         def tokenize(text: str) -> list[int]:
             return model.vocab.tokenize(text.encode("utf-8"), False, True)
 
-        refs: dict[str, int] = {}
+        refs = dict.fromkeys(config.programs, 0)  # each program's references' prompt tokens
         # the vocabulary-only model does not say its embeddings' width: the GGUF's header does
         n_embd = memory_fit.language_shape(read_header(bundle.language_path)).n_embd_inp
-        sizes: dict[tuple[str, tuple[int, int] | None], tuple[int, int]] = {}  # what each distinct image holds
-        per_program: dict[str, int] = {}
-        for name, cfg in config.programs.items():
-            refs[name], mine = 0, set()
-            for i, ref in enumerate(cfg.references):
-                frame = _reference(name, config.cameras, i, ref.image, config.images)
-                h, w = frame.shape[:2]
-                refs[name] += _image_tokens(mtmd, w, h, budgets[name])
-                key = (pixels_digest(frame), budgets[name])
-                if key not in sizes:
-                    sizes[key] = reference_bytes(mtmd, frame, budgets[name], n_embd)
-                mine.add(key)
-            if mine:
-                per_program[name] = sum(sizes[k][1] for k in mine)
+
+        def prompt_tokens(name: str, frame: np.ndarray) -> None:
+            h, w = frame.shape[:2]
+            refs[name] += _image_tokens(mtmd, w, h, budgets[name])
+
+        counted = count_references(config.programs, config.cameras, config.images, budgets,
+                                   lambda frame, tokens: reference_bytes(mtmd, frame, tokens, n_embd), prompt_tokens)
         p, bos = m.prompt, model.vocab.bos()
         text = question_tokens(p.template, p.system, p.default, tokenize,
                                lambda ids: ids if bos < 0 or not model.vocab.add_bos() or ids[:1] == [bos]
@@ -285,23 +275,9 @@ def _check_offline(bundle: Bundle, m: MmprojManifest, config: Config, asked: Map
         check_context(config.programs, budgets, refs, asked, mtmd,
                       config.model.max_tokens or m.generation.max_tokens, config.model.context_size, text)
         # after the context (the cheaper, more specific refusal): what start counts, against the device's RAM
-        if config.model.memory_check and sizes:
+        if config.model.memory_check and counted.sizes:
             from edge_runtime.inference.llm.runtime import engine_info
 
-            total = sum(b for _, b in sizes.values())
-            memory_fit.check_references_fit(
-                ReferenceMemory(per_program, len(sizes), sum(t for t, _ in sizes.values()), total, total, n_embd),
-                bundle, config, bool(engine_info()["gpu_offload"]), loaded=False)
+            memory_fit.check_references_fit(counted.memory(n_embd), bundle, config,
+                                            bool(engine_info()["gpu_offload"]), loaded=False)
 
-
-def _reference(program: str, cameras: Sequence[CameraConfig], i: int, path: Path, limits: ImageLimits
-               ) -> np.ndarray:
-    """A reference file decoded; one that cannot be read is refused with the line start gives it
-    (programs.load_programs)."""
-    try:
-        return read_image_file(path, reference_pixels(limits), limits.min_side, int(limits.max_file_mb * 2**20))
-    except (ImageError, InputError) as exc:
-        users = [cam.name for cam in cameras if cam.program == program]
-        used = f" (cameras: {', '.join(users)})" if users else ""
-        why = str(exc).removeprefix(f"{path}: ").removeprefix("image: ")
-        raise ConfigError(f"programs.{program}{used}: references.{i}.image {path}: {why}") from None

@@ -23,7 +23,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,63 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def read_reference(program: str, cameras: Sequence[CameraConfig], i: int, path: Path, limits: ImageLimits
+                   ) -> np.ndarray:
+    """A reference file decoded within `limits`; one that cannot be used is a ConfigError in one line naming
+    the program, the cameras that use it and the file."""
+    try:
+        return read_image_file(path, reference_pixels(limits), limits.min_side, int(limits.max_file_mb * 2**20))
+    except (ImageError, InputError) as exc:
+        users = [cam.name for cam in cameras if cam.program == program]
+        used = f" (cameras: {', '.join(users)})" if users else ""
+        why = str(exc).removeprefix(f"{path}: ").removeprefix("image: ")
+        raise ConfigError(f"programs.{program}{used}: references.{i}.image {path}: {why}") from None
+
+
+@dataclass
+class CountedReferences:
+    """The programs' references read and counted, nothing encoded (`count_references`)."""
+
+    # each reference's (program, index): its encoding's key and its file's stamp taken before the read
+    keys: dict[tuple[str, int], tuple[Key, tuple[int, int, int] | None]]
+    sizes: dict[Key, tuple[int, int]]  # each distinct encoding: (image tokens, bytes held)
+    per_program: dict[str, int]  # each program's references' bytes (an image shared counted in each)
+
+    def memory(self, n_embd: int, held: Container[Key] = ()) -> ReferenceMemory:
+        """What they hold; `held`: encodings the running programs hold already (not new)."""
+        return ReferenceMemory(self.per_program, len(self.sizes), sum(t for t, _ in self.sizes.values()),
+                               sum(b for _, b in self.sizes.values()),
+                               sum(b for k, (_, b) in self.sizes.items() if k not in held), n_embd)
+
+
+def count_references(programs: Mapping[str, ProgramConfig], cameras: Sequence[CameraConfig], limits: ImageLimits,
+                     budgets: Mapping[str, tuple[int, int] | None],
+                     count: Callable[[np.ndarray, tuple[int, int] | None], tuple[int, int]],
+                     each: Callable[[str, np.ndarray], None] | None = None) -> CountedReferences:
+    """Every reference read (`read_reference`), hashed and counted from its size, then dropped: `count`
+    gives an image's (tokens, bytes held) under its program's budget, once per distinct encoding (the
+    same pixels under the same budget, in one program or several). `each(program, frame)` sees every
+    reference as it is read (duplicates included). What start (`load_programs`) and `config validate`
+    (`program_fit`) both count."""
+    keys: dict[tuple[str, int], tuple[Key, tuple[int, int, int] | None]] = {}
+    sizes: dict[Key, tuple[int, int]] = {}
+    per_program: dict[str, int] = {}
+    for name, cfg in programs.items():
+        for i, ref in enumerate(cfg.references):
+            stamp = file_stamp(ref.image)  # before the read: a write during it shows at the next reload
+            frame = read_reference(name, cameras, i, ref.image, limits)
+            if each is not None:
+                each(name, frame)
+            key = (pixels_digest(frame), budgets[name])
+            keys[name, i] = key, stamp
+            if key not in sizes:
+                sizes[key] = count(frame, budgets[name])
+        mine = {keys[name, i][0] for i in range(len(cfg.references))}
+        if mine:
+            per_program[name] = sum(sizes[k][1] for k in mine)
+    return CountedReferences(keys, sizes, per_program)
 
 
 def changed_references(programs: Mapping[str, LoadedProgram]) -> list[str]:
@@ -206,34 +263,12 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
         if cam.program is not None:
             users.setdefault(cam.program, []).append(cam.name)
 
-    def read(name: str, i: int, path: Path) -> np.ndarray:
-        used = f" (cameras: {', '.join(users[name])})" if users.get(name) else ""
-        try:
-            return read_image_file(path, reference_pixels(limits), limits.min_side, int(limits.max_file_mb * 2**20))
-        except (ImageError, InputError) as exc:
-            why = str(exc).removeprefix(f"{path}: ").removeprefix("image: ")
-            raise ConfigError(f"programs.{name}{used}: references.{i}.image {path}: {why}") from None
-
     held = {ref.key: ref.encoded for p in (running or {}).values() for ref in p.references if ref.key is not None}
     # 1. Read and count: each file decoded, hashed and counted from its size, then dropped.
-    keys: dict[tuple[str, int], tuple[Key, tuple[int, int, int] | None]] = {}
-    sizes: dict[Key, tuple[int, int]] = {}
-    per_program: dict[str, int] = {}
-    for name, cfg in programs.items():
-        for i, ref in enumerate(cfg.references):
-            stamp = file_stamp(ref.image)  # before the read: a write during it shows at the next reload
-            frame = read(name, i, ref.image)
-            key = (pixels_digest(frame), budgets[name])
-            keys[name, i] = key, stamp
-            if key not in sizes:
-                sizes[key] = count(frame, budgets[name]) if count is not None else (0, 0)
-        mine = {keys[name, i][0] for i in range(len(cfg.references))}
-        if mine:
-            per_program[name] = sum(sizes[k][1] for k in mine)
+    counted = count_references(programs, cameras, limits, budgets, count or (lambda frame, tokens: (0, 0)))
+    keys, sizes = counted.keys, counted.sizes
     if fit is not None and sizes:
-        fit(ReferenceMemory(per_program, len(sizes), sum(t for t, _ in sizes.values()),
-                            sum(b for _, b in sizes.values()),
-                            sum(b for k, (_, b) in sizes.items() if k not in held), n_embd))
+        fit(counted.memory(n_embd, held))
     # 2. Encode each distinct image once (decoded again: what step 1 read is not kept, it would be all of
     # the references' pixels at once).
     encoded: dict[Key, Encoded] = {k: held[k] for k in sizes if k in held}
@@ -248,7 +283,7 @@ def load_programs(programs: Mapping[str, ProgramConfig], cameras: Sequence[Camer
         for i, ref in enumerate(cfg.references):
             key, stamp = keys[name, i]
             if key not in encoded:
-                frame = read(name, i, ref.image)
+                frame = read_reference(name, cameras, i, ref.image, limits)
                 if pixels_digest(frame) != key[0]:  # rewritten since step 1 counted it
                     raise ConfigError(f"programs.{name}{used}: references.{i}.image {ref.image}: the file "
                                       "changed while the references were read; reload again")
