@@ -228,6 +228,8 @@ def cmd_config_validate(args: argparse.Namespace, config: Config) -> int:
     if any_gate(config):  # each camera's bank against the bundle it would score (one line, exit 2)
         gates_for(resolve_bundle(config, getattr(args, "model", None)), config)
     print(f"{args.file}: ok")
+    for written, meant in dict.fromkeys(config.resolved_paths()):  # as start and reload read them
+        print(f"  {written} -> {meant}")
     return 0
 
 

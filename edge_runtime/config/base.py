@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import regex
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo
 
 
 class Section(BaseModel):
@@ -38,3 +40,39 @@ def check_regex(pattern: str | None) -> str | None:
         except regex.error as exc:
             raise ValueError(f"not a valid regular expression: {exc}") from None
     return pattern
+
+
+# Validation context keys (schema.parse_config passes them): the folder the config file was read from, and
+# a list that collects each relative path with what it was read as (what `config validate` shows).
+CONFIG_DIR = "config_dir"
+RESOLVED = "resolved"
+_P = TypeVar("_P", str, Path)
+
+
+def config_dir(info: ValidationInfo) -> Path | None:
+    """The folder of the config file being validated; None for a config not read from a file."""
+    context: Any = info.context
+    base = context.get(CONFIG_DIR) if isinstance(context, dict) else None
+    return Path(base) if base is not None else None
+
+
+def beside_config(value: _P, info: ValidationInfo) -> _P:
+    """A path written in the config file, read from the file's folder: a relative `models/x` in
+    /etc/edge-runtime/config.yaml is /etc/edge-runtime/models/x whatever the daemon's working directory
+    (`/` under systemd). Absolute and `~` paths are kept as written, and so is every path of a config
+    not read from a file (no folder in the validation context: it stays relative to the working directory)."""
+    base = config_dir(info)
+    text = str(value)
+    if base is None or not text or text.startswith("~") or Path(text).is_absolute():
+        return value
+    joined = base / text
+    resolved = info.context.get(RESOLVED) if isinstance(info.context, dict) else None
+    if isinstance(resolved, list):
+        resolved.append((text, str(joined)))
+    return joined if isinstance(value, Path) else str(joined)
+
+
+# Every path-valued field of the configuration is one of these two (tests/config/test_config_paths.py
+# checks that no plain Path field is left): the only place relative paths are resolved.
+ConfigPath = Annotated[Path, AfterValidator(beside_config)]
+ConfigPathText = Annotated[str, AfterValidator(beside_config)]  # a path kept as text (gate banks)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.base import NAME, Section, beside_config
 from edge_runtime.config.gate import GateConfig
 
 MAX_FRAME_SIDE = 16384  # the largest frame side a camera may have (width, height; a roi or region inside it)
@@ -68,6 +69,17 @@ class CameraConfig(Section):
     read_timeout_s: float = Field(5, gt=0, description="A stream silent this long counts as failed.")
     reconnect_min_s: float = Field(0.5, gt=0, description="First reconnect delay; doubles each failure.")
     reconnect_max_s: float = Field(30, gt=0, description="Longest reconnect delay.")
+
+    @model_validator(mode="after")
+    def _file_source_beside_config(self, info: ValidationInfo) -> CameraConfig:
+        # A file or folder source is a path like the others (base.beside_config); a URL, a GStreamer pipeline
+        # or a device index is not (kind auto: capture/sources.source_kind's tests, without the disk).
+        src = self.source
+        if not isinstance(src, str) or "://" in src or self.kind not in ("auto", "image", "folder", "video"):
+            return self
+        if self.kind != "auto" or not ("!" in src or re.fullmatch(r"\d+", src)):
+            self.source = beside_config(src, info)
+        return self
 
     @field_validator("roi")
     @classmethod

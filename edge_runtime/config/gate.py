@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from edge_runtime.config.base import Section
+from edge_runtime.config.base import ConfigPathText, Section
 
 
 class GateConfig(Section):
@@ -20,7 +20,7 @@ class GateConfig(Section):
         "result without the language model (source.engine: gate), journaled, published and handed to the "
         "line like any other; the rest go to the language model. With a program's regions: answered when every "
         "region is under its threshold, else only the regions over theirs are asked.")
-    bank: str | None = Field(
+    bank: ConfigPathText | None = Field(
         None, max_length=4096, description="The bank file `edge-runtime gate fit` wrote for this camera (or "
         "recipe). It must have been made with this model's encoder, image budget and crop: a bank of another "
         "is refused at load with one line, and the gate stays off for this camera. A camera whose program has "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
-from edge_runtime.config.base import Section
+from edge_runtime.config.base import ConfigPath, Section
 
 
 class JetsonActions(Section):
@@ -21,7 +20,7 @@ class GovernorConfig(Section):
     enabled: bool = Field(True, description="Hold the thermal and power budget.")
     sensor: Literal["auto", "jtop", "nvml", "sysfs", "replay", "none"] = Field(
         "auto", description="Sensor backend; auto tries jtop, NVML, then sysfs.")
-    replay_file: Path | None = Field(None, description="Recorded trace (JSONL or CSV) for sensor: replay.")
+    replay_file: ConfigPath | None = Field(None, description="Recorded trace (JSONL or CSV) for sensor: replay.")
     interval_s: float = Field(1.0, ge=0.1, le=60, description="Seconds between sensor readings.")
     max_temp_c: float | None = Field(None, description="Hottest sensor limit; empty: the lowest trip "
                                      "point read at run time minus trip_margin_c.")

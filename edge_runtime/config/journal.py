@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
-from edge_runtime.config.base import Section
+from edge_runtime.config.base import ConfigPath, Section
 
 
 class JournalConfig(Section):
-    path: Path | None = Field(None, description="SQLite file (default: <data_dir>/journal.sqlite3).")
+    path: ConfigPath | None = Field(None, description="SQLite file (default: <data_dir>/journal.sqlite3).")
     max_rows: int = Field(100_000, ge=10, description="Keep at most this many delivered results.")
     max_age_days: float = Field(30, gt=0, description="Delete delivered results older than this.")
     min_free_mb: float = Field(64, ge=0, description="Free-space watermark: below it the oldest delivered "
@@ -20,7 +18,7 @@ class JournalConfig(Section):
 # The evidence store's section (verdicts/evidence.py); here so that reading a config never imports OpenCV.
 class EvidenceConfig(Section):
     enabled: bool = Field(True, description="Keep the image each verdict was made from.")
-    path: Path | None = Field(None, description="Folder of the store (default: <data_dir>/evidence).")
+    path: ConfigPath | None = Field(None, description="Folder of the store (default: <data_dir>/evidence).")
     max_mb: float = Field(1024, gt=0, description="Disk budget of the store (images and thumbnails).")
     max_age_days: float = Field(30, gt=0, description="Delete delivered evidence older than this.")
     min_free_mb: float = Field(64, ge=0, description="Leave this much free on the file system "

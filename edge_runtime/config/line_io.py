@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.base import NAME, Section, beside_config
 from edge_runtime.config.gate import GateConfig
 from edge_runtime.config.line_protocols import GpioConfig, ModbusConfig, OpcUaConfig, SparkplugConfig
 from edge_runtime.config.programs import ProgramConfig, check_regions_inside
@@ -215,8 +215,8 @@ class RecipeConfig(Section):
 
     @field_validator("verdict_schema", mode="before")
     @classmethod
-    def _schema(cls, v: Any) -> dict[str, Any] | None:
-        return load_schema(v)
+    def _schema(cls, v: Any, info: ValidationInfo) -> dict[str, Any] | None:
+        return load_schema(beside_config(v, info) if isinstance(v, str) else v)  # a file: from the config's folder
 
 
 class StationConfig(Section):

@@ -4,12 +4,11 @@ and GPIO cells, each off unless configured; the stations they serve are line_io.
 from __future__ import annotations
 
 import ipaddress
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.base import NAME, ConfigPath, Section
 
 
 class ModbusConfig(Section):
@@ -69,7 +68,7 @@ class OpcUaConfig(Section):
         default_factory=_secure_by_default, min_length=1, max_length=3,
         description="Basic256Sha256 Sign and SignAndEncrypt by default; 'none' (no security at all) only when "
                     "listed here, and the server warns at every start.")
-    pki_dir: Path | None = Field(None, description="Certificates: own/ (generated on first start), trusted/ "
+    pki_dir: ConfigPath | None = Field(None, description="Certificates: own/ (generated on first start), trusted/ "
                                  "(client certificates to accept), rejected/ (refused ones, to move by hand). "
                                  "Default <data_dir>/opcua.")
     users: list[OpcUaUser] = Field(default_factory=list, max_length=64, description="Users who may log in.")

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
-from edge_runtime.config.base import Section
+from edge_runtime.config.base import ConfigPath, Section
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 class ModelConfig(Section):
-    path: Path | None = Field(
+    path: ConfigPath | None = Field(
         None, description="Model bundle folder. Empty: the demo bundle, built on first use.")
     threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, le=256,
@@ -63,7 +62,7 @@ class ModelConfig(Section):
         "(docs/benchmarks.md). auto: on, except with kv_cache_type f32, whose point is matching a float32 "
         "reference (the fused CPU kernel's logits were 3e-3 of their range off it, the unfused under 1e-5); "
         "true/false force it.")
-    draft_model: Path | None = Field(
+    draft_model: ConfigPath | None = Field(
         None, description="Speculative decoding: a GGUF of the same tokenizer (e.g. Qwen2.5-0.5B for Qwen2.5-VL-3B) "
         "that guesses the next tokens for the language model to check in one batch. Greedy answers of a "
         "camera or client running alone only; every answer is the one given without it (docs/models.md). "

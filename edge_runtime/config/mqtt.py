@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from edge_runtime.config.base import Section, check_topic
+from edge_runtime.config.base import ConfigPath, Section, check_topic
 
 
 class TlsConfig(Section):
     enabled: bool = Field(False, description="Connect over TLS.")
-    ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate "
+    ca_file: ConfigPath | None = Field(None, description="CA bundle that signed the broker's certificate "
                                  "(default: the system store).")
-    cert_file: Path | None = Field(None, description="Client certificate for mutual TLS.")
-    key_file: Path | None = Field(None, description="Client private key for mutual TLS.")
+    cert_file: ConfigPath | None = Field(None, description="Client certificate for mutual TLS.")
+    key_file: ConfigPath | None = Field(None, description="Client private key for mutual TLS.")
     insecure: bool = Field(False, description="Skip broker hostname verification (testing only).")
 
 

@@ -4,12 +4,11 @@ the update lock that keeps a swap away from a busy line."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
-from edge_runtime.config.base import DEVICE_ID, TOPIC_PIECE, Section
+from edge_runtime.config.base import DEVICE_ID, TOPIC_PIECE, ConfigPath, Section
 
 _WINDOW = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-3]):([0-5]\d)$")
 
@@ -79,10 +78,10 @@ class OtaConfig(Section):
     poll_interval_s: float = Field(300, ge=10, description="Seconds between polls of manifest_url.")
     health_timeout_s: float = Field(120, gt=0, description="How long a candidate has to turn healthy.")
     allow_downgrade: bool = Field(False, description="Accept manifests whose version is not newer.")
-    state_dir: Path | None = Field(None, description="Where the agent keeps its state (default <data_dir>/ota).")
+    state_dir: ConfigPath | None = Field(None, description="Where the agent keeps its state (default <data_dir>/ota).")
     hawkbit: HawkbitConfig | None = Field(None, description="Take releases from a hawkBit DDI server instead "
                                           "of MQTT manifests (docs/ota.md); one source at a time.")
-    lock_file: Path | None = Field(None, description="Update lock: the daemon holds a shared lock on this file "
+    lock_file: ConfigPath | None = Field(None, description="Update lock: the daemon holds a shared lock on this file "
                                    "while a line station has a job in flight, and the agent's swap waits for "
                                    "it (a path both see, e.g. on the data volume).")
     maintenance_window: list[str] = Field(default_factory=list, max_length=24, description="Quiet windows "

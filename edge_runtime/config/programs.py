@@ -8,12 +8,11 @@ refuses the whole file in one line naming the program, the cameras that use it a
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from edge_runtime.config.base import NAME, Section
+from edge_runtime.config.base import NAME, ConfigPath, Section
 from edge_runtime.config.cameras import check_box
 from edge_runtime.config.inspection import ImageLimits
 
@@ -25,7 +24,8 @@ CLIP_RING_BYTES = 256 * 2**20  # what one camera's clip ring may hold (frames x 
 
 
 class ReferenceConfig(Section):
-    image: Path = Field(description="The reference image file (JPEG, PNG, ...), bounded by images: like any input.")
+    image: ConfigPath = Field(description="The reference image file (JPEG, PNG, ...), bounded by images: like any "
+                              "input.")
     caption: str = Field(min_length=1, max_length=200, pattern=r"^[^\r\n]*$",
                          description="What the reference shows, e.g. 'golden OK sample' or "
                          "'known NOK: missing screw'; written before its image in the prompt.")

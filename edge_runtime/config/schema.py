@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from edge_runtime.config.api import ApiConfig
-from edge_runtime.config.base import DEVICE_ID, NAME, Section
+from edge_runtime.config.base import CONFIG_DIR, DEVICE_ID, NAME, RESOLVED, ConfigPath, Section
 from edge_runtime.config.cameras import CameraConfig
 from edge_runtime.config.governor import GovernorConfig
 from edge_runtime.config.inspection import ImageLimits, InspectionConfig
@@ -50,7 +50,7 @@ class Config(Section):
     device_id: str = Field(default_factory=socket.gethostname,
                            description="Name of this device in results, topics and metrics.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
-    data_dir: Path = Field(
+    data_dir: ConfigPath = Field(
         default_factory=lambda: default_data_dir(),
         description="Where the journal and the demo bundle live.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The vision-language model.")
@@ -79,6 +79,7 @@ class Config(Section):
                                   "OPC UA / Modbus TCP / Sparkplug B / GPIO servers (docs/line-io.md).")
     rails: RailsConfig = Field(default_factory=RailsConfig, description="Input and output rails of the OpenAI "
                                "endpoint and REST infer (docs/api.md).")
+    _resolved_paths: list[tuple[str, str]] = PrivateAttr(default_factory=list)  # parse_config's (written, read as)
 
     @field_validator("rules")
     @classmethod
@@ -138,6 +139,10 @@ class Config(Section):
             raise ValueError("cameras with remote: true need offload.enabled and offload.endpoints")
         return self
 
+    def resolved_paths(self) -> list[tuple[str, str]]:
+        """Each relative path of the file it was read from and the path it means there: (written, read as)."""
+        return list(self._resolved_paths)
+
     def topic_prefix(self) -> str:
         return (self.mqtt.topic_prefix or f"edge/{self.device_id}").rstrip("/")
 
@@ -159,7 +164,9 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("EDGE_RUNTIME_DATA") or platformdirs.user_data_dir("edge-runtime"))
 
 
-def parse_config(text: str, source: str = "<config>") -> Config:
+def parse_config(text: str, source: str = "<config>", config_dir: Path | None = None) -> Config:
+    """`text` as a config; its relative paths are read from `config_dir` (the folder of the file it came
+    from, base.beside_config), or kept relative to the working directory without one."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except RecursionError:  # PyYAML composes recursively: `[[[[...` thousands deep
@@ -180,7 +187,11 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     try:
-        return Config.model_validate(data)
+        resolved: list[tuple[str, str]] = []
+        config = Config.model_validate(data, context={CONFIG_DIR: config_dir, RESOLVED: resolved}
+                                       if config_dir is not None else None)
+        config._resolved_paths = resolved
+        return config
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -196,7 +207,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
 
 
 def load_config(path: Path | str | None) -> Config:
-    """Read a config file; None gives the defaults."""
+    """Read a config file; None gives the defaults. Relative paths in it are read from its folder."""
     if path is None:
         return Config()
     path = Path(path)
@@ -218,7 +229,7 @@ def load_config(path: Path | str | None) -> Config:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if "\x00" in text:
         raise ConfigError(f"{path}: binary data, not a YAML config")
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), path.parent.resolve())  # the folder as named (a linked file: its link's)
 
 
 def config_schema() -> dict[str, Any]:
