@@ -128,7 +128,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.yaml"
         cfg.write_text(f"device_id: chat-speed\ndata_dir: {tmp}\nmqtt:\n  enabled: false\ngovernor:\n  enabled: false\n"
-                       f"model:\n  path: {args.model}\n  threads: {args.threads}\n"
+                       f"model:\n  path: {Path(args.model).resolve()}\n  threads: {args.threads}\n"
                        f"  gpu_layers: {args.gpu_layers}\n  fast_forward: {args.fast_forward == 'on'}\n"
                        + (f"  context_size: {args.context}\n" if args.context else "")
                        + f"api:\n  host: 127.0.0.1\n  port: {port}\n")

@@ -193,6 +193,12 @@ class OurDaemon(Server):
             self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(
                 p for p in (str(_BENCHMARKS), os.environ.get("PYTHONPATH", "")) if p)}
         self.data = Path(tempfile.mkdtemp(prefix="peers-data-", dir=log_dir))
+        # absolute: the config file lies in log_dir, and its relative paths would be read from there
+        bundle = Path(bundle).resolve()
+        if isinstance(image, list):
+            image = [p.resolve() for p in image]
+        elif image is not None:
+            image = Path(image).resolve()
         config: dict[str, Any] = {
             "device_id": "peers", "data_dir": str(self.data), "log_level": "warning",
             "model": {"path": str(bundle), "threads": threads, "context_size": context, "gpu_layers": gpu_layers},

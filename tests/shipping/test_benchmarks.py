@@ -20,10 +20,12 @@ from tests.support.broker import Broker
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 
-# script -> (arguments with {bundle}/{port}/{trace} filled in, a string its output must contain)
+# script -> (arguments with {bundle}/{port}/{trace} filled in, a string its output must contain);
+# {relative_bundle}: the bundle from the working directory, for scripts that write it into a config file
+# elsewhere (whose relative paths are read from the file's folder)
 SMOKE: dict[str, tuple[list[str], str]] = {
     "api_load.py": (["--seconds", "1", "--clients", "1", "--infer", "2"], "status_requests_per_s"),
-    "chat_speed.py": (["--model", "{bundle}", "--requests", "1", "--clients", "2", "--per-client", "1"],
+    "chat_speed.py": (["--model", "{relative_bundle}", "--requests", "1", "--clients", "2", "--per-client", "1"],
                       '"concurrent_over_one"'),
     "daemon_rates.py": (["--seconds", "2"], "per_camera_per_s"),
     "evidence_cost.py": (["--frames", "2", "--inspections", "2"], "difference_ms"),
@@ -38,8 +40,9 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "line_io.py": (["--jobs", "2"], "trigger_to_result_valid_ms"),
     "line_soak.py": (["--minutes", "0.1", "--sample-s", "2", "--warmup-min", "0", "--cut-s", "2"], '"acked"'),
     "lineio_durable.py": (["--jobs", "5"], '"delivery_notify_ms"'),
-    "offload_vllm.py": (["--bundle", "{bundle}", "--central-bundle", "{bundle}", "--threads", "1", "--context", "2048",
-                         "--parts", "6", "--probe", "2", "--before", "2", "--interval", "1.0", "--open-s", "1"],
+    "offload_vllm.py": (["--bundle", "{bundle}", "--central-bundle", "{relative_bundle}", "--threads", "1",
+                         "--context", "2048", "--parts", "6", "--probe", "2", "--before", "2", "--interval", "1.0",
+                         "--open-s", "1"],
                         '"breaker_opened_and_closed": true'),
     "outbox_rate.py": (["--port", "{port}", "--results", "50"], "acknowledged_per_s"),
     "parallel_agreement.py": (["{bundle}"], "same verdicts"),
@@ -108,8 +111,9 @@ def test_benchmark_runs_on_the_demo_bundle(script: str, demo_dir: Path, broker: 
     # a GGUF + mmproj bundle where the script needs one (references: programs.py)
     pair = (tiny_pairs.write_pair_bundle(tiny_pairs.tiny_pair("qwen2.5-vl"), tmp_path / "pair")
             if "{pair}" in args else "")
-    argv = [a.format(bundle=demo_dir, port=broker.port, trace=trace, tmp=tmp_path, converter=converter, pair=pair)
-            for a in args]
+    relative_bundle = os.path.relpath(demo_dir, tmp_path)  # the scripts run in tmp_path
+    argv = [a.format(bundle=demo_dir, relative_bundle=relative_bundle, port=broker.port, trace=trace, tmp=tmp_path,
+                     converter=converter, pair=pair) for a in args]
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "EDGE_RUNTIME_DATA": str(tmp_path / "data")}
     proc = subprocess.run([sys.executable, str(BENCH / script), *argv], capture_output=True, text=True,
