@@ -314,6 +314,8 @@ class InspectionWorker:
             return
         if isinstance(exc, InputError) and request.trigger in CLIENT_TRIGGERS:
             # the client's mistake, answered with a 4xx: not our error
+            if request.chat is None and exc.field == "messages":  # the model layer's name for the text
+                exc = InputError(f"prompt: {str(exc).removeprefix('messages: ')}", "prompt", exc.status)
             log.info("inspection of %s refused: %s", request.camera, exc)
             request.future.set_exception(exc)
             return

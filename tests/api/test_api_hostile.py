@@ -178,6 +178,20 @@ def test_a_20000_character_prompt_is_400(client: FlaskClient, path: str) -> None
     assert error_of(client.post(path, json=body), 400)["field"] == "prompt"
 
 
+@pytest.mark.parametrize("path", ["/api/v1/cameras/belt/trigger", "/api/v1/infer"])
+def test_a_prompt_under_the_character_bound_but_over_the_context_is_400_naming_prompt(
+        client: FlaskClient, daemon: Daemon, path: str) -> None:
+    """The model layer names `messages` (the chat field) for any prompt over the context: a REST client
+    was told its `messages` were too long on routes whose field is `prompt`."""
+    body = {"prompt": "word " * 790, "image": base64.b64encode(JPEG).decode()}  # 3,950 characters
+    if "trigger" in path:
+        body.pop("image")
+    error = error_of(client.post(path, json=body), 400)
+    assert error["field"] == "prompt", error
+    assert str(error["message"]).startswith("prompt: the prompt is ")
+    assert f"the context holds {daemon.config.model.context_size}" in str(error["message"])
+
+
 def test_a_body_of_millions_of_tiny_json_values_is_a_400_naming_body_before_they_are_built(
         client: FlaskClient) -> None:
     """8 MB of `{}` in a knob the chat endpoint lets through (vLLM clients send many) took 4.6 s and kept
