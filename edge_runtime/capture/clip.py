@@ -17,6 +17,8 @@ import numpy as np
 from edge_runtime.config.programs import CLIP_RING_BYTES, ClipConfig
 from edge_runtime.core.batch import ClipFrame
 
+STUCK_STREAK = 3  # frames in a row that each restarted the ring: a camera slower than the clip's gap limit
+
 
 class ClipRing:
     """The last `frames` frames of one camera, each at least `spacing_s` after the one before it."""
@@ -30,6 +32,7 @@ class ClipRing:
         self._asked = -1  # seq of the newest frame of the last clip handed out
         self.too_large = 0  # frames refused: more bytes than their share of the bound
         self.restarts = 0  # the ring emptied by a gap over the limit (a stall) or a clock stepped back
+        self.streak = 0  # frames in a row that each emptied the ring: at STUCK_STREAK no clip can ever fill
 
     def __len__(self) -> int:
         with self._lock:
@@ -52,10 +55,23 @@ class ClipRing:
                     # stalled: the clip starts again from this frame.
                     self._ring.clear()
                     self.restarts += 1
+                    self.streak += 1
                 elif gap < self.spacing_s:
                     return False
+                else:
+                    self.streak = 0
             self._ring.append(ClipFrame(image, seq, captured_at))
             return True
+
+    def stuck(self) -> str | None:
+        """Why no clip can fill (None: it can): the last STUCK_STREAK frames each came more than the gap
+        limit after the one before (a camera slower than `max_gap_s`), so each started the clip again."""
+        if self.streak < STUCK_STREAK:
+            return None
+        # No count in the text: it is a metrics label (edge_runtime_degraded{reason}), one series while it lasts.
+        return (f"its clip never fills: its frames come more than max_gap_s ({self.config.gap_limit_s:g} s) "
+                "apart, each starting the clip again; set the program's clip.max_gap_s above the camera's "
+                "frame interval")
 
     def take(self) -> tuple[ClipFrame, ...] | None:
         """The clip, oldest first, when the ring holds `frames` frames and a new one since the last

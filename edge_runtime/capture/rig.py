@@ -92,6 +92,17 @@ def clip_counters(rig: CameraRig) -> dict[str, int]:
             "clip_frames_too_large": ring.too_large, "clip_restarts": ring.restarts}
 
 
+def stuck_clips(rigs: Iterable[CameraRig]) -> list[str]:
+    """A health reason per camera whose clip can never fill (ClipRing.stuck): it streams, and nothing is
+    ever inspected."""
+    out = []
+    for rig in rigs:
+        why = rig.schedule.clip.stuck() if rig.schedule.clip is not None else None
+        if why is not None:
+            out.append(f"camera {rig.cfg.name}: {why}")
+    return out
+
+
 def clip_of(config: Config, cam: CameraConfig) -> ClipConfig | None:
     """The clip of the camera's program (None: no program, or one without a clip)."""
     program = config.programs.get(cam.program) if cam.program is not None else None
