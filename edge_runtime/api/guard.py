@@ -18,7 +18,10 @@ connection table and `/healthz` can no longer connect. These bounds close that h
   for `Limits.send_stall_s` is closed. waitress buffers at most 16 MB of a response, then the thread
   writing it waits for the client: without the deadline a client that asked for a large export and
   never read held a server thread for as long as it kept the connection open (the write fails then
-  and the thread goes back to the pool).
+  and the thread goes back to the pool). What the client takes is what it acknowledged (bytes handed
+  to the kernel less what the kernel still holds, TIOCOUTQ): the kernel takes a few MB at once, then
+  nothing until about a third of it has gone, so a client reading 64 KiB/s steadily gave the server no
+  successful send for over 30 s at a time and was closed as stalled.
 - a transfer bound for a response that asks for one (result exports, `SendBound`): a client must take
   at least `min_bytes_s` over every `window_s` in which it was owed bytes, and the whole answer within
   `max_s`, or the connection is closed. The stall deadline alone let a client that read a little every
@@ -40,10 +43,12 @@ connection table and `/healthz` can no longer connect. These bounds close that h
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import socket
 import struct
+import termios
 import threading
 import time
 from collections import Counter
@@ -116,15 +121,15 @@ class SendBound:
         if mono - self.started > self.max_s:
             return f"was not taken whole within {self.max_s:.0f} s"
         if not channel.total_outbufs_len or channel.drained >= self.window_start:
-            self.window_start, self.window_sent = mono, channel.bytes_sent  # the client kept up
+            self.window_start, self.window_sent = mono, channel.taken  # the client kept up
             return None
-        took = channel.bytes_sent - self.window_sent
+        took = channel.taken - self.window_sent
         if mono - self.window_start < self.window_s:
             return None
         if took < self.min_bytes_s * (mono - self.window_start):
             return f"took {took} bytes in {mono - self.window_start:.0f} s, less than " \
                    f"{self.min_bytes_s / 1024:g} KiB/s"
-        self.window_start, self.window_sent = mono, channel.bytes_sent
+        self.window_start, self.window_sent = mono, channel.taken
         return None
 
 
@@ -136,9 +141,18 @@ def bind(environ: dict[str, Any], what: str, limits: Limits) -> SendBound | None
         return None
     mono = time.monotonic()
     bound = SendBound(what, limits.export_min_bytes_s, limits.export_window_s, limits.export_max_s, mono, mono,
-                      channel.bytes_sent)
+                      channel.bytes_sent - unacked(channel.socket))
     channel.bound = bound
     return bound
+
+
+def unacked(sock: socket.socket) -> int:
+    """Bytes the kernel still holds for the peer (not sent, or not acknowledged); 0 where unknown."""
+    try:
+        held: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError, AttributeError):  # closed, or not Linux
+        return 0
+    return held
 
 
 class ChannelTask(WSGITask):
@@ -181,7 +195,8 @@ class GuardedChannel(HTTPChannel):
     _linger_until: float | None = None  # while draining: when the socket is closed however much still comes
     _linger_left = 0  # bytes the drain still takes before the socket is closed
     last_sent = 0.0  # monotonic: when the client last took a byte, or last owed nothing (loop thread)
-    bytes_sent = 0  # bytes of answers the client has taken
+    bytes_sent = 0  # bytes of answers handed to the kernel
+    taken = 0  # of those, what the client has acknowledged (note_progress, loop thread)
     drained = 0.0  # monotonic: when the client last took the last byte it was owed
     bound: SendBound | None = None  # the transfer bound of the response being sent (bind)
 
@@ -206,6 +221,17 @@ class GuardedChannel(HTTPChannel):
             if not self.total_outbufs_len:
                 self.drained = self.last_sent
         return sent
+
+    def note_progress(self, mono: float) -> None:
+        """What the client has taken since the last pass: a byte acknowledged counts as a byte taken
+        (the kernel's send buffer accepts nothing for tens of seconds at a slow client's pace). It is
+        activity for waitress's idle timeout too, which closed a response whose app had finished (the
+        rest still buffered) after 10 s without a successful send: a 64 KiB/s export ended at 10 MB."""
+        taken = self.bytes_sent - unacked(self.socket)
+        if taken > self.taken:
+            self.taken = taken
+            self.last_sent = mono
+            self.last_activity = time.time()
 
     def send(self, data: bytes, do_close: bool = True) -> int:
         n: int = super().send(data, do_close=do_close)
@@ -370,8 +396,11 @@ class GuardedServer(TcpWSGIServer):
         conn.close()
 
     def maintenance(self, now: float) -> None:
-        super().maintenance(now)  # idle connections (channel_timeout)
         mono = time.monotonic()
+        for channel in list(self.active_channels.values()):
+            if isinstance(channel, GuardedChannel) and channel.total_outbufs_len:
+                channel.note_progress(mono)  # before the idle check: taking bytes is activity
+        super().maintenance(now)  # idle connections (channel_timeout)
         cutoff = mono - self.limits.request_deadline_s
         for channel in list(self.active_channels.values()):
             linger_until = getattr(channel, "_linger_until", None)
@@ -426,7 +455,7 @@ class GuardedServer(TcpWSGIServer):
             return False
         self.bound_cut[bound.what] += 1
         log.warning("api: cut the %s to %s after %.0f s (%d bytes taken): it %s", bound.what, channel.client,
-                    mono - bound.started, channel.bytes_sent, why)
+                    mono - bound.started, channel.taken, why)
         channel.bound = None
         try:  # a reset: what the kernel still holds for the client is dropped, not sent at its pace
             channel.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from edge_runtime.api.guard import GuardedChannel, Limits, SendBound
+from edge_runtime.api.guard import SEND_STALL_S, GuardedChannel, Limits, SendBound
 from edge_runtime.app.daemon import Daemon
 from tests.api.test_api import make_daemon
 from tests.support.journal_rows import fill_journal
@@ -154,9 +154,63 @@ def test_a_slow_link_that_keeps_to_the_rate_gets_the_whole_export(daemon: Daemon
     assert reader.data.count(b'"notes"') == ROWS
 
 
+def test_a_steady_slow_reader_is_not_taken_for_a_stalled_one(daemon: Daemon) -> None:
+    """The kernel takes a few MB of the answer at once, then nothing until about a third of it has
+    gone: at 128 KiB/s the server's sends succeeded seconds apart, and a 64 KiB/s export (default
+    bound) was closed as stalled after 158 s ('took no byte of its answer for 31 s'). What the client
+    acknowledged counts now. Scaled: a 3 s stall deadline against a reader that never pauses."""
+    assert daemon.api is not None
+    server = daemon.api._server
+    exports = daemon.api.app.extensions["edge_runtime_exports"]
+    wait_for(lambda: exports.in_flight == 0, timeout=20, what="the previous test's export to end")
+    server.limits.send_stall_s = 3.0
+    stalled_before = server.stalled
+    reader = Reader(daemon.api.port, rate=128 * 1024)
+    reader.start()
+    try:
+        reader.join(15)
+        assert reader.is_alive() and not reader.closed_by_server, f"closed after {reader.got} bytes"
+        assert server.stalled == stalled_before
+    finally:
+        server.limits.send_stall_s = SEND_STALL_S
+        reader.stop.set()
+        reader.join(10)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
+    """A ~6 MB export: all of it fits waitress's buffer, so its thread is done at once and the whole
+    answer is sent after it, under waitress's idle timeout."""
+    d = make_daemon(tmp_path_factory.mktemp("small-export"), demo_dir, camera=False)
+    fill_journal(d.config.journal.path or d.config.data_dir / "journal.sqlite3", 750,
+                 {"defect": False, "notes": NOTES})
+    yield d
+    d.stop()
+
+
+def test_a_steady_reader_gets_the_end_of_an_export_whose_writer_has_finished(small: Daemon) -> None:
+    """Once the export's last row is in waitress's buffer its thread is done, and waitress's idle timeout
+    (10 s without a successful send) closed the connection with the rest still owed: a 64 KiB/s export
+    of 25 MB ended after ~10 MB (the kernel accepts nothing for tens of seconds at that pace). Taking
+    bytes is activity now. Scaled: a 1 s idle timeout, 512 KiB/s."""
+    assert small.api is not None
+    server = small.api._server
+    saved = server.adj.channel_timeout
+    server.adj.channel_timeout = 1.0
+    reader = Reader(small.api.port, rate=512 * 1024)
+    reader.start()
+    try:
+        reader.join(60)
+        assert reader.complete(), f"closed after {reader.got} bytes"
+    finally:
+        server.adj.channel_timeout = saved
+        reader.stop.set()
+        reader.join(10)
+
+
 class FakeChannel(GuardedChannel):
     def __init__(self) -> None:  # no socket: only the counters the bound reads
-        self.bytes_sent, self.drained, self.total_outbufs_len = 0, -1.0, 16 * 2**20
+        self.taken, self.drained, self.total_outbufs_len = 0, -1.0, 16 * 2**20
 
 
 def test_the_default_bound_lets_64_kib_s_take_100_mb_and_cuts_a_trickle() -> None:
@@ -164,9 +218,9 @@ def test_the_default_bound_lets_64_kib_s_take_100_mb_and_cuts_a_trickle() -> Non
     link = FakeChannel()
     bound = SendBound("export", limits.export_min_bytes_s, limits.export_window_s, limits.export_max_s, 0.0, 0.0, 0)
     t = 0.0
-    while link.bytes_sent < 100_000_000:  # the maintenance pass runs every second
+    while link.taken < 100_000_000:  # the maintenance pass runs every second
         t += 1.0
-        link.bytes_sent += 64 * 1024
+        link.taken += 64 * 1024
         assert bound.breached(link, t) is None, f"cut at {t} s"
     assert t < limits.export_max_s / 2  # ~26 minutes of the hour
 
@@ -175,7 +229,7 @@ def test_the_default_bound_lets_64_kib_s_take_100_mb_and_cuts_a_trickle() -> Non
     t, why = 0.0, None
     while why is None and t < 600:
         t += 1.0
-        trickle.bytes_sent += 2 * 1024 if t % 25 == 0 else 0  # 2 KiB every 25 s: never 30 s without a byte
+        trickle.taken += 2 * 1024 if t % 25 == 0 else 0  # 2 KiB every 25 s: never 30 s without a byte
         why = bound.breached(trickle, t)
     assert why is not None and 60 <= t <= 61
 
