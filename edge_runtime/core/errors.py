@@ -43,6 +43,47 @@ class InputError(EdgeRuntimeError):
         self.status = status
 
 
+class NoRoomToAnswer(InputError):
+    """A prompt that fits the context but leaves less than max_tokens for the answer. Named `max_tokens`, the
+    field a chat client sets; `naming_prompt()` says it for a route whose client sets only the prompt."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, n_ctx: int) -> None:
+        super().__init__(f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the "
+                         f"context size {n_ctx}; at most {n_ctx - prompt_tokens} fit", field="max_tokens")
+        self.prompt_tokens, self.max_tokens, self.n_ctx = prompt_tokens, max_tokens, n_ctx
+
+    def naming_prompt(self) -> str:
+        return (f"prompt: {self.prompt_tokens} tokens leave no room for the {self.max_tokens}-token answer in "
+                f"the {self.n_ctx}-token context")
+
+
+class QuestionRefused(InputError, InferenceError):
+    """A frame whose question cannot be asked (longer than the context once laid around the frame): an
+    InputError naming the field, so a client's request is answered with a 4xx and a camera's is logged as
+    its configured question, and an InferenceError too, so a batch reports it in that frame's place."""
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400,
+                 cause: InputError | None = None) -> None:
+        super().__init__(message, field, status)
+        self.cause = cause  # the model layer's refusal it stands for (naming_prompt words it for a frame)
+
+
+def naming_prompt(exc: InputError) -> InputError:
+    """A frame's question refused by the model layer, named as the routes that ask one call it (`prompt`):
+    the model layer names the chat endpoint's fields, `messages` for the text and `max_tokens` for the
+    answer's room, which a REST or MQTT trigger does not have. A QuestionRefused stays one."""
+    cause = exc.cause if isinstance(exc, QuestionRefused) else exc
+    if isinstance(cause, NoRoomToAnswer):
+        message = cause.naming_prompt()
+    elif exc.field == "messages":
+        message = f"prompt: {str(exc).removeprefix('messages: ')}"
+    else:
+        return exc
+    if isinstance(exc, QuestionRefused):
+        return QuestionRefused(message, "prompt", exc.status)
+    return InputError(message, "prompt", exc.status)
+
+
 class QueueFull(EdgeRuntimeError):
     """The inspection queue is full; retry later (the API answers 429 with Retry-After)."""
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edge_runtime.core.batch import BatchJob, Encoded
-from edge_runtime.core.errors import InferenceError, InputError
+from edge_runtime.core.errors import InferenceError, InputError, QuestionRefused
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.inference.clips import clip_stamps
 from edge_runtime.inference.llm.feed import Generation
@@ -32,15 +32,9 @@ def frame_result(device_id: str, model: str, enc: Encoded, verdict: dict[str, An
                   prompt=question, governor=governor, clip=clip_stamps(enc))
 
 
-class QuestionRefused(InputError, InferenceError):
-    """A frame whose question cannot be asked (longer than the context once laid around the frame): an
-    InputError naming the field, so a client's request is answered with a 4xx and a camera's is logged as
-    its configured question, and an InferenceError too, so a batch reports it in that frame's place."""
-
-
 def refused(exc: InputError) -> InferenceError:
     """`exc` as that frame's own failure in a batch, still an InputError with its field and status."""
-    return exc if isinstance(exc, InferenceError) else QuestionRefused(str(exc), exc.field, exc.status)
+    return exc if isinstance(exc, InferenceError) else QuestionRefused(str(exc), exc.field, exc.status, exc)
 
 
 class RegionsCollected:

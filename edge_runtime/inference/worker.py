@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
-from edge_runtime.core.errors import InferenceError, InputError, QueueFull, StorageFull
+from edge_runtime.core.errors import InferenceError, InputError, QueueFull, StorageFull, naming_prompt
 from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
@@ -314,8 +314,8 @@ class InspectionWorker:
             return
         if isinstance(exc, InputError) and request.trigger in CLIENT_TRIGGERS:
             # the client's mistake, answered with a 4xx: not our error
-            if request.chat is None and exc.field == "messages":  # the model layer's name for the text
-                exc = InputError(f"prompt: {str(exc).removeprefix('messages: ')}", "prompt", exc.status)
+            if request.chat is None:  # the model layer names the chat's fields: a frame's client sets `prompt`
+                exc = naming_prompt(exc)
             log.info("inspection of %s refused: %s", request.camera, exc)
             request.future.set_exception(exc)
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import struct
 import time
 import zlib
@@ -19,7 +20,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.core.errors import InputError
+from edge_runtime.core.errors import InputError, NoRoomToAnswer, QuestionRefused, naming_prompt
 from edge_runtime.core.samples import part_image
 from tests.api.test_api import running_daemon
 from tests.support.hostile import heic, heic_declaring, jpeg_segment_flood, png_chunk_flood
@@ -190,6 +191,49 @@ def test_a_prompt_under_the_character_bound_but_over_the_context_is_400_naming_p
     assert error["field"] == "prompt", error
     assert str(error["message"]).startswith("prompt: the prompt is ")
     assert f"the context holds {daemon.config.model.context_size}" in str(error["message"])
+
+
+@pytest.mark.parametrize("path", ["/api/v1/cameras/belt/trigger", "/api/v1/infer"])
+def test_a_prompt_that_fits_the_context_but_leaves_no_room_for_the_answer_is_400_naming_prompt(
+        client: FlaskClient, daemon: Daemon, path: str) -> None:
+    """A prompt under the context but within max_tokens of it was a 400 naming `max_tokens` ("prompt (1924
+    tokens) + max_tokens (160) exceeds the context size 2048"), a field these routes do not have. The demo
+    bundle's boundary: about 610 words left too little room, about 655 filled the context."""
+    n_ctx = daemon.config.model.context_size
+    messages = []
+    for words in range(540, 670, 10):  # through the gap between "room for the answer" and "over the context"
+        body = {"prompt": "word " * words, "image": base64.b64encode(JPEG).decode()}
+        if "trigger" in path:
+            body.pop("image")
+        reply = client.post(path, json=body)
+        if reply.status_code == 200:
+            continue
+        error = error_of(reply, 400)
+        assert error["field"] == "prompt", (words, error)
+        messages.append(str(error["message"]))
+    no_room = [m for m in messages if "leave no room" in m]
+    assert no_room, messages  # the gap was crossed, not only the context
+    assert re.fullmatch(rf"prompt: \d+ tokens leave no room for the \d+-token answer in the {n_ctx}-token context",
+                        no_room[0]), no_room[0]
+    assert any("the context holds" in m for m in messages), messages  # and past it, still `prompt`
+
+
+def test_a_frame_refusal_named_prompt_stays_a_question_refused() -> None:
+    """A batch's frame reports its refusal as a QuestionRefused (an InferenceError too): renaming its field
+    must not turn it back into a plain InputError."""
+    for cause in (NoRoomToAnswer(1924, 160, 2048), InputError("messages: the prompt is 2100 tokens", "messages")):
+        named = naming_prompt(QuestionRefused(str(cause), cause.field, cause.status, cause))
+        assert isinstance(named, QuestionRefused) and named.field == "prompt", named
+    assert str(naming_prompt(NoRoomToAnswer(1924, 160, 2048))) == (
+        "prompt: 1924 tokens leave no room for the 160-token answer in the 2048-token context")
+
+
+def test_a_chat_that_leaves_no_room_for_its_max_tokens_is_still_400_naming_max_tokens(
+        client: FlaskClient, daemon: Daemon) -> None:
+    """The chat endpoint's client sets max_tokens: there the field stays the one to change."""
+    error = error_of(client.post("/v1/chat/completions", json=chat("word " * 560, max_tokens=1500)), 400)
+    assert error["field"] == "max_tokens", error
+    assert f"exceeds the context size {daemon.config.model.context_size}" in str(error["message"])
 
 
 def test_a_body_of_millions_of_tiny_json_values_is_a_400_naming_body_before_they_are_built(

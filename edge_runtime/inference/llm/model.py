@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError
+from edge_runtime.core.errors import BundleError, ConfigError, InferenceError, InputError, NoRoomToAnswer
 from edge_runtime.inference.llm.constraint import VocabTokenizer, lark_for, tokenizer_for
 from edge_runtime.inference.llm.draft import Drafter
 from edge_runtime.inference.llm.feed import (
@@ -305,9 +305,7 @@ class LanguageModel:
             raise InputError(f"messages: the prompt is {prompt_tokens} tokens, the context holds "
                              f"{self.n_ctx}", field="messages")
         if prompt_tokens + max_tokens > self.n_ctx:
-            raise InputError(f"max_tokens: prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) "
-                             f"exceeds the context size {self.n_ctx}; at most {self.n_ctx - prompt_tokens} "
-                             "fit", field="max_tokens")
+            raise NoRoomToAnswer(prompt_tokens, max_tokens, self.n_ctx)
         for seg in [*segments, *(prefix.segments if isinstance(prefix, Prefix) else ())]:
             if isinstance(seg, np.ndarray) and self.mrope:
                 raise InferenceError("this language model uses M-RoPE: its images must come from libmtmd "
