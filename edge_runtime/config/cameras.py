@@ -72,13 +72,18 @@ class CameraConfig(Section):
 
     @model_validator(mode="after")
     def _file_source_beside_config(self, info: ValidationInfo) -> CameraConfig:
-        # A file or folder source is a path like the others (base.beside_config); a URL, a GStreamer pipeline
-        # or a device index is not (kind auto: capture/sources.source_kind's tests, without the disk).
+        # A file or folder source is a path like the others (base.beside_config), `file://` and all (capture
+        # strips it and opens the rest); a URL, a GStreamer pipeline or a device index is not (kind auto:
+        # capture/sources.source_kind's tests, without the disk).
         src = self.source
-        if not isinstance(src, str) or "://" in src or self.kind not in ("auto", "image", "folder", "video"):
+        if not isinstance(src, str) or self.kind not in ("auto", "image", "folder", "video"):
             return self
-        if self.kind != "auto" or not ("!" in src or re.fullmatch(r"\d+", src)):
-            self.source = beside_config(src, info)
+        scheme = "file://" if src.startswith("file://") else ""
+        path = src.removeprefix(scheme)
+        if "://" in path:
+            return self
+        if self.kind != "auto" or not ("!" in path or re.fullmatch(r"\d+", path)):
+            self.source = scheme + beside_config(path, info)
         return self
 
     @field_validator("roi")

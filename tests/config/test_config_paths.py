@@ -18,6 +18,7 @@ import pytest
 from pydantic import AfterValidator, BaseModel
 
 from edge_runtime.app.daemon import Daemon
+from edge_runtime.capture.sources import Source
 from edge_runtime.config import Config, load_config, parse_config
 from edge_runtime.config.base import beside_config
 from edge_runtime.core.samples import write_sample_video
@@ -129,6 +130,29 @@ def test_absolute_and_home_paths_are_kept_as_written(conf: Path, tmp_path: Path,
     assert config.cameras[0].source == "/srv/clips/belt.avi"
     assert config.cameras[0].gate is not None and config.cameras[0].gate.bank == "~/banks/belt.bank"
     assert config.programs["housing"].references[0].image == conf / "refs" / "ok.png"
+
+
+def test_a_file_url_source_is_read_from_the_config_files_folder(conf: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capture strips `file://` and opens the rest: a relative `file://clips/belt.avi` was kept as written
+    (any source holding `://` was taken for a URL) and opened from the working directory."""
+    write_sample_video(conf / "clips" / "belt.avi", frames=5)
+    data = _config()
+    data["cameras"][0]["source"] = "file://clips/belt.avi"
+    data["cameras"][1] = {"name": "abs", "source": f"file://{conf / 'clips' / 'belt.avi'}"}
+    path = conf / "config.yaml"
+    path.write_text(json.dumps(data))
+    monkeypatch.chdir(tmp_path / "cwd")
+    config = load_config(path)
+    assert config.cameras[0].source == f"file://{conf / 'clips' / 'belt.avi'}"
+    assert config.cameras[1].source == f"file://{conf / 'clips' / 'belt.avi'}"  # absolute: kept
+    assert [c.source for c in config.cameras[2:]] == ["rtsp://cam/stream", "videotestsrc ! appsink"]
+    source = Source(config.cameras[0])
+    try:
+        assert source.kind == "video" and source.path == conf / "clips" / "belt.avi"
+        assert source.read() is not None  # opened from the config's folder, not the working directory
+    finally:
+        source.close()
 
 
 def test_a_config_not_read_from_a_file_keeps_relative_paths_as_written() -> None:
