@@ -8,6 +8,7 @@ refuses the whole file in one line naming the program, the cameras that use it a
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -21,6 +22,9 @@ MAX_REGIONS = 32  # regions (named and tiles) of one frame: each is a sequence o
 MAX_TILES_PER_SIDE = 8
 MAX_CLIP_FRAMES = 16  # each frame of a clip is a whole image's tokens in the prompt
 CLIP_RING_BYTES = 256 * 2**20  # what one camera's clip ring may hold (frames x width x height x 3)
+# A clip camera's frames, at its fps, must come within its max_gap_s with this much of a frame interval
+# to spare (check_clip_pace): a frame read a little late must not start the clip again.
+CLIP_PACE_MARGIN = 0.05
 
 
 class ReferenceConfig(Section):
@@ -223,14 +227,29 @@ def check_clip_ring(cfg: ProgramConfig, width: int, height: int, program: str, c
 
 
 def check_clip_pace(cfg: ProgramConfig, fps: float, program: str, camera: str) -> None:
-    """ValueError naming the program and the camera when its frames, at `fps`, come further apart than the
-    clip's gap limit: each would empty the ring as a stall does, so no clip ever fills and the camera is
-    never inspected while it streams."""
-    if cfg.clip is None or 1.0 / fps <= cfg.clip.gap_limit_s:
+    """ValueError naming the program and the camera when its frames, at `fps`, would come to the clip's ring
+    further apart than its gap limit allows with room for a late frame: each such frame empties the ring as a
+    stall does, so no clip fills and the camera is never asked while it streams. The ring keeps a frame
+    `spacing_s` after the newest it holds, so the kept frames are up to (spacing_s * fps, rounded down, + 1) intervals
+    apart (one more where a frame due at spacing_s comes a little early); CLIP_PACE_MARGIN of an interval
+    more is a frame's room to come late. The advice is rounded up to 0.1 s, so writing it is accepted."""
+    if cfg.clip is None:
         return
-    raise ValueError(f"programs.{program} (camera {camera}): a frame every {1.0 / fps:.1f} s (fps {fps:g}) is more "
-                     f"than the clip's max_gap_s of {cfg.clip.gap_limit_s:g} s, so every frame would start the clip "
-                     f"again and none would ever be asked: set clip.max_gap_s above {1.0 / fps:.1f}")
+    interval = 1.0 / fps
+    kept_every = math.floor(cfg.clip.spacing_s * fps + 1e-9) + 1  # 0.3 s at fps 10: one frame in 4, not 3.0000001
+    apart = kept_every * interval
+    need = apart + CLIP_PACE_MARGIN * interval
+    if cfg.clip.gap_limit_s >= need:
+        return
+    advice = math.ceil(need * 10) / 10
+    if advice < need:  # need * 10 rounded down to a whole number
+        advice = round(advice + 0.1, 1)
+    kept = f", one in {kept_every} kept for spacing_s {cfg.clip.spacing_s:g}" if kept_every > 1 else ""
+    # The advice first: a config error's message is cut at 300 characters (config/schema.py).
+    raise ValueError(f"programs.{program} (camera {camera}): a frame every {interval:.1f} s (fps {fps:g}) needs "
+                     f"the clip's max_gap_s ({cfg.clip.gap_limit_s:g} s) to leave room for a late frame: set "
+                     f"clip.max_gap_s to at least {advice:.1f} (frames up to {apart:.1f} s apart{kept}; one later "
+                     "than max_gap_s starts the clip again: it may never fill)")
 
 
 def check_regions_inside(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:

@@ -5,6 +5,8 @@ Both used to load and refuse every inspection at run time; each is one line when
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from edge_runtime.config import parse_config
@@ -63,3 +65,39 @@ def test_a_camera_slower_than_its_clips_gap_is_one_line(fps: float, clip: str, r
     message = str(caught.value)
     assert "programs.capping (camera capper): a frame every 6.7 s (fps 0.15)" in message
     assert "max_gap_s" in message and "\n" not in message
+
+
+def _clip_camera(fps: float, clip: str) -> str:
+    return (f"programs:\n  capping:\n    clip: {clip}\n"
+            f"cameras:\n  - {{name: capper, source: x.avi, fps: {fps}, program: capping}}\n")
+
+
+@pytest.mark.parametrize(("fps", "clip"), [
+    (0.2, "{frames: 3, spacing_s: 0.3, max_gap_s: 5}"),  # a frame every 5 s against a gap of exactly 5 s
+    (0.5, "{frames: 3, spacing_s: 3, max_gap_s: 3.5}"),  # every 2 s: spacing keeps every 2nd, 4 s apart
+])
+def test_a_clip_gap_that_leaves_no_room_for_a_late_frame_is_one_line(fps: float, clip: str) -> None:
+    """2ad8f1b refused a frame interval over max_gap_s but took one equal to it, where any frame a little
+    late starts the clip again, and compared the camera's interval where the ring compares its kept frames
+    (spacing_s skips the frames between them)."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_clip_camera(fps, clip))
+    message = str(caught.value)
+    assert "programs.capping (camera capper): a frame every" in message and "\n" not in message
+    assert "set clip.max_gap_s to at least " in message
+
+
+def test_the_default_gap_still_takes_a_camera_of_one_frame_in_5_s() -> None:
+    parse_config(_clip_camera(0.2, "{frames: 3, spacing_s: 0.3}"))  # docs: the default covers 5 s (gap 5.3 s)
+
+
+@pytest.mark.parametrize("fps", [1 / 6.64, 0.15, 1 / 5.29, 1 / 7.96, 0.5, 1 / 30])
+def test_following_the_clip_gap_advice_is_accepted(fps: float) -> None:
+    """The advice was the interval rounded to .1f: at a frame every 6.64 s it said "above 6.6" and 6.61
+    was refused in its turn."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_clip_camera(fps, "{frames: 3, spacing_s: 0.3, max_gap_s: 0.3}"))
+    found = re.search(r"set clip\.max_gap_s (above|to at least) ([0-9.]+)", str(caught.value))
+    assert found, caught.value
+    advice = float(found[2]) + (0.01 if found[1] == "above" else 0)  # "above 6.6": as a user writes 6.61
+    parse_config(_clip_camera(fps, f"{{frames: 3, spacing_s: 0.3, max_gap_s: {advice}}}"))
