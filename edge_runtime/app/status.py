@@ -10,7 +10,7 @@ from typing import Any
 from edge_runtime import __version__
 from edge_runtime.app.running import Running
 from edge_runtime.capture.camera import stopping_cameras
-from edge_runtime.capture.rig import camera_status, stuck_clips, telemetry_message
+from edge_runtime.capture.rig import camera_status, failing_cameras, stuck_clips, telemetry_message
 from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import InspectionQueue
 from edge_runtime.core.supervise import SupervisedThread
@@ -77,6 +77,7 @@ class StatusReport:
         reasons += [f"{name}: {h.detail}" for name, h in self.pipeline.health().items() if not h.ok]  # the sinks
         reasons += stopping_cameras()  # a stopped camera whose thread is stuck in a read still holds its device
         reasons += stuck_clips(self.running.rigs.values())  # a camera that streams but is never asked
+        reasons += failing_cameras(self.running.rigs.values())  # ... or asked, and every verdict fails
         if store_fault and not any(r.startswith("line_io: ") for r in reasons):  # the sink names it first
             reasons.append(f"line_io: job store: {store_fault}")
         ready = model_ready and alive and can_journal

@@ -92,6 +92,17 @@ def clip_counters(rig: CameraRig) -> dict[str, int]:
             "clip_frames_too_large": ring.too_large, "clip_restarts": ring.restarts}
 
 
+FAILING_STREAK = 5  # a camera's inspections failed in a row: health says so (one failure is no fault)
+
+
+def failing_cameras(rigs: Iterable[CameraRig]) -> list[str]:
+    """A health reason per camera whose last FAILING_STREAK inspections all failed: it streams and no verdict
+    comes (a region outside its frames, a question it cannot ask, a model that fails). The text holds no count:
+    it is a metrics label, one series while it lasts."""
+    return [f"camera {rig.cfg.name}: its inspections keep failing (frames.errors in status; the log says why)"
+            for rig in rigs if rig.schedule.stats.failing >= FAILING_STREAK]
+
+
 def stuck_clips(rigs: Iterable[CameraRig]) -> list[str]:
     """A health reason per camera whose clip can never fill (ClipRing.stuck): it streams, and nothing is
     ever inspected."""

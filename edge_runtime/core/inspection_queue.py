@@ -97,6 +97,7 @@ class ScheduleStats:
     skipped_paused: int = 0
     waiting_for_clip: int = 0  # inspections due while the program's clip ring was not full or not new
     errors: int = 0
+    failing: int = 0  # the camera's inspections that failed in a row (the next delivered verdict resets it)
     last_result: dict[str, Any] | None = None
 
 

@@ -323,6 +323,7 @@ class InspectionWorker:
         stats = self.stats_for(request.camera)
         if stats:
             stats.errors += 1
+            stats.failing += 1
         # A camera's failure repeats every frame (its question cannot be asked; a region off a frame that
         # changed size; a model that fails): counted, and said once a minute per camera and kind, not
         # 30 lines a second at 30 fps.

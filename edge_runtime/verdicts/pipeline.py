@@ -71,6 +71,7 @@ class VerdictPipeline:
             stats = self.stats_for(request.camera)
             if stats:
                 stats.inspected += 1
+                stats.failing = 0
                 stats.last_result = result.to_dict()
             log.info("result %s camera=%s verdict=%s total=%.0fms", result.id, result.camera,
                      json.dumps(result.verdict, ensure_ascii=False), result.timings_ms["total"])

@@ -199,3 +199,44 @@ def test_a_question_too_long_for_the_context_fails_its_own_frame_alone_naming_th
     with pytest.raises(InputError, match="the context holds") as caught:
         ins.inspect(frames[0], camera="left", prompt=long)
     assert caught.value.field is not None
+
+
+def test_a_camera_whose_every_frame_fails_degrades_health_until_it_delivers(
+        demo_dir: Path, tmp_path: Path) -> None:
+    """Seen on a running daemon: a camera of unknown size whose region lies outside its frames failed every
+    frame (frames.errors rising, one ERROR line a minute) while its state said streaming and health said
+    ok, so its results stopped with nothing showing it. Now five failures in a row make health degraded,
+    naming the camera; the next delivered verdict heals it."""
+    from edge_runtime.app.daemon import Daemon
+    from edge_runtime.config import TriggerConfig
+    from tests.support.images import encode
+    from tests.support.waiting import wait_for
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(encode(synthetic_frames(1, seed=65)[0], ".png"))  # 640 x 480
+    cfg = Config(device_id="failing", data_dir=tmp_path / "data")
+    cfg.model.path = demo_dir
+    cfg.model.threads = 2
+    cfg.api.enabled = False
+    cfg.mqtt.enabled = False
+    cfg.cameras = [CameraConfig(name="belt", source=str(folder), fps=20, program="off",
+                                trigger=TriggerConfig(mode="interval", interval_s=0.1))]
+    cfg.programs = {"off": ProgramConfig.model_validate({"regions": [{"name": "r", "box": [600, 400, 100, 100]}]})}
+    path = tmp_path / "edge.yaml"
+    path.write_text(cfg.model_dump_json())
+    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
+    daemon.start()
+    try:
+        def reasons() -> list[str]:
+            return [r for r in daemon.health()["reasons"] if r.startswith("camera belt: ")]
+
+        wait_for(lambda: bool(reasons()), timeout=30, what="the failing camera as a health reason")
+        assert reasons() == ["camera belt: its inspections keep failing (frames.errors in status; the log says why)"]
+        assert daemon.health()["state"] == "degraded" and daemon.health()["ready"]
+        cfg.programs["off"] = ProgramConfig.model_validate({"regions": [{"name": "r", "box": [500, 300, 100, 100]}]})
+        path.write_text(cfg.model_dump_json())
+        daemon.reload()
+        wait_for(lambda: not reasons(), timeout=30, what="the camera delivering again")
+    finally:
+        daemon.stop()
