@@ -34,11 +34,17 @@ connection table and `/healthz` can no longer connect. These bounds close that h
   ECONNRESET / EPIPE instead of "busy, retry later". The drain runs in the server's loop thread
   (no worker thread waits), keeps nothing (one reused buffer) and the connection still counts
   against its client's cap while it lingers.
-- a lane for health: `GET`/`HEAD` of `/healthz` and `/readyz` run on a server thread of their own
-  (`HEALTH_THREADS`), which no other request ever takes. They shared the spare threads with status
-  and metrics before: thirty clients reading those kept a queue in front of every probe (`/healthz`
-  p95 ~0.1 s on a 2-core device). The lane serves them through the same app (same answers, same auth),
-  routed by the loop thread when the request is complete; a connection's next request is routed again.
+- health probes answered in the loop: `GET`/`HEAD` of `/healthz` and `/readyz` are answered by the
+  thread that hands a request to the pool (the loop thread for a connection's first request), from
+  answers the app's own routes made ahead (`ProbeAnswers`: a thread of its own makes them again every
+  `PROBE_REFRESH_S`), so a probe waits for no server thread and runs no WSGI stack. With thirty
+  CPU-bound clients reading status and metrics, each hop from thread to thread waits for the
+  interpreter lock behind them: a probe served by a thread of its own still took 0.05-0.15 s (p95)
+  on a 2-core device. A `/readyz` answer older than `PROBE_MAX_AGE_S` (its thread starved or stuck)
+  is not used: the probe goes to the lane below, which asks the app there and then.
+- a lane for health: a probe not answered in the loop runs on a server thread of its own
+  (`HEALTH_THREADS`), which no other request ever takes, so it never queues behind status and metrics
+  (through the same app: same answers, same auth); a connection's next request is routed again.
 """
 
 from __future__ import annotations
@@ -59,9 +65,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from waitress.adjustments import Adjustments
-from waitress.channel import HTTPChannel
+from waitress.channel import ClientDisconnected, HTTPChannel
 from waitress.server import TcpWSGIServer
-from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
+from waitress.task import ErrorTask, Task, ThreadedTaskDispatcher, WSGITask
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,8 @@ CHANNEL_KEY = "edge_runtime.channel"  # the WSGI environ key of the request's Gu
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})  # served on the health lane (see the module)
 HEALTH_METHODS = frozenset({"GET", "HEAD"})
 HEALTH_THREADS = 1  # the lane's server threads, beyond those waitress is told of
+PROBE_REFRESH_S = 0.1  # how often ProbeAnswers asks the app again: /readyz is usually this late at most
+PROBE_MAX_AGE_S = 1.0  # a /readyz answer older than this is not served from the loop (the lane asks the app)
 REFUSAL = (b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nConnection: close\r\n"
            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s")
 
@@ -181,12 +189,90 @@ class JsonErrorTask(ErrorTask):
         self.write(body)
 
 
+@dataclass(frozen=True)
+class ProbeAnswer:
+    status: str  # as the app gave it, e.g. "503 SERVICE UNAVAILABLE"
+    headers: list[tuple[str, str]]  # the app's (Content-Type, Content-Length, Retry-After)
+    body: bytes
+    made: float  # monotonic: when the app was asked (the state it shows is that old)
+
+
+class ProbeAnswers:
+    """The health probes' answers, made ahead by the app's own routes on a thread of their own
+    ("http-probes", every `refresh_s`) and served by the server's loop thread (see the module).
+
+    `make(path)` is what the app answers a GET of `path`: (status, headers, body). `/healthz` always
+    says the same; a `/readyz` answer older than `max_age_s` is not served, so readiness from the loop
+    is at most that stale (usually `refresh_s`), and never a stuck thread's last word."""
+
+    def __init__(self, make: Callable[[str], tuple[str, list[tuple[str, str]], bytes]],
+                 refresh_s: float = PROBE_REFRESH_S, max_age_s: float = PROBE_MAX_AGE_S) -> None:
+        self.make = make
+        self.refresh_s, self.max_age_s = refresh_s, max_age_s
+        self._answers: dict[str, ProbeAnswer] = {}  # replaced whole, read by the loop thread without a lock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def get(self, path: str) -> ProbeAnswer | None:
+        answer = self._answers.get(path)
+        if answer is None or (path != "/healthz" and time.monotonic() - answer.made > self.max_age_s):
+            return None
+        return answer
+
+    def refresh(self) -> None:
+        for path in sorted(HEALTH_PATHS):
+            made = time.monotonic()
+            status, headers, body = self.make(path)
+            self._answers = {**self._answers, path: ProbeAnswer(status, headers, body, made)}
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="http-probes", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._answers = {}
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.refresh()
+                self._failing = False
+            except Exception:  # the app's own route fails the same way on the lane (a JSON 500)
+                if not self._failing:
+                    log.exception("api: the health probes' answers cannot be made; the app answers each probe")
+                self._failing = True
+            if self._stop.wait(self.refresh_s):
+                return
+
+
+class ProbeTask(Task):
+    """A health probe answered from a ProbeAnswer, with waitress's own response head (Date, Server,
+    Connection; a HEAD gets the head only, Content-Length included, as from the app)."""
+
+    def __init__(self, channel: Any, request: Any, answer: ProbeAnswer) -> None:
+        super().__init__(channel, request)
+        self.answer = answer
+
+    def execute(self) -> None:
+        self.complete = True  # what start_response marks: the head may be written
+        self.status = self.answer.status
+        self.response_headers.extend(self.answer.headers)
+        self.content_length = len(self.answer.body)
+        self.write(b"" if self.request.command == "HEAD" else self.answer.body)
+
+
 class GuardedChannel(HTTPChannel):
     """An HTTP connection that remembers when the request it is receiving began."""
 
     task_class = ChannelTask
     error_task_class = JsonErrorTask
 
+    requests: list[Any]  # waitress's: the complete requests not yet answered, the head one being served
     request_started: float | None = None
     client: str = ""
     _body_for: Any = None  # the request whose body is counted against the server's budget
@@ -323,6 +409,24 @@ class GuardedChannel(HTTPChannel):
         if n == 0 or self._linger_left <= 0 or time.monotonic() >= self._linger_until:
             self.handle_close()  # EOF: the client read the answer; else past a bound (a reset, by its fault)
 
+    def answer_probe(self, answer: ProbeAnswer) -> bool:
+        """Serve the health probe at the head of `requests` from `answer`, in this thread, as waitress's
+        service() would (its caller holds requests_lock); False when the connection closes after it."""
+        request = self.requests.pop(0)
+        task = ProbeTask(self, request, answer)
+        try:
+            task.service()
+        except ClientDisconnected:
+            task.close_on_finish = True
+        request.close()
+        if not task.close_on_finish:
+            return True
+        self.close_when_flushed = True  # what waitress's service() does after a `Connection: close` answer
+        for pending in self.requests:
+            pending.close()
+        self.requests = []
+        return False
+
     def del_channel(self, map: Any = None) -> None:
         if self._body_for is not None:
             self._release_body()
@@ -336,8 +440,9 @@ class GuardedServer(TcpWSGIServer):
 
     channel_class = GuardedChannel
 
-    def __init__(self, application: Any, limits: Limits, **kw: Any) -> None:
+    def __init__(self, application: Any, limits: Limits, probes: ProbeAnswers | None = None, **kw: Any) -> None:
         self.limits = limits
+        self.probes = probes
         self.per_client: Counter[str] = Counter()
         self.refused = 0
         self.cut_requests = 0
@@ -347,6 +452,23 @@ class GuardedServer(TcpWSGIServer):
         self.bound_cut: Counter[str] = Counter()  # connections closed past their SendBound, by its `what`
         self.drain_buffer = bytearray(256 * 1024)  # what refused connections still send lands here (loop thread)
         super().__init__(application, **kw)
+
+    def add_task(self, channel: Any) -> None:
+        """A channel's next request is complete (waitress holds its requests_lock: the loop thread for a
+        connection's first request, a worker thread for the next pipelined one): a health probe with a
+        fresh answer is answered here and now; anything else goes to the threads."""
+        if channel.close_when_flushed:  # answer_probe answered `Connection: close`: what follows is dropped
+            for pending in channel.requests:
+                pending.close()
+            channel.requests = []
+            return
+        while self.probes is not None and is_health(channel):
+            answer = self.probes.get(channel.requests[0].path)
+            if answer is None:
+                break
+            if not channel.answer_probe(answer) or not channel.requests:
+                return
+        super().add_task(channel)
 
     def reserve_body(self, size: int) -> bool:
         if self.bodies_in_flight + size > max(self.limits.bodies_bytes, self.adj.max_request_body_size):
@@ -508,8 +630,10 @@ class LanedDispatcher(ThreadedTaskDispatcher):
         return bool(self.health.shutdown(cancel_pending, timeout)) and done
 
 
-def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any], **kw: Any) -> GuardedServer:
-    """Like waitress.create_server for one TCP listener, with our server class and the health lane."""
+def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any], probes: ProbeAnswers | None = None,
+                          **kw: Any) -> GuardedServer:
+    """Like waitress.create_server for one TCP listener, with our server class, the probes' answers and
+    the health lane."""
     # waitress's limit counts every socket in the map: our channels plus its listener and wake-up pipe.
     adj = Adjustments(connection_limit=CONNECTION_LIMIT + LOOPBACK_RESERVE + 2, **kw)
     if len(adj.listen) > 1:  # a name such as "localhost" may resolve to ::1 and 127.0.0.1
@@ -517,7 +641,7 @@ def create_guarded_server(application: Any, limits: Limits, map: dict[int, Any],
                     len(adj.listen), adj.listen[0][3][0])
     dispatcher = LanedDispatcher()
     dispatcher.set_thread_count(adj.threads)
-    return GuardedServer(application, limits, map=map, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+    return GuardedServer(application, limits, probes, map=map, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
 
 
 class ConnectionMetrics(Collector):

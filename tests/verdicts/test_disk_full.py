@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from edge_runtime.api.guard import PROBE_MAX_AGE_S
 from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, TriggerConfig
 from edge_runtime.core.errors import StorageFull
@@ -91,8 +92,10 @@ def test_full_disk_degrades_and_heals_without_restart(cameras: int, small_disk: 
         with pytest.raises(StorageFull):
             daemon.entry.trigger("cam0").result(timeout=10)
         base = f"http://127.0.0.1:{daemon.api.port}"  # type: ignore[union-attr]
-        ready = requests.get(f"{base}/readyz", timeout=5)
-        assert ready.status_code == 503 and "disk full" in ready.json()["reasons"]
+        # /readyz is answered from a snapshot at most PROBE_MAX_AGE_S old (docs/api.md): it may lag a moment.
+        ready = wait_for(lambda: (r := requests.get(f"{base}/readyz", timeout=5)).status_code == 503 and r.json(),
+                         timeout=PROBE_MAX_AGE_S + 5, what="/readyz to say 503")
+        assert "disk full" in ready["reasons"]
         api_status = requests.get(f"{base}/api/v1/status", timeout=5).json()
         assert api_status["ready"] is False and api_status["model_loaded"] is True  # agrees with /readyz
         refused = requests.post(f"{base}/api/v1/cameras/cam0/trigger", json={}, timeout=30)

@@ -1,0 +1,182 @@
+"""`/healthz` and `/readyz` answered by the server's loop thread from answers the app's routes made ahead
+(guard.ProbeAnswers): no server thread is needed, so a probe is answered even while every one of them
+is stuck in the app; the answers are the app's own, byte for byte but the Date; and `/readyz` shows a
+change of state within PROBE_MAX_AGE_S, also when the thread that makes the answers is stuck."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_runtime.api.guard import PROBE_MAX_AGE_S, GuardedServer
+from edge_runtime.app.daemon import Daemon
+from tests.api.test_api import make_daemon
+
+PROBE_TIMEOUT_S = 5.0  # "answered at all", not a speed bound (benchmarks/health_under_load.py measures that)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[Daemon]:
+    d = make_daemon(tmp_path_factory.mktemp("health-probes"), demo_dir, camera=False)
+    yield d
+    d.stop()
+
+
+def server(daemon: Daemon) -> GuardedServer:
+    assert daemon.api is not None and daemon.api._server is not None
+    return daemon.api._server
+
+
+def exchange(port: int, raw: bytes, timeout: float = PROBE_TIMEOUT_S) -> bytes:
+    """Send `raw` on a new connection and read until the server closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(raw)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data
+
+
+def readyz(port: int) -> tuple[int, dict[str, str], Any]:
+    answer = exchange(port, b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return int(status.split()[1]), headers, json.loads(body)
+
+
+def wait_for_code(port: int, code: int) -> None:
+    """Until /readyz answers `code` (an earlier test's state may still be in the answers for a moment)."""
+    deadline = time.monotonic() + 10
+    while readyz(port)[0] != code:
+        assert time.monotonic() < deadline, f"/readyz never answered {code}"
+        time.sleep(0.05)
+
+
+def test_probes_are_answered_while_every_server_thread_is_stuck_in_the_app(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a probe was served by the app on the health lane's one thread: one stuck probe (here, the
+    first) and every later one waited for it (seen failing: the first /healthz timed out)."""
+    assert daemon.api is not None
+    app, port = daemon.api.app, daemon.api.port
+    pool = len(server(daemon).task_dispatcher.threads)
+    release, entered = threading.Event(), []
+    inner = app.wsgi_app
+
+    def stuck(environ: Any, start_response: Any) -> Any:
+        entered.append(environ["PATH_INFO"])
+        release.wait(60)
+        return inner(environ, start_response)
+
+    monkeypatch.setattr(app, "wsgi_app", stuck)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(pool)]
+    try:
+        for s in held:
+            s.sendall(b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        deadline = time.monotonic() + 10
+        while len(entered) < pool and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(entered) == pool  # every thread of the pool is in the app, going nowhere
+        ready = json.loads(json.dumps(daemon.health()))
+        for raw, body in ((b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b'{"status":"ok"}\n'),
+                          (b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", None),
+                          (b"HEAD /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b""),
+                          (b"GET /healthz HTTP/1.0\r\n\r\n", b'{"status":"ok"}\n')):
+            answer = exchange(port, raw)
+            assert answer.startswith(b"HTTP/1.") and b" 200 OK\r\n" in answer, answer
+            got = answer.partition(b"\r\n\r\n")[2]
+            if body is None:
+                assert {k: v for k, v in json.loads(got).items() if k != "model"} == ready
+            else:
+                assert got == body
+        assert entered == ["/api/v1/status"] * pool  # the probes never reached the app
+    finally:
+        release.set()
+        for s in held:
+            s.close()
+
+
+def normalized(answer: bytes) -> bytes:
+    return re.sub(rb"\r\nDate: [^\r]*", b"", answer)
+
+
+PROBES = (
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"HEAD /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    b"GET /readyz?verbose=1 HTTP/1.0\r\n\r\n",
+    # keep-alive, then a close: both answered on one connection
+    b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\nHEAD /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    # pipelined after a close: dropped, as waitress drops it after an app's answer
+    b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\nGET /nowhere HTTP/1.1\r\n\r\n",
+    b"GET /nowhere HTTP/1.1\r\n\r\nGET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n",  # after an app answer
+)
+
+
+def test_the_loop_answers_what_the_app_answers(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Status line, headers (but the Date) and body, ready and unready, as the app on the lane answers."""
+    assert daemon.api is not None
+    port, srv = daemon.api.port, server(daemon)
+    probes = srv.probes
+    assert probes is not None
+
+    def both() -> list[tuple[bytes, bytes]]:
+        from_loop = [normalized(exchange(port, raw)) for raw in PROBES]
+        monkeypatch.setattr(srv, "probes", None)  # every probe to the lane: the app answers
+        try:
+            from_app = [normalized(exchange(port, raw)) for raw in PROBES]
+        finally:
+            monkeypatch.setattr(srv, "probes", probes)
+        return list(zip(from_loop, from_app, strict=True))
+
+    wait_for_code(port, 200)
+    for loop, app in both():
+        assert loop == app
+    monkeypatch.setattr(daemon.journal, "full_since", time.monotonic())  # the journal cannot write: 503
+    wait_for_code(port, 503)
+    answers = both()
+    for loop, app in answers:
+        assert loop == app
+    assert answers[1][0].startswith(b"HTTP/1.1 503 SERVICE UNAVAILABLE\r\n") and b"Retry-After: 5\r\n" in answers[1][0]
+
+
+@pytest.mark.parametrize("refresher", ["turning", "stuck"])
+def test_readyz_shows_a_change_within_its_bound(daemon: Daemon, monkeypatch: pytest.MonkeyPatch,
+                                                refresher: str) -> None:
+    """An answer is at most PROBE_MAX_AGE_S old when served: every /readyz sent that long after the journal
+    filled says 503. With the thread that makes the answers stuck, its last answer expires and the app
+    answers on the lane."""
+    assert daemon.api is not None
+    port, probes = daemon.api.port, daemon.api.probes
+    wait_for_code(port, 200)
+    unstuck = threading.Event()
+    if refresher == "stuck":
+        make = probes.make
+
+        def stuck(path: str) -> tuple[str, list[tuple[str, str]], bytes]:
+            unstuck.wait(60)
+            return make(path)
+
+        monkeypatch.setattr(probes, "make", stuck)
+        time.sleep(0.3)  # the thread is in `stuck` now: its answers age from here
+    try:
+        filled = time.monotonic()
+        monkeypatch.setattr(daemon.journal, "full_since", filled)
+        while True:
+            sent = time.monotonic()
+            code, headers, body = readyz(port)
+            if code == 503:
+                break
+            assert sent - filled < PROBE_MAX_AGE_S, "a /readyz answer older than its bound was served"
+            time.sleep(0.01)
+        assert body["ready"] is False and "disk full" in body["reasons"] and headers["Retry-After"] == "5"
+    finally:
+        unstuck.set()
