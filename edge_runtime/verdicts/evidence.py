@@ -37,6 +37,7 @@ from edge_runtime.verdicts.database import open_db
 
 log = logging.getLogger(__name__)
 FAULT = "evidence disk full"
+MARK_TIMEOUT_S = 1.0  # how long a read waits for SQLite's write lock to mark an image found missing
 
 
 _SCHEMA = """
@@ -82,6 +83,9 @@ class EvidenceStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = open_db(db_path, _SCHEMA)
+        self._db_path = db_path
+        self._marks: sqlite3.Connection | None = None  # a read path's marks (_mark_missing), made when first needed
+        self._marking = threading.Lock()
         # WAL + NORMAL cannot corrupt; a power cut may lose the newest rows, which costs at most a few
         # unlinked files, while FULL would add an fsync (~4 ms here) to every inspection.
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -236,36 +240,78 @@ class EvidenceStore:
             freed += self._forget_missing()
         return freed
 
-    def _forget(self, sha: str, why: str) -> None:
+    def _forget(self, sha: str, why: str, db: sqlite3.Connection | None = None) -> None:
         """Drop a file's rows: its own and the results' references to it (`lookup`, dataset export);
         the results that showed it say it was removed (see the module)."""
-        if self._has_journal():
-            self._db.execute(
-                "UPDATE results SET body = json_set(body, '$.evidence.uri', json('null'), '$.evidence.removed', "
-                "json(?)) WHERE id IN (SELECT result_id FROM evidence WHERE sha256 = ?) "
-                "AND json_extract(body, '$.evidence.uri') IS NOT NULL", (_removed(why), sha))
-        self._db.execute("DELETE FROM evidence_files WHERE sha256 = ?", (sha,))
-        self._db.execute("DELETE FROM evidence WHERE sha256 = ?", (sha,))
+        db = db or self._db
+        _mark_removed(db, "id IN (SELECT result_id FROM evidence WHERE sha256 = ?)", sha, why)
+        db.execute("DELETE FROM evidence_files WHERE sha256 = ?", (sha,))
+        db.execute("DELETE FROM evidence WHERE sha256 = ?", (sha,))
 
     def still_kept(self, result_id: str) -> bool:
-        """Whether a result's image is on disk. One found missing (removed by something else) is
-        forgotten and its results marked at once; so is a result whose journal row still links an
-        image the store no longer knows (rows dropped before removals were marked)."""
+        """Whether a result's image is on disk (see `found_missing`)."""
+        return self._check(result_id)[0]
+
+    def found_missing(self, result_id: str) -> dict[str, str] | None:
+        """The removal (`{at, why: missing}`) of a result's image that its row or its journal link
+        names and that is not on disk now (removed by something else); None when it is there, or the
+        result has none to lose. The removal is marked in the journal when it can be written."""
+        return self._check(result_id)[1]
+
+    def _check(self, result_id: str) -> tuple[bool, dict[str, str] | None]:
+        """(on disk, removal found now). A read: only the reads hold the store's lock; the marking of an
+        image found gone is a write of its own, outside it (`_mark_missing`), so a read never makes
+        `save` wait behind SQLite's write lock."""
         with self._lock:
             row = self._db.execute("SELECT sha256 FROM evidence WHERE result_id = ?", (result_id,)).fetchone()
-            if row is not None and self.paths(row[0]).path.exists():
-                return True
-            if row is not None:
-                self.paths(row[0]).thumbnail.unlink(missing_ok=True)
-                self._forget(row[0], "missing")
-                log.warning("evidence: the image of result %s (%s) was removed from %s by something else",
-                            result_id, row[0], self.root)
-            elif self._has_journal():
-                self._db.execute(
-                    "UPDATE results SET body = json_set(body, '$.evidence.uri', json('null'), '$.evidence.removed', "
-                    "json(?)) WHERE id = ? AND json_extract(body, '$.evidence.uri') IS NOT NULL",
-                    (_removed("missing"), result_id))
-            return False
+            link = None
+            if row is None and self._has_journal():  # a link left by rows dropped before removals were marked
+                link = self._db.execute(
+                    "SELECT json_extract(body, '$.evidence.sha256') FROM results WHERE id = ? "
+                    "AND json_extract(body, '$.evidence.uri') IS NOT NULL", (result_id,)).fetchone()
+        if row is not None:
+            if self.paths(row[0]).path.exists():
+                return True, None
+            return False, self._mark_missing(result_id, row[0])
+        if link is None or (isinstance(link[0], str) and self.paths(link[0]).path.exists()):
+            return False, None  # nothing linked, or its file is there (not ours to call removed)
+        return False, self._mark_missing(result_id, None)
+
+    def _mark_missing(self, result_id: str, sha: str | None) -> dict[str, str] | None:
+        """Forget an image found missing (`sha`; None: only the result's own link) and mark its results,
+        on a connection of its own with a short busy timeout; one marking at a time, a read that finds
+        another under way leaves it to that one. A mark that cannot be written (the journal busy for
+        longer, a full disk) is logged and tried again by the next read: the caller answers from what
+        it found."""
+        removal: dict[str, str] | None = {"at": utc_now(), "why": "missing"}
+        if not self._marking.acquire(blocking=False):
+            return removal
+        try:
+            if self._marks is None:
+                self._marks = sqlite3.connect(str(self._db_path), check_same_thread=False, isolation_level=None,
+                                              timeout=MARK_TIMEOUT_S)
+            db = self._marks
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if sha is not None and self.paths(sha).path.exists():  # saved again meanwhile (the same frame)
+                    removal = None
+                elif sha is not None:  # still gone, with the write lock held
+                    self.paths(sha).thumbnail.unlink(missing_ok=True)
+                    self._forget(sha, "missing", db)
+                    log.warning("evidence: the image of result %s (%s) was removed from %s by something else",
+                                result_id, sha, self.root)
+                else:
+                    _mark_removed(db, "id = ?", result_id, "missing")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            log.warning("evidence: could not mark the image of result %s as removed (%s); the next read "
+                        "tries again", result_id, exc)
+        finally:
+            self._marking.release()
+        return removal
 
     def _forget_missing(self) -> int:
         """Drop the rows of files no longer on disk (removed under us); returns the bytes they counted."""
@@ -332,11 +378,19 @@ class EvidenceStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        with self._marking:
+            if self._marks is not None:
+                self._marks.close()
 
 
-def _removed(why: str) -> str:
-    """The JSON of a result's `evidence.removed`."""
-    return json.dumps({"at": utc_now(), "why": why})
+def _mark_removed(db: sqlite3.Connection, where: str, arg: str, why: str) -> None:
+    """Mark the results `where` selects (one `?`, `arg`) whose journal row still links their image:
+    `evidence.uri` null, `evidence.removed` {at, why}. Nothing without a journal in the file."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'results'").fetchone() is None:
+        return
+    db.execute("UPDATE results SET body = json_set(body, '$.evidence.uri', json('null'), '$.evidence.removed', "
+               f"json(?)) WHERE {where} AND json_extract(body, '$.evidence.uri') IS NOT NULL",
+               (json.dumps({"at": utc_now(), "why": why}), arg))
 
 
 def _atomic_write(path: Path, data: bytes, durable: bool = True) -> None:

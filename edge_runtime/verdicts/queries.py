@@ -42,12 +42,20 @@ class VerdictQueries:
 
     def get_result(self, result_id: str) -> dict[str, Any] | None:
         """The journaled result; a link to an image found missing now is marked removed first (one
-        stat: lists and exports rely on the marks retention and the image route leave)."""
+        stat: lists and exports rely on the marks retention and the image route leave). A mark that
+        could not be written (the journal busy) is still said in this answer; the next read writes it."""
         result = self.journal.get(result_id)
         evidence = result.get("evidence") if result is not None else None
-        if isinstance(evidence, dict) and evidence.get("uri") and self.verdicts.evidence_gone(result_id):
-            result = self.journal.get(result_id)
-        return result
+        if result is None or not (isinstance(evidence, dict) and evidence.get("uri")):
+            return result
+        removal = self.verdicts.evidence_removal(result_id)
+        if removal is None:
+            return result
+        again = self.journal.get(result_id)
+        marked = again.get("evidence") if again is not None else None
+        if again is not None and isinstance(marked, dict) and marked.get("removed"):
+            return again
+        return {**result, "evidence": {**evidence, "uri": None, "removed": removal}}
 
     def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:

@@ -315,24 +315,31 @@ class VerdictServices:
     # ---- reporting -----------------------------------------------------------------------------------
 
     def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
-        """A result's kept image (or its thumbnail); None when none was kept or evidence is off. An image
-        found missing now is marked removed in the result (EvidenceStore.still_kept)."""
+        """A result's kept image (or its thumbnail); None when none was kept, it is gone (the route reads
+        the result next, which marks it: `evidence_removal`) or evidence is off. OSError for a file that
+        cannot be read or a thumbnail that cannot be made again (a full disk)."""
         store = self.evidence
-        if store is None:
+        found = store.lookup(result_id) if store is not None else None
+        if store is None or found is None:
             return None
-        found = store.lookup(result_id)
+        if not thumbnail:
+            return EvidenceFile(found.path, found.sha256)
         try:
-            if found is not None:
-                return EvidenceFile(store.thumbnail(found), found.sha256 + "-t") if thumbnail else \
-                    EvidenceFile(found.path, found.sha256)
+            return EvidenceFile(store.thumbnail(found), found.sha256 + "-t")
         except FileNotFoundError:  # the image went between the lookup and the thumbnail
-            pass
-        store.still_kept(result_id)
-        return None
+            return None
 
-    def evidence_gone(self, result_id: str) -> bool:
-        """Whether the image a journaled result links is found missing now (its row is marked then)."""
-        return self.evidence is not None and not self.evidence.still_kept(result_id)
+    def evidence_removal(self, result_id: str) -> dict[str, Any] | None:
+        """The removal (`{at, why}`) of the image a journaled result links, found missing now (marked in
+        its row when that can be written); None when it is there, or evidence is off. A read: a store
+        that cannot be read now is logged and taken as "nothing found"."""
+        if self.evidence is None:
+            return None
+        try:
+            return self.evidence.found_missing(result_id)
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("evidence: could not check the image of result %s (%s)", result_id, exc)
+            return None
 
     def status(self) -> dict[str, Any]:
         return {
