@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import os
 from collections.abc import Generator, Iterator
@@ -35,6 +36,7 @@ from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.errors import StorageFull
 from edge_runtime.core.result_filter import ResultFilter, ReviewError
 
+log = logging.getLogger(__name__)
 bp = Blueprint("inspection", __name__)
 MAX_REVIEW_BYTES = 64 * 1024
 CSV_COLUMNS = ("id", "ts", "camera", "defect", "category", "confidence", "verdict", "review_state",
@@ -108,15 +110,25 @@ def _evidence(result_id: str, thumbnail: bool) -> Any:
     try:  # opened here: retention may delete the file between the lookup and now
         found = d.results.evidence_file(result_id, thumbnail)
         handle = found.path.open("rb") if found is not None else None
-    except OSError:
+    except FileNotFoundError:  # gone since the lookup: the result, read below, is marked removed
         found = handle = None
+    except OSError as exc:  # there but unreadable (EACCES), or its thumbnail cannot be made (ENOSPC)
+        log.warning("api: the evidence of result %s cannot be read: %s", result_id, exc)
+        raise ApiError(503, "storage_error", f"the evidence image of result {result_id!r} cannot be read from "
+                       f"the device's storage now ({exc.strerror or exc})", headers={"Retry-After": "30"}) from None
     if found is None or handle is None:
         result = d.results.get_result(result_id)  # marked removed when its file is found missing
         evidence = result.get("evidence") if result is not None else None
-        if isinstance(evidence, dict) and (evidence.get("removed") or evidence.get("uri")):
+        if isinstance(evidence, dict) and evidence.get("removed"):
             raise _gone(result_id, evidence)
-        why = "its image was not kept (passes are sampled, or evidence is off)" if result is not None else \
-            "no result with that id"
+        if result is None:
+            why = "no result with that id"
+        elif not d.status.config.evidence.enabled:
+            why = "evidence is off (evidence.enabled: false)"
+        elif isinstance(evidence, dict) and evidence.get("uri"):
+            why = "its image is not kept on the device"
+        else:
+            why = "its image was not kept (passes are sampled)"
         raise ApiError(404, "not_found", f"no evidence for {result_id!r}: {why}")
     # The size comes from the open handle (the path may be gone by now): with it, HEAD has a
     # Content-Length and a single `Range: bytes=a-b` is a 206 with Content-Range (416 past the end).
