@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import queue
+import sqlite3
 import time
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
@@ -52,6 +54,7 @@ from edge_runtime.core.errors import EdgeRuntimeError, ImageError, InputError, Q
 from edge_runtime.core.images import decode_image
 from edge_runtime.delivery.events import SHUTDOWN, EventHub
 
+log = logging.getLogger(__name__)
 bp = Blueprint("rest", __name__)
 KEEPALIVE_S = 5.0
 
@@ -283,7 +286,12 @@ def as_journaled_now(event: dict[str, Any]) -> dict[str, Any]:
     evidence = event.get("evidence")
     if not (isinstance(evidence, dict) and evidence.get("uri")) or not isinstance(event.get("id"), str):
         return event
-    now = daemon().results.get_result(event["id"])
+    try:
+        now = daemon().results.get_result(event["id"])
+    except sqlite3.Error as exc:  # the journal locked or failing: the event as it was published
+        log.warning("api: replaying event of result %s as published: the journal cannot be read (%s)",
+                    event["id"], exc)
+        return event
     return event if now is None else {**event, "evidence": now.get("evidence")}
 
 
@@ -300,7 +308,6 @@ def events() -> Any:
     hub: EventHub = current_app.extensions["edge_runtime_events"]
     lifetime = float(current_app.config["EDGE_STREAM_SECONDS"])
     q, backlog = hub.subscribe(after)
-    backlog = [(i, as_journaled_now(e)) for i, e in backlog]
 
     def frame(event_id: int, event: dict[str, Any]) -> str:
         return f"id: {event_id}\nevent: result\ndata: {json.dumps(event)}\n\n"
@@ -308,6 +315,12 @@ def events() -> Any:
     def release() -> None:
         hub.unsubscribe(q)
         ticket.release()
+
+    try:  # a request that fails here gives its slot and subscription back (stream() holds them after)
+        backlog = [(i, as_journaled_now(e)) for i, e in backlog]
+    except BaseException:
+        release()
+        raise
 
     def stream() -> Generator[str, None, None]:
         # Ends after `lifetime` so no stream holds a thread for good; `retry` brings the browser back.
