@@ -69,6 +69,8 @@ from waitress.channel import ClientDisconnected, HTTPChannel
 from waitress.server import TcpWSGIServer
 from waitress.task import ErrorTask, Task, ThreadedTaskDispatcher, WSGITask
 
+from edge_runtime.config.api import EXPORT_MAX_S, EXPORT_MIN_KIB_S
+
 log = logging.getLogger(__name__)
 
 CONNECTION_LIMIT = 500  # connections for clients other than the device's own loopback
@@ -102,9 +104,9 @@ class Limits:
     send_stall_s: float = SEND_STALL_S  # a connection owing a response that takes no byte of it this long is closed
     # Result exports (SendBound): the least a client must take per window while owed bytes, and the most
     # an export may take in all (api.export_min_kib_s, api.export_max_s).
-    export_min_bytes_s: float = 4 * 1024
+    export_min_bytes_s: float = EXPORT_MIN_KIB_S * 1024
     export_window_s: float = 60.0
-    export_max_s: float = 3600.0
+    export_max_s: float = EXPORT_MAX_S
 
 
 @dataclass

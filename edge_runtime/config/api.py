@@ -17,6 +17,10 @@ from edge_runtime.config.base import Section
 _SENDABLE_TOKEN = re.compile(r"[\x20-\x7e\xa0-\xff]{1,4096}")
 
 
+EXPORT_MIN_KIB_S = 4  # api.export_min_kib_s's default (api/guard.py's Limits starts from it too)
+EXPORT_MAX_S = 3600  # api.export_max_s's default
+
+
 class ApiConfig(Section):
     enabled: bool = Field(True, description="Serve the REST API, OpenAI endpoint, metrics and status page.")
     host: str = Field("0.0.0.0", description="Bind address; 127.0.0.1 keeps everything on the device.")
@@ -45,11 +49,11 @@ class ApiConfig(Section):
         64, ge=1, le=500, description="Most connections one client address may hold open; more are "
         "refused at once. 127.0.0.1 and ::1 are exempt (local health checks).")
     export_min_kib_s: float = Field(
-        4, gt=0, le=1_000_000, description="A result export (export.csv / .jsonl, one at a time) is cut when its "
-        "client takes less than this many KiB/s over a minute in which it was owed data, so a client that reads "
-        "a trickle cannot keep the one export slot (64 KiB/s is 16 times this).")
+        EXPORT_MIN_KIB_S, gt=0, le=1_000_000, description="A result export (export.csv / .jsonl, one at a time) "
+        "is cut when its client takes less than this many KiB/s over a minute in which it was owed data, so a "
+        "client that reads a trickle cannot keep the one export slot (64 KiB/s is 16 times this).")
     export_max_s: float = Field(
-        3600, ge=10, le=86_400, description="A result export not taken whole within this many seconds is cut "
+        EXPORT_MAX_S, ge=10, le=86_400, description="A result export not taken whole within this many seconds is cut "
         "(100 MB at 64 KiB/s takes ~26 minutes).")
     max_images_per_request: int = Field(
         8, ge=1, le=256, description="Most image_url parts one /v1/chat/completions request may carry (in order, "
