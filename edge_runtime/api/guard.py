@@ -125,6 +125,16 @@ class SendBound:
     window_start: float = 0.0
     window_sent: int = 0
     done: bool = False  # the app has written the whole answer (what is left is in waitress's buffer)
+    # Called once when the bound ends: the answer handed on whole (waitress's buffer empty once `done`),
+    # cut, the connection closed, or the channel's next request begun (GuardedChannel.end_bound).
+    on_end: Callable[[], None] | None = None
+    ended: bool = False
+
+    def end(self) -> None:
+        if not self.ended:  # the channel's bound lock makes this once
+            self.ended = True
+            if self.on_end is not None:
+                self.on_end()
 
     def breached(self, channel: GuardedChannel, mono: float) -> str | None:
         """Why the connection is to be cut now, or None."""
@@ -143,15 +153,18 @@ class SendBound:
         return None
 
 
-def bind(environ: dict[str, Any], what: str, limits: Limits) -> SendBound | None:
+def bind(environ: dict[str, Any], what: str, limits: Limits,
+         on_end: Callable[[], None] | None = None) -> SendBound | None:
     """Put the response of this request under `limits`' export bound; None when not served by
-    GuardedServer (a test client). Call `done()` on it when the app has written its last byte."""
+    GuardedServer (a test client), and `on_end` is the caller's then. Set `done` on it when the app has
+    written its last byte; `on_end` runs once when the bound ends (see SendBound.on_end)."""
     channel = environ.get(CHANNEL_KEY)
     if not isinstance(channel, GuardedChannel):
         return None
     mono = time.monotonic()
     bound = SendBound(what, limits.export_min_bytes_s, limits.export_window_s, limits.export_max_s, mono, mono,
-                      channel.bytes_sent - unacked(channel.socket))
+                      channel.bytes_sent - unacked(channel.socket), on_end=on_end)
+    channel.end_bound()  # a bound left by an earlier answer on this connection is over
     channel.bound = bound
     return bound
 
@@ -166,7 +179,18 @@ def unacked(sock: socket.socket) -> int:
 
 
 class ChannelTask(WSGITask):
-    """waitress's WSGI task, with its channel in the environ (CHANNEL_KEY) for `bind`."""
+    """waitress's WSGI task, with its channel in the environ (CHANNEL_KEY) for `bind`. A new request on
+    a keep-alive connection ends the bound of the answer before it: the bound judged the next answer by
+    the export's rate and clock (its max_s counted from the export's start) until the maintenance pass
+    cleared it, up to a second later."""
+
+    def service(self) -> None:
+        self.channel.end_bound()
+        try:
+            super().service()
+        finally:
+            if not self.channel.connected:  # closed under the task: nothing more will be sent
+                self.channel.end_bound()
 
     def get_environment(self) -> Any:
         environ = super().get_environment()
@@ -301,6 +325,7 @@ class GuardedChannel(HTTPChannel):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.last_sent = time.monotonic()
+        self._bound_lock = threading.Lock()
 
     def _flush_some(self, do_close: bool = True) -> bool:
         sent: bool = super()._flush_some(do_close)
@@ -308,7 +333,19 @@ class GuardedChannel(HTTPChannel):
             self.last_sent = time.monotonic()
             if not self.total_outbufs_len:
                 self.drained = self.last_sent
+        bound = self.bound
+        if bound is not None and bound.done and not self.total_outbufs_len:
+            self.end_bound(bound)  # handed on whole: the next answer on this connection is not the export's
         return sent
+
+    def end_bound(self, only: SendBound | None = None) -> None:
+        """End the channel's bound (`only`: if it is still that one), from any thread, once."""
+        with self._bound_lock:
+            bound = self.bound
+            if bound is None or (only is not None and bound is not only):
+                return
+            self.bound = None
+            bound.end()
 
     def note_progress(self, mono: float) -> None:
         """What the client has taken since the last pass: a byte acknowledged counts as a byte taken
@@ -389,6 +426,7 @@ class GuardedChannel(HTTPChannel):
                 self.request_started = None
                 return
         super().handle_close()
+        self.end_bound()
 
     def readable(self) -> bool:
         return True if self.lingering else bool(super().readable())
@@ -572,7 +610,7 @@ class GuardedServer(TcpWSGIServer):
         if bound is None:
             return False
         if bound.done and not channel.total_outbufs_len:
-            channel.bound = None  # sent whole
+            channel.end_bound(bound)  # sent whole (_flush_some ends it as soon as it is)
             return False
         why = bound.breached(channel, mono)
         if why is None:
@@ -580,7 +618,7 @@ class GuardedServer(TcpWSGIServer):
         self.bound_cut[bound.what] += 1
         log.warning("api: cut the %s to %s after %.0f s (%d bytes taken): it %s", bound.what, channel.client,
                     mono - bound.started, channel.taken, why)
-        channel.bound = None
+        channel.end_bound(bound)
         try:  # a reset: what the kernel still holds for the client is dropped, not sent at its pace
             channel.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         except OSError:

@@ -202,13 +202,18 @@ def export(fmt: str) -> Any:
         for r in matches:
             yield _csv_text(_csv_row(r)) if fmt == "csv" else json.dumps(r, ensure_ascii=False) + "\n"
 
-    # The slot is held until the client has taken the answer: one that takes a trickle (or takes too
-    # long) is cut by the server's loop, so the next client gets the slot (guard.SendBound).
-    bound = bind(request.environ, "export", current_app.extensions.get("edge_runtime_limits") or Limits())
+    # The slot is held until the whole answer has left waitress's buffer (up to 16 MB of it is there when
+    # the app has written its last row; the kernel's socket buffer still holds a few MB for the client):
+    # the bound's end releases it, as does a cut of one that takes a trickle or takes too long, or the
+    # connection closing, so the next client gets the slot (guard.SendBound). Outside GuardedServer (a
+    # test client) there is no bound: the slot goes when the app has written the answer.
+    limits = current_app.extensions.get("edge_runtime_limits") or Limits()
+    bound = bind(request.environ, "export", limits, on_end=ticket.release)
 
     def written() -> None:
-        ticket.release()
-        if bound is not None:
+        if bound is None:
+            ticket.release()
+        else:  # the flush of its last bytes (the chunked answer's end) ends the bound; the loop's pass at latest
             bound.done = True
 
     mimetype = "text/csv" if fmt == "csv" else "application/x-ndjson"

@@ -10,11 +10,13 @@ scaled down here (seconds, not a minute); the defaults are checked on the bound 
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -175,6 +177,65 @@ def test_a_steady_slow_reader_is_not_taken_for_a_stalled_one(daemon: Daemon) -> 
         server.limits.send_stall_s = SEND_STALL_S
         reader.stop.set()
         reader.join(10)
+
+
+def test_a_bound_ends_with_its_answer_on_a_keep_alive_connection() -> None:
+    """A bound stayed on the connection until the once-a-second pass saw its answer done and sent, so the
+    next answer on a keep-alive connection was judged by the bound's rate (and its max_s counted from the
+    bound answer's start): an ordinary answer the client took its time over was cut. (Exports are chunked,
+    and waitress closes a chunked answer's connection; a bound answer with a Content-Length keeps it.)
+    The bound ends, and its slot is given back, when its last byte leaves waitress's buffer. Scaled: a
+    1 s window; the next answer (2 MB) is left unread for three windows, far within the stall deadline;
+    both ends' socket buffers are small, so it waits in waitress's buffer."""
+    from edge_runtime.api.guard import bind, create_guarded_server
+
+    limits = Limits(export_min_bytes_s=256 * 1024, export_window_s=1.0, export_max_s=60.0)
+    ended = threading.Event()
+
+    class Bound:
+        def __init__(self, environ: dict[str, Any]) -> None:
+            self.bound = bind(environ, "export", limits, on_end=ended.set)
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield b"b" * 65536
+
+        def close(self) -> None:
+            if self.bound is not None:
+                self.bound.done = True
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        size = 65536 if environ["PATH_INFO"] == "/bound" else 2 * 2**20
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(size))])
+        return Bound(environ) if environ["PATH_INFO"] == "/bound" else [b"n" * size]
+
+    loop_map: dict[int, Any] = {}
+    server = create_guarded_server(app, limits, map=loop_map, host="127.0.0.1", port=0, threads=2,
+                                   cleanup_interval=1, channel_timeout=30)
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn = http.client.HTTPConnection("127.0.0.1", server.socket.getsockname()[1], timeout=30)
+    try:
+        sock.connect(("127.0.0.1", server.socket.getsockname()[1]))
+        channel = wait_for(lambda: [c for c in list(server.active_channels.values())
+                                    if c.socket.getpeername() == sock.getsockname()], 5, "the connection")[0]
+        channel.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        conn.sock = sock
+        conn.request("GET", "/bound")
+        resp = conn.getresponse()
+        assert resp.status == 200 and len(resp.read()) == 65536 and not resp.will_close
+        assert ended.wait(1), "the bound did not end with its answer"
+        conn.request("GET", "/next")  # the same connection (keep-alive)
+        time.sleep(3.5)
+        resp = conn.getresponse()
+        assert resp.status == 200 and len(resp.read()) == 2 * 2**20
+        assert conn.sock is sock and server.bound_cut["export"] == 0
+    finally:
+        conn.close()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        server.trigger.pull_trigger(lambda: [d.close() for d in list(loop_map.values())])
+        loop.join(5)
 
 
 @pytest.fixture(scope="module")
