@@ -5,7 +5,8 @@ video camera, API on a free loopback port), a crowd of `--clients` keep-alive cl
 metrics as fast as they are answered (a process of its own), and this one, which probes like Docker's
 HEALTHCHECK or an operator's curl does: a new connection per probe, alternately /healthz and /readyz,
 every `--interval` s for `--seconds`. Prints one JSON line: p50/p95/p99/max per path in ms, the
-crowd's answers per second and the probes' status codes. Run it alone on the machine:
+crowd's answers per second, the probes' status codes and the mean time of the camera's inspections
+meanwhile (one a second; `edge_stage_latency_seconds{stage="total"}`). Run it alone on the machine:
 
     flock -x /work/coord/cpu.lock python benchmarks/health_under_load.py --seconds 30 --clients 30
 """
@@ -73,6 +74,21 @@ def probe(port: int, path: str) -> tuple[float, int, bytes]:
     return took, int(head.split(b" ", 2)[1]), body
 
 
+def inspections(port: int) -> tuple[float, float]:
+    """The daemon's inspections so far (its camera's, one a second): total seconds and count, from /metrics."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    found = {}
+    for line in data.decode().splitlines():
+        for key in ("_sum", "_count"):
+            if line.startswith(f'edge_stage_latency_seconds{key}{{stage="total"}}'):
+                found[key] = float(line.rsplit(" ", 1)[1])
+    return found.get("_sum", 0.0), found.get("_count", 0.0)
+
+
 def percentiles(waits: list[float]) -> dict[str, float]:
     w = sorted(waits)
     at = lambda q: round(w[min(len(w) - 1, int(q * len(w)))] * 1000, 1)  # noqa: E731
@@ -113,6 +129,7 @@ def main() -> None:
             time.sleep(2)  # every client has a request in flight
             waits: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
             codes: dict[str, dict[int, int]] = {"/healthz": {}, "/readyz": {}}
+            inspected0 = inspections(port)
             load0, t_start = os.getloadavg()[0], time.monotonic()
             i = 0
             while time.monotonic() - t_start < args.seconds:
@@ -123,12 +140,15 @@ def main() -> None:
                 i += 1
                 time.sleep(args.interval)
             elapsed = time.monotonic() - t_start
+            inspected = [b - a for a, b in zip(inspected0, inspections(port), strict=True)]
             out, _ = crowd.communicate("stop\n", timeout=120)
             served = int(out.split()[-1])
             print(json.dumps({
                 "clients": args.clients, "seconds": round(elapsed, 1), "cpus": os.cpu_count(),
                 "healthz": percentiles(waits["/healthz"]), "readyz": percentiles(waits["/readyz"]),
                 "codes": codes, "crowd_answers_per_s": round(served / (elapsed + 2), 1),
+                "inspections": int(inspected[1]),
+                "inspection_ms_mean": round(inspected[0] / inspected[1] * 1000, 1) if inspected[1] else None,
                 "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
             }))
         finally:
