@@ -1,0 +1,195 @@
+"""Issue 41 on a GPU: where a frame of four regions spends what one region does not, below the Result's
+stage timings. On one Inspector of a GGUF + mmproj pair with `--lanes` libmtmd contexts (model.encoder_lanes):
+
+1. `alone`: one crop on one lane, split into libmtmd's tokenize (its resize and patching, on the host) and
+   `mtmd_encode_chunk` (the vision graph), each wall time and the calling thread's CPU time;
+2. `lanes`: `--lanes` crops at once, one per lane: when each lane starts and ends, from the common start
+   (the same crops as 1, so the sum of 1 against the span of 2 says how far the lanes overlap);
+3. `overlap`: a one-region inspection of an already encoded crop (prefill and generation on the language
+   model), alone and while another lane encodes crops back to back, and that encode alone and beside the
+   inspection: whether the encoder and the language model share the GPU (if they overlap, prefilling a
+   region while the next crop encodes would save time; if they only take turns, it would not).
+
+Each measurement alternates with the others round by round, `--rounds` times, after `--warmup` rounds.
+The crops are different random pixels every time, so no encode is a cache hit.
+
+    python benchmarks/encode_overlap.py /tmp/models/pair3b --gpu-layers -1 --threads 8 --lanes 4 --rounds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+CROP = 336  # 144 image tokens on Qwen2.5-VL (benchmarks/programs.py's regions)
+
+
+def p50(xs: list[float]) -> float:
+    return round(statistics.median(xs), 2) if xs else float("nan")
+
+
+def crops(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    return [rng.integers(0, 256, (CROP, CROP, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def encode_split(ctx: Any, rgb: np.ndarray) -> tuple[float, float, float, float]:
+    """(tokenize wall, tokenize CPU, encode wall, encode CPU) ms of one crop on one libmtmd context."""
+    from edge_runtime.inference.llm.mtmd import chunk_is_image
+
+    w0, c0 = time.perf_counter(), time.thread_time()
+    chunks = ctx.tokenize(ctx.marker, [rgb])
+    w1, c1 = time.perf_counter(), time.thread_time()
+    with chunks:
+        for chunk in chunks:
+            if chunk_is_image(chunk):
+                ctx.encode_chunk(chunk)
+    w2, c2 = time.perf_counter(), time.thread_time()
+    return (w1 - w0) * 1e3, (c1 - c0) * 1e3, (w2 - w1) * 1e3, (c2 - c1) * 1e3
+
+
+def encode_one(ctx: Any, rgb: np.ndarray) -> None:
+    encode_split(ctx, rgb)
+
+
+def at_once(jobs: list[Callable[[], None]]) -> list[tuple[float, float]]:
+    """Run the jobs on threads released together: each job's (start, end) ms from the release."""
+    barrier = threading.Barrier(len(jobs) + 1)
+    spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(jobs)
+    t0 = [0.0]
+
+    def run(i: int, job: Callable[[], None]) -> None:
+        barrier.wait()
+        s = time.perf_counter()
+        job()
+        spans[i] = ((s - t0[0]) * 1e3, (time.perf_counter() - t0[0]) * 1e3)
+
+    threads = [threading.Thread(target=run, args=(i, j)) for i, j in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    t0[0] = time.perf_counter()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    return spans
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--gpu-layers", type=int, default=-1)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--lanes", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+    if args.lanes < 2:
+        ap.error("--lanes: at least 2 (the overlap part encodes on a lane beside the inspection's)")
+
+    from edge_runtime.config import Config
+    from edge_runtime.inference.model_source import open_inspector
+
+    cfg = Config(device_id="bench")
+    cfg.model.threads, cfg.model.gpu_layers = args.threads, args.gpu_layers
+    cfg.model.batch_size, cfg.model.encoder_lanes = args.batch_size, args.lanes
+    cfg.model.encoder_cache_mb = 0  # every encode computed
+    inspector = open_inspector(cfg, args.bundle)
+    lanes = inspector.encoder._contexts  # the libmtmd contexts, one per lane
+    rng = np.random.default_rng(41)
+    schema = {"type": "object", "additionalProperties": False, "required": ["defect", "category"],
+              "properties": {"defect": {"type": "boolean"},
+                             "category": {"enum": ["none", "missing_screw", "loose_screw"]}}}
+    alone: dict[str, list[float]] = {"tokenize": [], "tokenize_cpu": [], "encode": [], "encode_cpu": []}
+    lane_spans: list[list[tuple[float, float]]] = []
+    inspect_alone: list[float] = []
+    inspect_beside: list[float] = []
+    enc_alone: list[float] = []
+    enc_beside: list[float] = []
+    try:
+        for r in range(args.warmup + args.rounds):
+            keep = r >= args.warmup
+            # 1. one crop alone, on lane 0
+            t = encode_split(lanes[0], crops(rng, 1)[0])
+            # 2. a crop per lane, at once
+            batch = crops(rng, len(lanes))
+            spans = at_once([lambda c=c, img=img: encode_one(c, img) for c, img in zip(lanes, batch, strict=True)])
+            # 3. an inspection of an encoded crop, alone and beside encodes on the last lane
+            frame = crops(rng, 1)[0][:, :, ::-1].copy()  # BGR, as a camera's
+            encoded = inspector.encode(frame)
+
+            def inspect() -> None:
+                inspector.inspect(frame, camera="bench", encoded=encoded, schema=schema)
+
+            w0 = time.perf_counter()
+            inspect()
+            ia = (time.perf_counter() - w0) * 1e3
+            e0 = time.perf_counter()
+            encode_one(lanes[-1], crops(rng, 1)[0])
+            ea = (time.perf_counter() - e0) * 1e3
+            stop = threading.Event()
+            beside: list[float] = []
+
+            def encode_loop() -> None:
+                while not stop.is_set():
+                    img = crops(rng, 1)[0]
+                    s = time.perf_counter()
+                    encode_one(lanes[-1], img)
+                    beside.append((time.perf_counter() - s) * 1e3)
+
+            looping = threading.Thread(target=encode_loop)
+            looping.start()
+            time.sleep(0.005)  # the loop's first encode under way
+            w0 = time.perf_counter()
+            inspect()
+            ib = (time.perf_counter() - w0) * 1e3
+            stop.set()
+            looping.join()
+            if keep:
+                for k, v in zip(alone, t, strict=True):
+                    alone[k].append(v)
+                lane_spans.append(spans)
+                inspect_alone.append(ia)
+                inspect_beside.append(ib)
+                enc_alone.append(ea)
+                enc_beside.extend(beside)
+    finally:
+        inspector.close()
+
+    ends = [max(e for _s, e in spans) for spans in lane_spans]
+    out: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", "lanes": args.lanes,
+        "rounds": args.rounds,
+        "alone_p50_ms": {k: p50(v) for k, v in alone.items()},
+        "lanes_p50_ms": {"span": p50(ends),
+                         "starts": [p50([s[i][0] for s in lane_spans]) for i in range(args.lanes)],
+                         "ends": [p50([s[i][1] for s in lane_spans]) for i in range(args.lanes)]},
+        "overlap_p50_ms": {"inspection_alone": p50(inspect_alone), "inspection_beside_encodes": p50(inspect_beside),
+                           "encode_alone": p50(enc_alone), "encode_beside_inspection": p50(enc_beside)},
+    }
+    one = out["alone_p50_ms"]["tokenize"] + out["alone_p50_ms"]["encode"]
+    out["lanes_span_over_one_crop"] = round(out["lanes_p50_ms"]["span"] / one, 3)
+    print(json.dumps(out, indent=1))
+    a = out["alone_p50_ms"]
+    o = out["overlap_p50_ms"]
+    print(f"one crop: tokenize {a['tokenize']} ms (CPU {a['tokenize_cpu']}), encode {a['encode']} ms "
+          f"(CPU {a['encode_cpu']}); {args.lanes} crops on {args.lanes} lanes at once: {out['lanes_p50_ms']['span']} ms "
+          f"({out['lanes_span_over_one_crop']}x one crop; lanes end at {out['lanes_p50_ms']['ends']}); "
+          f"inspection {o['inspection_alone']} -> {o['inspection_beside_encodes']} ms beside encodes, "
+          f"encode {o['encode_alone']} -> {o['encode_beside_inspection']} ms beside an inspection", file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
