@@ -82,6 +82,42 @@ def at_once(jobs: list[Callable[[], None]]) -> list[tuple[float, float]]:
     return spans
 
 
+def overlap(inspector: Any, lane: Any, rng: np.random.Generator, schema: dict[str, Any]
+            ) -> tuple[float, float, float, list[float]]:
+    """(inspection alone, inspection beside encodes, encode alone, encodes beside the inspection) ms: an
+    inspection of an already encoded crop, then one encode on `lane`, then the inspection again while `lane`
+    encodes crops back to back."""
+    frame = crops(rng, 1)[0][:, :, ::-1].copy()  # BGR, as a camera's
+    encoded = inspector.encode(frame)
+
+    def inspect() -> float:
+        w0 = time.perf_counter()
+        inspector.inspect(frame, camera="bench", encoded=encoded, schema=schema)
+        return (time.perf_counter() - w0) * 1e3
+
+    alone = inspect()
+    e0 = time.perf_counter()
+    encode_one(lane, crops(rng, 1)[0])
+    enc_alone = (time.perf_counter() - e0) * 1e3
+    stop = threading.Event()
+    beside: list[float] = []
+
+    def encode_loop() -> None:
+        while not stop.is_set():
+            img = crops(rng, 1)[0]
+            s = time.perf_counter()
+            encode_one(lane, img)
+            beside.append((time.perf_counter() - s) * 1e3)
+
+    looping = threading.Thread(target=encode_loop)
+    looping.start()
+    time.sleep(0.005)  # the loop's first encode under way
+    with_encodes = inspect()
+    stop.set()
+    looping.join()
+    return alone, with_encodes, enc_alone, beside
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle")
@@ -124,36 +160,7 @@ def main() -> None:
             batch = crops(rng, len(lanes))
             spans = at_once([lambda c=c, img=img: encode_one(c, img) for c, img in zip(lanes, batch, strict=True)])
             # 3. an inspection of an encoded crop, alone and beside encodes on the last lane
-            frame = crops(rng, 1)[0][:, :, ::-1].copy()  # BGR, as a camera's
-            encoded = inspector.encode(frame)
-
-            def inspect() -> None:
-                inspector.inspect(frame, camera="bench", encoded=encoded, schema=schema)
-
-            w0 = time.perf_counter()
-            inspect()
-            ia = (time.perf_counter() - w0) * 1e3
-            e0 = time.perf_counter()
-            encode_one(lanes[-1], crops(rng, 1)[0])
-            ea = (time.perf_counter() - e0) * 1e3
-            stop = threading.Event()
-            beside: list[float] = []
-
-            def encode_loop() -> None:
-                while not stop.is_set():
-                    img = crops(rng, 1)[0]
-                    s = time.perf_counter()
-                    encode_one(lanes[-1], img)
-                    beside.append((time.perf_counter() - s) * 1e3)
-
-            looping = threading.Thread(target=encode_loop)
-            looping.start()
-            time.sleep(0.005)  # the loop's first encode under way
-            w0 = time.perf_counter()
-            inspect()
-            ib = (time.perf_counter() - w0) * 1e3
-            stop.set()
-            looping.join()
+            ia, ib, ea, beside = overlap(inspector, lanes[-1], rng, schema)
             if keep:
                 for k, v in zip(alone, t, strict=True):
                     alone[k].append(v)
@@ -182,7 +189,8 @@ def main() -> None:
     a = out["alone_p50_ms"]
     o = out["overlap_p50_ms"]
     print(f"one crop: tokenize {a['tokenize']} ms (CPU {a['tokenize_cpu']}), encode {a['encode']} ms "
-          f"(CPU {a['encode_cpu']}); {args.lanes} crops on {args.lanes} lanes at once: {out['lanes_p50_ms']['span']} ms "
+          f"(CPU {a['encode_cpu']}); {args.lanes} crops on {args.lanes} lanes at once: "
+          f"{out['lanes_p50_ms']['span']} ms "
           f"({out['lanes_span_over_one_crop']}x one crop; lanes end at {out['lanes_p50_ms']['ends']}); "
           f"inspection {o['inspection_alone']} -> {o['inspection_beside_encodes']} ms beside encodes, "
           f"encode {o['encode_alone']} -> {o['encode_beside_inspection']} ms beside an inspection", file=sys.stderr)
