@@ -81,8 +81,8 @@ class ModelConfig(Section):
     encoder_lanes: int = Field(
         1, ge=1, le=8,
         description="GGUF + mmproj bundles: libmtmd contexts that encode a frame's region crops at the same "
-        "time (each holds its own copy of the mmproj's weights). On a large GPU a crop's encode is mostly "
-        "launch and host time, so lanes overlap it: on the H200 4 lanes encoded 4 crops in 41 ms against 57-59 "
+        "time (each holds its own copy of the mmproj's weights). On a large GPU one crop's encode does not "
+        "fill it, so lanes overlap (partly): on the H200 4 lanes encoded 4 crops in 39 ms against 55-57 "
         "ms on one (docs/inspection.md, \"Encoder lanes\"); on a Jetson or a CPU the encodes share the same "
         "cores, so keep 1. ONNX bundles: one encoder session, whatever this says.")
 
