@@ -451,7 +451,9 @@ class GuardedChannel(HTTPChannel):
 
     def answer_probe(self, answer: ProbeAnswer) -> bool:
         """Serve the health probe at the head of `requests` from `answer`, in this thread, as waitress's
-        service() would (its caller holds requests_lock); False when the connection closes after it."""
+        service() would (its caller holds requests_lock); False when the connection closes after it.
+        The answer before it on this connection is over: its bound ends, as ChannelTask.service ends it."""
+        self.end_bound()
         request = self.requests.pop(0)
         task = ProbeTask(self, request, answer)
         try:

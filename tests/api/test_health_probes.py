@@ -180,3 +180,71 @@ def test_readyz_shows_a_change_within_its_bound(daemon: Daemon, monkeypatch: pyt
         assert body["ready"] is False and "disk full" in body["reasons"] and headers["Retry-After"] == "5"
     finally:
         unstuck.set()
+
+
+def test_a_probe_answered_in_the_loop_ends_the_bound_before_it() -> None:
+    """A new request on a keep-alive connection ends the bound of the answer before it (ChannelTask), but a
+    probe answered by the loop (answer_probe) did not: an export's bound, done but its bytes still in
+    waitress's buffer, went on judging the connection, so a client that sent a probe after a bound answer
+    (pipelined: waitress reads no more while it owes bytes) and took its time over both answers was cut by
+    the export's rate. Seen failing before answer_probe ended it: "cut the export ... it took 0 bytes in
+    1 s" and bound_cut["export"] == 1. Scaled as the keep-alive test in test_http_trickle_export.py: a 1 s
+    window; nothing is read for three windows (far within the stall deadline); both ends' socket buffers
+    are small, so the bound answer waits in waitress's buffer."""
+    from edge_runtime.api.guard import Limits, ProbeAnswers, bind, create_guarded_server
+
+    limits = Limits(export_min_bytes_s=256 * 1024, export_window_s=1.0, export_max_s=60.0)
+    ended = threading.Event()
+    size = 2**20
+
+    class Bound:
+        def __init__(self, environ: dict[str, Any]) -> None:
+            self.bound = bind(environ, "export", limits, on_end=ended.set)
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield b"b" * size
+
+        def close(self) -> None:
+            if self.bound is not None:
+                self.bound.done = True
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(size))])
+        return Bound(environ)
+
+    body = b'{"status":"ok"}\n'
+    probes = ProbeAnswers(lambda path: ("200 OK", [("Content-Type", "application/json"),
+                                                   ("Content-Length", str(len(body)))], body))
+    probes.refresh()
+    loop_map: dict[int, Any] = {}
+    server = create_guarded_server(app, limits, map=loop_map, probes=probes, host="127.0.0.1", port=0,
+                                   threads=2, cleanup_interval=1, channel_timeout=30)
+    loop = threading.Thread(target=server.run, daemon=True)
+    loop.start()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.connect(("127.0.0.1", server.socket.getsockname()[1]))
+        channel = [c for c in list(server.active_channels.values()) if c.socket.getpeername() == sock.getsockname()]
+        deadline = time.monotonic() + 5
+        while not channel and time.monotonic() < deadline:
+            time.sleep(0.01)
+            channel = [c for c in list(server.active_channels.values())
+                       if c.socket.getpeername() == sock.getsockname()]
+        channel[0].socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sock.sendall(b"GET /bound HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert ended.wait(2), "the probe after the bound answer did not end its bound"
+        time.sleep(3.5)
+        assert server.bound_cut["export"] == 0
+        sock.settimeout(10)
+        data = b""
+        while not data.endswith(body) and (chunk := sock.recv(65536)):
+            data += chunk
+        first, _, rest = data.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n") and rest.startswith(b"b" * size + b"HTTP/1.1 200 OK\r\n")
+        assert rest.endswith(b"\r\n\r\n" + body)
+    finally:
+        sock.close()
+        server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+        server.trigger.pull_trigger(lambda: [d.close() for d in list(loop_map.values())])
+        loop.join(5)
