@@ -188,6 +188,27 @@ def test_an_audit_the_model_calls_nok_is_counted_as_a_disagreement(
     assert daemon.status()["gate"]["belt"]["disagreements"] == 1
 
 
+def test_a_trigger_asking_its_own_question_gets_the_models_verdict_not_the_gates_ok(
+        run_daemon: Callable[..., Daemon], tmp_path: Path, ok_dir: Path, bank: Path, parts: Path) -> None:
+    """The gate's OK says "like the good parts of its bank", not an answer to a client's question: a trigger
+    (REST, MQTT) with a prompt of its own on a skip_ok camera whose frame the gate passes is asked of the
+    model, scored and counted as an audit (as a recipe whose schema the OK does not fit). The camera's own
+    question, sent or not, still gets the gate's OK."""
+    gate = GateConfig(mode="skip_ok", bank=str(bank), threshold=100.0, audit_every=1000, verdict=OK)
+    cam = camera(parts, gate, mode="on_demand").model_copy(update={"prompt": "Is the part clean?"})
+    daemon = run_daemon(config(tmp_path, ok_dir, cam))
+    wait_for(lambda: daemon.rigs["belt"].camera.slot.peek() is not None, what="a frame", timeout=30)
+    trigger = daemon.device.cameras.trigger
+    for prompt in (None, "Is the part clean?"):
+        plain = trigger("belt", prompt).result(60)
+        assert plain.source["engine"] == "gate" and plain.prompt == "Is the part clean?", plain.source
+    own = trigger("belt", "Is the label upside down?").result(60)
+    assert own.source["engine"] == "edge" and own.prompt == "Is the label upside down?", own.source
+    assert own.gate is not None and own.gate["gated"] and own.gate["audit"] and own.gate["disagree"] is False
+    counts = daemon.gates.counts()["belt"]
+    assert (counts.gated, counts.skipped, counts.audits) == (3, 2, 1)
+
+
 def test_a_bank_of_another_encoder_refuses_start_and_config_validate_in_one_line(
         tmp_path: Path, demo_dir: Path, bank: Path, parts: Path) -> None:
     other = _bundle_with_another_encoder(demo_dir, tmp_path)

@@ -46,6 +46,9 @@ class CameraGate:
     name: str = ""  # what its counters are shown under: the camera, or `<station>/<recipe>`
     # A program with regions or tiling: each region's section of the bank (then `gate` is the first's).
     regions: tuple[RegionGate, ...] = ()
+    # The question its OK answers: the camera's configured prompt (a recipe's own gate: the recipe's, else
+    # the camera's); None: the model's default. A frame asked anything else goes to the language model.
+    prompt: str | None = None
 
     @property
     def key(self) -> str:
@@ -120,7 +123,7 @@ def load_gates(bundle: Bundle, settings: ModelConfig, cameras: Sequence[CameraCo
             log.warning("%s: skip_ok on the bank's threshold %.4g, which makes no escape claim (%s); "
                         "run annotate until labelled data supports it", why, threshold,
                         gate.header.threshold.method)
-        return CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field, name, parts)
+        return CameraGate(cam.name, cfg, gate, float(threshold), verdict, nok_field, name, parts, cam.prompt)
 
     for cam in cameras:
         if cam.gate is not None and cam.gate.mode != "off" and cam.enabled:

@@ -141,7 +141,7 @@ class GateStep:
                 except Exception as exc:  # noqa: BLE001 - reported by the worker like any encoder failure
                     rest.append((request, exc))
                     continue
-            look = self._look(cam, request, encoded)
+            look = self._look(cam, request, encoded, inspector.default_prompt)
             if look is None or not look.gated or look.audit or cam.config.mode != "skip_ok":
                 self._keep(request, look)
                 if look is not None and look.answered and isinstance(encoded, RegionsEncoded):
@@ -217,7 +217,8 @@ class GateStep:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _look(self, cam: CameraGate, request: InspectionRequest, encoded: Encoded) -> GateLook | None:
+    def _look(self, cam: CameraGate, request: InspectionRequest, encoded: Encoded,
+              default_prompt: str) -> GateLook | None:
         counts = self._counts.setdefault(cam.key, GateCounts())
         if bool(cam.regions) != isinstance(encoded, RegionsEncoded):
             # A reload changed the program between the encode and here: this frame is not the bank's kind.
@@ -241,9 +242,13 @@ class GateStep:
         ratios, worst = frame_ratios([sc.score for sc in scores], limits)
         score, ratio = scores[worst], ratios[worst]
         gated = ratio < 1  # every region (or the frame) under its threshold
-        # Who may take the gate's OK: the request's own schema (a recipe's), else a region's own.
-        fits = [self._fits(cam, request.schema, spec.schema) for spec, _ in encoded.regions] \
-            if isinstance(encoded, RegionsEncoded) else [self._fits(cam, request.schema, None)]
+        # Who may take the gate's OK: the request's own schema (a recipe's), else a region's own; and only
+        # the question the gate stands for (its camera's or recipe's prompt, or a region's own), never a
+        # client's own prompt (a trigger's): the OK says "like the good parts", not an answer to that.
+        asked = (request.prompt or default_prompt) == (cam.prompt or default_prompt)
+        fits = [self._fits(cam, request.schema, spec.schema) and (asked or bool(spec.prompt))
+                for spec, _ in encoded.regions] \
+            if isinstance(encoded, RegionsEncoded) else [self._fits(cam, request.schema, None) and asked]
         unfit = gated and not all(fits)  # the model answers (counted as an audit)
         audit = False
         answered: list[str] = []
@@ -345,7 +350,13 @@ def gates_for(bundle: Bundle, config: Config) -> dict[str, CameraGate | None]:
             if r.gate is not None and named is not None and named in config.programs:
                 programs[f"{st.name}/{name}"] = config.programs[named]
                 nok[f"{st.name}/{name}"] = config.programs[named].nok_field
-    return load_gates(bundle, config.model, config.cameras, nok, recipes, programs)
+    gates = load_gates(bundle, config.model, config.cameras, nok, recipes, programs)
+    for st in config.line_io.stations:  # a recipe's own gate stands for the recipe's question
+        for name, r in st.recipes.items():
+            found = gates.get(f"{st.name}/{name}")
+            if found is not None and r.prompt:
+                gates[f"{st.name}/{name}"] = dataclasses.replace(found, prompt=r.prompt)
+    return gates
 
 
 def any_gate(config: Config) -> bool:
