@@ -248,10 +248,11 @@ def _chat(ticket: Ticket) -> Any:
         raise ApiError(404, "model_not_found", f"model {req.model[:128]!r} is not served here; see /v1/models",
                        field="model")
     context = info.context_size
+    # The answer's length as the client set it, and the field it used (None: neither, the model's default).
+    sent = "max_completion_tokens" if req.max_completion_tokens else "max_tokens" if req.max_tokens else None
     asked = req.max_completion_tokens or req.max_tokens
-    if asked is not None and asked >= context:
-        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        raise invalid(name, f"{asked} is not less than this model's context of {context} tokens "
+    if sent is not None and asked is not None and asked >= context:
+        raise invalid(sent, f"{asked} is not less than this model's context of {context} tokens "
                       "(prompt and answer share it)")
     _check_text(req.messages, context)
     fmt = req.response_format.model_dump(by_alias=True, exclude_none=True) if req.response_format else None
@@ -275,7 +276,8 @@ def _chat(ticket: Ticket) -> Any:
     live = req.stream and not rails.output  # output rails hold a stream until the whole answer passed them
     job = ChatJob(prompt, system, frames[0] if frames else None, grammar, max_tokens, temperature, req.top_p, seed,
                   stops, on_text=deltas.put if live else None, on_end=lambda: deltas.put(None),
-                  more_images=frames[1:], image_at=image_at, image_fields=tuple(f for _, f in image_bytes))
+                  more_images=frames[1:], image_at=image_at, image_fields=tuple(f for _, f in image_bytes),
+                  max_tokens_field=sent)
     future = submit(d.inference.chat, job)
     created = int(time.time())
     if live:

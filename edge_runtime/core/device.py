@@ -60,6 +60,9 @@ class ChatJob:
     # Each image's field in the request, in order (the API's `messages.<i>.content.<j>.image_url.url`): a
     # refused image is named by its own part, not as `image`.
     image_fields: tuple[str, ...] = ()
+    # The request's field that set max_tokens (max_tokens or max_completion_tokens); None: the client set
+    # neither (the model's default): a refusal for the answer's room names it, or `messages` (naming_answer).
+    max_tokens_field: str | None = "max_tokens"
 
     def image_refused(self, exc: InputError, i: int) -> InputError:
         """`exc`, an image's refusal naming `image`, naming this job's i-th image's field instead."""

@@ -56,6 +56,19 @@ class NoRoomToAnswer(InputError):
         return (f"prompt: {self.prompt_tokens} tokens leave no room for the {self.max_tokens}-token answer in "
                 f"the {self.n_ctx}-token context")
 
+    def naming(self, field: str) -> str:
+        """Said to a chat client that set the answer's length as `field` (max_completion_tokens)."""
+        return str(self).replace("max_tokens", field)
+
+    def naming_messages(self) -> str:
+        """Said to a chat client that set no answer length (the model's default was used), as OpenAI's
+        "maximum context length" error says it."""
+        room = self.n_ctx - self.prompt_tokens
+        return (f"messages: this model's maximum context length is {self.n_ctx} tokens; the messages take "
+                f"{self.prompt_tokens} tokens and the default answer length is {self.max_tokens} tokens "
+                f"({self.prompt_tokens + self.max_tokens} in all); shorten the messages"
+                + (f", or send max_tokens of at most {room}" if room >= 1 else ""))
+
 
 class QuestionRefused(InputError, InferenceError):
     """A frame whose question cannot be asked (longer than the context once laid around the frame): an
@@ -82,6 +95,19 @@ def naming_prompt(exc: InputError) -> InputError:
     if isinstance(exc, QuestionRefused):
         return QuestionRefused(message, "prompt", exc.status)
     return InputError(message, "prompt", exc.status)
+
+
+def naming_answer(exc: InputError, sent: str | None) -> InputError:
+    """A chat refused for its answer's room (NoRoomToAnswer, named `max_tokens`), named as its client set that
+    room: `sent`, the request's field (max_tokens or max_completion_tokens), or `messages` when it sent
+    neither and the model's default answer length did not fit. A QuestionRefused stays one."""
+    cause = exc.cause if isinstance(exc, QuestionRefused) else exc
+    if not isinstance(cause, NoRoomToAnswer) or sent == "max_tokens":
+        return exc
+    field, message = ("messages", cause.naming_messages()) if sent is None else (sent, cause.naming(sent))
+    if isinstance(exc, QuestionRefused):
+        return QuestionRefused(message, field, exc.status, cause)
+    return InputError(message, field, exc.status)
 
 
 class QueueFull(EdgeRuntimeError):

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from edge_runtime.core.batch import BatchJob, ChatWork, Encoded
-from edge_runtime.core.errors import InferenceError, InputError, QueueFull, StorageFull, naming_prompt
+from edge_runtime.core.errors import (
+    InferenceError,
+    InputError,
+    QueueFull,
+    StorageFull,
+    naming_answer,
+    naming_prompt,
+)
 from edge_runtime.core.governor_gate import Gate
 from edge_runtime.core.inspection_queue import Deliver, InspectionQueue, InspectionRequest, ScheduleStats
 from edge_runtime.core.result import Result
@@ -316,6 +323,8 @@ class InspectionWorker:
             # the client's mistake, answered with a 4xx: not our error
             if request.chat is None:  # the model layer names the chat's fields: a frame's client sets `prompt`
                 exc = naming_prompt(exc)
+            else:  # the answer's room by the field the chat's client sent, or its messages if it sent none
+                exc = naming_answer(exc, request.chat.max_tokens_field)
             log.info("inspection of %s refused: %s", request.camera, exc)
             request.future.set_exception(exc)
             return

@@ -20,7 +20,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.core.errors import InputError, NoRoomToAnswer, QuestionRefused, naming_prompt
+from edge_runtime.core.errors import InputError, NoRoomToAnswer, QuestionRefused, naming_answer, naming_prompt
 from edge_runtime.core.samples import part_image
 from tests.api.test_api import running_daemon
 from tests.support.hostile import heic, heic_declaring, jpeg_segment_flood, png_chunk_flood
@@ -234,6 +234,62 @@ def test_a_chat_that_leaves_no_room_for_its_max_tokens_is_still_400_naming_max_t
     error = error_of(client.post("/v1/chat/completions", json=chat("word " * 560, max_tokens=1500)), 400)
     assert error["field"] == "max_tokens", error
     assert f"exceeds the context size {daemon.config.model.context_size}" in str(error["message"])
+
+
+def no_room_for_the_default_answer(client: FlaskClient, **extra: object) -> dict[str, object]:
+    """The 400 of a chat without max_tokens whose messages fit the context but leave less than the model's
+    default answer length: from over the context down, until the refusal is no longer the context's."""
+    for words in range(720, 400, -10):
+        body = {"messages": [{"role": "user", "content": "word " * words}], **extra}
+        error = error_of(client.post("/v1/chat/completions", json=body), 400)
+        if "the context holds" not in str(error["message"]):
+            return error
+    raise AssertionError("no chat between 400 and 720 words left too little room for the default answer")
+
+
+def test_a_chat_without_max_tokens_that_leaves_no_room_for_the_default_answer_is_400_naming_messages(
+        client: FlaskClient, daemon: Daemon) -> None:
+    """The route fills in the model's default max_tokens when the client sends neither max_tokens nor
+    max_completion_tokens: a 400 naming `max_tokens` told the client to change a field it never sent.
+    It names `messages` and says the prompt's tokens, the default answer length and the context, as
+    OpenAI's "maximum context length" error does (seen failing before: field 'max_tokens')."""
+    info = daemon.model_info()
+    assert info is not None
+    n_ctx, default = info.context_size, info.max_tokens
+    error = no_room_for_the_default_answer(client)
+    assert error["field"] == "messages" and error["param"] == "messages", error
+    found = re.fullmatch(rf"messages: this model's maximum context length is {n_ctx} tokens; the messages take "
+                         rf"(\d+) tokens and the default answer length is {default} tokens \((\d+) in all\); "
+                         rf"shorten the messages, or send max_tokens of at most (\d+)", str(error["message"]))
+    assert found, error["message"]
+    prompt_tokens, total, room = map(int, found.groups())
+    assert total == prompt_tokens + default > n_ctx and room == n_ctx - prompt_tokens >= 1
+
+
+def test_a_chat_that_leaves_no_room_for_its_max_completion_tokens_is_400_naming_max_completion_tokens(
+        client: FlaskClient, daemon: Daemon) -> None:
+    """A client that sent max_completion_tokens (OpenAI's newer name) was told about `max_tokens` (seen
+    failing before: field 'max_tokens'); the refusal names the field it sent."""
+    body = {"messages": [{"role": "user", "content": "word " * 560}], "max_completion_tokens": 1500}
+    error = error_of(client.post("/v1/chat/completions", json=body), 400)
+    assert error["field"] == "max_completion_tokens", error
+    assert re.fullmatch(rf"max_completion_tokens: prompt \(\d+ tokens\) \+ max_completion_tokens \(1500\) exceeds "
+                        rf"the context size {daemon.config.model.context_size}; at most \d+ fit",
+                        str(error["message"])), error["message"]
+
+
+def test_a_chat_refusal_for_the_answers_room_is_named_by_what_its_client_sent() -> None:
+    """naming_answer: the client's own field, `messages` when it sent none (no max_tokens to suggest when the
+    messages fill the context), a batch's QuestionRefused stays one, other refusals are left alone."""
+    cause = NoRoomToAnswer(1950, 160, 2048)
+    assert naming_answer(cause, "max_tokens") is cause
+    assert naming_answer(cause, "max_completion_tokens").field == "max_completion_tokens"
+    named = naming_answer(QuestionRefused(str(cause), cause.field, cause.status, cause), None)
+    assert isinstance(named, QuestionRefused) and named.field == "messages", named
+    assert str(naming_answer(NoRoomToAnswer(2048, 160, 2048), None)).endswith(
+        "(2208 in all); shorten the messages")
+    other = InputError("messages: the prompt is 2100 tokens, the context holds 2048", "messages")
+    assert naming_answer(other, None) is other
 
 
 def test_a_body_of_millions_of_tiny_json_values_is_a_400_naming_body_before_they_are_built(
