@@ -279,7 +279,8 @@ class InspectionWorker:
     def _generate(self, ready: list[tuple[InspectionRequest, Staged]]) -> None:
         """Stage 2's turn: the frames (and chats, jobs) handed on together, generated as one batch where
         they can be."""
-        work = [(request, self._usable(encoded)) for request, encoded in ready]
+        work = [(request, self._usable(encoded)) for request, encoded in ready
+                if not self._dropped_after_switch(request, encoded)]
         if self.gates is not None:  # skip_ok's gated frames are answered here, without the model
             work = self.gates.sift(work, self.get_inspector(), self.gate.decision().state,
                                    self._deliver, self._failed)
@@ -302,6 +303,27 @@ class InspectionWorker:
             return encoded
         inspector, programs, enc = encoded
         return enc if inspector is self.get_inspector() and programs is inspector.programs_loaded else None
+
+    def _dropped_after_switch(self, request: InspectionRequest, encoded: Staged) -> bool:
+        """A camera's own frame encoded under programs a reload replaced, its camera now asking about a clip:
+        one frame cannot be asked that (clips come from the camera's trigger, which now takes them), so it is
+        dropped quietly instead of being encoded again and failing as a misconfigured question."""
+        if not isinstance(encoded, tuple) or self._usable(encoded) is not None or request.clip is not None \
+                or request.trigger in CLIENT_TRIGGERS or request.line is not None or request.image is None:
+            return False
+        try:
+            program = self.get_inspector().program_of(request.camera, request.program)
+        except Exception:  # noqa: BLE001 - no model, or the name is gone: encoded again, failing as before
+            return False
+        if program is None or program.config is None or program.config.clip is None:
+            return False
+        log.debug("inspection of %s: frame %d encoded before the switch to program %s (a clip) dropped",
+                  request.camera, request.seq, program.name)
+        if self.gates is not None:
+            self.gates.forget(request)
+        request.future.set_exception(InferenceError(
+            f"frame {request.seq} of camera {request.camera} dropped: encoded before a reload switched it to a clip"))
+        return True
 
     def _finish(self, request: InspectionRequest, encoded: Encoded | Exception | None) -> None:
         try:

@@ -6,6 +6,7 @@ holds more than N frames and keeps only frames T apart, the Result names the cli
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig
 from edge_runtime.config.programs import ClipConfig
 from edge_runtime.core.batch import ClipFrame
 from edge_runtime.core.bundle.manifest import load_bundle
-from edge_runtime.core.errors import ConfigError, InputError
+from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, InputError
 from edge_runtime.core.governor_gate import OpenGate
 from edge_runtime.core.inspection_queue import InspectionQueue, InspectionRequest
 from edge_runtime.inference.inspector import Inspector
@@ -89,6 +90,42 @@ def test_a_request_of_one_frame_for_a_clip_camera_is_refused_naming_clip(ins: In
                                          "this request holds 1") as caught:
         ins.inspect(frames(1, seed=53)[0], camera="capper")
     assert caught.value.field == "clip"
+
+
+def test_a_frame_encoded_before_a_switch_to_a_clip_is_dropped_without_an_error(
+        ins: Inspector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A reload that puts a camera on a clip program lands after the worker's stage 1 encoded one of its
+    frames under the old programs: that one frame cannot be asked about a clip, and it is the switch, not a
+    misconfigured question: dropped at DEBUG, not re-encoded and logged as an ERROR counted against the camera."""
+    from edge_runtime.inference.worker import InspectionWorker
+    from edge_runtime.verdicts.journal import Journal
+    from edge_runtime.verdicts.pipeline import VerdictPipeline
+
+    ins.use_programs({}, [CameraConfig(name="capper", source="x.png")], ImageLimits())
+    real = ins.encode_frame
+
+    def encode_then_reload(*args: object, **kwargs: object) -> object:
+        encoded = real(*args, **kwargs)  # type: ignore[arg-type]
+        ins.use_programs({"cap": ProgramConfig(clip=CLIP)}, CAMERAS, ImageLimits())  # the reload, just after
+        return encoded
+
+    monkeypatch.setattr(ins, "encode_frame", encode_then_reload)
+    journal = Journal(tmp_path / "j.sqlite3")
+    queue = InspectionQueue(4)
+    worker = InspectionWorker(queue, lambda: ins, journal, VerdictPipeline(journal, lambda _camera: None).deliver,
+                              OpenGate(), lambda _camera: None)
+    future = queue.submit(InspectionRequest(frames(1, seed=54)[0], "capper", trigger="interval"))
+    caplog.set_level(logging.DEBUG, logger="edge_runtime.inference.worker")
+    worker.start()
+    try:
+        with pytest.raises(EdgeRuntimeError, match="dropped: encoded before a reload switched it to a clip"):
+            future.result(timeout=60)
+    finally:
+        worker.stop()
+        journal.close()
+        ins.use_programs({"cap": ProgramConfig(clip=CLIP)}, CAMERAS, ImageLimits())
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert worker.errors == 0 and "dropped" in caplog.text
 
 
 def test_the_ring_never_holds_more_than_its_frames_and_keeps_only_frames_spacing_apart() -> None:
