@@ -16,8 +16,15 @@ from waitress import wasyncore
 
 from edge_runtime.api.admission import EXPORT_THREADS, QUERY_THREADS, QUICK_THREADS, Admission, slots
 from edge_runtime.api.auth import guard_reads, session_keys, start_session
-from edge_runtime.api.errors import register_error_handlers
-from edge_runtime.api.guard import HEALTH_PATHS, ConnectionMetrics, Limits, ProbeAnswers, create_guarded_server
+from edge_runtime.api.errors import PROBE_REFRESH, register_error_handlers
+from edge_runtime.api.guard import (
+    HEALTH_PATHS,
+    ConnectionMetrics,
+    Limits,
+    ProbeAnswers,
+    ProbeFailed,
+    create_guarded_server,
+)
 from edge_runtime.api.memory import fix_mmap_threshold
 from edge_runtime.api.metrics import Metrics
 from edge_runtime.config import ApiConfig
@@ -144,11 +151,17 @@ class ApiServer:
         return restart
 
     def _probe_answer(self, path: str) -> tuple[str, list[tuple[str, str]], bytes]:
-        """What the app answers a GET of a health path now (its hooks, route and error handlers; ~0.1 ms)."""
+        """What the app answers a GET of a health path now (its hooks, route and error handlers; ~0.1 ms).
+        Where the app's error handler made it (a hook or the route raised), it raises ProbeFailed with that
+        answer: the error handler does not log for these requests, the refresher logs once per streak."""
         assert path in HEALTH_PATHS
-        with self.app.test_request_context(path):
+        failures: list[Exception] = []
+        with self.app.test_request_context(path, environ_base={PROBE_REFRESH: failures}):
             response = self.app.full_dispatch_request()
-        return response.status, list(response.headers.items()), response.get_data()
+        answer = response.status, list(response.headers.items()), response.get_data()
+        if failures:
+            raise ProbeFailed(path, answer) from failures[0]
+        return answer
 
     @staticmethod
     def _body_bound(cfg: ApiConfig) -> int:

@@ -18,6 +18,10 @@ from edge_runtime.core.errors import ImageError, ImageTooLarge, InputError
 
 log = logging.getLogger(__name__)
 
+# In the environ of a request the app answers for guard.ProbeAnswers (ApiServer._probe_answer), not for a
+# client: a list the error handler appends what was raised to, instead of logging it (see `unexpected`).
+PROBE_REFRESH = "edge_runtime.probe_refresh"
+
 
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None,
@@ -121,7 +125,11 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> Any:
-        log.exception("api: %s %s failed", request.method, request.path)
+        refresh = request.environ.get(PROBE_REFRESH)
+        if refresh is not None:  # the health probes' refresher (10 a second): it logs once per failure streak
+            refresh.append(exc)
+        else:
+            log.exception("api: %s %s failed", request.method, request.path)
         response = jsonify(body(500, "internal_error", f"{type(exc).__name__}: {exc}"))
         response.status_code = 500
         return response

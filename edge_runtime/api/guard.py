@@ -223,11 +223,21 @@ class ProbeAnswer:
     made: float  # monotonic: when the app was asked (the state it shows is that old)
 
 
+class ProbeFailed(Exception):
+    """Raised by a ProbeAnswers `make` whose answer to `path` is the app's error handler's (a hook or the
+    route raised, the `__cause__`): `answer` is served all the same, as the app would answer a client."""
+
+    def __init__(self, path: str, answer: tuple[str, list[tuple[str, str]], bytes]) -> None:
+        super().__init__(f"GET {path} failed")
+        self.path, self.answer = path, answer
+
+
 class ProbeAnswers:
     """The health probes' answers, made ahead by the app's own routes on a thread of their own
     ("http-probes", every `refresh_s`) and served by the server's loop thread (see the module).
 
-    `make(path)` is what the app answers a GET of `path`: (status, headers, body). `/healthz` always
+    `make(path)` is what the app answers a GET of `path`: (status, headers, body), or ProbeFailed with
+    it where the app answered with its error handler (logged once per failure streak). `/healthz` always
     says the same; a `/readyz` answer older than `max_age_s` is not served, so readiness from the loop
     is at most that stale (usually `refresh_s`), and never a stuck thread's last word."""
 
@@ -246,11 +256,17 @@ class ProbeAnswers:
             return None
         return answer
 
-    def refresh(self) -> None:
+    def refresh(self) -> ProbeFailed | None:
+        """Make every path's answer again; return the first ProbeFailed (its answer is served all the same)."""
+        failed = None
         for path in sorted(HEALTH_PATHS):
             made = time.monotonic()
-            status, headers, body = self.make(path)
+            try:
+                status, headers, body = self.make(path)
+            except ProbeFailed as exc:
+                (status, headers, body), failed = exc.answer, failed or exc
             self._answers = {**self._answers, path: ProbeAnswer(status, headers, body, made)}
+        return failed
 
     def start(self) -> None:
         self._stop.clear()
@@ -264,14 +280,24 @@ class ProbeAnswers:
         self._answers = {}
 
     def _run(self) -> None:
+        # Logged once per failure streak and once when it ends: a failing route fails every 0.1 s here,
+        # whether or not anyone probes (before, the app's error handler logged a traceback each time).
         while True:
+            failed: BaseException | None
             try:
-                self.refresh()
-                self._failing = False
-            except Exception:  # the app's own route fails the same way on the lane (a JSON 500)
-                if not self._failing:
-                    log.exception("api: the health probes' answers cannot be made; the app answers each probe")
-                self._failing = True
+                failed = self.refresh()
+            except Exception as exc:  # noqa: BLE001 - no answer made: the app answers each probe on the lane
+                failed = exc
+            if failed is not None and not self._failing:
+                if isinstance(failed, ProbeFailed):
+                    log.error("api: GET %s failed (its answer is the app's error; logged once until the health "
+                              "probes' answers are made without error again)", failed.path, exc_info=failed.__cause__)
+                else:
+                    log.error("api: the health probes' answers cannot be made; the app answers each probe",
+                              exc_info=failed)
+            elif failed is None and self._failing:
+                log.warning("api: the health probes' answers are made without error again")
+            self._failing = failed is not None
             if self._stop.wait(self.refresh_s):
                 return
 

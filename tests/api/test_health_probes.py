@@ -6,6 +6,7 @@ change of state within PROBE_MAX_AGE_S, also when the thread that makes the answ
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -248,3 +249,40 @@ def test_a_probe_answered_in_the_loop_ends_the_bound_before_it() -> None:
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
         server.trigger.pull_trigger(lambda: [d.close() for d in list(loop_map.values())])
         loop.join(5)
+
+
+def test_a_failing_readyz_is_logged_once_per_streak_not_per_refresh(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The refresher asks the app for /readyz every 0.1 s, probed or not; when the route raised, the app's error
+    handler logged a traceback each time. Seen failing before the fix: 19 records in 2 s (each the error
+    handler's "api: GET /readyz failed"). Now: one when the streak begins, one when it ends; the loop still
+    serves the app's 500; a client's own request that fails (answered by the app) still logs."""
+    assert daemon.api is not None
+    port, srv = daemon.api.port, server(daemon)
+    probes = srv.probes
+    wait_for_code(port, 200)
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("health is broken")
+
+    caplog.set_level(logging.INFO)
+    caplog.clear()
+    with monkeypatch.context() as m:
+        m.setattr(daemon, "health", broken)  # status.health: device.status is the daemon
+        time.sleep(2.0)
+        failing = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        code, _, body = readyz(port)  # from the loop: the app's own answer
+        assert code == 500 and body["error"]["type"] == "internal_error", body
+        assert "RuntimeError: health is broken" in body["error"]["message"]
+        assert len(failing) == 1, [r.getMessage() for r in failing]
+        assert failing[0].exc_info is not None and "GET /readyz failed" in failing[0].getMessage()
+        caplog.clear()
+        m.setattr(srv, "probes", None)  # a client's probe to the lane: the app answers and logs it
+        assert readyz(port)[0] == 500
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == ["api: GET /readyz failed"]
+        m.setattr(srv, "probes", probes)
+        caplog.clear()
+    wait_for_code(port, 200)
+    time.sleep(0.5)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "api: the health probes' answers are made without error again"]
