@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from edge_runtime.config.programs import CLIP_RING_BYTES, ClipConfig
+from edge_runtime.config.programs import CLIP_RING_BYTES, ClipConfig, clip_gap_advice, clip_gap_need
 from edge_runtime.core.batch import ClipFrame
 
 STUCK_STREAK = 3  # frames in a row that each restarted the ring: a camera slower than the clip's gap limit
@@ -33,6 +33,7 @@ class ClipRing:
         self.too_large = 0  # frames refused: more bytes than their share of the bound
         self.restarts = 0  # the ring emptied by a gap over the limit (a stall) or a clock stepped back
         self.streak = 0  # frames in a row that each emptied the ring: at STUCK_STREAK no clip can ever fill
+        self._streak_gap = 0.0  # the shortest gap over the limit among the streak's first STUCK_STREAK (the advice)
 
     def __len__(self) -> int:
         with self._lock:
@@ -56,6 +57,10 @@ class ClipRing:
                     self._ring.clear()
                     self.restarts += 1
                     self.streak += 1
+                    if self.streak == 1:
+                        self._streak_gap = 0.0
+                    if gap > 0 and self.streak <= STUCK_STREAK:  # fixed once stuck: the reason is a metrics label
+                        self._streak_gap = min(self._streak_gap, gap) if self._streak_gap else gap
                 elif gap < self.spacing_s:
                     return False
                 else:
@@ -65,13 +70,19 @@ class ClipRing:
 
     def stuck(self) -> str | None:
         """Why no clip can fill (None: it can): the last STUCK_STREAK frames each came more than the gap
-        limit after the one before (a camera slower than `max_gap_s`), so each started the clip again."""
+        limit after the one before (a camera slower than `max_gap_s`), so each started the clip again. The
+        advice is what check_clip_pace would ask of a camera of known fps, at the shortest of those gaps."""
         if self.streak < STUCK_STREAK:
             return None
-        # No count in the text: it is a metrics label (edge_runtime_degraded{reason}), one series while it lasts.
-        return (f"its clip never fills: its frames come more than max_gap_s ({self.config.gap_limit_s:g} s) "
-                "apart, each starting the clip again; set the program's clip.max_gap_s above the camera's "
-                "frame interval")
+        # No count in the text: it is a metrics label (edge_runtime_degraded{reason}), one series while it lasts
+        # (the advice comes from the streak's first STUCK_STREAK gaps, fixed until it ends).
+        reason = (f"its clip never fills: its frames come more than max_gap_s ({self.config.gap_limit_s:g} s) "
+                  "apart, each starting the clip again")
+        if self._streak_gap <= 0:  # only a wall clock stepping back: no interval to advise from
+            return reason
+        # The rule the config checks a camera of known fps by (check_clip_pace), at the interval seen.
+        need = clip_gap_need(self.config, self._streak_gap)[1]
+        return f"{reason}; set the program's clip.max_gap_s to at least {clip_gap_advice(need):.1f}"
 
     def take(self) -> tuple[ClipFrame, ...] | None:
         """The clip, oldest first, when the ring holds `frames` frames and a new one since the last

@@ -78,13 +78,20 @@ class ClipConfig(Section):
     max_gap_s: float | None = Field(
         None, gt=0.0, le=86400.0, description="Seconds at most between two frames of the clip: a longer gap (the "
         "camera stalled or reconnected) starts the clip again from the frame after it, so no question mixes frames "
-        "from before and after a stall. Default: spacing_s + max(spacing_s, 5 s). Set it above the camera's "
-        "frame interval for a camera slower than one frame in 5 s.")
+        "from before and after a stall. Default: 1.05 x (spacing_s + max(spacing_s, 5 s)), 5.25 s at spacing_s "
+        "0: it takes a camera of one frame in 5 s. A slower camera needs it set: its kept frames' spacing plus "
+        "5% of a frame interval (a config naming the camera's fps is refused giving the value).")
 
     @property
     def gap_limit_s(self) -> float:
-        """The longest gap between two frames of one clip (max_gap_s, or its default)."""
-        return self.max_gap_s if self.max_gap_s is not None else self.spacing_s + max(self.spacing_s, 5.0)
+        """The longest gap between two frames of one clip (max_gap_s, or its default). The default is
+        spacing_s + max(spacing_s, 5 s) with CLIP_PACE_MARGIN of it more: any camera whose frame interval is
+        within spacing_s + max(spacing_s, 5 s) passes check_clip_pace with it (the kept frames come up to
+        spacing_s + an interval apart), so no default refuses a camera the rule before the margin took."""
+        if self.max_gap_s is not None:
+            return self.max_gap_s
+        base = self.spacing_s + max(self.spacing_s, 5.0)
+        return base + CLIP_PACE_MARGIN * base  # as check_clip_pace's need: at an interval of `base`, equal to it
 
     @model_validator(mode="after")
     def _gap_above_spacing(self) -> ClipConfig:
@@ -226,30 +233,42 @@ def check_clip_ring(cfg: ProgramConfig, width: int, height: int, program: str, c
                          "a camera's clip ring may hold (fewer frames, or a smaller roi)")
 
 
-def check_clip_pace(cfg: ProgramConfig, fps: float, program: str, camera: str) -> None:
-    """ValueError naming the program and the camera when its frames, at `fps`, would come to the clip's ring
-    further apart than its gap limit allows with room for a late frame: each such frame empties the ring as a
-    stall does, so no clip fills and the camera is never asked while it streams. The ring keeps a frame
-    `spacing_s` after the newest it holds, so the kept frames are up to (spacing_s * fps, rounded down, + 1) intervals
-    apart (one more where a frame due at spacing_s comes a little early); CLIP_PACE_MARGIN of an interval
-    more is a frame's room to come late. The advice is rounded up to 0.1 s, so writing it is accepted."""
-    if cfg.clip is None:
-        return
-    interval = 1.0 / fps
-    kept_every = math.floor(cfg.clip.spacing_s * fps + 1e-9) + 1  # 0.3 s at fps 10: one frame in 4, not 3.0000001
-    apart = kept_every * interval
-    need = apart + CLIP_PACE_MARGIN * interval
-    if cfg.clip.gap_limit_s >= need:
-        return
+def clip_gap_need(clip: ClipConfig, interval: float) -> tuple[int, float]:
+    """(kept_every, need) for a camera whose frames come `interval` s apart: the ring keeps a frame
+    `spacing_s` after the newest it holds, so the kept frames are up to kept_every = (spacing_s / interval,
+    rounded down, + 1) intervals apart (one more where a frame due at spacing_s comes a little early); the
+    clip's gap limit must be at least that and CLIP_PACE_MARGIN of an interval more (a frame's room to come
+    late), or each frame may start the clip again. Used by check_clip_pace and ClipRing.stuck's advice."""
+    kept_every = math.floor(clip.spacing_s / interval + 1e-9) + 1  # 0.3 s at fps 10: one in 4, not 3.0000001
+    return kept_every, kept_every * interval + CLIP_PACE_MARGIN * interval
+
+
+def clip_gap_advice(need: float) -> float:
+    """`need` rounded up to 0.1 s: the max_gap_s to advise, so writing it is accepted."""
     advice = math.ceil(need * 10) / 10
     if advice < need:  # need * 10 rounded down to a whole number
         advice = round(advice + 0.1, 1)
+    return advice
+
+
+def check_clip_pace(cfg: ProgramConfig, fps: float, program: str, camera: str) -> None:
+    """ValueError naming the program and the camera when its frames, at `fps`, would come to the clip's ring
+    further apart than its gap limit allows with room for a late frame (clip_gap_need): each such frame
+    empties the ring as a stall does, so no clip fills and the camera is never asked while it streams.
+    The advice is rounded up to 0.1 s, so writing it is accepted."""
+    if cfg.clip is None:
+        return
+    interval = 1.0 / fps
+    kept_every, need = clip_gap_need(cfg.clip, interval)
+    if cfg.clip.gap_limit_s >= need:
+        return
+    apart = kept_every * interval
     kept = f", one in {kept_every} kept for spacing_s {cfg.clip.spacing_s:g}" if kept_every > 1 else ""
     # The advice first: a config error's message is cut at 300 characters (config/schema.py).
     raise ValueError(f"programs.{program} (camera {camera}): a frame every {interval:.1f} s (fps {fps:g}) needs "
                      f"the clip's max_gap_s ({cfg.clip.gap_limit_s:g} s) to leave room for a late frame: set "
-                     f"clip.max_gap_s to at least {advice:.1f} (frames up to {apart:.1f} s apart{kept}; one later "
-                     "than max_gap_s starts the clip again: it may never fill)")
+                     f"clip.max_gap_s to at least {clip_gap_advice(need):.1f} (frames up to {apart:.1f} s "
+                     f"apart{kept}; one later than max_gap_s starts the clip again: it may never fill)")
 
 
 def check_regions_inside(cfg: ProgramConfig, width: int, height: int, program: str, camera: str) -> None:

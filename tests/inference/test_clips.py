@@ -7,6 +7,7 @@ holds more than N frames and keeps only frames T apart, the Result names the cli
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from edge_runtime.capture.camera import Camera
 from edge_runtime.capture.clip import ClipRing
 from edge_runtime.capture.scheduler import CameraSchedule
 from edge_runtime.config import CameraConfig, Config, ImageLimits, ProgramConfig, TriggerConfig, load_config
-from edge_runtime.config.programs import ClipConfig
+from edge_runtime.config.programs import ClipConfig, check_clip_pace
 from edge_runtime.core.batch import ClipFrame
 from edge_runtime.core.bundle.manifest import load_bundle
 from edge_runtime.core.errors import ConfigError, EdgeRuntimeError, InputError
@@ -150,18 +151,18 @@ def test_the_ring_never_holds_more_than_its_frames_and_keeps_only_frames_spacing
 
 
 def test_a_camera_stall_longer_than_the_gap_limit_starts_the_clip_again() -> None:
-    ring = ClipRing(ClipConfig(frames=3, spacing_s=0.5))  # default gap limit: 0.5 + 5 s
+    ring = ClipRing(ClipConfig(frames=3, spacing_s=0.5))  # default gap limit: 1.05 x (0.5 + 5 s) = 5.775 s
     image = np.zeros((8, 8, 3), np.uint8)
     for seq, at in ((1, 10.0), (2, 10.5), (3, 11.0)):
         assert ring.offer(image, seq, at)
     assert [f.seq for f in ring.take() or ()] == [1, 2, 3]
-    assert ring.offer(image, 4, 11.0 + 5.6)  # the camera stalled 5.6 s: frames 1-3 are let go
+    assert ring.offer(image, 4, 11.0 + 5.8)  # the camera stalled 5.8 s: frames 1-3 are let go
     assert ring.restarts == 1 and len(ring) == 1
     assert ring.take() is None  # one frame after the stall is no clip yet
-    assert ring.offer(image, 5, 17.1) and ring.offer(image, 6, 17.6)
+    assert ring.offer(image, 5, 17.3) and ring.offer(image, 6, 17.8)
     clip = ring.take()
     assert clip is not None and [f.seq for f in clip] == [4, 5, 6]  # only frames after the stall
-    assert ring.offer(image, 7, 17.6 + 5.5)  # within the limit (5.5 s): kept beside the others
+    assert ring.offer(image, 7, 17.8 + 5.7)  # within the limit (5.7 s): kept beside the others
     assert ring.restarts == 1 and [f.seq for f in ring.take() or ()] == [5, 6, 7]
 
 
@@ -170,6 +171,33 @@ def test_an_explicit_gap_limit_lets_a_slow_camera_fill_its_clip() -> None:
     image = np.zeros((8, 8, 3), np.uint8)
     assert ring.offer(image, 1, 0.0) and ring.offer(image, 2, 20.0)  # one frame in 20 s
     assert ring.restarts == 0 and ring.take() is not None
+
+
+@pytest.mark.parametrize(("spacing_s", "interval", "stall"), [(0, 2.0, 60.0), (0, 2.0, 0), (3, 2.0, 0),
+                                                            (0.3, 6.64, 0), (5, 5.2, 0)])
+def test_a_stuck_rings_advice_is_the_configs_rule_and_following_it_fills_the_clip(
+        spacing_s: float, interval: float, stall: float) -> None:
+    """The advice was "set max_gap_s above the camera's frame interval", which check_clip_pace refuses (it
+    wants 5% of an interval more): now it is that rule (clip_gap_need) at the shortest gap the ring saw
+    (a stall before a slow camera does not inflate it); a config and a ring with it are accepted and fill."""
+    image = np.zeros((8, 8, 3), np.uint8)
+    ring = ClipRing(ClipConfig(frames=2, spacing_s=spacing_s, max_gap_s=max(spacing_s, 1.0)))
+    times = [0.0, *(stall + k * interval for k in range(1 if stall else 0, 8))]
+    for seq, at in enumerate(times):
+        ring.offer(image, seq, at)
+    reason = ring.stuck()
+    assert reason is not None, ring.streak
+    found = re.search(r"set the program's clip\.max_gap_s to at least ([0-9.]+)$", reason)
+    assert found, reason
+    config = ClipConfig(frames=2, spacing_s=spacing_s, max_gap_s=float(found[1]))
+    check_clip_pace(ProgramConfig(clip=config), 1 / interval, "cap", "capper")
+    if spacing_s <= interval:  # every frame restarted the ring: it saw the interval, and says what the config does
+        with pytest.raises(ValueError, match=re.escape(f"clip.max_gap_s to at least {found[1]} ")):
+            check_clip_pace(ProgramConfig(clip=ring.config), 1 / interval, "cap", "capper")
+    followed = ClipRing(config)
+    for seq in range(12):  # a frame every `interval`, one in 3 read 1% of an interval late
+        followed.offer(image, seq, seq * interval + (0.01 * interval if seq % 3 == 0 else 0))
+    assert followed.restarts == 0 and followed.take() is not None and followed.stuck() is None
 
 
 def test_a_gap_limit_below_the_spacing_is_refused_naming_it() -> None:

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from edge_runtime.config import parse_config
+from edge_runtime.config import ProgramConfig, parse_config
+from edge_runtime.config.programs import ClipConfig, check_clip_pace
 from edge_runtime.core.errors import ConfigError
 
 PROGRAMS = "programs:\n  capping:\n    clip: {frames: 4, spacing_s: 0.5}\n  single: {}\n"
@@ -46,7 +47,7 @@ def test_a_station_inheriting_its_cameras_clip_is_one_line(station_program: str 
 
 
 @pytest.mark.parametrize(("fps", "clip", "refused"), [
-    (0.15, "{frames: 3, spacing_s: 0.3}", True),  # a frame every 6.7 s, the default gap 5.3 s
+    (0.15, "{frames: 3, spacing_s: 0.3}", True),  # a frame every 6.7 s, the default gap 1.05 x 5.3 s
     (0.15, "{frames: 3, spacing_s: 0.3, max_gap_s: 10}", False),
     (0.06, "{frames: 3, spacing_s: 10}", False),  # every 16.7 s against a gap of 20 s: each frame kept
     (5, "{frames: 3, spacing_s: 0.3}", False),
@@ -87,8 +88,40 @@ def test_a_clip_gap_that_leaves_no_room_for_a_late_frame_is_one_line(fps: float,
     assert "set clip.max_gap_s to at least " in message
 
 
-def test_the_default_gap_still_takes_a_camera_of_one_frame_in_5_s() -> None:
-    parse_config(_clip_camera(0.2, "{frames: 3, spacing_s: 0.3}"))  # docs: the default covers 5 s (gap 5.3 s)
+@pytest.mark.parametrize("spacing_s", [0, 0.2, 0.3, 5])
+def test_the_default_gap_still_takes_a_camera_of_one_frame_in_5_s(spacing_s: float) -> None:
+    """57e7749 added 5% of an interval to what the gap must be, not to its default (5 s at spacing_s 0):
+    a camera at fps 0.2 with spacing_s 0 or 0.2, or 5 (one frame in 2 kept, 10 s apart against a default
+    of 10 s), no longer loaded, and the daemon did not start after an update (seen refused on main)."""
+    parse_config(_clip_camera(0.2, f"{{frames: 3, spacing_s: {spacing_s}}}"))  # docs: the default covers 5 s
+
+
+def test_the_default_gap_refuses_no_camera_the_rule_before_the_margin_took() -> None:
+    """Before 57e7749 a camera of known fps loaded when its frame interval was at most the gap limit; an
+    unset max_gap_s must still take every such camera (an explicit one keeps the margin rule)."""
+    refused = []
+    for spacing_s in (0, 0.05, 0.2, 0.3, 1, 2.5, 4.9, 5, 5.2, 7, 10, 30, 3600):
+        base = spacing_s + max(spacing_s, 5.0)
+        intervals = {base, base * 0.999, spacing_s, spacing_s * 1.001, spacing_s / 2, spacing_s / 3, 5.0, 1 / 30,
+                     *(base * k / 7 for k in range(1, 7))}
+        for interval in sorted(i for i in intervals if 0 < i <= base):
+            fps = 1 / interval
+            if 1.0 / fps > base:  # 1 / (1 / interval) rounded over it: the old rule refused it too
+                continue
+            program = ProgramConfig(clip=ClipConfig(frames=3, spacing_s=spacing_s))
+            try:
+                check_clip_pace(program, fps, "capping", "capper")
+            except ValueError:
+                refused.append((spacing_s, round(interval, 4)))
+    assert refused == []
+
+
+def test_an_explicit_gap_too_small_for_fps_0_2_is_refused_and_its_advice_loads() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(_clip_camera(0.2, "{frames: 3, spacing_s: 0, max_gap_s: 5}"))
+    found = re.search(r"set clip\.max_gap_s to at least ([0-9.]+)", str(caught.value))
+    assert found and found[1] == "5.3", caught.value
+    parse_config(_clip_camera(0.2, f"{{frames: 3, spacing_s: 0, max_gap_s: {found[1]}}}"))
 
 
 @pytest.mark.parametrize("fps", [1 / 6.64, 0.15, 1 / 5.29, 1 / 7.96, 0.5, 1 / 30])
