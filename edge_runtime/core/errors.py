@@ -52,6 +52,11 @@ class NoRoomToAnswer(InputError):
                          f"context size {n_ctx}; at most {n_ctx - prompt_tokens} fit", field="max_tokens")
         self.prompt_tokens, self.max_tokens, self.n_ctx = prompt_tokens, max_tokens, n_ctx
 
+    def __reduce__(self) -> tuple[type[InputError], tuple[int, int, int], dict[str, object]]:
+        # Exceptions unpickle as type(*args): args holds only the message, which __init__ does not take
+        # (and neither could a QuestionRefused whose cause is one be unpickled).
+        return type(self), (self.prompt_tokens, self.max_tokens, self.n_ctx), dict(self.__dict__)
+
     def naming_prompt(self) -> str:
         return (f"prompt: {self.prompt_tokens} tokens leave no room for the {self.max_tokens}-token answer in "
                 f"the {self.n_ctx}-token context")
