@@ -125,10 +125,19 @@ class SendBound:
     window_start: float = 0.0
     window_sent: int = 0
     done: bool = False  # the app has written the whole answer (what is left is in waitress's buffer)
-    # Called once when the bound ends: the answer handed on whole (waitress's buffer empty once `done`),
-    # cut, the connection closed, or the channel's next request begun (GuardedChannel.end_bound).
+    # The channel's bytes_sent once the answer's last byte has left waitress's buffer (set by ChannelTask
+    # when its task is over: answers pipelined after it queue behind that byte).
+    end_mark: int | None = None
+    # Called once when the bound ends: the answer handed on whole (its last byte out of waitress's buffer),
+    # cut, the connection closed, or a later answer on the connection bound (GuardedChannel.end_bound).
     on_end: Callable[[], None] | None = None
     ended: bool = False
+
+    def sent(self, channel: GuardedChannel) -> bool:
+        """Whether the answer has left waitress's buffer whole (read under or after its end_mark is set)."""
+        if self.end_mark is not None:
+            return channel.bytes_sent >= self.end_mark
+        return self.done and not channel.total_outbufs_len
 
     def end(self) -> None:
         if not self.ended:  # the channel's bound lock makes this once
@@ -179,18 +188,26 @@ def unacked(sock: socket.socket) -> int:
 
 
 class ChannelTask(WSGITask):
-    """waitress's WSGI task, with its channel in the environ (CHANNEL_KEY) for `bind`. A new request on
-    a keep-alive connection ends the bound of the answer before it: the bound judged the next answer by
-    the export's rate and clock (its max_s counted from the export's start) until the maintenance pass
-    cleared it, up to a second later."""
+    """waitress's WSGI task, with its channel in the environ (CHANNEL_KEY) for `bind`. When the task is
+    over, a bound its answer made ends once the answer's last byte has left waitress's buffer (its
+    end_mark), not when the connection's next request begins: up to 16 MB of it can still be there, and
+    a request pipelined behind it exempted that rest from the bound's rate and clock and gave its slot
+    back. Nor does the bound judge the next answer past that byte (it did until the maintenance pass
+    cleared it, up to a second later)."""
 
     def service(self) -> None:
-        self.channel.end_bound()
+        channel = self.channel
         try:
             super().service()
         finally:
-            if not self.channel.connected:  # closed under the task: nothing more will be sent
-                self.channel.end_bound()
+            if not channel.connected:  # closed under the task: nothing more will be sent
+                channel.end_bound()
+            bound = channel.bound
+            if bound is not None and bound.end_mark is None:
+                with channel.outbuf_lock:  # bytes_sent and the buffer move together under it
+                    bound.end_mark = channel.bytes_sent + channel.total_outbufs_len
+                if bound.sent(channel):
+                    channel.end_bound(bound)
 
     def get_environment(self) -> Any:
         environ = super().get_environment()
@@ -360,7 +377,7 @@ class GuardedChannel(HTTPChannel):
             if not self.total_outbufs_len:
                 self.drained = self.last_sent
         bound = self.bound
-        if bound is not None and bound.done and not self.total_outbufs_len:
+        if bound is not None and bound.sent(self):
             self.end_bound(bound)  # handed on whole: the next answer on this connection is not the export's
         return sent
 
@@ -478,14 +495,17 @@ class GuardedChannel(HTTPChannel):
     def answer_probe(self, answer: ProbeAnswer) -> bool:
         """Serve the health probe at the head of `requests` from `answer`, in this thread, as waitress's
         service() would (its caller holds requests_lock); False when the connection closes after it.
-        The answer before it on this connection is over: its bound ends, as ChannelTask.service ends it."""
-        self.end_bound()
-        request = self.requests.pop(0)
+        A bound of the answer before it on this connection ends when that answer's last byte is sent, not
+        here (ChannelTask.service)."""
+        request = self.requests[0]
         task = ProbeTask(self, request, answer)
         try:
             task.service()
         except ClientDisconnected:
             task.close_on_finish = True
+        # Popped once written, as waitress's service() pops: the loop flushes without outbuf_lock while
+        # `requests` is empty, and did so alongside a worker writing a pipelined probe's answer here.
+        self.requests.pop(0)
         request.close()
         if not task.close_on_finish:
             return True
@@ -637,7 +657,7 @@ class GuardedServer(TcpWSGIServer):
         bound = getattr(channel, "bound", None)
         if bound is None:
             return False
-        if bound.done and not channel.total_outbufs_len:
+        if bound.sent(channel):
             channel.end_bound(bound)  # sent whole (_flush_some ends it as soon as it is)
             return False
         why = bound.breached(channel, mono)
