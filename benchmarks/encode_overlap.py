@@ -13,14 +13,24 @@ stage timings. On one Inspector of a GGUF + mmproj pair with `--lanes` libmtmd c
 Each measurement alternates with the others round by round, `--rounds` times, after `--warmup` rounds.
 The crops are different random pixels every time, so no encode is a cache hit.
 
-    python benchmarks/encode_overlap.py /tmp/models/pair3b --gpu-layers -1 --threads 8 --lanes 4 --rounds 20
+libmtmd's own set-up lines (graph splits, flash attention, operators its GPU backend lacks) are kept in the
+JSON (`libmtmd_setup`). `--kernel-profile N` then records the GPU's kernels (torch.profiler, CUPTI: every
+kernel of the process, ggml's included) over N crops alone, N rounds of a crop per lane and N inspections:
+how long the GPU was busy (the union of the kernels' spans) against the wall time, the kernels per crop and
+the costliest kernels. It runs last and in the same process, after the figures above are written (torch
+is imported only then).
+
+    python benchmarks/encode_overlap.py /tmp/models/pair3b --gpu-layers -1 --threads 8 --lanes 4 --rounds 20 \
+        --kernel-profile 5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import statistics
 import sys
 import threading
@@ -31,6 +41,22 @@ from typing import Any
 import numpy as np
 
 CROP = 336  # 144 image tokens on Qwen2.5-VL (benchmarks/programs.py's regions)
+
+
+SETUP_LINE = re.compile(r"graph splits|flash attention|unsupported|compute buffer|WARNING|backend", re.I)
+
+
+class SetupLines(logging.Handler):
+    """libmtmd's log lines that say how its graph runs (kept, at most 60)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if SETUP_LINE.search(line) and len(self.lines) < 60:
+            self.lines.append(line)
 
 
 def p50(xs: list[float]) -> float:
@@ -118,6 +144,52 @@ def overlap(inspector: Any, lane: Any, rng: np.random.Generator, schema: dict[st
     return alone, with_encodes, enc_alone, beside
 
 
+def busy_ms(spans: list[tuple[float, float]]) -> float:
+    """The union of (start, end) µs spans, in ms: how long at least one kernel ran."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total / 1e3
+
+
+def kernel_profile(jobs: dict[str, Callable[[], None]], n: int) -> dict[str, Any]:
+    """Each job run `n` times under torch.profiler: per run, the wall ms, the ms the GPU was busy, the kernels'
+    summed ms and count; and the job's ten costliest kernels by summed time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        print("kernel profile: no CUDA device for torch, skipped", file=sys.stderr)
+        return {"skipped": "no CUDA device for torch"}
+    torch.cuda.init()
+    out: dict[str, Any] = {}
+    for name, job in jobs.items():
+        walls: list[float] = []
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                w = time.perf_counter()
+                job()
+                walls.append((time.perf_counter() - w) * 1e3)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+        by_name: dict[str, list[float]] = {}
+        for e in kernels:
+            by_name.setdefault(e.name[:90], []).append((e.time_range.end - e.time_range.start) / 1e3)
+        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:10]
+        out[name] = {"wall_ms_per_run": round(sum(walls) / n, 2),
+                     "gpu_busy_ms_per_run": round(busy_ms(spans) / n, 2),
+                     "kernel_sum_ms_per_run": round(sum(e - s for s, e in spans) / 1e3 / n, 2),
+                     "kernels_per_run": round(len(kernels) / n, 1),
+                     "top": [{"kernel": k, "calls_per_run": round(len(v) / n, 1), "ms_per_run": round(sum(v) / n, 3)}
+                             for k, v in top]}
+        o = out[name]
+        print(f"{name}: wall {o['wall_ms_per_run']} ms, GPU busy {o['gpu_busy_ms_per_run']} ms, kernels "
+              f"{o['kernels_per_run']} summing {o['kernel_sum_ms_per_run']} ms", file=sys.stderr)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle")
@@ -128,12 +200,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--kernel-profile", type=int, default=0, metavar="N",
+                    help="then record the GPU's kernels over N runs of each part (torch.profiler; needs torch)")
     args = ap.parse_args()
     if args.lanes < 2:
         ap.error("--lanes: at least 2 (the overlap part encodes on a lane beside the inspection's)")
 
     from edge_runtime.config import Config
+    from edge_runtime.inference.llm import mtmd as mtmd_module
     from edge_runtime.inference.model_source import open_inspector
+
+    setup = SetupLines()
+    mtmd_log = logging.getLogger(mtmd_module.__name__)
+    mtmd_log.addHandler(setup)
+    mtmd_log.setLevel(logging.DEBUG)
 
     cfg = Config(device_id="bench")
     cfg.model.threads, cfg.model.gpu_layers = args.threads, args.gpu_layers
@@ -169,9 +249,40 @@ def main() -> None:
                 inspect_beside.append(ib)
                 enc_alone.append(ea)
                 enc_beside.extend(beside)
+        mtmd_log.removeHandler(setup)
+        out = summary(args, alone, lane_spans, inspect_alone, inspect_beside, enc_alone, enc_beside)
+        out["libmtmd_setup"] = setup.lines
+        write(out, args.json)
+        if args.kernel_profile:
+            frame = crops(rng, 1)[0][:, :, ::-1].copy()
+            encoded = inspector.encode(frame)
+
+            def one_crop() -> None:
+                encode_one(lanes[0], crops(rng, 1)[0])
+
+            def crop_per_lane() -> None:
+                at_once([lambda c=c, img=img: encode_one(c, img)
+                         for c, img in zip(lanes, crops(rng, len(lanes)), strict=True)])
+
+            def inspection() -> None:
+                inspector.inspect(frame, camera="bench", encoded=encoded, schema=schema)
+
+            out["kernel_profile"] = kernel_profile(
+                {"one_crop": one_crop, "crop_per_lane": crop_per_lane, "inspection": inspection}, args.kernel_profile)
+            write(out, args.json)
     finally:
         inspector.close()
 
+
+def write(out: dict[str, Any], path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def summary(args: argparse.Namespace, alone: dict[str, list[float]], lane_spans: list[list[tuple[float, float]]],
+            inspect_alone: list[float], inspect_beside: list[float], enc_alone: list[float],
+            enc_beside: list[float]) -> dict[str, Any]:
     ends = [max(e for _s, e in spans) for spans in lane_spans]
     out: dict[str, Any] = {
         "machine": f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", "lanes": args.lanes,
@@ -194,9 +305,7 @@ def main() -> None:
           f"({out['lanes_span_over_one_crop']}x one crop; lanes end at {out['lanes_p50_ms']['ends']}); "
           f"inspection {o['inspection_alone']} -> {o['inspection_beside_encodes']} ms beside encodes, "
           f"encode {o['encode_alone']} -> {o['encode_beside_inspection']} ms beside an inspection", file=sys.stderr)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    return out
 
 
 if __name__ == "__main__":
