@@ -834,6 +834,61 @@ def test_a_closing_feedback_that_fails_at_start_is_retried_with_the_backoff_not_
     assert 120.0 <= source.step() <= 132.0
 
 
+def test_a_closing_feedback_refused_for_good_is_dropped_after_three_tries_and_the_device_polls_on(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # hawkBit refuses with 403 every feedback of an action whose history is full (`maxStatusEntriesPerAction`;
+    # releases that quota-check the closing one too). It was retried at the backoff without end, before every
+    # poll, so the device never polled again until the operator force-quit the action.
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    refusal = {"exceptionClass": "org.eclipse.hawkbit.repository.exception.AssignmentQuotaExceededException",
+               "errorCode": "hawkbit.server.error.quota.tooManyEntries",
+               "message": "Quota exceeded: Cannot assign 1 more ActionStatus entities to Action '8'. "
+                          "The maximum is 1000."}
+    recorded.json(f"{BASE_PATH}/deploymentBase/8/feedback", refusal, status=403)
+    source, agent, _engine = make(tmp_path, url, keys[1])
+    statuses: list[dict[str, Any]] = []
+    source.mirror = statuses.append
+    with caplog.at_level(logging.WARNING, logger="edge_runtime.ota.ddi.runner"):
+        assert 1.0 <= source.step() <= 1.1  # the update, its feedback refused (the history is full), the first try
+        assert 4.0 <= source.step() <= 6.0  # the second try, refused: the backoff, not the server's 1 s
+        polls = len(recorded.sent("GET", BASE_PATH))
+        assert 1.0 <= source.step() <= 1.1  # the third try, dropped; then polled, at the server's interval
+        assert len(recorded.sent("GET", BASE_PATH)) == polls + 1
+        waits = [source.step() for _ in range(3)]  # hawkBit still offers the action (it is open there)
+    assert all(1.0 <= w <= 1.1 for w in waits), waits
+    assert len(recorded.sent("POST", "/deploymentBase/8/feedback")) == 3 + 6  # 6 proceeding steps, 3 closing
+    assert [e for e in executions(recorded) if e[0] == "closed"] == [("closed", "success", "committed 2.0.0")] * 3
+    assert agent.swaps == 1  # offered again, not installed again
+    assert len(recorded.sent("GET", BASE_PATH)) == polls + 4
+    dropped = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert len(dropped) == 1 and dropped[0].levelno == logging.WARNING
+    assert "action 8" in dropped[0].getMessage() and "HTTP 403" in dropped[0].getMessage()
+    assert source.closings_dropped == 1
+    assert statuses[-1]["phase"] == "feedback_dropped" and statuses[-1]["status"] == 403
+    assert statuses[-1]["action"] == "8" and statuses[-1]["closings_dropped"] == 1
+    # Not pending any more: a restart neither sends it nor installs the action the server still offers.
+    recorded.requests.clear()
+    restarted, agent2, _ = make(tmp_path, url, keys[1])
+    assert 1.0 <= restarted.step() <= 1.1
+    assert not recorded.sent("POST", "/feedback") and agent2.swaps == 0
+
+
+@pytest.mark.parametrize("status", [503, 429, 408, 401])
+def test_a_closing_feedback_failed_with_a_status_that_may_pass_is_retried_without_a_bound(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, status: int) -> None:
+    recorded, url = served
+    offer(recorded, url, release(keys[0]))
+    recorded.raw(f"{BASE_PATH}/deploymentBase/8/feedback", b"not now", status=status)
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8", "sent": False, "final": {
+        "finished": "success", "details": ["committed 2.0.0"]}}}))
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    for _ in range(5):
+        source.step()
+    assert len(recorded.sent("POST", "/deploymentBase/8/feedback")) == 5 and not recorded.sent("GET", BASE_PATH)
+    assert source.closings_dropped == 0 and "dropped" not in json.loads((tmp_path / "ddi.json").read_text())["action"]
+
+
 # ---- an action id the server offers again after it was closed (goosebit: its action id is the software's) --------
 
 

@@ -28,7 +28,9 @@ them: a retry, or a restart (the texts told are kept in `ddi.json`), does not te
 its `proceeding` feedback (releases that check every status, its closing one too); its own entries stay bounded
 too: RETRIEVED for a fetch of the action's deploymentBase is added only after another entry, DOWNLOAD once per
 download (once per process: the artifact is kept). A closing feedback is sent until the server takes it (one it
-refused is not kept; one it kept whose answer was lost is answered 410 Gone the next time, which counts as sent).
+refused is not kept; one it kept whose answer was lost is answered 410 Gone the next time, which counts as sent),
+or until it has refused it for good (another 4xx but 401/408/429) MAX_REFUSED_CLOSING_TRIES times: then it is
+dropped, counted (`closings_dropped`, a `feedback_dropped` status on MQTT), and the loop polls on.
 
 An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
 one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
@@ -52,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_runtime import __version__
 from edge_runtime.core.supervise import RateLimitedLog
 from edge_runtime.ota.agent import WAITING_ENGINE, AgentStopping, OtaAgent
 from edge_runtime.ota.ddi.artifact import SWU_MANIFEST, ArtifactRefused, manifest_from_artifact
@@ -75,6 +78,15 @@ FINAL = {"committed": "success", "current": "success", "rolled_back": "failure",
 # DOWNLOAD entries, about 2 per feedback at most, well within the 1000).
 MAX_TOLD_PER_ACTION = 100
 TOLD_ACTIONS = 4  # the actions whose told feedback is kept (hawkBit offers one at a time; one replaced, then back)
+# A closing feedback the server refuses for good (`refused_for_good`: a 4xx that a retry does not change, such as
+# hawkBit's 403 for an action whose history is full) is tried this many times, then dropped: the first try could
+# meet a server mid-restart or a proxy's passing error, three at the backoff (~15 s) rule that out, and each try
+# holds the polls back (the closing feedback goes before the next poll).
+MAX_REFUSED_CLOSING_TRIES = 3
+# 4xx answers that are not a refusal for good: 404/410 (the action is gone: the feedback counts as sent), 408 and
+# 429 (try later), 401 (the device's credentials, which the operator fixes: the polls fail as well meanwhile, and
+# dropping the result would only lose it).
+_NOT_FOR_GOOD = frozenset({401, 404, 408, 410, 429})
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # addresses, ports, counts: the same step, not a new one
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
 
@@ -95,6 +107,11 @@ def retry_wait_s(failures: int, interval_s: float, jitter: Callable[[], float] =
     failing server is not asked again at every poll), but never sooner than the server's polling interval
     (`retry_interval_s`, plus up to 10 %: a fleet of devices does not come back sooner than asked, in step)."""
     return max(backoff_s(failures, jitter), poll_wait_s(retry_interval_s(interval_s), jitter))
+
+
+def refused_for_good(exc: DdiError) -> bool:
+    """Whether the server refused a feedback with a client error that trying again will not change."""
+    return exc.status is not None and 400 <= exc.status < 500 and exc.status not in _NOT_FOR_GOOD
 
 
 def final_feedback(phase: str, status: dict[str, Any]) -> tuple[str, list[str]]:
@@ -151,6 +168,7 @@ class DdiSource:
         } if isinstance(told, dict) else {}
         self._last_check = 0.0
         self._warn = RateLimitedLog(log, 600)
+        self.closings_dropped = 0  # closing feedbacks the server refused for good, dropped (`_flush_final`)
         agent.publish_cb = self._on_status
         agent.stopping = stop  # ends a swap's health wait and engine calls (recorded: the next start goes on)
         state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -293,7 +311,7 @@ class DdiSource:
         action = deployment.action_id
         known = self.state().get("action") or {}
         if known.get("id") == action and known.get("final"):
-            if not known.get("sent"):  # not reached: `_poll_and_act` sends it before it polls
+            if not known.get("sent"):  # dropped (`_refused`): left to the operator; unsent ones go before a poll
                 return None
             # Closed here, and the server, which took the closing feedback (or answered that it had it), offers
             # it again: a deployment it wants applied, and answered. hawkBit never offers a closed action again;
@@ -484,7 +502,7 @@ class DdiSource:
         """Send a recorded closing feedback that has not got through; False while it cannot."""
         known = self.state().get("action") or {}
         final = known.get("final")
-        if not final or known.get("sent"):
+        if not final or known.get("sent") or known.get("dropped"):
             return True
         try:
             self.client.feedback(known["id"], "closed", final["finished"], final["details"])
@@ -492,11 +510,36 @@ class DdiSource:
             if exc.status in (404, 410):  # the server forgot the action: nothing left to tell it
                 log.warning("ota: action %s is gone on the server; its result (%s) stays in the log",
                             known["id"], final["finished"])
+            elif refused_for_good(exc):
+                return self._refused(known, exc)
             else:
                 self._warn.log(logging.WARNING, "ota: closing action %s failed: %s (will retry)", known["id"], exc)
                 return False
         self._save(action={**known, "sent": True})
         log.info("ota: action %s closed: %s (%s)", known["id"], final["finished"], "; ".join(final["details"]))
+        return True
+
+    def _refused(self, known: dict[str, Any], exc: DdiError) -> bool:
+        """A closing feedback refused for good (`refused_for_good`): tried again at the backoff, then dropped after
+        MAX_REFUSED_CLOSING_TRIES (False until then). Dropped, it is never sent again, nor after a restart, and the
+        loop polls on; the action stays recorded with its outcome (`dropped`: the server's status), so a server
+        that still offers it (hawkBit keeps an action open until it takes its closing feedback) does not get it
+        installed again: it waits for the operator to close it there (force quit)."""
+        action, final = known["id"], known["final"]
+        tries = int(known.get("refusals", 0)) + 1
+        if tries < MAX_REFUSED_CLOSING_TRIES:
+            self._save(action={**known, "refusals": tries})
+            self._warn.log(logging.WARNING, "ota: the server refused closing action %s: %s (try %d of %d)",
+                           action, exc, tries, MAX_REFUSED_CLOSING_TRIES)
+            return False
+        self._save(action={**known, "refusals": tries, "dropped": exc.status})
+        self.closings_dropped += 1
+        log.warning("ota: the server refused closing action %s with HTTP %s %d times (%s); its closing feedback "
+                    "(%s: %s) is dropped and the agent polls on; close the action on the server (force quit)",
+                    action, exc.status, tries, exc, final["finished"], "; ".join(final["details"]))
+        self._mirror({"phase": "feedback_dropped", "ts": time.time(), "agent": __version__, "action": action,
+                      "status": exc.status, "finished": final["finished"], "details": final["details"],
+                      "closings_dropped": self.closings_dropped})
         return True
 
     def _send_config_data(self) -> None:
