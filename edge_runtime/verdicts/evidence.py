@@ -359,6 +359,21 @@ class EvidenceStore:
         _atomic_write(found.thumbnail, self._thumbnail(image), durable=False)
         return found.thumbnail
 
+    def link_broken(self, evidence: dict[str, Any]) -> bool:
+        """Whether a result's evidence link (its `sha256`) names an image that is not on disk now: one stat, no
+        lock, nothing written (lists and exports; `found_missing` marks one result). An image that is there but
+        cannot be stat'd (EACCES) is not called removed: its route answers that (503)."""
+        sha = evidence.get("sha256")
+        if not isinstance(sha, str) or not sha:
+            return True  # nothing on disk can be its image (as `_check` reads such a link)
+        try:
+            os.stat(self.paths(sha).path)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:
+            return False
+        return False
+
     def lookup(self, result_id: str) -> StoredImage | None:
         with self._lock:
             row = self._db.execute("SELECT sha256 FROM evidence WHERE result_id = ?", (result_id,)).fetchone()

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from edge_runtime.core.device import EvidenceFile
+from edge_runtime.core.result import utc_now
 from edge_runtime.core.result_filter import ResultFilter
 from edge_runtime.verdicts.journal import Journal
 from edge_runtime.verdicts.stage import VerdictServices
@@ -42,7 +43,7 @@ class VerdictQueries:
 
     def get_result(self, result_id: str) -> dict[str, Any] | None:
         """The journaled result; a link to an image found missing now is marked removed first (one
-        stat: lists and exports rely on the marks retention and the image route leave). A mark that
+        stat; lists and exports stat too, but leave the mark to this read: `_as_on_disk`). A mark that
         could not be written (the journal busy) is still said in this answer; the next read writes it."""
         result = self.journal.get(result_id)
         evidence = result.get("evidence") if result is not None else None
@@ -59,13 +60,25 @@ class VerdictQueries:
 
     def query_results(self, camera: str | None = None, since: str | None = None, until: str | None = None,
                       limit: int = 50, before_seq: int | None = None) -> list[dict[str, Any]]:
-        return self.journal.query(camera, since, until, limit, before_seq)
+        return [self._as_on_disk(r) for r in self.journal.query(camera, since, until, limit, before_seq)]
 
     def query_inspections(self, f: ResultFilter) -> tuple[list[dict[str, Any]], int | None]:
-        return self.verdicts.reviews.query(f)
+        rows, cursor = self.verdicts.reviews.query(f)
+        return [self._as_on_disk(r) for r in rows], cursor
 
     def iterate_inspections(self, f: ResultFilter) -> Iterator[dict[str, Any]]:
-        return self.verdicts.reviews.iterate(f)
+        return (self._as_on_disk(r) for r in self.verdicts.reviews.iterate(f))
+
+    def _as_on_disk(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A listed or exported result whose linked image is not on disk now says so as a read of the result
+        does (`uri: null`, `removed: {at, why: missing}`): one stat per row with a link, and nothing written. A
+        page holds up to 1000 rows and an export the whole journal, and marking takes SQLite's write lock (up to
+        1 s each): the mark is left to a read of that result, its image route, or retention."""
+        evidence = row.get("evidence")
+        store = self.verdicts.evidence
+        if store is None or not (isinstance(evidence, dict) and evidence.get("uri")) or not store.link_broken(evidence):
+            return row
+        return {**row, "evidence": {**evidence, "uri": None, "removed": {"at": utc_now(), "why": "missing"}}}
 
     def evidence_file(self, result_id: str, thumbnail: bool = False) -> EvidenceFile | None:
         return self.verdicts.evidence_file(result_id, thumbnail)

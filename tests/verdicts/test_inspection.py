@@ -561,3 +561,37 @@ def test_each_webhook_destination_and_the_rules_budget_show_on_metrics(line: Lin
     for name in ("edge_rule_reasks_budget_skipped_total", "edge_rule_regex_budget_exhausted_total",
                  "edge_rule_regex_timeouts_total", "edge_journal_escaped_total"):
         assert f"\n{name} " in text, name
+
+
+# Last in the module: its inspection takes one of the 6 re-asks a minute (rules_budget) the re-ask tests count on.
+def test_an_image_removed_by_hand_loses_its_link_in_lists_and_exports_before_anything_reads_it(line: Line) -> None:
+    """Lists and exports handed out the link of an image removed by hand (which then answered 410) until a read
+    of that result or its image route found it missing and marked the row."""
+    result = inspect(line)
+    store = line.daemon.verdicts.evidence
+    found = store.lookup(result.id) if store is not None else None
+    assert found is not None and result.evidence is not None
+    found.path.unlink()
+
+    status, _, body = http(line, "/api/v1/results?limit=1000", token=None)
+    assert status == 200
+    [listed] = [r["evidence"] for r in json.loads(body)["results"] if r["id"] == result.id]
+    status, _, body = http(line, "/api/v1/inspections?limit=1000", token=None)
+    assert status == 200
+    [inspected] = [r["evidence"] for r in json.loads(body)["results"] if r["id"] == result.id]
+    status, _, body = http(line, "/api/v1/inspections/export.jsonl", token=None)
+    assert status == 200
+    [exported] = [json.loads(x)["evidence"] for x in body.splitlines() if result.id.encode() in x]
+    for evidence in (listed, inspected, exported):
+        assert evidence["uri"] is None and evidence["removed"]["why"] == "missing", evidence
+        assert evidence["sha256"] == result.evidence["sha256"] and evidence["removed"]["at"]
+    status, _, body = http(line, "/api/v1/inspections/export.csv", token=None)
+    row = next(r for r in csv.DictReader(io.StringIO(body.decode())) if r["id"] == result.id)
+    assert status == 200 and row["evidence_uri"] == ""
+    # Said, not written: the read path took no write lock (a read of the result, or its image route, marks it).
+    journaled = line.daemon.journal.get(result.id)
+    assert journaled is not None and journaled["evidence"]["uri"] == f"/api/v1/results/{result.id}/image.jpg"
+    status, _, body = http(line, f"/api/v1/results/{result.id}")
+    assert json.loads(body)["evidence"]["removed"]["why"] == "missing"
+    journaled = line.daemon.journal.get(result.id)
+    assert journaled is not None and journaled["evidence"]["uri"] is None
