@@ -288,8 +288,8 @@ def test_a_camera_slower_than_its_clips_gap_shows_degraded_until_the_gap_fits(
     emptied its ring at every frame, so nothing was ever inspected, while the camera said streaming and
     health said ok. A camera of unknown fps (a stream, a file at its own pace) cannot be refused by the
     config: health is degraded naming the camera, and heals when a reload gives the clip a gap that fits."""
-    from edge_runtime.app.daemon import Daemon
     from edge_runtime.core.samples import write_sample_video
+    from tests.support.file_daemon import daemon_from_file
     from tests.support.waiting import wait_for
 
     video = write_sample_video(tmp_path / "slow.avi", frames=40, fps=4, width=64, height=48)  # a frame every 0.25 s
@@ -302,21 +302,15 @@ def test_a_camera_slower_than_its_clips_gap_shows_degraded_until_the_gap_fits(
                                 trigger=TriggerConfig(mode="continuous"))]
     cfg.programs = {"cap": ProgramConfig(clip=ClipConfig(frames=2, spacing_s=0.05, max_gap_s=0.1))}
     path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
-    try:
-        def reasons() -> list[str]:
-            return [r for r in daemon.health()["reasons"] if r.startswith("camera capper: ")]
-
-        wait_for(lambda: bool(reasons()), timeout=20, what="the stuck clip as a health reason")
-        assert "its clip never fills" in reasons()[0] and "max_gap_s (0.1 s)" in reasons()[0]
+    with daemon_from_file(path, cfg) as running:
+        daemon = running.daemon
+        wait_for(lambda: bool(running.reasons("capper")), timeout=20, what="the stuck clip as a health reason")
+        assert "its clip never fills" in running.reasons("capper")[0]
+        assert "max_gap_s (0.1 s)" in running.reasons("capper")[0]
         assert daemon.health()["state"] == "degraded" and daemon.health()["ready"]
         assert daemon.rigs["capper"].schedule.stats.inspected == 0
         cfg.programs["cap"] = ProgramConfig(clip=ClipConfig(frames=2, spacing_s=0.05, max_gap_s=2))
         path.write_text(cfg.model_dump_json())
         daemon.reload()
         wait_for(lambda: daemon.rigs["capper"].schedule.stats.inspected > 0, timeout=30, what="a clip asked")
-        assert reasons() == []
-    finally:
-        daemon.stop()
+        assert running.reasons("capper") == []
