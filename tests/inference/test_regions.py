@@ -207,8 +207,8 @@ def test_a_camera_whose_every_frame_fails_degrades_health_until_it_delivers(
     frame (frames.errors rising, one ERROR line a minute) while its state said streaming and health said
     ok, so its results stopped with nothing showing it. Now five failures in a row make health degraded,
     naming the camera; the next delivered verdict heals it."""
-    from edge_runtime.app.daemon import Daemon
     from edge_runtime.config import TriggerConfig
+    from tests.support.file_daemon import daemon_from_file
     from tests.support.images import encode
     from tests.support.waiting import wait_for
 
@@ -224,19 +224,13 @@ def test_a_camera_whose_every_frame_fails_degrades_health_until_it_delivers(
                                 trigger=TriggerConfig(mode="interval", interval_s=0.1))]
     cfg.programs = {"off": ProgramConfig.model_validate({"regions": [{"name": "r", "box": [600, 400, 100, 100]}]})}
     path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
-    try:
-        def reasons() -> list[str]:
-            return [r for r in daemon.health()["reasons"] if r.startswith("camera belt: ")]
-
-        wait_for(lambda: bool(reasons()), timeout=30, what="the failing camera as a health reason")
-        assert reasons() == ["camera belt: its inspections keep failing (frames.errors in status; the log says why)"]
+    with daemon_from_file(path, cfg) as running:
+        daemon = running.daemon
+        wait_for(lambda: bool(running.reasons("belt")), timeout=30, what="the failing camera as a health reason")
+        assert running.reasons("belt") == [
+            "camera belt: its inspections keep failing (frames.errors in status; the log says why)"]
         assert daemon.health()["state"] == "degraded" and daemon.health()["ready"]
         cfg.programs["off"] = ProgramConfig.model_validate({"regions": [{"name": "r", "box": [500, 300, 100, 100]}]})
         path.write_text(cfg.model_dump_json())
         daemon.reload()
-        wait_for(lambda: not reasons(), timeout=30, what="the camera delivering again")
-    finally:
-        daemon.stop()
+        wait_for(lambda: not running.reasons("belt"), timeout=30, what="the camera delivering again")
