@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, Config, ProgramConfig, ReferenceConfig, TriggerConfig
 from edge_runtime.core.errors import EdgeRuntimeError, InferenceError
+from tests.support.file_daemon import daemon_from_file
 from tests.support.images import encode
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 from tests.support.waiting import wait_for
@@ -41,10 +41,8 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
                                                          ReferenceConfig(image=paths[1], caption="known NOK")]),
                     "halves": ProgramConfig.model_validate({"tiling": {"rows": 1, "cols": 2}})}
     path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
-    try:
+    with daemon_from_file(path, cfg) as started:
+        daemon = started.daemon
         ins = daemon.inspector
         assert ins is not None
         program = ins.program_of("belt")
@@ -82,8 +80,6 @@ def test_a_program_survives_a_refused_reload_and_reloads_from_the_cache(
         assert fresh is not None and fresh is not program and fresh.references[1].caption == "known NOK: missing screw"
         assert ins.encoder_cache.stats()["misses"] == misses  # both references were cache hits
         daemon.entry.trigger("belt").result(timeout=60)
-    finally:
-        daemon.stop()
 
 
 def test_a_reference_file_replaced_under_the_same_config_is_encoded_again_on_reload(
@@ -103,10 +99,8 @@ def test_a_reference_file_replaced_under_the_same_config_is_encoded_again_on_rel
                                 trigger=TriggerConfig(mode="on_demand"))]
     cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden OK sample")])}
     path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
-    try:
+    with daemon_from_file(path, cfg) as started:
+        daemon = started.daemon
         ins = daemon.inspector
         assert ins is not None
         running = ins.program_of("belt")
@@ -119,13 +113,11 @@ def test_a_reference_file_replaced_under_the_same_config_is_encoded_again_on_rel
         assert fresh is not None and running is not None and fresh is not running
         assert ins.encoder_cache.stats()["misses"] == misses + 1  # the new picture was encoded
         assert not np.array_equal(fresh.references[0].encoded.embeds, running.references[0].encoded.embeds)
-    finally:
-        daemon.stop()
 
 
-def _tight_reference_daemon(tiny_pairs: Callable[[str], TinyPair], tmp_path: Path, seed: int,
-                            prompt: str | None = None) -> tuple[Daemon, Path]:
-    """A running daemon (and its config file) whose camera `belt` runs a one-reference program in a context
+def _tight_reference_config(tiny_pairs: Callable[[str], TinyPair], tmp_path: Path, seed: int,
+                            prompt: str | None = None) -> Config:
+    """A config whose camera `belt` runs a one-reference program in a context
     with little room: the reference, a 32x32 frame's few tokens, the text and 140 answer tokens fit;
     a 256x256 frame's 64 tokens, or a much longer question, do not."""
     rng = np.random.default_rng(seed)
@@ -143,11 +135,7 @@ def _tight_reference_daemon(tiny_pairs: Callable[[str], TinyPair], tmp_path: Pat
     cfg.cameras = [CameraConfig(name="belt", source=str(frame), program="housing", width=32, height=32,
                                 prompt=prompt, trigger=TriggerConfig(mode="on_demand"))]
     cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
-    path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
-    return daemon, path
+    return cfg
 
 
 def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole(
@@ -156,8 +144,8 @@ def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole
     and the answer no longer fit the context (`config validate` refuses this file). The reload used to
     apply it (`applied: cameras`): the program was not checked again, so every frame of the camera
     would be refused. It is refused in one line and the running camera and program stay."""
-    daemon, path = _tight_reference_daemon(tiny_pairs, tmp_path, seed=53)
-    try:
+    with daemon_from_file(tmp_path / "edge.yaml", _tight_reference_config(tiny_pairs, tmp_path, seed=53)) as started:
+        daemon, path = started.daemon, started.path
         ins = daemon.inspector
         assert ins is not None
         running = ins.program_of("belt")
@@ -177,8 +165,6 @@ def test_a_reload_that_grows_a_camera_past_its_programs_context_is_refused_whole
         path.write_text(json.dumps(data))
         assert daemon.reload()["applied"] == ["cameras"]
         assert daemon.running.config.cameras[0].width == 48
-    finally:
-        daemon.stop()
 
 
 def test_a_reload_that_lengthens_a_program_cameras_question_past_the_context_is_refused_whole(
@@ -187,8 +173,9 @@ def test_a_reload_that_lengthens_a_program_cameras_question_past_the_context_is_
     frame and the answer no longer fit the context (`config validate` and a start refuse this file). The
     reload used to apply it (`applied: cameras`) without checking the program again, so every frame of
     the camera would fail. It is refused in one line and the running question stays."""
-    daemon, path = _tight_reference_daemon(tiny_pairs, tmp_path, seed=59, prompt="Is the housing whole?")
-    try:
+    cfg = _tight_reference_config(tiny_pairs, tmp_path, seed=59, prompt="Is the housing whole?")
+    with daemon_from_file(tmp_path / "edge.yaml", cfg) as started:
+        daemon, path = started.daemon, started.path
         data = json.loads(path.read_text())
         data["cameras"][0]["prompt"] = "Is the housing whole? " * 40
         path.write_text(json.dumps(data))
@@ -201,8 +188,6 @@ def test_a_reload_that_lengthens_a_program_cameras_question_past_the_context_is_
         path.write_text(json.dumps(data))
         assert daemon.reload()["applied"] == ["cameras"]
         assert daemon.running.config.cameras[0].prompt == "Is the housing whole and clean?"
-    finally:
-        daemon.stop()
 
 
 def test_programs_changed_with_a_model_that_fails_to_load_are_loaded_on_the_running_model(
@@ -226,10 +211,8 @@ def test_programs_changed_with_a_model_that_fails_to_load_are_loaded_on_the_runn
                                 trigger=TriggerConfig(mode="on_demand"))]
     cfg.programs = {"housing": ProgramConfig(references=[ReferenceConfig(image=ref, caption="golden")])}
     path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg.model_copy(deep=True), config_path=path)
-    daemon.start()
-    try:
+    with daemon_from_file(path, cfg) as started:
+        daemon = started.daemon
         ins = daemon.inspector
         assert ins is not None
         data = json.loads(path.read_text())
@@ -240,5 +223,3 @@ def test_programs_changed_with_a_model_that_fails_to_load_are_loaded_on_the_runn
         assert daemon.inspector is ins and daemon.running.config.model.max_tokens != 500  # the model stayed
         program = ins.program_of("belt")
         assert program is not None and [r.caption for r in program.references] == ["golden", "known NOK"]
-    finally:
-        daemon.stop()
