@@ -37,8 +37,7 @@ def inspect_now(cameras: DeviceCameras) -> Any:
 
 def test_a_changed_model_is_loaded_on_reload_and_the_old_one_closed(tmp_path: Path, demo_dir: Path,
                                                                      on_demand: CameraConfig) -> None:
-    daemon, path, cfg = daemon_with_file(tmp_path, demo_dir, [on_demand], [])
-    try:
+    with daemon_with_file(tmp_path, demo_dir, [on_demand], []) as (daemon, path, cfg):
         old = daemon.inspector
         cfg.model.max_tokens = 200  # a model setting: the bundle is loaded again with it
         path.write_text(cfg.model_dump_json())
@@ -48,16 +47,13 @@ def test_a_changed_model_is_loaded_on_reload_and_the_old_one_closed(tmp_path: Pa
         assert info is not None and info.ready and info.max_tokens == 200
         assert info.verdict_schema["required"] == ["defect", "category", "confidence", "notes"]
         assert inspect_now(daemon.entry).model == info.model_name
-    finally:
-        daemon.stop()
 
 
 def test_a_model_that_fails_to_load_on_reload_keeps_the_running_one(tmp_path: Path, demo_dir: Path,
                                                                      bundle_copy: Path,
                                                                      on_demand: CameraConfig) -> None:
     (bundle_copy / "language.gguf").write_bytes(b"GGUF but not a model")  # fails its checksum
-    daemon, path, cfg = daemon_with_file(tmp_path, demo_dir, [on_demand], [])
-    try:
+    with daemon_with_file(tmp_path, demo_dir, [on_demand], []) as (daemon, path, cfg):
         old = daemon.inspector
         cfg.model.path = bundle_copy
         cfg.log_level = "debug"
@@ -67,8 +63,6 @@ def test_a_model_that_fails_to_load_on_reload_keeps_the_running_one(tmp_path: Pa
         assert daemon.config.model.path == demo_dir  # the running model's settings stay with it
         assert outcome["applied"] == ["log_level"]  # the rest of the file applies; the model path did not
         assert daemon.health()["state"] == "ok" and inspect_now(daemon.entry).verdict
-    finally:
-        daemon.stop()
 
 
 @pytest.fixture

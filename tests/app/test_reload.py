@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from edge_runtime.core.errors import EdgeRuntimeError
 from edge_runtime.core.samples import write_sample_video
 from tests.app.test_lifecycle import setup, start, wait_until, write_config  # noqa: F401
 from tests.config.test_hostile_config import CORPUS
+from tests.support.file_daemon import daemon_from_file
 from tests.support.waiting import wait_for
 
 
@@ -64,28 +67,25 @@ def test_start_with_a_broken_config_is_one_line_and_exit_2(name: str, tmp_path: 
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@contextmanager
 def daemon_with_file(tmp_path: Path, demo_dir: Path, file_cameras: list[CameraConfig],
-                     extra: list[CameraConfig]) -> tuple[Daemon, Path, Config]:
+                     extra: list[CameraConfig]) -> Iterator[tuple[Daemon, Path, Config]]:
     cfg = Config(device_id="reload-test", data_dir=tmp_path / "data")
     cfg.model.path = demo_dir
     cfg.model.threads = 2
     cfg.api.enabled = False
     cfg.mqtt.enabled = False
     cfg.cameras = file_cameras
-    path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
     running = cfg.model_copy(deep=True)
     running.cameras = file_cameras + extra  # as `run --demo` adds its camera beyond the file
-    daemon = Daemon(running, config_path=path)
-    daemon.start()
-    return daemon, path, cfg
+    with daemon_from_file(tmp_path / "edge.yaml", cfg, running=running) as started:
+        yield started.daemon, started.path, cfg
 
 
 def test_reload_keeps_the_demo_camera(tmp_path: Path, demo_dir: Path) -> None:
     video = write_sample_video(tmp_path / "v.avi", frames=20)
     demo = CameraConfig(name="demo", source=str(video), fps=10, trigger=TriggerConfig(mode="interval"))
-    daemon, path, cfg = daemon_with_file(tmp_path, demo_dir, [], [demo])
-    try:
+    with daemon_with_file(tmp_path, demo_dir, [], [demo]) as (daemon, path, cfg):
         cfg.log_level = "debug"
         path.write_text(cfg.model_dump_json())
         assert daemon.reload()["applied"] == ["log_level"]
@@ -94,39 +94,36 @@ def test_reload_keeps_the_demo_camera(tmp_path: Path, demo_dir: Path) -> None:
         with pytest.raises(EdgeRuntimeError, match="reload refused"):
             daemon.reload()
         assert sorted(daemon.rigs) == ["demo"]
-    finally:
-        daemon.stop()
 
 
 def test_status_is_safe_while_reloads_add_and_remove_cameras(tmp_path: Path, demo_dir: Path) -> None:
     video = write_sample_video(tmp_path / "v.avi", frames=20)
     cams = [CameraConfig(name=f"c{i}", source=str(video), fps=10, trigger=TriggerConfig(mode="on_demand"))
             for i in range(6)]
-    daemon, path, cfg = daemon_with_file(tmp_path, demo_dir, cams[:1], [])
-    errors: list[BaseException] = []
-    stop = threading.Event()
+    with daemon_with_file(tmp_path, demo_dir, cams[:1], []) as (daemon, path, cfg):
+        errors: list[BaseException] = []
+        stop = threading.Event()
 
-    def poll() -> None:
-        while not stop.is_set():
-            try:
-                daemon.status()
-                daemon.telemetry()
-            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-                errors.append(exc)
-                return
+        def poll() -> None:
+            while not stop.is_set():
+                try:
+                    daemon.status()
+                    daemon.telemetry()
+                except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                    errors.append(exc)
+                    return
 
-    pollers = [threading.Thread(target=poll) for _ in range(2)]
-    for t in pollers:
-        t.start()
-    try:
-        for i in range(20):
-            cfg.cameras = cams[: 1 + (i % 6)] if i % 2 else cams[:1]
-            path.write_text(cfg.model_dump_json())
-            daemon.reload()
-            wait_for(lambda: len(daemon.rigs) == len(cfg.cameras), what="cameras")
-    finally:
-        stop.set()
+        pollers = [threading.Thread(target=poll) for _ in range(2)]
         for t in pollers:
-            t.join(10)
-        daemon.stop()
+            t.start()
+        try:
+            for i in range(20):
+                cfg.cameras = cams[: 1 + (i % 6)] if i % 2 else cams[:1]
+                path.write_text(cfg.model_dump_json())
+                daemon.reload()
+                wait_for(lambda: len(daemon.rigs) == len(cfg.cameras), what="cameras")
+        finally:
+            stop.set()
+            for t in pollers:
+                t.join(10)
     assert not errors, errors
