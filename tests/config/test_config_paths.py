@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from pydantic import AfterValidator, BaseModel
 
-from edge_runtime.app.daemon import Daemon
 from edge_runtime.capture.sources import Source
 from edge_runtime.config import Config, load_config, parse_config
 from edge_runtime.config.base import beside_config
 from edge_runtime.core.samples import write_sample_video
+from tests.support.file_daemon import daemon_from_file
 from tests.support.images import encode
 from tests.support.tiny_pairs import TinyPair, write_pair_bundle
 from tests.support.waiting import wait_for
@@ -232,13 +232,11 @@ def test_a_reload_reads_relative_paths_from_the_files_folder(tmp_path: Path, dem
             "api": {"enabled": False}, "mqtt": {"enabled": False}, "governor": {"enabled": False},
             "cameras": cameras}
     path = conf / "edge.yaml"
-    path.write_text(json.dumps(data))
     (tmp_path / "start").mkdir()
     (tmp_path / "reload").mkdir()
     monkeypatch.chdir(tmp_path / "start")
-    daemon = Daemon(load_config(path), config_path=path)
-    daemon.start()
-    try:
+    with daemon_from_file(path, json.dumps(data)) as started:  # read by load_config(path) from "start"
+        daemon = started.daemon
         assert daemon.config.model.path == conf / "models/demo" and daemon.config.data_dir == conf / "data"
         wait_for(lambda: daemon.rigs["belt"].camera.slot.peek() is not None, what="the belt camera's frame")
         monkeypatch.chdir(tmp_path / "reload")  # a working directory that changed since the start
@@ -249,5 +247,3 @@ def test_a_reload_reads_relative_paths_from_the_files_folder(tmp_path: Path, dem
         assert not any(k.startswith("model") or k == "data_dir" for k in changes["restart_needed"] + changes["applied"])
         assert daemon.rigs["side"].cfg.source == str(conf / "belt.avi")
         wait_for(lambda: daemon.rigs["side"].camera.slot.peek() is not None, what="the side camera's frame")
-    finally:
-        daemon.stop()
