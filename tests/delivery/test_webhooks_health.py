@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge_runtime.app.daemon import Daemon
-from edge_runtime.config import load_config
 from edge_runtime.core.samples import write_sample_video
+from tests.support.file_daemon import daemon_from_file
 from tests.support.receiver import Receiver
 from tests.support.waiting import wait_for
 
@@ -35,21 +34,19 @@ def test_a_receiver_that_is_down_degrades_health_without_unreadying_and_heals(tm
                                                                               demo_dir: Path) -> None:
     receiver = Receiver()  # not started yet: every POST to its port is refused
     port = receiver.port
-    cfg = tmp_path / "edge.yaml"
-    cfg.write_text(CONFIG.format(data=tmp_path / "data", bundle=demo_dir, port=port,
-                                 video=write_sample_video(tmp_path / "v.avi", frames=20)))
-    daemon = Daemon(load_config(cfg), config_path=cfg)
-    daemon.start()
+    text = CONFIG.format(data=tmp_path / "data", bundle=demo_dir, port=port,
+                         video=write_sample_video(tmp_path / "v.avi", frames=20))
     try:
-        wait_for(lambda: daemon.rigs["cam"].camera.slot.peek() is not None, 30, "the camera's first frame")
-        daemon.entry.trigger("cam").result(timeout=60)
-        health = wait_for(lambda: (h := daemon.health())["state"] == "degraded" and h, 30, "degraded health")
-        assert health["ready"] is True, health  # inspection goes on: no rollout undoes an update for this
-        assert health["reasons"] == [f"webhooks: blocked: http://127.0.0.1:{port}"], health
+        with daemon_from_file(tmp_path / "edge.yaml", text) as started:
+            daemon = started.daemon
+            wait_for(lambda: daemon.rigs["cam"].camera.slot.peek() is not None, 30, "the camera's first frame")
+            daemon.entry.trigger("cam").result(timeout=60)
+            health = wait_for(lambda: (h := daemon.health())["state"] == "degraded" and h, 30, "degraded health")
+            assert health["ready"] is True, health  # inspection goes on: no rollout undoes an update for this
+            assert health["reasons"] == [f"webhooks: blocked: http://127.0.0.1:{port}"], health
 
-        receiver.start()  # the receiver comes up where the rule points
-        wait_for(lambda: receiver.keys(), 60, "the held delivery after the receiver came up")
-        wait_for(lambda: daemon.health()["state"] == "ok", 30, "health to heal by itself")
+            receiver.start()  # the receiver comes up where the rule points
+            wait_for(lambda: receiver.keys(), 60, "the held delivery after the receiver came up")
+            wait_for(lambda: daemon.health()["state"] == "ok", 30, "health to heal by itself")
     finally:
-        daemon.stop()
         receiver.stop()
