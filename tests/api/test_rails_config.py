@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_runtime.app.daemon import Daemon
-from edge_runtime.config import load_config, parse_config
+from edge_runtime.config import parse_config
 from edge_runtime.core.errors import ConfigError
+from tests.support.file_daemon import daemon_from_file
 
 
 @pytest.mark.parametrize(("yaml", "message"), [
@@ -81,9 +81,8 @@ rails:
 def test_a_reload_that_changes_rails_takes_effect(tmp_path: Path, demo_dir: Path) -> None:
     config = tmp_path / "config.yaml"
     _write(config, demo_dir, ["sabotage"])
-    d = Daemon(load_config(config), config_path=config)
-    d.start()
-    try:
+    with daemon_from_file(config) as started:
+        d = started.daemon
         assert d.api is not None
         client = d.api.app.test_client()
 
@@ -100,5 +99,3 @@ def test_a_reload_that_changes_rails_takes_effect(tmp_path: Path, demo_dir: Path
         infer = client.post("/api/v1/infer", json={"image": image, "prompt": "strike"})
         assert infer.status_code == 400 and infer.json is not None
         assert infer.json["error"]["code"] == "rail_input_banned"
-    finally:
-        d.stop()
