@@ -16,9 +16,9 @@ from flask.testing import FlaskClient
 
 from edge_runtime.api.auth import OPEN_ENDPOINTS, SESSION_COOKIE, session_value
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config import load_config
 from edge_runtime.core.samples import write_sample_video
 from tests.support.browser import chromium
+from tests.support.file_daemon import daemon_from_file
 from tests.support.flask_json import json_of
 from tests.support.waiting import wait_for
 
@@ -42,12 +42,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator
     tmp = tmp_path_factory.mktemp("readauth")
     path = tmp / "edge.yaml"
     write_config(path, tmp, demo_dir, "all")
-    d = Daemon(load_config(path), config_path=path)
-    d.start()
-    wait_for(lambda: d.rigs["belt"].camera.slot.peek() is not None, 10, "a frame")
-    d.entry.trigger("belt").result(timeout=30)
-    yield d
-    d.stop()
+    with daemon_from_file(path) as started:
+        d = started.daemon
+        wait_for(lambda: d.rigs["belt"].camera.slot.peek() is not None, 10, "a frame")
+        d.entry.trigger("belt").result(timeout=30)
+        yield d
 
 
 @pytest.fixture
@@ -205,11 +204,10 @@ def test_without_a_token_auth_all_reads_only_on_the_device_and_the_page_says_so(
         tmp_path: Path, demo_dir: Path) -> None:
     path = tmp_path / "edge.yaml"
     write_config(path, tmp_path, demo_dir, "all")
-    path.write_text(path.read_text().replace(f"  token: {TOKEN}\n", "").replace("host: 127.0.0.1", "host: 0.0.0.0")
-                    .split("cameras:")[0])
-    d = Daemon(load_config(path), config_path=path)
-    d.start()
-    try:
+    text = (path.read_text().replace(f"  token: {TOKEN}\n", "").replace("host: 127.0.0.1", "host: 0.0.0.0")
+            .split("cameras:")[0])
+    with daemon_from_file(path, text) as started:
+        d = started.daemon
         assert d.api is not None
         client = d.api.app.test_client()
         remote = {"REMOTE_ADDR": "192.0.2.77"}
@@ -221,5 +219,3 @@ def test_without_a_token_auth_all_reads_only_on_the_device_and_the_page_says_so(
             page.goto(f"http://{non_loopback_address()}:{d.api.port}/")
             page.wait_for_selector("#banner:has-text('only on itself')", timeout=10_000)
             assert page.text_content("#ready") == "local only" and page.is_hidden("#signin")
-    finally:
-        d.stop()
