@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -13,27 +14,23 @@ import requests
 
 from edge_runtime.api.auth import FAILURES_BURST, SESSION_COOKIE, FailureLimiter, client_key
 from edge_runtime.app.daemon import Daemon
-from edge_runtime.config import load_config
 from tests.api.test_http_read_auth import TOKEN, write_config
+from tests.support.file_daemon import FileDaemon, daemon_from_file
 
 
-def start(tmp: Path, demo_dir: Path, device: str) -> Daemon:
+def start(tmp: Path, demo_dir: Path, device: str) -> AbstractContextManager[FileDaemon]:
     path = tmp / f"{device}.yaml"
     write_config(path, tmp, demo_dir, "all")
-    path.write_text(path.read_text().split("cameras:")[0].replace("device_id: locked", f"device_id: {device}")
-                    .replace(f"data_dir: {tmp / 'data'}", f"data_dir: {tmp / device}"))
-    d = Daemon(load_config(path), config_path=path)
-    d.start()
-    return d
+    return daemon_from_file(path, path.read_text().split("cameras:")[0]
+                            .replace("device_id: locked", f"device_id: {device}")
+                            .replace(f"data_dir: {tmp / 'data'}", f"data_dir: {tmp / device}"))
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[tuple[Daemon, Daemon]]:
     tmp = tmp_path_factory.mktemp("sessions")
-    a, b = start(tmp, demo_dir, "dev-a"), start(tmp, demo_dir, "dev-b")
-    yield a, b
-    a.stop()
-    b.stop()
+    with start(tmp, demo_dir, "dev-a") as a, start(tmp, demo_dir, "dev-b") as b:
+        yield a.daemon, b.daemon
 
 
 def base(d: Daemon) -> str:
