@@ -26,6 +26,7 @@ from edge_runtime.core.governor_gate import GateDecision
 from edge_runtime.core.result import Result
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.fleet.offload.client import Endpoint
+from tests.support.file_daemon import daemon_from_file
 from tests.support.mjpeg import free_port
 from tests.support.slow_model import slow_down
 from tests.support.waiting import wait_for
@@ -286,19 +287,14 @@ def test_reload_that_sets_a_camera_remote_sends_its_frames_to_the_central_server
         path.write_text(json.dumps(data))
         return path
 
-    path = write(remote=False)
-    from edge_runtime.config import load_config
-    daemon = Daemon(load_config(path), config_path=path)
-    daemon.start()
-    try:
+    with daemon_from_file(write(remote=False)) as started:
+        daemon = started.daemon
         wait_for(lambda: journal_by_engine(daemon, "line").get("edge", 0) >= 1, 30, "a local result")
         assert daemon.status()["offload"]["frames"]["taken"] == 0
         write(remote=True)
         daemon.reload()
         wait_for(lambda: journal_by_engine(daemon, "line").get("remote", 0) >= 2, 60, "remote results after reload")
         assert daemon.status()["offload"]["remote_cameras"] == ["line"]
-    finally:
-        daemon.stop()
 
 
 class PausedGate:
