@@ -26,6 +26,7 @@ from edge_runtime.core.samples import write_sample_video
 from edge_runtime.verdicts.evidence import FAULT
 from tests.support.broker import Broker
 from tests.support.daemon_http import trigger
+from tests.support.file_daemon import daemon_from_file
 from tests.support.receiver import Receiver, Subscriber
 from tests.support.tmpfs import fill_disk, tmpfs
 from tests.support.waiting import wait_for
@@ -98,14 +99,13 @@ def line(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> Iterator[L
               "video": write_sample_video(tmp / "v.avi", frames=60)}
     config_file = tmp / "config.yaml"
     write_config(config_file, REASK, **values)
-    daemon = Daemon(load_config(config_file), config_path=config_file)
-    daemon.start()
     try:
-        wait_for(lambda: daemon.rigs["station-a"].camera.slot.peek() is not None, 10, "a frame")
-        wait_for(lambda: daemon.mqtt and daemon.mqtt.connected, 10, "the broker")
-        yield Line(daemon, broker, receiver, subscriber, config_file, tmp / "data")
+        with daemon_from_file(config_file) as started:
+            daemon = started.daemon
+            wait_for(lambda: daemon.rigs["station-a"].camera.slot.peek() is not None, 10, "a frame")
+            wait_for(lambda: daemon.mqtt and daemon.mqtt.connected, 10, "the broker")
+            yield Line(daemon, broker, receiver, subscriber, config_file, tmp / "data")
     finally:
-        daemon.stop()
         subscriber.close()
         receiver.stop()
         broker.stop()
