@@ -17,6 +17,7 @@ from edge_runtime.app.daemon import Daemon
 from edge_runtime.config import CameraConfig, TriggerConfig
 from tests.delivery.test_mqtt import PREFIX, Subscriber, broker, daemons, make_config, start_daemon, video  # noqa: F401
 from tests.support.broker import Broker
+from tests.support.file_daemon import daemon_from_file
 from tests.support.mjpeg import free_port
 from tests.support.waiting import wait_for
 from tests.verdicts.test_journal import make_result
@@ -54,33 +55,31 @@ def test_a_refused_broker_connection_shows_in_status_and_logs_once(
 
 
 def test_removing_a_camera_clears_its_retained_discovery(tmp_path: Path, demo_dir: Path, video: Path,  # noqa: F811
-                                                        broker: Broker, daemons: list[Daemon]) -> None:  # noqa: F811
+                                                        broker: Broker) -> None:  # noqa: F811
     cfg = make_config(tmp_path, demo_dir, video, broker.port, homeassistant={"enabled": True})
     cfg.cameras.append(CameraConfig(name="side", source=str(video), fps=30,
                                     trigger=TriggerConfig(mode="interval", interval_s=1)))
     path = tmp_path / "edge.yaml"
-    path.write_text(cfg.model_dump_json())
-    daemon = Daemon(cfg, config_path=path)
-    daemon.start()
-    daemons.append(daemon)
-    wait_for(lambda: daemon.status()["mqtt"]["connected"], what="connected")
-    edited = cfg.model_copy(deep=True)
-    edited.cameras = edited.cameras[:1]
-    edited.mqtt.keepalive = 45  # a setting only a restart applies: the reload must name it
-    path.write_text(edited.model_dump_json())
-    outcome = daemon.reload()
-    assert outcome == {"applied": ["cameras"], "restart_needed": ["mqtt.keepalive"]}
-    assert daemon.config.mqtt.keepalive == 30  # status shows what runs, not what waits for a restart
-    time.sleep(0.5)
-    sub = Subscriber(broker.port, "homeassistant/#")  # what a Home Assistant starting now would see
-    try:
-        wait_for(lambda: len(sub.messages) >= 3, what="retained discovery")
+    with daemon_from_file(path, cfg, running=cfg) as started:  # the daemon runs `cfg` itself, as before
+        daemon = started.daemon
+        wait_for(lambda: daemon.status()["mqtt"]["connected"], what="connected")
+        edited = cfg.model_copy(deep=True)
+        edited.cameras = edited.cameras[:1]
+        edited.mqtt.keepalive = 45  # a setting only a restart applies: the reload must name it
+        path.write_text(edited.model_dump_json())
+        outcome = daemon.reload()
+        assert outcome == {"applied": ["cameras"], "restart_needed": ["mqtt.keepalive"]}
+        assert daemon.config.mqtt.keepalive == 30  # status shows what runs, not what waits for a restart
         time.sleep(0.5)
-        with sub.lock:
-            topics = {t for t, payload, _ in sub.messages if payload}
-        assert topics and all("mq-test_belt" in t for t in topics)
-    finally:
-        sub.close()
+        sub = Subscriber(broker.port, "homeassistant/#")  # what a Home Assistant starting now would see
+        try:
+            wait_for(lambda: len(sub.messages) >= 3, what="retained discovery")
+            time.sleep(0.5)
+            with sub.lock:
+                topics = {t for t, payload, _ in sub.messages if payload}
+            assert topics and all("mq-test_belt" in t for t in topics)
+        finally:
+            sub.close()
 
 
 def run_process(config_path: Path, log: Path) -> subprocess.Popen[bytes]:
