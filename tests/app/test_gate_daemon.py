@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from tests.delivery.test_mqtt import Subscriber
 from tests.inference.test_anomaly_gate import _bundle_with_another_encoder
 from tests.support.broker import Broker
 from tests.support.browser import chromium
+from tests.support.file_daemon import daemon_from_file
 from tests.support.parts import clean_part
 from tests.support.waiting import wait_for
 
@@ -94,17 +96,21 @@ def config(tmp_path: Path, demo_dir: Path, *cameras: CameraConfig) -> Config:
 
 @pytest.fixture
 def run_daemon() -> Iterator[Callable[..., Daemon]]:
+    """`start(cfg)`, or `start(cfg, path)` for a daemon running `cfg` that reloads from the file the test wrote
+    at `path`; each is stopped when the test ends."""
     started: list[Daemon] = []
+    with ExitStack() as from_files:
+        def start(cfg: Config, path: Path | None = None) -> Daemon:
+            if path is not None:
+                return from_files.enter_context(daemon_from_file(path, running=cfg)).daemon
+            daemon = Daemon(cfg)
+            started.append(daemon)
+            daemon.start()
+            return daemon
 
-    def start(cfg: Config, path: Path | None = None) -> Daemon:
-        daemon = Daemon(cfg, config_path=path)
-        started.append(daemon)
-        daemon.start()
-        return daemon
-
-    yield start
-    for d in started:
-        d.stop()
+        yield start
+        for d in started:
+            d.stop()
 
 
 def rows(daemon: Daemon, camera: str = "belt") -> list[dict[str, Any]]:
