@@ -23,6 +23,7 @@ BENCH = ROOT / "benchmarks"
 # script -> (arguments with {bundle}/{port}/{trace} filled in, a string its output must contain);
 # {relative_bundle}: the bundle from the working directory, for scripts that write it into a config file
 # elsewhere (whose relative paths are read from the file's folder)
+# "script.py#mode": a second smoke run of one script, in another of its modes
 SMOKE: dict[str, tuple[list[str], str]] = {
     "api_load.py": (["--seconds", "1", "--clients", "1", "--infer", "2"], "status_requests_per_s"),
     "chat_speed.py": (["--model", "{relative_bundle}", "--requests", "1", "--clients", "2", "--per-client", "1"],
@@ -56,6 +57,8 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "realistic_pair.py": (["{tmp}/pair", "--converter", "{converter}", "--smoke", "--image-max-tokens", "16"],
                           '"quantize_s"'),
     "soak.py": (["--minutes", "0.25", "--warmup-min", "0", "--sample-s", "3", "--cameras", "1"], '"rss_mb"'),
+    "soak.py#swaps": (["--swaps", "2", "--swap-between", "{bundle}", "{pair}", "--cameras", "0",
+                       "--variants", "notrim,trim:arena2"], '"per_swap"'),
     "step_graphs.py": (["--model", "{bundle}", "--sequences", "2", "--threads", "1"], '"graphs_per_step"'),
     "step_shapes.py": (["{bundle}", "--rows", "1,2", "--tokens", "1", "--steps", "6"], "one row steady"),
     "token_profile.py": (["{bundle}", "2"], "µs/token"),
@@ -77,7 +80,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:
     scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
-    assert scripts == set(SMOKE) | GPU_ONLY | ELSEWHERE, "give the new script a smoke run in SMOKE (or GPU_ONLY)"
+    smoked = {name.partition("#")[0] for name in SMOKE}
+    assert scripts == smoked | GPU_ONLY | ELSEWHERE, "give the new script a smoke run in SMOKE (or GPU_ONLY)"
 
 
 def test_device_kit_gathers_what_the_gpu_scripts_read(tmp_path: Path) -> None:
@@ -119,8 +123,8 @@ def test_benchmark_runs_on_the_demo_bundle(script: str, demo_dir: Path, broker: 
                      converter=converter, pair=pair) for a in args]
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "EDGE_RUNTIME_DATA": str(tmp_path / "data")}
-    proc = subprocess.run([sys.executable, str(BENCH / script), *argv], capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path, env=env)
+    proc = subprocess.run([sys.executable, str(BENCH / script.partition("#")[0]), *argv], capture_output=True,
+                          text=True, timeout=240, cwd=tmp_path, env=env)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert expected in output, output[-3000:]
