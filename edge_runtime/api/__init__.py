@@ -25,11 +25,11 @@ from edge_runtime.api.guard import (
     ProbeFailed,
     create_guarded_server,
 )
-from edge_runtime.api.memory import fix_mmap_threshold
 from edge_runtime.api.metrics import Metrics
 from edge_runtime.config import ApiConfig
 from edge_runtime.core.device import DeviceRoles
 from edge_runtime.core.errors import EdgeRuntimeError
+from edge_runtime.core.heap import fix_mmap_threshold
 from edge_runtime.core.result import Result
 from edge_runtime.core.sink import SinkHealth
 from edge_runtime.delivery.events import EventHub
@@ -91,7 +91,7 @@ def create_app(device: DeviceRoles, cfg: ApiConfig, metrics: Metrics | None = No
         "Trade the Bearer token for a read-only session cookie (status page; api.auth: all)",
         secured=True, errors=(400, 401, 403))(start_session))
     register_error_handlers(app)
-    fix_mmap_threshold()  # large request bodies give their memory back when freed (memory.py)
+    fix_mmap_threshold()  # large request bodies give their memory back when freed (core/heap.py)
     return app
 
 

@@ -1,6 +1,6 @@
 """Refused 10 MB chat prompts cost no lasting memory: six distinct ones left a real `run --demo` daemon
 60-120 MB bigger for good (glibc's dynamic mmap threshold moved the large request buffers into heap
-arenas that keep their pages; api/memory.py pins the threshold)."""
+arenas that keep their pages; core/heap.py pins the threshold)."""
 
 from __future__ import annotations
 
