@@ -874,7 +874,34 @@ def test_a_closing_feedback_refused_for_good_is_dropped_after_three_tries_and_th
     assert not recorded.sent("POST", "/feedback") and agent2.swaps == 0
 
 
-@pytest.mark.parametrize("status", [503, 429, 408, 401])
+def test_a_closing_feedback_refused_by_a_server_that_refuses_every_request_is_kept_until_a_poll_answers(
+        served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path) -> None:
+    # A proxy's IP allowlist (or a hawkBit account without the permission) answers 403 to every request, the polls
+    # too: that is not the server refusing this feedback, and dropping it lost the result within ~16 s (the 3 tries
+    # come before any poll).
+    recorded, url = served
+    recorded.raw(f"{BASE_PATH}/deploymentBase/8/feedback", b"Forbidden", status=403)
+    recorded.raw(BASE_PATH, b"Forbidden", status=403)
+    (tmp_path / "ddi.json").write_text(json.dumps({"action": {"id": "8", "sent": False, "final": {
+        "finished": "success", "details": ["committed 2.0.0"]}}}))
+    source, _agent, _engine = make(tmp_path, url, keys[1])
+    waits = [source.step() for _ in range(6)]
+    action = json.loads((tmp_path / "ddi.json").read_text())["action"]
+    assert source.closings_dropped == 0 and "dropped" not in action and action["sent"] is False
+    assert len(recorded.sent("POST", "/deploymentBase/8/feedback")) == 6
+    assert len(recorded.sent("GET", BASE_PATH)) == 4  # from the third try on, a poll before it would drop it
+    assert all(backoff_s(n, lambda: 0.0) <= w <= backoff_s(n, lambda: 1.0)
+               for n, w in enumerate(waits, 1)), waits  # at the backoff: 5 s, 10 s, 20 s …
+    # The server answers again, and refuses this feedback still: dropped, and that poll is the step's (not two).
+    offer(recorded, url, release(keys[0]))
+    recorded.requests.clear()
+    assert 1.0 <= source.step() <= 1.1
+    assert source.closings_dropped == 1 and json.loads((tmp_path / "ddi.json").read_text())["action"]["dropped"] == 403
+    assert len(recorded.sent("POST", "/deploymentBase/8/feedback")) == 1
+    assert len(recorded.sent("GET", BASE_PATH)) == 1
+
+
+@pytest.mark.parametrize("status", [503, 429, 408, 401, 407, 409, 421, 423, 425])
 def test_a_closing_feedback_failed_with_a_status_that_may_pass_is_retried_without_a_bound(
         served: tuple[Recorded, str], keys: tuple[str, str], tmp_path: Path, status: int) -> None:
     recorded, url = served

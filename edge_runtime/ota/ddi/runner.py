@@ -29,8 +29,9 @@ its `proceeding` feedback (releases that check every status, its closing one too
 too: RETRIEVED for a fetch of the action's deploymentBase is added only after another entry, DOWNLOAD once per
 download (once per process: the artifact is kept). A closing feedback is sent until the server takes it (one it
 refused is not kept; one it kept whose answer was lost is answered 410 Gone the next time, which counts as sent),
-or until it has refused it for good (another 4xx but 401/408/429) MAX_REFUSED_CLOSING_TRIES times: then it is
-dropped, counted (`closings_dropped`, a `feedback_dropped` status on MQTT), and the loop polls on.
+or until it has refused it for good (another 4xx but those of `_NOT_FOR_GOOD`) MAX_REFUSED_CLOSING_TRIES times and
+a poll then answers: then it is dropped, counted (`closings_dropped`, a `feedback_dropped` status on MQTT), and the
+loop polls on.
 
 An action's retries follow the server's polling interval, bounded to 5 s - 5 min for them (`retry_interval_s`):
 one that waits for the engine comes at that interval (the server, healthy, keeps seeing the device on time,
@@ -79,14 +80,18 @@ FINAL = {"committed": "success", "current": "success", "rolled_back": "failure",
 MAX_TOLD_PER_ACTION = 100
 TOLD_ACTIONS = 4  # the actions whose told feedback is kept (hawkBit offers one at a time; one replaced, then back)
 # A closing feedback the server refuses for good (`refused_for_good`: a 4xx that a retry does not change, such as
-# hawkBit's 403 for an action whose history is full) is tried this many times, then dropped: the first try could
-# meet a server mid-restart or a proxy's passing error, three at the backoff (~15 s) rule that out, and each try
-# holds the polls back (the closing feedback goes before the next poll).
+# hawkBit's 403 for an action whose history is full) is tried this many times, then dropped, and only once a poll
+# answers (`_refused`): the first try could meet a server mid-restart or a proxy's passing error, and the tries span
+# the server's polling interval plus max(5 s, that interval) while the agent runs (5 s + 10 s after a restart,
+# before any poll answered: the backoff alone), each try holding the polls back (the closing feedback goes before
+# the next poll). A server (or a proxy's allowlist) that answers every request 403, the polls too, is not one that
+# refuses this feedback: it is tried again at the backoff, never dropped, until a poll answers.
 MAX_REFUSED_CLOSING_TRIES = 3
-# 4xx answers that are not a refusal for good: 404/410 (the action is gone: the feedback counts as sent), 408 and
-# 429 (try later), 401 (the device's credentials, which the operator fixes: the polls fail as well meanwhile, and
-# dropping the result would only lose it).
-_NOT_FOR_GOOD = frozenset({401, 404, 408, 410, 429})
+# 4xx answers that are not a refusal for good: 404/410 (the action is gone: the feedback counts as sent), 408, 425
+# and 429 (try later), 409 and 423 (hawkBit's concurrent modification and locked entity: a retry passes), 421 (a
+# connection to the wrong server), 401 and 407 (the device's or the proxy's credentials, which the operator fixes:
+# the polls fail as well meanwhile, and dropping the result would only lose it).
+_NOT_FOR_GOOD = frozenset({401, 404, 407, 408, 409, 410, 421, 423, 425, 429})
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")  # addresses, ports, counts: the same step, not a new one
 _ACTION_IN_HREF = re.compile(r"/deploymentBase/([^/?#]+)")
 
@@ -169,6 +174,7 @@ class DdiSource:
         self._last_check = 0.0
         self._warn = RateLimitedLog(log, 600)
         self.closings_dropped = 0  # closing feedbacks the server refused for good, dropped (`_flush_final`)
+        self._polled: ControllerBase | None = None  # the poll `_refused` made before it dropped one, for this step
         agent.publish_cb = self._on_status
         agent.stopping = stop  # ends a swap's health wait and engine calls (recorded: the next start goes on)
         state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,11 +268,12 @@ class DdiSource:
         return retry_wait_s(self.failures, self.interval_s) if self._interval_known else backoff_s(self.failures)
 
     def _poll_and_act(self) -> float:
+        self._polled = None
         if not self._flush_final():
             self.failures += 1
             return self._retry_wait_s()
         try:
-            base = self.client.poll()
+            base = self._polled if self._polled is not None else self.client.poll()  # `_refused` polled: this step's
         except DdiError as exc:
             return self._failed("polling", exc)
         self._set_interval(base)
@@ -521,7 +528,9 @@ class DdiSource:
 
     def _refused(self, known: dict[str, Any], exc: DdiError) -> bool:
         """A closing feedback refused for good (`refused_for_good`): tried again at the backoff, then dropped after
-        MAX_REFUSED_CLOSING_TRIES (False until then). Dropped, it is never sent again, nor after a restart, and the
+        MAX_REFUSED_CLOSING_TRIES, once a poll answers (False until then; that poll is the step's, `_poll_and_act`):
+        a server that answers the poll 403 as well refuses everything (a proxy's allowlist, missing permissions),
+        not this feedback, and it is kept. Dropped, it is never sent again, nor after a restart, and the
         loop polls on; the action stays recorded with its outcome (`dropped`: the server's status), so a server
         that still offers it (hawkBit keeps an action open until it takes its closing feedback) does not get it
         installed again: it waits for the operator to close it there (force quit)."""
@@ -532,6 +541,14 @@ class DdiSource:
             self._warn.log(logging.WARNING, "ota: the server refused closing action %s: %s (try %d of %d)",
                            action, exc, tries, MAX_REFUSED_CLOSING_TRIES)
             return False
+        try:  # a server that refuses everything (a proxy's allowlist, missing permissions) has not refused *this*
+            self._polled = self.client.poll()
+        except DdiError as poll_exc:
+            self._save(action={**known, "refusals": tries})
+            self._warn.log(logging.WARNING, "ota: the server refused closing action %s: %s (try %d), and the poll "
+                           "failed too (%s): kept, tried again at the backoff", action, exc, tries, poll_exc)
+            return False
+        self._set_interval(self._polled)
         self._save(action={**known, "refusals": tries, "dropped": exc.status})
         self.closings_dropped += 1
         log.warning("ota: the server refused closing action %s with HTTP %s %d times (%s); its closing feedback "
