@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -26,7 +27,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import cv2
 import numpy as np
@@ -38,6 +39,9 @@ from edge_runtime.verdicts.database import open_db
 log = logging.getLogger(__name__)
 FAULT = "evidence disk full"
 MARK_TIMEOUT_S = 1.0  # how long a read waits for SQLite's write lock to mark an image found missing
+# An image's name (`paths`): the store names its files so; a journal row's `evidence.sha256` that is not such a name
+# ("/etc/passwd", a NUL) links nothing in the folder, and is never made a path.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 _SCHEMA = """
@@ -273,7 +277,7 @@ class EvidenceStore:
             if self.paths(row[0]).path.exists():
                 return True, None
             return False, self._mark_missing(result_id, row[0])
-        if link is None or (isinstance(link[0], str) and self.paths(link[0]).path.exists()):
+        if link is None or (is_sha256(link[0]) and self.paths(link[0]).path.exists()):
             return False, None  # nothing linked, or its file is there (not ours to call removed)
         return False, self._mark_missing(result_id, None)
 
@@ -343,6 +347,10 @@ class EvidenceStore:
     # ---- reading -----------------------------------------------------------------------------------
 
     def paths(self, sha: str) -> StoredImage:
+        """An image's files in the folder; ValueError for a name that is not a sha256 (`is_sha256`), which could
+        name a file outside it."""
+        if not is_sha256(sha):
+            raise ValueError(f"not an image's sha256: {sha!r}")
         folder = self.root / sha[:2]
         return StoredImage(sha, folder / f"{sha}.jpg", folder / f"{sha}.thumb.jpg")
 
@@ -364,8 +372,8 @@ class EvidenceStore:
         lock, nothing written (lists and exports; `found_missing` marks one result). An image that is there but
         cannot be stat'd (EACCES) is not called removed: its route answers that (503)."""
         sha = evidence.get("sha256")
-        if not isinstance(sha, str) or not sha:
-            return True  # nothing on disk can be its image (as `_check` reads such a link)
+        if not is_sha256(sha):
+            return True  # nothing in the folder can be its image (as `_check` reads such a link)
         try:
             os.stat(self.paths(sha).path)
         except (FileNotFoundError, NotADirectoryError):
@@ -396,6 +404,11 @@ class EvidenceStore:
         with self._marking:
             if self._marks is not None:
                 self._marks.close()
+
+
+def is_sha256(sha: object) -> TypeGuard[str]:
+    """Whether `sha` can name an image of the store (64 lowercase hex digits)."""
+    return isinstance(sha, str) and _SHA256.fullmatch(sha) is not None
 
 
 def _mark_removed(db: sqlite3.Connection, where: str, arg: str, why: str) -> None:

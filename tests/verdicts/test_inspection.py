@@ -8,10 +8,13 @@ import hashlib
 import io
 import json
 import re
+import sqlite3
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -573,6 +576,44 @@ def test_each_webhook_destination_and_the_rules_budget_show_on_metrics(line: Lin
     for name in ("edge_rule_reasks_budget_skipped_total", "edge_rule_regex_budget_exhausted_total",
                  "edge_rule_regex_timeouts_total", "edge_journal_escaped_total"):
         assert f"\n{name} " in text, name
+
+
+def test_a_journal_row_whose_sha256_is_not_one_links_nothing_and_lists_and_exports_answer(
+        line: Line, tmp_path: Path) -> None:
+    """A row's `evidence.sha256` was made a path as it was: "/x/y" stat'd /x/y.jpg outside the evidence folder (a
+    file there kept the link), and one with a NUL raised ValueError, a 500 for the list and an export cut short."""
+    outside = tmp_path / "outside"
+    outside.with_suffix(".jpg").write_bytes(b"\xff\xd8 not ours")
+    ids = {}
+    template = Result(device="d", camera="belt", frame=FrameInfo(0, 10, 10), verdict={"defect": False}, text="{}",
+                      model="m@1", timings_ms={"total": 1.0}, prompt="p").to_dict()
+    for name, sha in (("outside", str(outside)), ("nul", "ab\x00cd"), ("short", "ab")):
+        row = dict(template, id=uuid.uuid4().hex)
+        row["evidence"] = {"uri": f"/api/v1/results/{row['id']}/image.jpg", "sha256": sha, "bytes": 10,
+                           "width": 10, "height": 10}
+        ids[name] = row["id"]
+        with sqlite3.connect(line.daemon.journal.path, timeout=30) as db:  # as an import or a bad restore writes it
+            db.execute("INSERT INTO results (id, ts, created, camera, body, sent) VALUES (?, ?, ?, ?, ?, 1)",
+                       (row["id"], row["ts"], time.time(), "belt", json.dumps(row)))
+    for path in ("/api/v1/results?limit=1000", "/api/v1/inspections?limit=1000"):
+        status, _, body = http(line, path, token=None)
+        assert status == 200, (path, status, body[:300])
+        listed = {r["id"]: r["evidence"] for r in json.loads(body)["results"] if r["id"] in ids.values()}
+        assert set(listed) == set(ids.values())
+        for evidence in listed.values():
+            assert evidence["uri"] is None and evidence["removed"]["why"] == "missing", (path, evidence)
+    status, _, body = http(line, "/api/v1/inspections/export.jsonl", token=None)
+    exported = {r["id"]: r["evidence"] for r in map(json.loads, body.splitlines()) if r["id"] in ids.values()}
+    assert status == 200 and set(exported) == set(ids.values()) and all(e["uri"] is None for e in exported.values())
+    status, _, body = http(line, "/api/v1/inspections/export.csv", token=None)
+    rows = [r for r in csv.DictReader(io.StringIO(body.decode())) if r["id"] in ids.values()]
+    assert status == 200 and len(rows) == 3 and all(r["evidence_uri"] == "" for r in rows)
+    for result_id in ids.values():  # a read of one, and its image route: no file outside the folder, no 500
+        status, _, body = http(line, f"/api/v1/results/{result_id}")
+        assert status == 200 and json.loads(body)["evidence"]["uri"] is None, body[:300]
+        status, _, body = http(line, f"/api/v1/results/{result_id}/image.jpg", token=None)
+        assert status in (404, 410), (status, body[:300])
+    assert outside.with_suffix(".jpg").exists()
 
 
 # Last in the module: its inspection takes one of the 6 re-asks a minute (rules_budget) the re-ask tests count on.
