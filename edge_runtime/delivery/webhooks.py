@@ -3,8 +3,10 @@
 A row leaves the table only after the receiver answered 2xx, so a receiver outage or a daemon restart
 loses nothing (each POST carries an `Idempotency-Key` for de-duplication). Request headers (often a
 secret) are not stored: `headers_for(source)` reads them from the running config at send time. The
-table is bounded: beyond `max_rows` the oldest rows are dropped and counted. 4xx answers other than
-408/429 are permanent: the row is set aside (kept, counted, visible in status) instead of retried.
+table is bounded: beyond `max_rows` the oldest rows are dropped and counted. A 4xx that refuses the
+payload itself (400, 410, 413, 422, ...: every 4xx not in `RETRYABLE_4XX`) is permanent: the row is set
+aside (kept, counted, visible in status) instead of retried. The 4xx in `RETRYABLE_4XX` (an expired
+token, a route not there yet, a lock, a rate limit) are retried like a 5xx.
 
 Delivery is per destination (URL origin: scheme, host, port): a small fixed pool of sender threads,
 at most one POST in flight per destination, rows of one destination in order, each destination in
@@ -63,6 +65,16 @@ MAX_ERROR = 200              # characters of an error kept in status
 MAX_DESTINATIONS = 256       # destinations reported in status (most pending first)
 SENDERS = 4                  # sender threads: at most this many destinations in flight at once
 MAX_STAGING = 256            # results staged and not yet notified that are remembered (one is the norm)
+# 4xx answers retried with backoff like a 5xx or a timeout, not set aside: they say the receiver (its
+# credentials, route, state or load) refuses now, not that this payload will always be refused. 401/403:
+# a rotated token or a wrong `${ENV}` secret in `headers` (read from the running config at each POST, so
+# fixing it delivers the held rows); 404: a receiver whose route is missing for a while (mid-deploy); 407:
+# a proxy's credentials; 408: a request timeout; 409/423/425: conflict, locked, too early (a retry fixes
+# them); 421: sent to a server that does not serve this origin (a load balancer's routing); 429: rate
+# limited. Every other 4xx (400, 405, 410, 411, 413, 414, 415, 422, ...) refuses the request itself and
+# would refuse it again: the row is set aside. A destination answering one of these for good stays
+# blocked (health degraded by name, its last error naming the status) and its rows stay within `max_rows`.
+RETRYABLE_4XX = frozenset({401, 403, 404, 407, 408, 409, 421, 423, 425, 429})
 
 
 def origin(url: str) -> str:
@@ -261,7 +273,7 @@ class WebhookOutbox:
             self._post(url, body.encode(), headers, timeout_s)
         except http.HttpFailure as exc:  # an HTTP error, a timeout, refused, reset, DNS, a bad answer
             ok, timed_out, status = False, exc.timed_out, exc.status
-            permanent = status is not None and 400 <= status < 500 and status not in (408, 429)
+            permanent = status is not None and 400 <= status < 500 and status not in RETRYABLE_4XX
             error = f"timeout: {exc}" if timed_out else f"HTTP {status}" if status is not None else str(exc)
         if error is not None:
             error = clean_error(error)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from edge_runtime.core.result import FrameInfo, Result
 from edge_runtime.core.sink import Sink
-from edge_runtime.delivery.webhooks import WebhookOutbox
+from edge_runtime.delivery.webhooks import RETRYABLE_4XX, WebhookOutbox, origin
 from tests.support.receiver import Receiver
 from tests.support.waiting import wait_for
 
@@ -42,13 +43,65 @@ def test_a_receiver_outage_and_a_daemon_restart_lose_no_webhook(tmp_path: Path) 
         receiver.stop()
 
 
-def test_a_refusing_receiver_is_set_aside_not_retried_forever(tmp_path: Path) -> None:
-    receiver = Receiver(status=404).start()
+def test_a_receiver_refusing_the_payload_sets_the_row_aside_not_retried_forever(tmp_path: Path) -> None:
+    receiver = Receiver(status=422).start()
     box = outbox(tmp_path / "j.sqlite3")
     try:
         box.put(receiver.url, {"n": 1}, key="a")
         wait_for(lambda: box.status()["failed"] == 1, 10, "the row set aside")
-        assert len(receiver.received) == 1 and box.status()["last_error"] == "HTTP 404"
+        time.sleep(0.5)  # several backoffs: a set-aside row is not tried again
+        s = box.status()
+        assert len(receiver.received) == 1 and s["last_error"] == "HTTP 422" and s["pending"] == 0
+    finally:
+        box.close()
+        receiver.stop()
+
+
+def test_a_receiver_refusing_its_credentials_for_a_while_gets_every_row_once_it_accepts(tmp_path: Path) -> None:
+    """401 (a rotated token, a wrong `${ENV}` secret) is retried, not set aside: while it lasts the
+    destination is blocked, by name, with the status as its last error; once the receiver accepts,
+    every row arrives and health heals. Other 4xx that a retry can fix are retried too."""
+    assert {401, 403, 404, 407, 408, 409, 421, 423, 425, 429} == RETRYABLE_4XX
+    assert not RETRYABLE_4XX & {400, 405, 410, 411, 413, 414, 415, 422}
+    receiver = Receiver(status=401).start()
+    dest = origin(receiver.url)
+    box = outbox(tmp_path / "j.sqlite3")
+    try:
+        for i in range(5):
+            box.put(receiver.url, {"n": i}, key=f"k{i}")
+        wait_for(lambda: len(receiver.received) >= 3, 10, "the head row tried again")
+        s = box.status()
+        assert s["failed"] == 0 and s["pending"] == 5 and s["blocked"] == [dest]
+        assert s["destinations"][dest]["last_error"] == "HTTP 401"
+        assert receiver.keys() == {"k0"}  # the head row, tried again; the others wait behind it in order
+        health = box.health()
+        assert not health.ok and health.detail == f"blocked: {dest}"
+
+        receiver.status = 200  # the token is fixed
+        wait_for(lambda: box.status()["pending"] == 0, 10, "the held rows delivered")
+        s = box.status()
+        assert receiver.keys() == {f"k{i}" for i in range(5)} and s["failed"] == 0 and s["blocked"] == []
+        assert box.delivered == 5 and box.health().ok and box.health().detail == ""
+    finally:
+        box.close()
+        receiver.stop()
+
+
+def test_a_receiver_refusing_its_credentials_for_good_keeps_the_outbox_bounded(tmp_path: Path) -> None:
+    receiver = Receiver(status=403).start()
+    box = WebhookOutbox(tmp_path / "j.sqlite3", max_rows=10, backoff_min_s=0.05, backoff_max_s=0.3)
+    try:
+        for i in range(25):
+            box.put(receiver.url, {"n": i}, key=str(i))
+        box.start()
+        wait_for(lambda: box.attempts_failed >= 3, 10, "the head row tried again")
+        s = box.status()
+        assert s["pending"] == 10 and s["failed"] == 0 and box.dropped == 15 and receiver.keys() == {"15"}
+        assert s["destinations"][origin(receiver.url)]["last_error"] == "HTTP 403"
+        for i in range(25, 30):  # more alerts while it still refuses: the oldest go, the outbox stays at 10
+            box.put(receiver.url, {"n": i}, key=str(i))
+        s = box.status()
+        assert s["pending"] + s["failed"] == 10 and s["failed"] == 0 and box.dropped == 20
     finally:
         box.close()
         receiver.stop()
