@@ -207,9 +207,13 @@ class WebhookOutbox:
     def stop(self) -> None:
         """Stop the senders (tolerates a never-started outbox); the rows stay for the next start."""
         self._stop.set()
-        self._wake.set()
         for t in self._threads:  # a POST in flight ends by its own deadline; its row stays for the restart
-            t.join(10)
+            deadline = time.monotonic() + 10
+            while t.is_alive() and time.monotonic() < deadline:
+                # Set again and again: a sender woken by it clears it, and one that passed its stop check
+                # before stop() would then sleep its whole idle wait (5 s) in a close.
+                self._wake.set()
+                t.join(0.05)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -217,7 +221,8 @@ class WebhookOutbox:
                 job, sleep_s = self._pick()
                 if job is None:
                     self._wake.wait(sleep_s)
-                    self._wake.clear()
+                    if not self._stop.is_set():  # stopping: leave it set for the other senders
+                        self._wake.clear()
                     continue
                 try:
                     self._attempt(*job)

@@ -142,3 +142,25 @@ def test_as_a_sink_the_outbox_wakes_only_for_the_committed_result_that_staged_ro
     finally:
         db.close()
         box.close()
+
+
+def test_closing_the_outbox_while_a_destination_backs_off_returns_at_once(tmp_path: Path) -> None:
+    """Every sender leaves at close(), also one that reached its wait after another sender cleared the wake-up
+    (a close took 5 s, a sender's idle wait, in about one try of two before)."""
+    receiver = Receiver(status=403).start()
+    try:
+        for attempt in range(8):  # the race needs a sender between its pick and its wait: try several times
+            box = WebhookOutbox(tmp_path / f"j{attempt}.sqlite3", max_rows=10, backoff_min_s=0.05, backoff_max_s=0.3)
+            for i in range(25):
+                box.put(receiver.url, {"n": i}, key=str(i))
+            box.start()
+            wait_for(lambda: box.attempts_failed >= 3, 10, "the head row tried again")  # noqa: B023 (waited here)
+            for i in range(25, 30):
+                box.put(receiver.url, {"n": i}, key=str(i))
+            t0 = time.monotonic()
+            box.close()
+            took = time.monotonic() - t0
+            assert took < 1.0, f"close() took {took:.2f} s (try {attempt})"
+            assert not any(t.is_alive() for t in box._threads)
+    finally:
+        receiver.stop()
