@@ -27,7 +27,7 @@ from edge_runtime.app.status import StatusReport
 from edge_runtime.capture.entry import EntryPoints
 from edge_runtime.capture.rig import CameraRig, cameras_not_in_file, clip_of, stop_rigs
 from edge_runtime.config import CameraConfig, Config
-from edge_runtime.config.rules import webhook_headers
+from edge_runtime.config.rules import webhook_current, webhook_headers
 from edge_runtime.core import systemd
 from edge_runtime.core.device import DeviceRoles, ModelInfo
 from edge_runtime.core.errors import EdgeRuntimeError
@@ -94,7 +94,8 @@ class Daemon:
         self.messages = MessageOutbox(config.journal_path(), wake=mqtt_wake.set)
         # Rules' webhooks: staged by the verdict stage in the result's transaction, sent by this sink.
         self.webhooks = WebhookOutbox(config.journal_path(),
-                                      headers_for=lambda source: webhook_headers(self.config.rules, source))
+                                      headers_for=lambda source: webhook_headers(self.config.rules, source),
+                                      current=lambda source, url: webhook_current(self.config.rules, source, url))
         self.verdicts = VerdictServices(config.evidence, config.rules, config.data_dir, config.journal_path(),
                                         self.faults, self._current_inspector, webhooks=self.webhooks,
                                         messages=self.messages, keep_undelivered=config.mqtt.enabled,

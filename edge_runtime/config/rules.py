@@ -159,13 +159,26 @@ def regex_conditions(rules: list[Rule]) -> int:
     return sum(1 for r in rules if r.enabled for c in r.when if c.regex is not None)
 
 
-def webhook_headers(rules: list[Rule], source: str) -> dict[str, str]:
-    """Headers of the rule action (`<rule>:<index>`) that queued a webhook, from the running config
-    (secrets are not written to the outbox). A rule removed since then sends none."""
+def webhook_action(rules: list[Rule], source: str) -> WebhookAction | None:
+    """The rule action (`<rule>:<index>`) that queued a webhook, in the running config; None when that rule
+    or action is gone (or is no longer a webhook)."""
     name, _, index = source.rpartition(":")
     for rule in rules:
         if rule.name == name and index.isdigit() and int(index) < len(rule.actions):
             action = rule.actions[int(index)]
-            if isinstance(action, WebhookAction):
-                return dict(action.headers)
-    return {}
+            return action if isinstance(action, WebhookAction) else None
+    return None
+
+
+def webhook_headers(rules: list[Rule], source: str) -> dict[str, str]:
+    """Headers of the rule action that queued a webhook, from the running config (secrets are not written
+    to the outbox). A rule removed since then sends none."""
+    action = webhook_action(rules, source)
+    return dict(action.headers) if action is not None else {}
+
+
+def webhook_current(rules: list[Rule], source: str, url: str) -> bool:
+    """Whether the running config still has the rule action that queued a webhook, with the same URL: only
+    then can a fix there (a header, the receiver's own) deliver a row its receiver refuses now."""
+    action = webhook_action(rules, source)
+    return action is not None and str(action.url) == url

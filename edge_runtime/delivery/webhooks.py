@@ -72,7 +72,8 @@ MAX_STAGING = 256            # results staged and not yet notified that are reme
 # a proxy's credentials; 408: a request timeout; 409/423/425: conflict, locked, too early (a retry fixes
 # them); 421: sent to a server that does not serve this origin (a load balancer's routing); 429: rate
 # limited. Every other 4xx (400, 405, 410, 411, 413, 414, 415, 422, ...) refuses the request itself and
-# would refuse it again: the row is set aside. A destination answering one of these for good stays
+# would refuse it again: the row is set aside, as is a row whose rule action is gone from the running config
+# or now posts to another URL (`current`), whatever the 4xx. A destination answering one of these for good stays
 # blocked (health degraded by name, its last error naming the status) and its rows stay within `max_rows`.
 RETRYABLE_4XX = frozenset({401, 403, 404, 407, 408, 409, 421, 423, 425, 429})
 
@@ -111,8 +112,11 @@ class WebhookOutbox:
 
     def __init__(self, db_path: Path, max_rows: int = 10_000, backoff_min_s: float = 1.0,
                  backoff_max_s: float = 300.0, senders: int = SENDERS,
-                 headers_for: Callable[[str], dict[str, str]] | None = None) -> None:
-        """`headers_for(source)`: a row's request headers, read at send time (secrets are not stored)."""
+                 headers_for: Callable[[str], dict[str, str]] | None = None,
+                 current: Callable[[str, str], bool] | None = None) -> None:
+        """`headers_for(source)`: a row's request headers, read at send time (secrets are not stored).
+        `current(source, url)`: whether the running config still sends that row's source to that URL; a row
+        whose source is gone or moved is set aside on any 4xx (None: every row is current)."""
         self.max_rows = max_rows
         self._drop_logged_at = -60.0
         self.backoff_min_s, self.backoff_max_s = backoff_min_s, backoff_max_s
@@ -123,6 +127,7 @@ class WebhookOutbox:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.headers_for = headers_for or (lambda _source: {})
+        self.current = current or (lambda _source, _url: True)
         self.delivered = 0
         self.dropped = 0
         self.attempts_failed = 0
@@ -278,7 +283,11 @@ class WebhookOutbox:
             self._post(url, body.encode(), headers, timeout_s)
         except http.HttpFailure as exc:  # an HTTP error, a timeout, refused, reset, DNS, a bad answer
             ok, timed_out, status = False, exc.timed_out, exc.status
-            permanent = status is not None and 400 <= status < 500 and status not in RETRYABLE_4XX
+            # A retryable 4xx waits for a fix in the config or at the receiver; a row whose rule action was
+            # removed or now posts elsewhere would never get one, and it would hold back every later row of
+            # its destination (their order is kept): set aside.
+            permanent = status is not None and 400 <= status < 500 and (
+                status not in RETRYABLE_4XX or not self.current(source, url))
             error = f"timeout: {exc}" if timed_out else f"HTTP {status}" if status is not None else str(exc)
         if error is not None:
             error = clean_error(error)
@@ -296,7 +305,8 @@ class WebhookOutbox:
                 self._db.execute("UPDATE webhook_outbox SET attempts = attempts + 1, next_try = ?, failed = ?, "
                                  "last_error = ? WHERE seq = ?", (time.time() + delay, int(permanent), error, seq))
                 d.attempts_failed += 1
-                d.consecutive_failures += 1
+                # A row set aside holds nothing back: the destination is blocked only by a row that waits.
+                d.consecutive_failures = 0 if permanent else d.consecutive_failures + 1
                 d.timeouts += int(timed_out)
                 d.last_error = error
         if ok:

@@ -52,6 +52,7 @@ def test_a_receiver_refusing_the_payload_sets_the_row_aside_not_retried_forever(
         time.sleep(0.5)  # several backoffs: a set-aside row is not tried again
         s = box.status()
         assert len(receiver.received) == 1 and s["last_error"] == "HTTP 422" and s["pending"] == 0
+        assert s["blocked"] == [] and box.health().ok  # a row set aside holds nothing of its destination back
     finally:
         box.close()
         receiver.stop()
@@ -163,4 +164,29 @@ def test_closing_the_outbox_while_a_destination_backs_off_returns_at_once(tmp_pa
             assert took < 1.0, f"close() took {took:.2f} s (try {attempt})"
             assert not any(t.is_alive() for t in box._threads)
     finally:
+        receiver.stop()
+
+
+def test_a_refused_row_whose_rule_is_gone_or_moved_is_set_aside_and_no_longer_holds_back_its_destination(
+        tmp_path: Path) -> None:
+    """A retryable 4xx waits for a fix only while the running config still posts the row's source to its URL:
+    a row of a removed rule (sent without its headers) or of a mistyped URL since corrected would be refused
+    for ever and hold back every later row of its destination, so it is set aside."""
+    receiver = Receiver(status=401).start()
+    wanted = {"old": True}
+    box = WebhookOutbox(tmp_path / "j.sqlite3", backoff_min_s=0.05, backoff_max_s=0.3,
+                        current=lambda source, url: source != "old" or wanted["old"])
+    box.start()
+    try:
+        box.put(receiver.url, {"n": 0}, key="old-0", source="old")
+        wait_for(lambda: box.attempts_failed >= 2, 10, "the old row tried again")
+        assert box.status()["failed"] == 0  # its rule still posts there: it waits for the fix
+        box.put(receiver.url, {"n": 1}, key="new-1", source="new")
+        wanted["old"] = False  # the config's reload removed the old rule
+        wait_for(lambda: box.status()["failed"] == 1, 10, "the old row set aside")
+        receiver.status = 200
+        wait_for(lambda: box.status()["pending"] == 0, 10, "the new row delivered")
+        assert "new-1" in receiver.keys() and box.status()["failed"] == 1
+    finally:
+        box.close()
         receiver.stop()

@@ -50,3 +50,30 @@ def test_a_receiver_that_is_down_degrades_health_without_unreadying_and_heals(tm
             wait_for(lambda: daemon.health()["state"] == "ok", 30, "health to heal by itself")
     finally:
         receiver.stop()
+
+
+def test_a_refused_delivery_of_a_rule_removed_by_a_reload_is_set_aside_and_health_heals(tmp_path: Path,
+                                                                                     demo_dir: Path) -> None:
+    """A 401 waits for a fix while the rule is in the running config; once a reload removes the rule, nothing
+    can fix that row (it would go without the rule's headers), so it is set aside instead of blocking its
+    destination for ever."""
+    receiver = Receiver(status=401).start()
+    text = CONFIG.format(data=tmp_path / "data", bundle=demo_dir, port=receiver.port,
+                         video=write_sample_video(tmp_path / "v.avi", frames=20))
+    path = tmp_path / "edge.yaml"
+    try:
+        with daemon_from_file(path, text) as started:
+            daemon = started.daemon
+            wait_for(lambda: daemon.rigs["cam"].camera.slot.peek() is not None, 30, "the camera's first frame")
+            daemon.entry.trigger("cam").result(timeout=60)
+            wait_for(lambda: daemon.webhooks.attempts_failed >= 2, 30, "the refused delivery tried again")
+            assert daemon.webhooks.status()["failed"] == 0  # the rule is still there: it waits for a fix
+            assert daemon.health()["state"] == "degraded"
+
+            path.write_text(text[:text.index("rules:")])  # the rule is removed
+            daemon.reload()
+            wait_for(lambda: daemon.webhooks.status()["failed"] == 1, 30, "the orphaned row set aside")
+            assert daemon.webhooks.status()["pending"] == 0
+            wait_for(lambda: daemon.health()["state"] == "ok", 30, "health to heal")
+    finally:
+        receiver.stop()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from edge_runtime.config import parse_config
-from edge_runtime.config.rules import Rule
+from edge_runtime.config.rules import Rule, webhook_current
 from edge_runtime.core.errors import ConfigError
 from edge_runtime.verdicts.rules import RuleEngine
 
@@ -167,3 +167,14 @@ def test_webhook_headers_with_line_breaks_are_refused_by_the_config() -> None:
         "type: alert", 'type: webhook\n        url: http://127.0.0.1:9/\n        headers: {X-A: "a\\r\\nInjected: 1"}')
     with pytest.raises(ConfigError, match="line break"):
         parse_config(text, "config.yaml")
+
+
+def test_a_queued_webhook_is_current_only_while_its_rule_action_still_posts_to_its_url() -> None:
+    text = CONFIG.replace('regex: "(unclosed"', "equals: 1").replace(
+        "type: alert", "type: webhook\n        url: http://127.0.0.1:9/hook")
+    rules = parse_config(text, "config.yaml").rules
+    source = f"{rules[0].name}:0"
+    assert webhook_current(rules, source, "http://127.0.0.1:9/hook")
+    assert not webhook_current(rules, source, "http://127.0.0.1:9/old")  # the URL was corrected since
+    assert not webhook_current(rules, "removed:0", "http://127.0.0.1:9/hook")  # the rule is gone
+    assert not webhook_current(rules, f"{rules[0].name}:7", "http://127.0.0.1:9/hook")
