@@ -9,8 +9,9 @@ aside (kept, counted, visible in status) instead of retried. The 4xx in `RETRYAB
 token, a route not there yet, a lock, a rate limit) are retried like a 5xx.
 
 Delivery is per destination (URL origin: scheme, host, port): a small fixed pool of sender threads,
-at most one POST in flight per destination, rows of one destination in order, each destination in
-its own backoff (the head row's `next_try`, persisted). Every POST goes through `core/http.py`, one
+at most one POST in flight per destination. A destination's rows wait in lines, one per rule action and
+URL, each line in order and in its own backoff (its head row's `next_try`, persisted): a line whose head
+is refused holds back its own rows, not another rule's to the same host. Every POST goes through `core/http.py`, one
 overall deadline over name lookup, connect, TLS, send, headers and body, so a receiver that drips a
 byte every few seconds costs one sender for `timeout_s`, never the other destinations.
 Before a POST its row's `next_try` is pushed past the deadline, so after a crash mid-POST the row is
@@ -72,9 +73,10 @@ MAX_STAGING = 256            # results staged and not yet notified that are reme
 # a proxy's credentials; 408: a request timeout; 409/423/425: conflict, locked, too early (a retry fixes
 # them); 421: sent to a server that does not serve this origin (a load balancer's routing); 429: rate
 # limited. Every other 4xx (400, 405, 410, 411, 413, 414, 415, 422, ...) refuses the request itself and
-# would refuse it again: the row is set aside, as is a row whose rule action is gone from the running config
-# or now posts to another URL (`current`), whatever the 4xx. A destination answering one of these for good stays
-# blocked (health degraded by name, its last error naming the status) and its rows stay within `max_rows`.
+# would refuse it again: the row is set aside. A destination answering one of these stays blocked (health
+# degraded by name, its last error naming the status) until a delivery there succeeds, and its rows stay
+# within `max_rows`. A row whose rule action left the running config, or now posts elsewhere (`current`),
+# is set aside at its first failure of any kind.
 RETRYABLE_4XX = frozenset({401, 403, 404, 407, 408, 409, 421, 423, 425, 429})
 
 
@@ -212,8 +214,8 @@ class WebhookOutbox:
     def stop(self) -> None:
         """Stop the senders (tolerates a never-started outbox); the rows stay for the next start."""
         self._stop.set()
-        for t in self._threads:  # a POST in flight ends by its own deadline; its row stays for the restart
-            deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 10  # in all; a POST in flight ends by its own deadline, its row stays
+        for t in self._threads:
             while t.is_alive() and time.monotonic() < deadline:
                 # Set again and again: a sender woken by it clears it, and one that passed its stop check
                 # before stop() would then sleep its whole idle wait (5 s) in a close.
@@ -239,25 +241,30 @@ class WebhookOutbox:
                 self._stop.wait(1.0)
 
     def _pick(self) -> tuple[tuple[int, str, str, str, str, float, int] | None, float]:
-        """The head row of the next due destination not in flight, round-robin; else how long to sleep."""
+        """The oldest due head row of the next destination not in flight, round-robin; else how long to sleep.
+        A destination's rows wait in lines, one per rule action and URL, each in order: a line whose head
+        is refused (a wrong path, a wrong secret) holds back its own rows, not another rule's."""
         now = time.time()
         with self._lock:
-            heads: dict[str, int] = {}
+            heads: dict[str, list[int]] = {}  # destination -> the head row of each of its lines
             for url, seq in self._db.execute(
-                    "SELECT url, MIN(seq) FROM webhook_outbox WHERE failed = 0 GROUP BY url"):
-                o = origin(url)
-                if o not in heads or seq < heads[o]:
-                    heads[o] = seq
+                    "SELECT url, MIN(seq) FROM webhook_outbox WHERE failed = 0 GROUP BY url, source"):
+                heads.setdefault(origin(url), []).append(seq)
             order = sorted(heads)
             sleep_s = 5.0
             for i in range(len(order)):
                 o = order[(self._rr + i) % len(order)]
                 if o in self._busy:
                     continue
-                row = self._db.execute("SELECT seq, url, source, body, key, timeout_s, attempts, next_try "
-                                       "FROM webhook_outbox WHERE seq = ?", (heads[o],)).fetchone()
-                if row[7] > now:
-                    sleep_s = min(sleep_s, row[7] - now)
+                row = None
+                for seq in sorted(heads[o]):  # oldest first: lines of one destination keep step when all are due
+                    head = self._db.execute("SELECT seq, url, source, body, key, timeout_s, attempts, next_try "
+                                            "FROM webhook_outbox WHERE seq = ?", (seq,)).fetchone()
+                    if head[7] <= now:
+                        row = head
+                        break
+                    sleep_s = min(sleep_s, head[7] - now)
+                if row is None:
                     continue
                 self._rr = (self._rr + i + 1) % max(1, len(order))
                 self._busy.add(o)
@@ -286,11 +293,15 @@ class WebhookOutbox:
             # A retryable 4xx waits for a fix in the config or at the receiver; a row whose rule action was
             # removed or now posts elsewhere would never get one, and it would hold back every later row of
             # its destination (their order is kept): set aside.
-            permanent = status is not None and 400 <= status < 500 and (
-                status not in RETRYABLE_4XX or not self.current(source, url))
+            permanent = status is not None and 400 <= status < 500 and status not in RETRYABLE_4XX
             error = f"timeout: {exc}" if timed_out else f"HTTP {status}" if status is not None else str(exc)
         if error is not None:
             error = clean_error(error)
+        # A row whose rule action is gone from the running config, or now posts to another URL, can never be
+        # fixed there (a removed rule sends no headers; a corrected URL is not this row's): waiting would hold
+        # back its line for good, so its first failure, whatever it is, sets it aside.
+        orphan = not ok and not self.current(source, url)
+        permanent = permanent or orphan
         dest = origin(url)
         with self._lock:
             d = self._dests.setdefault(dest, _Dest())
@@ -305,8 +316,9 @@ class WebhookOutbox:
                 self._db.execute("UPDATE webhook_outbox SET attempts = attempts + 1, next_try = ?, failed = ?, "
                                  "last_error = ? WHERE seq = ?", (time.time() + delay, int(permanent), error, seq))
                 d.attempts_failed += 1
-                # A row set aside holds nothing back: the destination is blocked only by a row that waits.
-                d.consecutive_failures = 0 if permanent else d.consecutive_failures + 1
+                # A refused payload keeps its destination shown as blocked until a delivery there succeeds
+                # (alerts thrown away must show); an orphan's failure says nothing of the destination.
+                d.consecutive_failures = 0 if orphan else d.consecutive_failures + 1
                 d.timeouts += int(timed_out)
                 d.last_error = error
         if ok:

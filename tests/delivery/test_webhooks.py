@@ -52,7 +52,8 @@ def test_a_receiver_refusing_the_payload_sets_the_row_aside_not_retried_forever(
         time.sleep(0.5)  # several backoffs: a set-aside row is not tried again
         s = box.status()
         assert len(receiver.received) == 1 and s["last_error"] == "HTTP 422" and s["pending"] == 0
-        assert s["blocked"] == [] and box.health().ok  # a row set aside holds nothing of its destination back
+        dest = origin(receiver.url)
+        assert s["blocked"] == [dest] and not box.health().ok  # alerts being thrown away show, by destination
     finally:
         box.close()
         receiver.stop()
@@ -190,3 +191,41 @@ def test_a_refused_row_whose_rule_is_gone_or_moved_is_set_aside_and_no_longer_ho
     finally:
         box.close()
         receiver.stop()
+
+
+def test_a_rule_refused_on_its_path_holds_back_its_own_rows_not_another_rules_to_the_same_host(
+        tmp_path: Path) -> None:
+    receiver = Receiver().start()
+    receiver.path_status["/wrong"] = 404  # rule a's path is mistyped; rule b posts to the right one
+    wrong = receiver.url.replace("/hook", "/wrong")
+    box = outbox(tmp_path / "j.sqlite3")
+    try:
+        box.put(wrong, {"n": 0}, key="a0", source="a:0")
+        box.put(wrong, {"n": 1}, key="a1", source="a:0")
+        box.put(receiver.url, {"n": 2}, key="b2", source="b:0")
+        box.put(receiver.url, {"n": 3}, key="b3", source="b:0")
+        wait_for(lambda: box.delivered == 2, 10, "rule b's rows delivered past rule a's refused ones")
+        wait_for(lambda: box.attempts_failed >= 3, 10, "rule a's head row tried again")
+        s = box.status()
+        assert s["pending"] == 2 and s["failed"] == 0  # rule a's rows wait for the path to be fixed
+        assert [k for k, _ in receiver.received if k.startswith("b")] == ["b2", "b3"]  # each line in order
+        assert {k for k, _ in receiver.received if k.startswith("a")} == {"a0"}  # a1 waits behind a0
+    finally:
+        box.close()
+        receiver.stop()
+
+
+def test_a_row_whose_rule_is_gone_is_set_aside_at_its_first_failure_of_any_kind(tmp_path: Path) -> None:
+    receiver = Receiver()  # never started: the connection is refused
+    box = WebhookOutbox(tmp_path / "j.sqlite3", backoff_min_s=0.05, backoff_max_s=0.3,
+                        current=lambda source, _url: source != "gone:0")
+    box.start()
+    try:
+        box.put(receiver.url, {"n": 0}, key="g", source="gone:0")
+        box.put(receiver.url, {"n": 1}, key="k", source="kept:0")
+        wait_for(lambda: box.status()["failed"] == 1, 10, "the gone rule's row set aside")
+        wait_for(lambda: box.attempts_failed >= 3, 10, "the kept rule's row tried again")
+        s = box.status()
+        assert s["failed"] == 1 and s["pending"] == 1  # the kept rule's row waits for its receiver
+    finally:
+        box.close()

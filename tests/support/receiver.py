@@ -14,6 +14,7 @@ class Receiver:
     def __init__(self, status: int = 200) -> None:
         self.port = free_port()
         self.status = status
+        self.path_status: dict[str, int] = {}  # a path answered otherwise than `status` (e.g. "/wrong": 404)
         self.received: list[tuple[str, dict[str, Any]]] = []  # (Idempotency-Key, body)
         self.headers: dict[str, dict[str, str]] = {}  # Idempotency-Key -> request headers
         self._server: ThreadingHTTPServer | None = None
@@ -36,7 +37,7 @@ class Receiver:
                 with outer._lock:
                     outer.received.append((self.headers["Idempotency-Key"], body))
                     outer.headers[self.headers["Idempotency-Key"]] = dict(self.headers)
-                self.send_response(outer.status)
+                self.send_response(outer.path_status.get(self.path, outer.status))
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
