@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import socket
 import sqlite3
 import statistics
@@ -30,7 +29,7 @@ from typing import Any
 import requests
 from pymodbus.client import ModbusTcpClient
 from pymodbus.exceptions import ModbusException
-from soak import free_port, proc_sample, slope_per_hour
+from soak import free_port, proc_sample, slope_per_hour, stop_daemon, wait_ready
 
 from edge_runtime.core.samples import write_sample_video
 from edge_runtime.lineio import modbus_map as rm
@@ -161,16 +160,7 @@ def main() -> None:
         cut_refused = 0
         plc = Plc(modbus_port)
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                try:
-                    if requests.get(base + "/readyz", timeout=2).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                if daemon.poll() is not None:
-                    raise SystemExit(f"daemon exited with {daemon.returncode}: {(tmp / 'daemon.log').read_text()}")
-                time.sleep(1)
+            wait_ready(daemon, base, tmp / "daemon.log")
             t_start = time.monotonic()
             next_sample = next_cut = t_start
             samples: list[dict[str, float]] = []
@@ -201,11 +191,7 @@ def main() -> None:
                 old.close()
             for s in cut:
                 s.close()
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+            stop_daemon(daemon)
             log.close()
         journal = journal_counts(tmp / "data")
     steady = [s for s in samples if s["t"] >= args.warmup_min * 60] or samples

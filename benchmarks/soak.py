@@ -172,6 +172,15 @@ def wait_ready(daemon: subprocess.Popen[bytes], base: str, log_path: Path) -> No
     raise SystemExit(f"daemon not ready after 180 s: {log_path.read_text()[-3000:]}")
 
 
+def stop_daemon(daemon: subprocess.Popen[bytes], wait_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `wait_s`."""
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+
+
 def camera_yaml(video: Path, count: int) -> str:
     return "cameras:\n" + "".join(f"  - name: cam{i}\n    source: {video}\n    fps: 10\n"
                                    "    trigger: {mode: interval, interval_s: 0.5}\n" for i in range(count)) \
@@ -234,11 +243,7 @@ def swap_variant(tmp: Path, variant: str, bundles: tuple[Path, Path], swaps: int
                 raise SystemExit(f"{variant}: swap {i + 1} did not load {target}: {log_path.read_text()[-2000:]}")
             inspect_and_sample(reload_s)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        stop_daemon(daemon, 60)
         log.close()
         notify.close()
     later = samples[len(samples) // 2:]  # the second half: where an allocator that levels off is flat
@@ -326,11 +331,7 @@ def main() -> None:
                 w.join(60)
             status = requests.get(base + "/api/v1/status", timeout=10).json()
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+            stop_daemon(daemon)
             log.close()
             if broker is not None:
                 broker.terminate()
